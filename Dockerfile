@@ -1,0 +1,34 @@
+# Prefixscope's image: web (gunicorn), Celery worker and beat, and the KV-event collectors.
+# One image, several commands; docker-compose.yml picks the command per service.
+FROM python:3.11-slim
+
+# PYTHONPATH: import the source tree in /app rather than the copy in site-packages, so that BASE_DIR
+# (templates/, static/, .data/static) resolves to /app for every process (gunicorn, celery, manage.py).
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app
+
+WORKDIR /app
+
+# Dependencies first: this layer is rebuilt only when the lock changes.
+COPY requirements.lock ./
+RUN pip install -r requirements.lock
+
+COPY . .
+# collectstatic runs with DEBUG off so that whitenoise's manifest storage writes its manifest;
+# the secret key below exists only for this build step and is never used at run time.
+RUN pip install --no-deps . \
+    && rm -rf build ./*.egg-info \
+    && DJANGO_DEBUG=false DJANGO_SECRET_KEY=collectstatic-build-only \
+       python manage.py collectstatic --noinput
+
+# The code stays owned by root (read-only for the app); the process runs unprivileged.
+RUN useradd --system --uid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin prefixscope
+USER prefixscope
+
+EXPOSE 8000
+# gunicorn also reads /app/gunicorn.conf.py (workers from WEB_CONCURRENCY, threads, access log).
+CMD ["gunicorn", "app.wsgi:application", "--bind", "0.0.0.0:8000"]

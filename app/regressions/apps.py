@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RegressionsConfig(AppConfig):
+    name = "app.regressions"
+    label = "regressions"

@@ -1,0 +1,172 @@
+"""Prefixscope's settings: every value comes from the environment (see .env.example).
+
+With no variables set, a laptop works: DEBUG on, the embedded PostgreSQL and Valkey that
+`make run` starts (it exports DATABASE_URL and CELERY_BROKER_URL for them).
+"""
+
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from celery.schedules import crontab
+
+from app.env import env_bool, env_choice, env_int, env_list, env_str
+
+# Lets generic Django classes be subscripted at run time (ModelAdmin[Server]) for mypy.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+# A fixed key is only acceptable on a laptop; production must set its own.
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me" if DEBUG else None)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "psqlextra",
+    "app.core",
+    "app.fleet",
+    "app.traffic",
+    "app.prompts",
+    "app.regressions",
+    "app.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "app.urls"
+WSGI_APPLICATION = "app.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# psqlextra's backend is PostgreSQL's plus declarative partitioning support.
+DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@localhost:5432/prefixscope")
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, engine="psqlextra.backend", conn_max_age=60, conn_health_checks=True
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / ".data" / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+
+# Production hardening; `manage.py check --deploy` passes with DJANGO_DEBUG=false.
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    # Health probes come over plain HTTP from inside the cluster.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+
+# Celery: a Redis-protocol broker (Valkey); results are not kept, tasks write to PostgreSQL.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://localhost:6379/0")
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True  # a task killed mid-way is redelivered, so tasks are idempotent
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE = {
+    "maintain-partitions": {
+        "task": "core.maintain_partitions",
+        "schedule": crontab(minute=7),
+        "options": {"expires": 3600},
+    },
+    "expire-token-ids": {
+        "task": "traffic.expire_token_ids",
+        "schedule": crontab(minute=17),
+        "options": {"expires": 3600},
+    },
+    "refresh-rollups": {
+        "task": "traffic.refresh_rollups",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+}
+
+# Retention and partitions. Token ids are prompt text: they are kept for less time than the
+# rest of a request record, and not at all in hash-only mode.
+PREFIXSCOPE_REQUEST_RETENTION_DAYS = env_int("PREFIXSCOPE_REQUEST_RETENTION_DAYS", 30, minimum=1)
+PREFIXSCOPE_KV_EVENT_RETENTION_DAYS = env_int("PREFIXSCOPE_KV_EVENT_RETENTION_DAYS", 2, minimum=1)
+PREFIXSCOPE_SCRAPE_RETENTION_DAYS = env_int("PREFIXSCOPE_SCRAPE_RETENTION_DAYS", 14, minimum=1)
+PREFIXSCOPE_TOKEN_RETENTION_DAYS = env_int("PREFIXSCOPE_TOKEN_RETENTION_DAYS", 7, minimum=0)
+PREFIXSCOPE_HASH_ONLY = env_bool("PREFIXSCOPE_HASH_ONLY", False)
+PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
+
+LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+LOG_FORMAT = env_choice("LOG_FORMAT", "text" if DEBUG else "json", ("text", "json"))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+        "text": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

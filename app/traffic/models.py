@@ -1,0 +1,184 @@
+"""Raw traffic as collected (scrapes, KV events, request records) and the per-minute rollup.
+
+The three raw tables are partitioned by day (see app/core/partitioning.py). Their primary
+keys are the natural identity of what arrives, server first, so that a redelivered scrape,
+event or request is written once (ON CONFLICT DO NOTHING / COPY into a staging table), and so
+that Citus could shard them by server unchanged.
+"""
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from psqlextra.models import PostgresPartitionedModel
+from psqlextra.types import PostgresPartitioningMethod
+
+from app.core.fields import UInt64Field
+
+
+class Scrape(PostgresPartitionedModel):
+    """The outcome of one /metrics pull; a failed pull marks the server down, it is not zeros."""
+
+    pk = models.CompositePrimaryKey("server", "scraped_at")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    scraped_at = models.DateTimeField()
+    ok = models.BooleanField()
+    error = models.TextField(blank=True)
+    duration_seconds = models.FloatField()
+    sample_count = models.PositiveIntegerField(default=0)
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["scraped_at"]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} @ {self.scraped_at:%Y-%m-%d %H:%M:%S} {'ok' if self.ok else 'failed'}"
+
+
+class MetricSeries(models.Model):
+    """One time series of one server: a metric name and its label set, as exposed."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="series")
+    name = models.CharField(max_length=200, help_text="Sample name, e.g. vllm:prefix_cache_hits_total")
+    labels = models.JSONField(default=dict)
+    kind = models.CharField(max_length=20, help_text="counter, gauge, histogram, ...")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["server", "name", "labels"], name="metric_series_identity"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.labels}"
+
+
+class ScrapeSample(PostgresPartitionedModel):
+    """One sample value of one series in one scrape, stored as scraped (counters stay cumulative)."""
+
+    pk = models.CompositePrimaryKey("server", "series", "scraped_at")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    series = models.ForeignKey(MetricSeries, on_delete=models.CASCADE, related_name="+")
+    scraped_at = models.DateTimeField()
+    value = models.FloatField()
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["scraped_at"]
+
+    def __str__(self) -> str:
+        return f"{self.series_id} @ {self.scraped_at}: {self.value}"
+
+
+class KVEvent(PostgresPartitionedModel):
+    """One block of one KV-cache event, as received over ZMQ (one row per block hash).
+
+    A batch has a sequence number per server and data-parallel rank; a sequence going
+    backwards means the server restarted, which starts a new epoch.
+    """
+
+    class Kind(models.IntegerChoices):
+        STORED = 1, "BlockStored"
+        REMOVED = 2, "BlockRemoved"
+        CLEARED = 3, "AllBlocksCleared"
+
+    pk = models.CompositePrimaryKey(
+        "server", "dp_rank", "epoch", "seq", "event_index", "block_index", "emitted_at"
+    )
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    dp_rank = models.SmallIntegerField(default=0)
+    epoch = models.IntegerField(default=0)
+    seq = models.BigIntegerField()
+    event_index = models.SmallIntegerField(help_text="Position of the event in its batch")
+    block_index = models.SmallIntegerField(default=0, help_text="Position of the hash in the event")
+    emitted_at = models.DateTimeField(help_text="The batch timestamp set by vLLM")
+    received_at = models.DateTimeField()
+    kind = models.SmallIntegerField(choices=Kind.choices)
+    block_hash = UInt64Field(null=True, blank=True, help_text="Null for AllBlocksCleared")
+    parent_hash = UInt64Field(null=True, blank=True)
+    token_count = models.SmallIntegerField(null=True, blank=True)
+    medium = models.CharField(max_length=20, blank=True)
+    lora_name = models.CharField(max_length=255, blank=True)
+    group_idx = models.SmallIntegerField(null=True, blank=True)
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["emitted_at"]
+
+    class Meta:
+        indexes = [models.Index(fields=["server", "block_hash"], name="kv_event_server_hash")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.block_hash} on {self.server_id}"
+
+
+class RequestRecord(PostgresPartitionedModel):
+    """One inference request, joined from whichever sources saw it (gateway, spans, REST)."""
+
+    class Source(models.TextChoices):
+        GATEWAY = "gateway", "Gateway"
+        OTLP = "otlp", "OTLP span"
+        REST = "rest", "REST ingest"
+
+    pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    request_id = models.CharField(max_length=255)
+    arrived_at = models.DateTimeField()
+    trace_id = models.CharField(max_length=32, blank=True)
+    model = models.CharField(max_length=255, blank=True)
+    tenant = models.CharField(max_length=100, blank=True)
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.SET_NULL)
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    source = models.CharField(max_length=10, choices=Source.choices)
+    ttft_seconds = models.FloatField(null=True, blank=True)
+    queue_seconds = models.FloatField(null=True, blank=True)
+    prefill_seconds = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    salt_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the cache salt, hex")
+    # uint64 wire hashes stored as two's-complement bigints (see UInt64Field).
+    block_hashes = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    # Prompt text in token form: null once PREFIXSCOPE_TOKEN_RETENTION_DAYS has passed or in hash-only mode.
+    token_ids = ArrayField(models.IntegerField(), null=True, blank=True)
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["arrived_at"]
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["template", "arrived_at"], name="request_template_time"),
+            models.Index(fields=["trace_id"], name="request_trace", condition=~models.Q(trace_id="")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} on {self.server_id}"
+
+
+class MinuteRollup(models.Model):
+    """Per-minute totals of request records per server and template (null: no template).
+
+    Dashboards read these, never raw request records, for windows longer than an hour.
+    `ttft_buckets` counts TTFTs per vLLM TTFT histogram bucket (app/traffic/rollups.py).
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    minute = models.DateTimeField()
+    requests = models.PositiveIntegerField()
+    prompt_tokens = models.BigIntegerField()
+    cached_tokens = models.BigIntegerField()
+    ttft_count = models.PositiveIntegerField()
+    ttft_sum_seconds = models.FloatField()
+    ttft_buckets = ArrayField(models.IntegerField())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "minute"], name="minute_rollup_identity", nulls_distinct=False
+            ),
+        ]
+        indexes = [models.Index(fields=["minute"], name="minute_rollup_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id} {self.minute:%Y-%m-%d %H:%M}"

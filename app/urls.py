@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from app.core import views as core_views
+
+urlpatterns = [
+    path("healthz", core_views.healthz, name="healthz"),
+    path("readyz", core_views.readyz, name="readyz"),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("", include("app.dashboard.urls")),
+]

@@ -1,0 +1,16 @@
+"""gunicorn settings shared by `make run` and the production image."""
+
+import os
+
+bind = os.environ.get("PREFIXSCOPE_BIND", "0.0.0.0:8000")
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("WEB_THREADS", "4"))
+accesslog = "-"
+timeout = 60
+
+
+def post_fork(server: object, worker: object) -> None:
+    # Tracing is configured in each worker after the fork: exporter threads do not survive it.
+    from app.telemetry import configure_tracing
+
+    configure_tracing("prefixscope-web")

@@ -1,0 +1,90 @@
+"""The README's run command: the UI comes up, Ctrl-C stops everything, a second start keeps the data."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the run command exited early with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} was not ready within {timeout} s")
+
+
+def start(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env["PREFIXSCOPE_DATA_DIR"] = str(data_dir)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.devstack", "run", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+
+
+def press_ctrl_c(process: subprocess.Popen[bytes]) -> int:
+    os.killpg(process.pid, signal.SIGINT)  # a terminal sends SIGINT to the whole foreground group
+    return process.wait(timeout=60)
+
+
+def database(data_dir: Path) -> psycopg.Connection:
+    return psycopg.connect(host=str(data_dir / "postgres"), dbname="prefixscope", user="postgres")
+
+
+@pytest.mark.timeout(600)
+def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: Path) -> None:
+    port = free_port()
+    first = start(tmp_path, port)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/readyz", first)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as login_page:
+            assert b"Log in" in login_page.read()
+        with database(tmp_path) as conn:
+            conn.execute(
+                "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
+                " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
+                " scrape_interval_seconds, created_at)"
+                " VALUES ('kept', 'http://x:8000', '', '', '', '', 'tiny', '', '', 'active', 15, now())"
+            )
+    finally:
+        exit_code = press_ctrl_c(first)
+    assert exit_code == 0
+    assert not (tmp_path / "postgres" / "postmaster.pid").exists(), "PostgreSQL was left running"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1)
+
+    second = start(tmp_path, port)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}/readyz", second)
+        with database(tmp_path) as conn:
+            assert conn.execute("SELECT name FROM fleet_server").fetchall() == [("kept",)]
+    finally:
+        assert press_ctrl_c(second) == 0

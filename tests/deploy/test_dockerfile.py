@@ -1,0 +1,45 @@
+"""The Dockerfile builds the locked dependencies and static files, and runs gunicorn unprivileged."""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTRUCTIONS = [
+    line.strip()
+    for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    if line.strip() and not line.lstrip().startswith("#")
+]
+
+
+def instructions(keyword: str) -> list[str]:
+    return [line.split(None, 1)[1] for line in INSTRUCTIONS if line.split()[0].upper() == keyword]
+
+
+def test_the_image_starts_from_python_3_11_slim() -> None:
+    assert instructions("FROM") == ["python:3.11-slim"]
+
+
+def test_locked_dependencies_install_before_the_project_and_static_files_are_collected() -> None:
+    runs = " ".join(instructions("RUN"))
+    lock = runs.index("pip install -r requirements.lock")
+    project = runs.index("pip install --no-deps .")
+    assert lock < project < runs.index("manage.py collectstatic --noinput")
+
+
+def test_the_process_runs_as_a_user_other_than_root() -> None:
+    assert instructions("USER")[-1] not in {"root", "0"}
+
+
+def test_the_default_command_is_gunicorn_on_port_8000() -> None:
+    assert json.loads(instructions("CMD")[-1]) == [
+        "gunicorn",
+        "app.wsgi:application",
+        "--bind",
+        "0.0.0.0:8000",
+    ]
+
+
+def test_local_state_stays_out_of_the_build_context() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".data", ".git"} <= set(ignored)
+    assert any("__pycache__" in pattern for pattern in ignored)

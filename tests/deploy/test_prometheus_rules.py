@@ -1,0 +1,100 @@
+"""deploy/prometheus passes promtool's checks, and its unit tests cover every alert both ways."""
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS = ROOT / "deploy" / "prometheus"
+CONFIG = PROMETHEUS / "prometheus.yml"
+RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.yml"))
+TEST_FILES = sorted((PROMETHEUS / "tests").glob("*.yml"))
+
+
+def run_promtool(*args: str | Path) -> None:
+    """Run promtool; fail with its whole output when it reports a problem.
+
+    A missing promtool fails rather than skips, so that CI cannot pass without checking the rules.
+    """
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail(
+            "promtool is not installed: run the README's test command (`make test`), which installs it "
+            "(Debian package `prometheus`: apt-get install -y --no-install-recommends prometheus)"
+        )
+    command = [promtool, *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False, cwd=ROOT)
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    )
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [
+        rule
+        for path in RULE_FILES
+        for group in load_yaml(path)["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+
+
+def alert_cases() -> list[dict[str, Any]]:
+    return [
+        case
+        for path in TEST_FILES
+        for test in load_yaml(path)["tests"]
+        for case in test.get("alert_rule_test", [])
+    ]
+
+
+def test_rules_and_their_tests_exist() -> None:
+    assert RULE_FILES, "no rule files in deploy/prometheus/rules"
+    assert TEST_FILES, "no promtool tests in deploy/prometheus/tests"
+
+
+def test_rule_files_pass_promtool_check() -> None:
+    run_promtool("check", "rules", *RULE_FILES)
+
+
+def test_rules_pass_their_promtool_unit_tests() -> None:
+    run_promtool("test", "rules", *TEST_FILES)
+
+
+def test_prometheus_config_passes_promtool_check() -> None:
+    run_promtool("check", "config", CONFIG)
+
+
+def test_every_rule_file_is_unit_tested() -> None:
+    tested = {
+        (path.parent / rule_file).resolve()
+        for path in TEST_FILES
+        for rule_file in load_yaml(path)["rule_files"]
+    }
+    assert {path.resolve() for path in RULE_FILES} <= tested
+
+
+@pytest.mark.parametrize("alert", alert_rules(), ids=lambda rule: rule["alert"])
+def test_every_alert_says_where_how_bad_and_what_to_do(alert: dict[str, Any]) -> None:
+    assert alert["labels"]["severity"] in {"warning", "critical"}
+    annotations = alert["annotations"]
+    assert {"summary", "description", "runbook_url"} <= annotations.keys()
+    assert "$labels.instance" in annotations["summary"]
+    assert "$labels.instance" in annotations["description"]
+    assert "model" in annotations["description"]
+    assert annotations["runbook_url"].startswith("/docs/runbooks#")
+
+
+@pytest.mark.parametrize("alert", [rule["alert"] for rule in alert_rules()])
+def test_every_alert_is_tested_firing_and_not_firing(alert: str) -> None:
+    cases = [case for case in alert_cases() if case["alertname"] == alert]
+    assert any(case.get("exp_alerts") for case in cases), f"no test where {alert} fires"
+    assert any(not case.get("exp_alerts") for case in cases), f"no test where {alert} stays quiet"
