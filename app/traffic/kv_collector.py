@@ -1,0 +1,245 @@
+"""The KV-event subscriber: one ZMQ poller for every registered server's event stream.
+
+Each batch is checked against the stream's sequence: a gap is asked of the server's replay
+endpoint, what it cannot send back is recorded as lost; a sequence that starts over means the
+server restarted and opens a new epoch. Rows are buffered and written with COPY every
+`flush_seconds` together with the stream positions, so a restarted subscriber resumes from
+the last committed position (replaying what it missed) and stores nothing twice.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import zmq
+from django.db import DatabaseError, InterfaceError, OperationalError
+
+from app.fleet.models import Server
+from app.traffic.models import KVEvent, KVStream
+from app.traffic.services import Gap, KVEventRow, StreamPosition, count_rejected_input, store_kv_events
+from collectors.kv_events.client import KVTransportError, fetch_replay, open_subscriber
+from collectors.kv_events.parse import (
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVDecodeError,
+    ReplayReply,
+    decode_sub_message,
+)
+from collectors.kv_events.sequence import Duplicate, Restart, SequenceState, observe_seq
+from collectors.kv_events.sequence import Gap as MissedBatches
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "kv_events"
+
+
+@dataclass(slots=True)
+class Pending:
+    rows: list[KVEventRow] = field(default_factory=list)
+    positions: dict[tuple[int, int], StreamPosition] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+
+
+def event_rows(
+    batch: EventBatch, *, server_id: int, epoch: int, seq: int, received_at: datetime
+) -> list[KVEventRow]:
+    """One row per block of every decoded event of a batch (one row for a clear)."""
+    emitted_at = datetime.fromtimestamp(batch.ts, tz=UTC)
+    base = KVEventRow(server_id, batch.dp_rank or 0, epoch, seq, 0, 0, emitted_at, received_at,
+                      0, None, None, None, "", "", None)  # fmt: skip
+    rows = []
+    for index, event in enumerate(batch.events):
+        medium = event.medium or ""
+        if isinstance(event, BlockStored):
+            parents = (event.parent_block_hash, *event.block_hashes[:-1])
+            stored = base._replace(
+                event_index=index,
+                kind=KVEvent.Kind.STORED,
+                token_count=event.block_size,
+                medium=medium,
+                lora_name=event.lora_name or "",
+                group_idx=event.group_idx,
+            )
+            rows += [
+                stored._replace(block_index=i, block_hash=h, parent_hash=p)
+                for i, (h, p) in enumerate(zip(event.block_hashes, parents, strict=True))
+            ]
+        elif isinstance(event, BlockRemoved):
+            removed = base._replace(event_index=index, kind=KVEvent.Kind.REMOVED, medium=medium,
+                                    group_idx=event.group_idx)  # fmt: skip
+            rows += [removed._replace(block_index=i, block_hash=h) for i, h in enumerate(event.block_hashes)]
+        else:
+            rows.append(base._replace(event_index=index, kind=KVEvent.Kind.CLEARED, medium=medium))
+    return rows
+
+
+class KVEventCollector:
+    """Subscribes to every server that has a KV-event endpoint and stores what arrives."""
+
+    def __init__(
+        self,
+        context: zmq.Context[zmq.Socket[bytes]],
+        *,
+        flush_seconds: float = 0.5,
+        replay_timeout_seconds: float = 2.0,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.context = context
+        self.flush_seconds = flush_seconds
+        self.replay_timeout_seconds = replay_timeout_seconds
+        self.now = now
+        self.poller = zmq.Poller()
+        self.servers: dict[zmq.Socket[bytes], Server] = {}
+        self.streams: dict[tuple[int, int], SequenceState] = {}
+        self.pending = Pending()
+        self.last_flush = time.monotonic()
+
+    def subscribe(self, servers: Iterable[Server]) -> None:
+        """Connect to servers not yet subscribed, then catch up on what they published meanwhile."""
+        known = {s.pk for s in self.servers.values()}
+        for server in servers:
+            if server.pk in known or not server.kv_events_endpoint:
+                continue
+            try:
+                socket = open_subscriber(self.context, server.kv_events_endpoint, server.kv_topic)
+            except KVTransportError as exc:
+                logger.warning("cannot subscribe to %s: %s", server.name, exc)
+                continue
+            self.servers[socket] = server
+            self.poller.register(socket, zmq.POLLIN)
+            self._resume(server)
+
+    def _resume(self, server: Server) -> None:
+        """Prime the trackers from committed positions and replay what came after them."""
+        for stream in KVStream.objects.filter(server=server):
+            self.streams[(server.pk, stream.dp_rank)] = SequenceState(
+                epoch=stream.epoch, last_seq=stream.last_seq, newest_ts=stream.last_event_at.timestamp()
+            )
+            self._replay(server, stream.dp_rank, first=stream.last_seq + 1, last=None)
+
+    def poll(self, timeout_ms: int = 200) -> None:
+        """Handle every message that arrives within `timeout_ms`, and flush when due."""
+        for socket, _ in self.poller.poll(timeout_ms):
+            while True:
+                try:
+                    frames = socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.handle(self.servers[socket], frames)
+        if time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def handle(self, server: Server, frames: list[bytes]) -> None:
+        """Decode one SUB message and buffer its rows, mending gaps and restarts first."""
+        try:
+            message = decode_sub_message(frames)
+        except KVDecodeError as exc:
+            self._reject(server, str(exc.reason), 1)
+            return
+        key = (server.pk, message.batch.dp_rank or 0)
+        state, verdict = observe_seq(self.streams.get(key), message.seq, message.batch.ts)
+        if isinstance(verdict, Duplicate):
+            return
+        self.streams[key] = state
+        if isinstance(verdict, Restart):
+            logger.info("%s restarted its KV event sequence: epoch %d", server.name, state.epoch)
+            if message.seq > 0:  # the new process's first batches went by while we reconnected
+                self._replay(server, key[1], first=0, last=message.seq - 1)
+        if isinstance(verdict, MissedBatches):
+            self._replay(server, key[1], first=verdict.first_missing, last=verdict.last_missing)
+        self._buffer(server, message.seq, message.batch)
+
+    def _buffer(self, server: Server, seq: int, batch: EventBatch) -> None:
+        rank = batch.dp_rank or 0
+        epoch = self.streams[(server.pk, rank)].epoch
+        self.pending.rows += event_rows(
+            batch, server_id=server.pk, epoch=epoch, seq=seq, received_at=self.now()
+        )
+        position = StreamPosition(server.pk, rank, epoch, seq, datetime.fromtimestamp(batch.ts, tz=UTC))
+        previous = self.pending.positions.get((server.pk, rank))
+        if previous is None or (position.epoch, position.last_seq) > (previous.epoch, previous.last_seq):
+            self.pending.positions[(server.pk, rank)] = position
+        for rejected in batch.rejected:
+            self._reject(server, rejected.reason, 1)
+
+    def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> None:
+        """Buffer batches first..last from the replay endpoint and record what it lacked as lost.
+
+        With `last` None (catching up after our own restart) every newer batch is taken and no
+        gap is recorded: the replay buffer is all there is to know.
+        """
+        recovered = 0
+        for reply in self._fetch_replay(server, first):
+            if reply.batch is None or (reply.batch.dp_rank or 0) != rank or reply.seq < first:
+                continue
+            if last is None:
+                state, verdict = observe_seq(self.streams.get((server.pk, rank)), reply.seq, reply.batch.ts)
+                if isinstance(verdict, Duplicate):
+                    continue
+                self.streams[(server.pk, rank)] = state
+            elif reply.seq > last:
+                continue
+            self._buffer(server, reply.seq, reply.batch)
+            recovered += 1
+        if last is not None:
+            epoch = self.streams[(server.pk, rank)].epoch
+            lost = last - first + 1 - recovered
+            self.pending.gaps.append(Gap(server.pk, rank, epoch, first, last, recovered, lost, self.now()))
+            if lost:
+                logger.warning("%s: %d KV event batches lost (seq %d-%d)", server.name, lost, first, last)
+
+    def _fetch_replay(self, server: Server, first: int) -> list[ReplayReply]:
+        if not server.kv_replay_endpoint:
+            return []
+        try:
+            return fetch_replay(
+                self.context, server.kv_replay_endpoint, first, timeout_seconds=self.replay_timeout_seconds
+            )
+        except KVTransportError as exc:
+            logger.warning("replay from %s failed: %s", server.name, exc)
+            return []
+
+    def _reject(self, server: Server, reason: str, count: int) -> None:
+        logger.warning("rejected KV input from %s: %s", server.name, reason)
+        count_rejected_input(server_id=server.pk, source=SOURCE, reason=reason, count=count, now=self.now())
+
+    def flush(self) -> int:
+        """Write the buffered rows, positions and gaps in one transaction; returns new rows.
+
+        When PostgreSQL is away the buffer is kept and retried at the next flush; the stream
+        positions are not committed either, so a crash meanwhile is mended by replay.
+        """
+        self.last_flush = time.monotonic()
+        pending = self.pending
+        if not (pending.rows or pending.positions or pending.gaps):
+            return 0
+        try:
+            stored = store_kv_events(
+                rows=pending.rows, positions=list(pending.positions.values()), gaps=pending.gaps
+            )
+        except (OperationalError, InterfaceError) as exc:  # PostgreSQL away: keep the buffer, retry
+            logger.warning("cannot store %d KV event rows yet: %s", len(pending.rows), exc)
+            return 0
+        except DatabaseError as exc:  # the data itself is refused (e.g. no partition for its time)
+            logger.error("refused %d KV event rows: %s", len(pending.rows), exc)
+            self._reject_pending(pending, f"refused by the database: {exc.__class__.__name__}")
+            stored = 0
+        self.pending = Pending()
+        return stored
+
+    def _reject_pending(self, pending: Pending, reason: str) -> None:
+        per_server: dict[int, int] = {}
+        for row in pending.rows:
+            per_server[row.server_id] = per_server.get(row.server_id, 0) + 1
+        for server_id, count in per_server.items():
+            count_rejected_input(
+                server_id=server_id, source=SOURCE, reason=reason, count=count, now=self.now()
+            )
+
+    def close(self) -> None:
+        self.flush()
+        for socket in self.servers:
+            socket.close(linger=0)

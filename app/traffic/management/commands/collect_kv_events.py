@@ -1,0 +1,46 @@
+"""Subscribe to the KV events of every registered vLLM server and store them (one process for all)."""
+
+import signal
+import time
+from typing import Any
+
+import zmq
+from django.core.management.base import BaseCommand, CommandParser
+
+from app.fleet.models import Server
+from app.telemetry import configure_tracing
+from app.traffic.kv_collector import KVEventCollector
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--flush-seconds", type=float, default=0.5, help="how often buffered events are written"
+        )
+        parser.add_argument(
+            "--rescan-seconds", type=float, default=10.0, help="how often new servers are looked for"
+        )
+
+    def handle(self, *args: Any, flush_seconds: float, rescan_seconds: float, **options: Any) -> None:
+        configure_tracing("prefixscope-collectors")
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        collector = KVEventCollector(zmq.Context.instance(), flush_seconds=flush_seconds)
+        next_scan = 0.0
+        try:
+            while not stopping:
+                if time.monotonic() >= next_scan:
+                    collector.subscribe(Server.objects.exclude(state=Server.State.DISABLED))
+                    next_scan = time.monotonic() + rescan_seconds
+                collector.poll(timeout_ms=200)
+        finally:
+            collector.close()
+        self.stdout.write("KV event collector stopped")

@@ -1,0 +1,1 @@
+"""Wire-format decoders and clients for the sources Prefixscope watches (no Django)."""

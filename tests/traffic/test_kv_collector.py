@@ -1,0 +1,162 @@
+"""The KV-event subscriber against the real capture over real sockets: every event stored once."""
+
+import time
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+import zmq
+
+from app.fleet.models import Server
+from app.traffic.kv_collector import KVEventCollector
+from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
+from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
+
+pytestmark = pytest.mark.django_db
+CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def vllm(context: zmq.Context[zmq.Socket[bytes]]) -> Iterator[FakeKVServer]:
+    fake = FakeKVServer(context)
+    yield fake
+    fake.close()
+
+
+@pytest.fixture
+def server(vllm: FakeKVServer) -> Server:
+    return Server.objects.create(
+        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint, kv_topic="kv@127.0.0.1:18000@tiny",
+    )  # fmt: skip
+
+
+def start_collector(
+    context: zmq.Context[zmq.Socket[bytes]], server: Server, vllm: FakeKVServer
+) -> KVEventCollector:
+    collector = KVEventCollector(context, flush_seconds=0)
+    collector.subscribe([server])
+    vllm.wait_for_subscriber()
+    return collector
+
+
+def run_until_stored(collector: KVEventCollector, rows: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while KVEvent.objects.count() < rows and time.monotonic() < deadline:
+        collector.poll(timeout_ms=50)
+    collector.flush()
+
+
+def stored_keys() -> list[tuple[int, int, int, int]]:
+    return list(KVEvent.objects.values_list("epoch", "seq", "event_index", "block_index"))
+
+
+def test_the_live_stream_is_stored_with_its_block_index_and_position(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    for seq, payload in captured_payloads(shift_to=time.time()):
+        vllm.publish(seq, payload)
+    run_until_stored(collector, CAPTURED_ROWS)
+
+    assert KVEvent.objects.count() == CAPTURED_ROWS
+    assert KVStream.objects.get(server=server).last_seq == 23
+    assert not KVGap.objects.exists()
+    resident = ResidentBlock.objects.filter(server=server).count()
+    assert 0 < resident <= 48  # the captured server had 48 blocks
+    collector.close()
+
+
+def test_a_forced_gap_is_replayed_and_recorded_with_nothing_lost(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    for seq, payload in captured_payloads(shift_to=time.time()):
+        vllm.publish(seq, payload, send=seq not in (5, 6, 7))
+    run_until_stored(collector, CAPTURED_ROWS)
+
+    assert len(stored_keys()) == len(set(stored_keys())) == CAPTURED_ROWS
+    gap = KVGap.objects.get(server=server)
+    assert (gap.first_seq, gap.last_seq, gap.recovered, gap.lost) == (5, 7, 3, 0)
+    collector.close()
+
+
+def test_what_the_replay_buffer_no_longer_has_is_recorded_as_lost(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    payloads = captured_payloads(shift_to=time.time())
+    for seq, payload in payloads[:5]:
+        vllm.publish(seq, payload)
+    vllm.buffer.clear()  # the server's replay buffer rolled over
+    for seq, payload in payloads[7:]:
+        vllm.publish(seq, payload)
+    run_until_stored(collector, 1)
+    time.sleep(0.2)
+    run_until_stored(collector, CAPTURED_ROWS, timeout=1)
+
+    gap = KVGap.objects.get(server=server)
+    assert (gap.first_seq, gap.last_seq, gap.recovered, gap.lost) == (5, 6, 0, 2)
+    collector.close()
+
+
+def test_a_restarted_subscriber_catches_up_by_replay_and_stores_nothing_twice(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    payloads = captured_payloads(shift_to=time.time())
+    first = start_collector(context, server, vllm)
+    for seq, payload in payloads[:12]:
+        vllm.publish(seq, payload)
+    run_until_stored(first, 1)
+    time.sleep(0.2)
+    run_until_stored(first, CAPTURED_ROWS, timeout=1)
+    first.close()
+    stored_before = KVEvent.objects.count()
+    assert KVStream.objects.get(server=server).last_seq == 11
+
+    for seq, payload in payloads[12:]:  # published while no subscriber listens
+        vllm.publish(seq, payload)
+    second = KVEventCollector(context, flush_seconds=0)
+    second.subscribe([server])  # resumes from seq 12 through the replay endpoint
+    second.flush()
+
+    assert 0 < stored_before < CAPTURED_ROWS
+    assert len(stored_keys()) == len(set(stored_keys())) == CAPTURED_ROWS
+    assert KVStream.objects.get(server=server).last_seq == 23
+    second.close()
+
+
+def test_a_restarted_vllm_opens_a_new_epoch(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    payloads = captured_payloads(shift_to=time.time() - 60)
+    for seq, payload in payloads:
+        vllm.publish(seq, payload)
+    run_until_stored(collector, CAPTURED_ROWS)
+
+    vllm.restart()  # numbering starts again from 0, with later batch times
+    for seq, payload in payloads[:3]:
+        vllm.publish(seq, retime(payload, 30))
+    rows_of_first_three = KVEvent.objects.filter(epoch=0, seq__lt=3).count()
+    run_until_stored(collector, CAPTURED_ROWS + rows_of_first_three)
+
+    assert KVEvent.objects.filter(epoch=1).count() == rows_of_first_three
+    stream = KVStream.objects.get(server=server)
+    assert (stream.epoch, stream.last_seq) == (1, 2)
+    collector.close()
+
+
+def test_malformed_frames_are_counted_and_the_good_ones_around_them_kept(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    payloads = captured_payloads(shift_to=time.time())
+    vllm.publish(*payloads[0])
+    vllm.publisher.send_multipart([vllm.topic, (1).to_bytes(8, "big"), b"\xc1 not msgpack"])
+    broken_event = msgspec.msgpack.decode(payloads[1][1])
+    broken_event[1].append({"type": "BlockStored", "block_hashes": ["not-a-hash"]})
+    vllm.publish(1, msgspec.msgpack.encode(broken_event))
+    run_until_stored(collector, 1)
+    time.sleep(0.2)
+    run_until_stored(collector, 10**6, timeout=0.5)
+
+    assert set(KVEvent.objects.values_list("seq", flat=True)) == {0, 1}
+    reasons = dict(RejectedInput.objects.filter(server=server).values_list("reason", "count"))
+    assert len(reasons) == 2 and sum(reasons.values()) == 2, reasons
+    collector.close()

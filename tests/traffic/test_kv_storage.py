@@ -1,0 +1,109 @@
+"""Storing the real captured KV events: once each, with the block index and stream positions."""
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
+from app.traffic.services import Gap, KVEventRow, StreamPosition, count_rejected_input, store_kv_events
+from tests.fixtures import load_json
+
+pytestmark = pytest.mark.django_db
+KINDS = {"BlockStored": 1, "BlockRemoved": 2, "AllBlocksCleared": 3}
+
+
+@pytest.fixture
+def server() -> Server:
+    return Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000")
+
+
+def captured_rows(server: Server, *, emitted_at: datetime) -> list[KVEventRow]:
+    """The capture's events as rows; batch times are moved to today, where partitions exist."""
+    rows = []
+    for message in load_json("kv-live.decoded.json"):
+        _, events, dp_rank = message["batch"]
+        for event_index, event in enumerate(events):
+            for block_index, block_hash in enumerate(event.get("block_hashes") or [None]):
+                parent = (
+                    event.get("parent_block_hash")
+                    if block_index == 0
+                    else event["block_hashes"][block_index - 1]
+                )
+                rows.append(
+                    KVEventRow(
+                        server.pk, dp_rank or 0, 0, message["seq"], event_index, block_index,
+                        emitted_at + timedelta(milliseconds=message["seq"]), emitted_at,
+                        KINDS[event["type"]], block_hash, parent,
+                        event.get("block_size") if event["type"] == "BlockStored" else None,
+                        event.get("medium") or "", event.get("lora_name") or "", event.get("group_idx"),
+                    )
+                )  # fmt: skip
+    return rows
+
+
+def expected_resident(rows: list[KVEventRow]) -> set[int | None]:
+    resident: set[int | None] = set()
+    for row in rows:
+        if row.kind == 1:
+            resident.add(row.block_hash)
+        elif row.kind == 2:
+            resident.discard(row.block_hash)
+        else:
+            resident.clear()
+    return resident
+
+
+def test_captured_events_build_the_block_index_of_the_real_server(server: Server) -> None:
+    rows = captured_rows(server, emitted_at=timezone.now())
+    position = StreamPosition(server.pk, 0, 0, last_seq=23, last_event_at=rows[-1].emitted_at)
+
+    assert store_kv_events(rows=rows, positions=[position]) == len(rows) == 95 + 44
+
+    resident = set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True))
+    assert resident == expected_resident(rows)
+    assert any(
+        block_hash is not None and block_hash >= 2**63 for block_hash in resident
+    )  # unsigned hashes survive the bigint column
+    assert KVStream.objects.get(server=server).last_seq == 23
+
+
+def test_redelivered_events_change_nothing_not_even_the_block_index(server: Server) -> None:
+    rows = captured_rows(server, emitted_at=timezone.now())
+    position = StreamPosition(server.pk, 0, 0, last_seq=23, last_event_at=rows[-1].emitted_at)
+    store_kv_events(rows=rows, positions=[position])
+    before = set(ResidentBlock.objects.values_list("block_hash", flat=True))
+
+    # The first batch again (it stores blocks that later batches removed): nothing new.
+    first_batch = [row for row in rows if row.seq == 0]
+    assert store_kv_events(rows=first_batch, positions=[replace(position, last_seq=0)]) == 0
+
+    assert set(ResidentBlock.objects.values_list("block_hash", flat=True)) == before
+    assert KVEvent.objects.filter(server=server).count() == len(rows)
+    assert KVStream.objects.get(server=server).last_seq == 23  # positions never go back
+
+
+def test_clearing_empties_the_block_index_of_that_rank_only(server: Server) -> None:
+    now = timezone.now()
+    stored = KVEventRow(server.pk, 0, 0, 1, 0, 0, now, now, 1, 2**64 - 1, None, 32, "GPU", "", 0)
+    other_rank = stored._replace(dp_rank=1)
+    cleared = KVEventRow(server.pk, 0, 0, 2, 0, 0, now, now, 3, None, None, None, "GPU", "", None)
+    store_kv_events(rows=[stored, other_rank], positions=[])
+    store_kv_events(rows=[cleared], positions=[])
+    assert list(ResidentBlock.objects.values_list("dp_rank", "block_hash")) == [(1, 2**64 - 1)]
+
+
+def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> None:
+    now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    gap = Gap(server.pk, 0, 0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)
+    store_kv_events(rows=[], positions=[], gaps=[gap])
+    store_kv_events(rows=[], positions=[], gaps=[gap])
+    assert list(KVGap.objects.values_list("first_seq", "last_seq", "lost")) == [(5, 9, 2)]
+
+    for _ in range(2):
+        count_rejected_input(server_id=server.pk, source="kv_events", reason="not msgpack", count=3, now=now)
+    count_rejected_input(server_id=None, source="kv_events", reason="not msgpack", count=1, now=now)
+    counts = dict(RejectedInput.objects.values_list("server_id", "count"))
+    assert counts == {server.pk: 6, None: 1}
