@@ -151,27 +151,27 @@ class _ClearedFields(msgspec.Struct, frozen=True, gc=False):
 
 
 class _StoredMap(_StoredFields, frozen=True, tag="BlockStored", tag_field="type"):
-    pass
+    """BlockStored as a map (vLLM 0.32)."""
 
 
 class _RemovedMap(_RemovedFields, frozen=True, tag="BlockRemoved", tag_field="type"):
-    pass
+    """BlockRemoved as a map."""
 
 
 class _ClearedMap(_ClearedFields, frozen=True, tag="AllBlocksCleared", tag_field="type"):
-    pass
+    """AllBlocksCleared as a map."""
 
 
 class _StoredArray(_StoredFields, frozen=True, tag="BlockStored", array_like=True):
-    pass
+    """BlockStored as a tagged array (older vLLM, llm-d simulator)."""
 
 
 class _RemovedArray(_RemovedFields, frozen=True, tag="BlockRemoved", array_like=True):
-    pass
+    """BlockRemoved as a tagged array."""
 
 
 class _ClearedArray(_ClearedFields, frozen=True, tag="AllBlocksCleared", array_like=True):
-    pass
+    """AllBlocksCleared as a tagged array."""
 
 
 class _WireBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):

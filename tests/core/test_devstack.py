@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,12 +27,11 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float 
         if process.poll() is not None:
             raise AssertionError(f"the run command exited early with {process.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=5) as response:
                 if response.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        time.sleep(0.5)
+        except OSError:  # refused, reset or timed out while the processes start
+            time.sleep(0.5)
     raise AssertionError(f"{url} was not ready within {timeout} s")
 
 
