@@ -137,6 +137,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": crontab(minute=17),
         "options": {"expires": 3600},
     },
+    "dispatch-scrapes": {
+        "task": "fleet.dispatch_scrapes",
+        "schedule": 5.0,
+        "options": {"expires": 5},
+    },
     "refresh-rollups": {
         "task": "traffic.refresh_rollups",
         "schedule": 60.0,

@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.db import models
 
 
@@ -25,6 +27,9 @@ class Server(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     scrape_interval_seconds = models.PositiveIntegerField(default=15)
     last_scraped_at = models.DateTimeField(null=True, blank=True)
+    next_scrape_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the dispatcher sends the next pull"
+    )
     discovered_at = models.DateTimeField(null=True, blank=True, help_text="When block size was last read")
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -39,3 +44,11 @@ class Server(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def scrape_interval_timedelta(self) -> timedelta:
+        return timedelta(seconds=self.scrape_interval_seconds)
+
+    @property
+    def effective_metrics_url(self) -> str:
+        return self.metrics_url or self.base_url.rstrip("/") + "/metrics"
