@@ -21,6 +21,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def log_tail(data_dir: Path) -> str:
+    return "\n".join((data_dir / "run.log").read_text(errors="replace").splitlines()[-40:])
+
+
 def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -38,12 +42,13 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float 
 def start(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["PREFIXSCOPE_DATA_DIR"] = str(data_dir)
+    log = (data_dir / "run.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "app.devstack", "run", "--port", str(port)],
         cwd=ROOT,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, as a terminal gives it
     )
 
@@ -62,7 +67,10 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
     port = free_port()
     first = start(tmp_path, port)
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}/readyz", first)
+        try:
+            wait_until_ready(f"http://127.0.0.1:{port}/readyz", first)
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as login_page:
             assert b"Log in" in login_page.read()
         with database(tmp_path) as conn:
@@ -74,15 +82,18 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             )
     finally:
         exit_code = press_ctrl_c(first)
-    assert exit_code == 0
+    assert exit_code == 0, log_tail(tmp_path)
     assert not (tmp_path / "postgres" / "postmaster.pid").exists(), "PostgreSQL was left running"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
 
     second = start(tmp_path, port)
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}/readyz", second)
+        try:
+            wait_until_ready(f"http://127.0.0.1:{port}/readyz", second)
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with database(tmp_path) as conn:
             assert conn.execute("SELECT name FROM fleet_server").fetchall() == [("kept",)]
     finally:
-        assert press_ctrl_c(second) == 0
+        assert press_ctrl_c(second) == 0, log_tail(tmp_path)
