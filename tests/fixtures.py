@@ -18,3 +18,40 @@ VLLM_CPU_FIXTURES: Path = (
 def load_json(name: str) -> Any:
     """Return the parsed JSON of one capture in VLLM_CPU_FIXTURES."""
     return json.loads((VLLM_CPU_FIXTURES / name).read_text(encoding="utf-8"))
+
+
+CAPTURE_ORDER = [
+    "completion-shared-prefix-I",
+    "completion-with-request-id",
+    "completion-salt-a-1",
+    "completion-salt-a-2",
+    "completion-salt-b-1",
+    "completion-timestamp-top-1",
+    "completion-timestamp-top-2",
+    "completion-report-full",
+]
+
+
+def captured_traffic() -> list[tuple[dict[str, object], int]]:
+    """(request body, cached tokens vLLM reported) of the capture's traffic, in traffic-log order.
+
+    The first request's file was overwritten by a later one of the same name; its prompt is
+    report-full's (tests/simulator/test_cache.py proves it from its events). The streamed
+    request ran after report-full; it reported 160 cached tokens (its SSE usage chunk).
+    """
+    first = dict(load_json("completion-shared-prefix-I.json")["request"])
+    first["prompt"] = load_json("completion-report-full.json")["request"]["prompt"]
+    traffic: list[tuple[dict[str, object], int]] = [(first, 0)]
+    traffic.append((load_json("completion-shared-prefix-the.json")["request"], 160))
+    for name in CAPTURE_ORDER:
+        capture = load_json(f"{name}.json")
+        traffic.append(
+            (capture["request"], capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        )
+    traffic.append((load_json("completion-stream.request.json"), 160))
+    for name in [f"completion-evict-{i}" for i in range(6)] + ["completion-shared-prefix-after-evictions"]:
+        capture = load_json(f"{name}.json")
+        traffic.append(
+            (capture["request"], capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"])
+        )
+    return traffic

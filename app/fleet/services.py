@@ -53,3 +53,30 @@ def claim_due_scrapes(*, now: datetime) -> list[Server]:
         ):
             claimed.append(server)
     return claimed
+
+
+def register_server(
+    *,
+    name: str,
+    base_url: str,
+    metrics_url: str = "",
+    kv_events_endpoint: str = "",
+    kv_replay_endpoint: str = "",
+    kv_topic: str = "",
+    model: str = "",
+    tenant: str = "",
+) -> Server:
+    """Create the server, or update its endpoints when one of that name exists; it becomes active.
+
+    What was discovered from its /metrics (block size, hash algorithm) is kept.
+    """
+    server, created = Server.objects.update_or_create(
+        name=name,
+        defaults={
+            "base_url": base_url, "metrics_url": metrics_url, "kv_events_endpoint": kv_events_endpoint,
+            "kv_replay_endpoint": kv_replay_endpoint, "kv_topic": kv_topic, "model": model,
+            "tenant": tenant, "state": Server.State.ACTIVE,
+        },
+    )  # fmt: skip
+    logger.info("%s server %s", "registered" if created else "updated", name)
+    return server
