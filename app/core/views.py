@@ -1,8 +1,13 @@
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app.core.metrics import PrefixscopeCollector
 from app.core.selectors import broker_problem, database_problem
+
+_registry = CollectorRegistry()
+_registry.register(PrefixscopeCollector())
 
 
 @require_GET
@@ -20,3 +25,10 @@ def readyz(request: HttpRequest) -> JsonResponse:
     if problems:
         return JsonResponse({"status": "unavailable", "problems": problems}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+@require_GET
+@never_cache
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition of Prefixscope's own state (see app/core/metrics.py)."""
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
