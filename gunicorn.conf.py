@@ -7,6 +7,8 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "4"))
 accesslog = "-"
 timeout = 60
+# gunicorn's control socket defaults to one path in $HOME that every gunicorn would share.
+control_socket_disable = True
 
 
 def post_fork(server: object, worker: object) -> None:

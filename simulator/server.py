@@ -21,7 +21,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from simulator import tokenizer
-from simulator.cache import PrefixCache
+from simulator.cache import OutOfBlocks, PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
 from simulator.spans import SpanExporter
@@ -114,9 +114,13 @@ class Engine:
         arrival = time.time()
         async with self.lock:
             engine_id = uuid.uuid4().hex
-            admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
             output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
-            self.cache.append_output(engine_id, output)
+            try:
+                admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
+                self.cache.append_output(engine_id, output)
+            except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
+                self.cache.finish(engine_id)
+                raise BadRequest(f"prompt plus max_tokens do not fit the KV cache: {exc}") from None
             self.cache.finish(engine_id)
             await self.publisher.publish(self.cache.take_events())
             timing = self._timing(arrival, len(prompt_ids), admission.cached_tokens, len(output))

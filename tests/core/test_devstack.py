@@ -1,6 +1,8 @@
 """The README's run command: the UI comes up, Ctrl-C stops everything, a second start keeps the data."""
 
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +23,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_demo_ports() -> int:
+    """A base port P with P..P+3, P+10..P+13 and P+20..P+23 free (the demo fleet's ports)."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 60000)
+        try:
+            with contextlib.ExitStack() as stack:
+                for offset in (0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no free block of demo ports")
+
+
 def log_tail(data_dir: Path) -> str:
     return "\n".join((data_dir / "run.log").read_text(errors="replace").splitlines()[-40:])
 
@@ -39,9 +57,10 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float 
     raise AssertionError(f"{url} was not ready within {timeout} s")
 
 
-def start(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
+def start(data_dir: Path, port: int, demo_port: int) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["PREFIXSCOPE_DATA_DIR"] = str(data_dir)
+    env["PREFIXSCOPE_DEMO_PORT"] = str(demo_port)
     log = (data_dir / "run.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "app.devstack", "run", "--port", str(port)],
@@ -62,10 +81,28 @@ def database(data_dir: Path) -> psycopg.Connection:
     return psycopg.connect(host=str(data_dir / "postgres"), dbname="prefixscope", user="postgres")
 
 
+def wait_for_demo_data(data_dir: Path, timeout: float = 120) -> None:
+    """The demo fleet's traffic reaches PostgreSQL: KV events through the collector, /metrics
+    through beat and the worker."""
+    deadline = time.monotonic() + timeout
+    counts: tuple[int, int] = (0, 0)
+    while time.monotonic() < deadline:
+        with database(data_dir) as conn:
+            events = conn.execute("SELECT count(*) FROM traffic_kvevent").fetchone()
+            scrapes = conn.execute("SELECT count(*) FROM traffic_scrape WHERE ok").fetchone()
+        counts = (events[0] if events else 0, scrapes[0] if scrapes else 0)
+        if all(counts):
+            return
+        time.sleep(1)
+    raise AssertionError(
+        f"no demo data after {timeout} s (KV events, good scrapes: {counts})\n{log_tail(data_dir)}"
+    )
+
+
 @pytest.mark.timeout(600)
 def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: Path) -> None:
-    port = free_port()
-    first = start(tmp_path, port)
+    port, demo_port = free_port(), free_demo_ports()
+    first = start(tmp_path, port, demo_port)
     try:
         try:
             wait_until_ready(f"http://127.0.0.1:{port}/readyz", first)
@@ -73,6 +110,7 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as login_page:
             assert b"Log in" in login_page.read()
+        wait_for_demo_data(tmp_path)
         with database(tmp_path) as conn:
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
@@ -87,13 +125,14 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
 
-    second = start(tmp_path, port)
+    second = start(tmp_path, port, demo_port)
     try:
         try:
             wait_until_ready(f"http://127.0.0.1:{port}/readyz", second)
         except AssertionError as failure:
             raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with database(tmp_path) as conn:
-            assert conn.execute("SELECT name FROM fleet_server").fetchall() == [("kept",)]
+            names = {name for (name,) in conn.execute("SELECT name FROM fleet_server")}
+            assert names == {"kept", "sim-0", "sim-1", "sim-2", "sim-3"}
     finally:
         assert press_ctrl_c(second) == 0, log_tail(tmp_path)

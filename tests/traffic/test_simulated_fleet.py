@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 def hits_total(server: Server) -> float:
     latest = ScrapeSample.objects.filter(server=server, series__name="vllm:prefix_cache_hits_total")
-    return latest.order_by("-scraped_at").values_list("value", flat=True)[0]
+    return float(latest.order_by("-scraped_at").values_list("value", flat=True)[0])
 
 
 def test_collected_events_and_scrapes_agree_with_what_the_servers_answered() -> None:
