@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "app.prompts",
     "app.regressions",
     "app.dashboard",
+    "app.api",
 ]
 
 MIDDLEWARE = [

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from app.api.api import api
 from app.core import views as core_views
 
 urlpatterns = [
@@ -11,5 +12,6 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
     path("", include("app.dashboard.urls")),
 ]

@@ -49,17 +49,24 @@ JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_class p ON p.oid = i.inhparent
 WHERE p.relname = %s
 """
-_UPPER_BOUND = re.compile(r"TO \('([^']+)'\)")
+_BOUNDS = re.compile(r"FROM \('([^']+)'\) TO \('([^']+)'\)")
+
+
+def partition_ranges(table: str) -> dict[str, tuple[datetime, datetime]]:
+    """Each partition of `table` with the [from, to) range of times it holds."""
+    ranges = {}
+    with connection.cursor() as cursor:
+        cursor.execute(_BOUNDS_SQL, [table])
+        for name, bound in cursor.fetchall():
+            if match := _BOUNDS.search(bound):
+                ranges[name] = (
+                    datetime.fromisoformat(match.group(1)),
+                    datetime.fromisoformat(match.group(2)),
+                )
+    return ranges
 
 
 def expired_partitions(table: str, *, now: datetime, retention_days: int) -> list[str]:
     """Partitions of `table` whose every row is older than the retention (upper bound <= cutoff)."""
     cutoff = now - timedelta(days=retention_days)
-    expired = []
-    with connection.cursor() as cursor:
-        cursor.execute(_BOUNDS_SQL, [table])
-        for name, bound in cursor.fetchall():
-            match = _UPPER_BOUND.search(bound)
-            if match and datetime.fromisoformat(match.group(1)) <= cutoff:
-                expired.append(name)
-    return sorted(expired)
+    return sorted(name for name, (_, upper) in partition_ranges(table).items() if upper <= cutoff)

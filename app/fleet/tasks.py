@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import claim_due_scrapes
-from app.traffic.services import record_scrape
+from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.client import ScrapeFailed, fetch_metrics
 from collectors.metrics.parse import MetricsParseError, parse_metrics
 

@@ -18,7 +18,13 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVStream
-from app.traffic.services import Gap, KVEventRow, StreamPosition, count_rejected_input, store_kv_events
+from app.traffic.services.kv_events import (
+    Gap,
+    KVEventRow,
+    StreamPosition,
+    count_rejected_input,
+    store_kv_events,
+)
 from collectors.kv_events.client import KVTransportError, fetch_replay, open_subscriber
 from collectors.kv_events.parse import (
     BlockRemoved,

@@ -8,7 +8,13 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
-from app.traffic.services import Gap, KVEventRow, StreamPosition, count_rejected_input, store_kv_events
+from app.traffic.services.kv_events import (
+    Gap,
+    KVEventRow,
+    StreamPosition,
+    count_rejected_input,
+    store_kv_events,
+)
 from tests.fixtures import load_json
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,8 @@ from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import KVEvent, MinuteRollup, RequestRecord
-from app.traffic.services import expire_token_ids, refresh_minute_rollups
+from app.traffic.services.requests import expire_token_ids
+from app.traffic.services.rollups import refresh_minute_rollups
 
 pytestmark = pytest.mark.django_db
 

@@ -1,80 +1,18 @@
-"""The writers of traffic data: KV events and the block index, rollups, token-id retention."""
+"""The writers of KV events: rows stored once each (COPY), the block index, stream positions, gaps."""
 
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from app.domain.blockhash import wire_to_signed
-from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.residency import BlockChange, Change, NetResidency, net_residency
-from app.fleet.models import Server
-from app.fleet.services import record_scrape_outcome
-from app.traffic.models import KVEvent, MetricSeries, RequestRecord, Scrape, ScrapeSample
-from collectors.metrics.parse import Sample, cache_config, model_name
+from app.traffic.models import KVEvent
 
 logger = logging.getLogger(__name__)
-
-_BUCKET_COUNTS = ", ".join(
-    f"count(*) FILTER (WHERE r.ttft_seconds <= {bound!r})" for bound in TTFT_BUCKETS_SECONDS
-)
-# Recomputes whole minutes from raw records, so running it twice (or concurrently with
-# late arrivals, then again) converges on the same rows.
-_REFRESH_SQL = f"""
-INSERT INTO traffic_minuterollup AS m (
-    server_id, template_id, minute, requests, prompt_tokens, cached_tokens,
-    ttft_count, ttft_sum_seconds, ttft_buckets
-)
-SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
-       coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
-       count(r.ttft_seconds), coalesce(sum(r.ttft_seconds), 0),
-       ARRAY[{_BUCKET_COUNTS}, count(r.ttft_seconds)]
-FROM traffic_requestrecord r
-WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
-GROUP BY 1, 2, 3
-ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
-    requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
-    cached_tokens = EXCLUDED.cached_tokens, ttft_count = EXCLUDED.ttft_count,
-    ttft_sum_seconds = EXCLUDED.ttft_sum_seconds, ttft_buckets = EXCLUDED.ttft_buckets
-"""
-
-
-def _minute_floor(moment: datetime) -> datetime:
-    return moment.replace(second=0, microsecond=0)
-
-
-def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
-    """Recompute the rollup rows of every whole minute touching [since, until); returns rows written.
-
-    `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
-    """
-    start = _minute_floor(since)
-    end = _minute_floor(until) + (timedelta(minutes=1) if until != _minute_floor(until) else timedelta())
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
-        return int(cursor.rowcount)
-
-
-def expire_token_ids(*, now: datetime) -> int:
-    """Forget prompt token ids past their retention (all of them in hash-only mode).
-
-    Block hashes stay: divergence still works to block precision. Returns rows changed.
-    """
-    records = RequestRecord.objects.filter(token_ids__isnull=False)
-    if not settings.PREFIXSCOPE_HASH_ONLY:
-        cutoff = now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
-        records = records.filter(arrived_at__lt=cutoff)
-    changed = records.update(token_ids=None)
-    if changed:
-        logger.info("token ids expired", extra={"records": changed})
-    return changed
-
-
-# --- KV events -------------------------------------------------------------------------
 
 
 class KVEventRow(NamedTuple):
@@ -145,6 +83,8 @@ def _insert_new_kv_rows(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVEvent
     cursor.execute(
         "CREATE TEMP TABLE IF NOT EXISTS kv_event_staging (LIKE traffic_kvevent) ON COMMIT DELETE ROWS"
     )
+    # Emptied at commit, but a caller's outer transaction may not have committed yet.
+    cursor.execute("TRUNCATE kv_event_staging")
     with cursor.cursor.copy(f"COPY kv_event_staging ({_KV_COLUMNS}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(_signed_hashes(row))
@@ -237,68 +177,3 @@ def count_rejected_input(
             "count = r.count + EXCLUDED.count, last_seen_at = EXCLUDED.last_seen_at",
             [server_id, source, reason[:300], count, now, now],
         )
-
-
-# --- /metrics scrapes ------------------------------------------------------------------
-
-
-def record_scrape(
-    *,
-    server: Server,
-    scraped_at: datetime,
-    samples: Sequence[Sample] | None,
-    duration_seconds: float,
-    error: str = "",
-) -> None:
-    """Store one pull as scraped: every sample, or the failure (None samples) with its reason.
-
-    A failed pull stores no values: the server shows as down, not as zeros. Storing the same
-    pull twice (a redelivered task) writes it once.
-    """
-    ok = samples is not None
-    with transaction.atomic():
-        Scrape.objects.bulk_create(
-            [Scrape(server=server, scraped_at=scraped_at, ok=ok, error=error[:2000],
-                    duration_seconds=duration_seconds, sample_count=len(samples or ()))],
-            ignore_conflicts=True,
-        )  # fmt: skip
-        if samples is not None:
-            series = _series_ids(server, samples)
-            ScrapeSample.objects.bulk_create(
-                [
-                    ScrapeSample(
-                        server=server,
-                        series_id=series[(s.name, s.labels)],
-                        scraped_at=scraped_at,
-                        value=s.value,
-                    )
-                    for s in samples
-                ],
-                ignore_conflicts=True,
-            )
-            record_scrape_outcome(
-                server=server, at=scraped_at, ok=True, config=cache_config(samples), model=model_name(samples)
-            )
-        else:
-            record_scrape_outcome(server=server, at=scraped_at, ok=False)
-
-
-def _series_ids(
-    server: Server, samples: Sequence[Sample]
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
-    """Ids of the series of these samples, creating the ones this server has not exposed before."""
-
-    def known() -> dict[tuple[str, tuple[tuple[str, str], ...]], int]:
-        rows = MetricSeries.objects.filter(server=server).values_list("id", "name", "labels")
-        return {(name, tuple(sorted(labels.items()))): pk for pk, name, labels in rows}
-
-    ids = known()
-    missing = {(s.name, s.labels): s.kind for s in samples if (s.name, s.labels) not in ids}
-    if missing:
-        MetricSeries.objects.bulk_create(
-            [MetricSeries(server=server, name=name, labels=dict(labels), kind=kind)
-             for (name, labels), kind in missing.items()],
-            ignore_conflicts=True,
-        )  # fmt: skip
-        ids = known()
-    return ids

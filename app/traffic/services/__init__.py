@@ -1,0 +1,1 @@
+"""The only writers of traffic data, one module per kind of data."""

@@ -1,0 +1,207 @@
+"""The writer of request records: ingested in batches, merged by key, prompt tokens under retention.
+
+A record's key is (server, request id, arrival time). Delivering the same record twice, or
+two sources delivering parts of it (the gateway's cached tokens, a span's TTFT) under the same
+key, leaves one row whose fields are the union of what arrived: a later value fills a gap,
+it never erases a known one.
+"""
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils.text import slugify
+
+from app.core.partitioning import partition_ranges
+from app.domain.blockhash import block_hash_chain, wire_to_signed
+from app.fleet.models import Server
+from app.prompts.models import Template, TemplateVersion
+from app.traffic.models import RequestRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestIn:
+    """One request record as a source reports it, validated but not yet resolved."""
+
+    server: str  # a registered server's name, or its base URL
+    request_id: str
+    arrived_at: datetime
+    source: str
+    trace_id: str = ""
+    model: str = ""
+    tenant: str = ""
+    template: str = ""
+    template_version: str = ""  # the template repository's commit sha
+    ttft_seconds: float | None = None
+    queue_seconds: float | None = None
+    prefill_seconds: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    cache_salt: str | None = None  # hashed here; the salt itself is never stored
+    prompt_token_ids: Sequence[int] | None = None
+
+
+@dataclass(slots=True)
+class IngestOutcome:
+    stored: int = 0
+    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
+
+
+_COLUMNS = (
+    "server_id", "request_id", "arrived_at", "trace_id", "model", "tenant", "template_id",
+    "template_version_id", "source", "ttft_seconds", "queue_seconds", "prefill_seconds", "prompt_tokens",
+    "cached_tokens", "completion_tokens", "salt_hash", "block_hashes", "token_ids",
+)  # fmt: skip
+_KEY = ("server_id", "request_id", "arrived_at")
+_MERGE = ", ".join(
+    f"{c} = COALESCE(NULLIF(EXCLUDED.{c}, ''), r.{c})"
+    if c in ("trace_id", "model", "tenant", "salt_hash")
+    else f"{c} = COALESCE(EXCLUDED.{c}, r.{c})"
+    for c in _COLUMNS
+    if c not in _KEY and c not in ("block_hashes", "source")
+)
+_UPSERT_SQL = f"""
+INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
+SELECT {", ".join(_COLUMNS)} FROM request_record_staging
+ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE},
+    block_hashes = CASE WHEN cardinality(EXCLUDED.block_hashes) > 0
+                        THEN EXCLUDED.block_hashes ELSE r.block_hashes END
+"""
+
+
+def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> IngestOutcome:
+    """Store a batch in one transaction; items that cannot be stored are returned with the reason.
+
+    Unknown servers are kept, as proposed servers for a person to register. Arrival times with no
+    partition (past retention, or too far ahead) are rejected rather than failing the batch.
+    """
+    outcome = IngestOutcome()
+    with transaction.atomic():
+        servers = _servers(items)
+        ranges = list(partition_ranges(RequestRecord._meta.db_table).values())
+        rows = []
+        for index, item in enumerate(items):
+            if not any(lower <= item.arrived_at < upper for lower, upper in ranges):
+                outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
+                continue
+            rows.append(_row(item, servers[item.server], now=now))
+        _copy_and_merge(_deduplicated(rows))
+    outcome.stored = len(rows)
+    return outcome
+
+
+def _servers(items: Sequence[RequestIn]) -> dict[str, Server]:
+    """The server each item names; a name or URL nobody registered becomes a proposed server."""
+    found: dict[str, Server] = {}
+    for reference in {item.server for item in items}:
+        server = (
+            Server.objects.filter(name=reference).first() or Server.objects.filter(base_url=reference).first()
+        )
+        found[reference] = server or _propose(reference)
+    return found
+
+
+def _propose(reference: str) -> Server:
+    is_url = "://" in reference
+    name = slugify(urlsplit(reference).netloc if is_url else reference)[:100] or "unnamed"
+    server, created = Server.objects.get_or_create(
+        name=name, defaults={"base_url": reference if is_url else "", "state": Server.State.PROPOSED}
+    )
+    if created:
+        logger.info("proposed server %s, seen in ingested requests", name)
+    return server
+
+
+def _row(item: RequestIn, server: Server, *, now: datetime) -> tuple[Any, ...]:
+    template, version = _template(item)
+    tokens = list(item.prompt_token_ids) if item.prompt_token_ids is not None else None
+    hashes: list[int] = []
+    if tokens and server.block_size:
+        hashes = [
+            wire_to_signed(h.wire)
+            for h in block_hash_chain(tokens, server.block_size, cache_salt=item.cache_salt)
+        ]
+    if not _keep_token_ids(item.arrived_at, now):
+        tokens = None
+    salt_hash = hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else ""
+    return (
+        server.pk, item.request_id, item.arrived_at, item.trace_id, item.model, item.tenant,
+        template.pk if template else None, version.pk if version else None, item.source,
+        item.ttft_seconds, item.queue_seconds, item.prefill_seconds, item.prompt_tokens,
+        item.cached_tokens, item.completion_tokens, salt_hash, hashes, tokens,
+    )  # fmt: skip
+
+
+def _keep_token_ids(arrived_at: datetime, now: datetime) -> bool:
+    if settings.PREFIXSCOPE_HASH_ONLY:
+        return False
+    return arrived_at >= now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+
+
+def _template(item: RequestIn) -> tuple[Template | None, TemplateVersion | None]:
+    """The named template and version; a commit not imported yet is recorded as first seen now."""
+    if not item.template:
+        return None, None
+    template, _ = Template.objects.get_or_create(name=item.template, defaults={"tenant": item.tenant})
+    if not item.template_version:
+        return template, None
+    version, _ = TemplateVersion.objects.get_or_create(
+        template=template,
+        commit_sha=item.template_version,
+        defaults={
+            "committed_at": item.arrived_at,
+            "message": "seen in traffic before its commit was imported",
+        },
+    )
+    return template, version
+
+
+def _deduplicated(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    # ON CONFLICT cannot touch one row twice in a statement: merge repeats inside a batch first.
+    merged: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    for row in rows:
+        earlier = merged.get(row[:3])
+        merged[row[:3]] = row if earlier is None else tuple(map(_known, earlier, row))
+    return list(merged.values())
+
+
+def _known(earlier: Any, later: Any) -> Any:
+    return earlier if later is None or later == "" or later == [] else later
+
+
+def _copy_and_merge(rows: list[tuple[Any, ...]]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS request_record_staging "
+            "(LIKE traffic_requestrecord INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+        # Emptied at commit, but a caller's outer transaction may not have committed yet.
+        cursor.execute("TRUNCATE request_record_staging")
+        with cursor.cursor.copy(f"COPY request_record_staging ({', '.join(_COLUMNS)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute(_UPSERT_SQL)
+
+
+def expire_token_ids(*, now: datetime) -> int:
+    """Forget prompt token ids past their retention (all of them in hash-only mode).
+
+    Block hashes stay: divergence still works to block precision. Returns rows changed.
+    """
+    records = RequestRecord.objects.filter(token_ids__isnull=False)
+    if not settings.PREFIXSCOPE_HASH_ONLY:
+        cutoff = now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+        records = records.filter(arrived_at__lt=cutoff)
+    changed = records.update(token_ids=None)
+    if changed:
+        logger.info("token ids expired", extra={"records": changed})
+    return changed

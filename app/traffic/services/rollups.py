@@ -1,0 +1,49 @@
+"""Per-minute rollups of request records: what dashboards read instead of raw rows."""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import connection, transaction
+
+from app.domain.histogram import TTFT_BUCKETS_SECONDS
+
+logger = logging.getLogger(__name__)
+
+_BUCKET_COUNTS = ", ".join(
+    f"count(*) FILTER (WHERE r.ttft_seconds <= {bound!r})" for bound in TTFT_BUCKETS_SECONDS
+)
+# Recomputes whole minutes from raw records, so running it twice (or concurrently with
+# late arrivals, then again) converges on the same rows.
+_REFRESH_SQL = f"""
+INSERT INTO traffic_minuterollup AS m (
+    server_id, template_id, minute, requests, prompt_tokens, cached_tokens,
+    ttft_count, ttft_sum_seconds, ttft_buckets
+)
+SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
+       coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
+       count(r.ttft_seconds), coalesce(sum(r.ttft_seconds), 0),
+       ARRAY[{_BUCKET_COUNTS}, count(r.ttft_seconds)]
+FROM traffic_requestrecord r
+WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
+GROUP BY 1, 2, 3
+ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
+    requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
+    cached_tokens = EXCLUDED.cached_tokens, ttft_count = EXCLUDED.ttft_count,
+    ttft_sum_seconds = EXCLUDED.ttft_sum_seconds, ttft_buckets = EXCLUDED.ttft_buckets
+"""
+
+
+def _minute_floor(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
+    """Recompute the rollup rows of every whole minute touching [since, until); returns rows written.
+
+    `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
+    """
+    start = _minute_floor(since)
+    end = _minute_floor(until) + (timedelta(minutes=1) if until != _minute_floor(until) else timedelta())
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
+        return int(cursor.rowcount)

@@ -1,0 +1,176 @@
+"""REST bulk ingest of request records, with the real captures as the records."""
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from app.api.models import IngestToken
+from app.api.services import create_ingest_token
+from app.domain.blockhash import block_hash_chain, signed_to_wire
+from app.fleet.models import Server
+from app.traffic.models import RequestRecord
+from tests.fixtures import load_json
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/requests"
+CAPTURES = [
+    "completion-shared-prefix-the",
+    "completion-salt-a-1",
+    "completion-salt-a-2",
+    "completion-evict-0",
+]
+
+
+@pytest.fixture
+def token() -> str:
+    return create_ingest_token(name="test-source")
+
+
+@pytest.fixture
+def server() -> Server:
+    return Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
+
+
+def record(name: str, **fields: object) -> dict[str, object]:
+    """A request record as an application would report one of the captured completions."""
+    capture = load_json(f"{name}.json")
+    body = {
+        "server": "vllm-cpu",
+        "request_id": capture["response"]["id"],
+        "arrived_at": timezone.now().isoformat(),
+        "model": capture["request"]["model"],
+        "usage": capture["response"]["usage"],
+        "prompt_token_ids": capture["response"]["choices"][0]["prompt_token_ids"],
+        "template": "support",
+        "tenant": "acme",
+    }
+    if "cache_salt" in capture["request"]:
+        body["cache_salt"] = capture["request"]["cache_salt"]
+    return {**body, **fields}
+
+
+def post(
+    client: Client, token: str, payload: object, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    response = client.post(URL, data, content_type=content_type, headers={"Authorization": f"Bearer {token}"})
+    return response.status_code, response.json()
+
+
+def test_without_a_live_token_nothing_is_ingested(client: Client, token: str, server: Server) -> None:
+    assert client.post(URL, "[]", content_type="application/json").status_code == 401
+    assert post(client, "psi_wrong", [record(CAPTURES[0])])[0] == 401
+    IngestToken.objects.update(revoked=True)
+    assert post(client, token, [record(CAPTURES[0])])[0] == 401
+    assert not RequestRecord.objects.exists()
+
+
+def test_captured_requests_are_stored_with_their_hash_chain(
+    client: Client, token: str, server: Server
+) -> None:
+    status, answer = post(client, token, [record(name) for name in CAPTURES])
+
+    assert (status, answer) == (200, {"stored": 4, "rejected": []})
+    for name in CAPTURES:
+        capture = load_json(f"{name}.json")
+        stored = RequestRecord.objects.get(request_id=capture["response"]["id"])
+        assert stored.cached_tokens == capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert stored.prompt_tokens == capture["response"]["usage"]["prompt_tokens"]
+        salt = capture["request"].get("cache_salt")
+        chain = block_hash_chain(stored.token_ids or [], 32, cache_salt=salt)
+        assert [signed_to_wire(h) for h in stored.block_hashes] == [h.wire for h in chain]
+        assert bool(stored.salt_hash) == bool(salt) and salt not in stored.salt_hash if salt else True
+        assert (stored.source, stored.template.name, stored.tenant) == ("rest", "support", "acme")
+
+
+def test_redelivery_and_a_second_source_merge_into_one_record(
+    client: Client, token: str, server: Server
+) -> None:
+    first = record(CAPTURES[0])
+    post(client, token, [first])
+    post(client, token, [first])
+    later = {k: first[k] for k in ("server", "request_id", "arrived_at")} | {"ttft_seconds": 0.0129}
+    assert post(client, token, [later])[0] == 200
+
+    stored = RequestRecord.objects.get()
+    assert (stored.cached_tokens, stored.ttft_seconds) == (160, 0.0129)
+    assert stored.token_ids and stored.block_hashes  # not erased by the record that lacked them
+
+
+def test_json_lines_keep_the_good_records_and_name_the_bad_field(
+    client: Client, token: str, server: Server
+) -> None:
+    lines = [
+        record(CAPTURES[0]),
+        record(CAPTURES[1], prompt_tokens="many"),
+        record(CAPTURES[2], arrived_at="yesterday"),
+    ]
+    status, answer = post(
+        client, token, "\n".join(json.dumps(line) for line in lines) + "\n", "application/x-ndjson"
+    )
+
+    assert status == 400
+    assert answer["stored"] == 1
+    assert [(r["index"], r["error"].split(":")[0]) for r in answer["rejected"]] == [
+        (1, "prompt_tokens"),
+        (2, "arrived_at"),
+    ]
+    assert RequestRecord.objects.count() == 1
+
+
+def test_records_outside_the_kept_window_are_rejected_not_fatal(
+    client: Client, token: str, server: Server
+) -> None:
+    old = record(CAPTURES[0], arrived_at=(timezone.now() - timedelta(days=400)).isoformat())
+    status, answer = post(client, token, [old, record(CAPTURES[1])])
+    assert status == 400 and answer["stored"] == 1
+    assert answer["rejected"] == [
+        {"index": 0, "error": "arrived_at: outside the kept window of request records"}
+    ]
+
+
+def test_an_unknown_server_is_kept_as_a_proposal(client: Client, token: str) -> None:
+    status, _ = post(client, token, [record(CAPTURES[0], server="http://10.1.2.3:8000")])
+    assert status == 200
+    proposed = Server.objects.get()
+    assert (proposed.name, proposed.state, proposed.base_url) == (
+        "101238000",
+        "proposed",
+        "http://10.1.2.3:8000",
+    )
+
+
+def test_anthropic_usage_maps_to_the_same_fields(client: Client, token: str, server: Server) -> None:
+    usage = {
+        "input_tokens": 31,
+        "cache_read_input_tokens": 160,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": 4,
+    }
+    post(client, token, [record(CAPTURES[0], usage=usage, prompt_token_ids=None)])
+    stored = RequestRecord.objects.get()
+    assert (stored.prompt_tokens, stored.cached_tokens, stored.completion_tokens) == (191, 160, 4)
+
+
+def test_hash_only_mode_keeps_hashes_and_no_token_ids(client: Client, token: str, server: Server) -> None:
+    with override_settings(PREFIXSCOPE_HASH_ONLY=True):
+        post(client, token, [record(CAPTURES[0])])
+    stored = RequestRecord.objects.get()
+    assert stored.token_ids is None and len(stored.block_hashes) == 6
+
+
+def test_the_openapi_schema_documents_the_endpoint(client: Client) -> None:
+    schema = client.get("/api/openapi.json").json()
+    operation = schema["paths"][URL]["post"]
+    assert "application/x-ndjson" in operation["requestBody"]["content"]
+    assert client.get("/api/docs").status_code == 200
+
+
+def test_an_arrival_time_without_a_time_zone_is_refused(client: Client, token: str, server: Server) -> None:
+    naive = timezone.now().replace(tzinfo=None).isoformat()
+    status, answer = post(client, token, [record(CAPTURES[0], arrived_at=naive)])
+    assert status == 400 and answer["rejected"][0]["error"].startswith("arrived_at:")
