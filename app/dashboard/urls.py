@@ -5,4 +5,5 @@ from app.dashboard import views
 app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
+    path("collection/", views.collection, name="collection"),
 ]

@@ -4,7 +4,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django_htmx.middleware import HtmxDetails
 
-from app.dashboard.selectors import fleet_overview
+from app.dashboard.selectors import collection_health, fleet_overview
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -18,3 +18,10 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     if request.htmx:
         template += "#fleet-table"
     return render(request, template, {"rows": fleet_overview(now=timezone.now())})
+
+
+@login_required
+def collection(request: HtmxHttpRequest) -> HttpResponse:
+    """Whether every server is heard: pulls, KV event streams, gaps and refused input."""
+    rows, reasons, gaps = collection_health()
+    return render(request, "dashboard/collection.html", {"rows": rows, "reasons": reasons, "gaps": gaps})

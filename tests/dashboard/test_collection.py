@@ -1,0 +1,33 @@
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import KVGap, KVStream, RejectedInput
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_collection_page_shows_lost_batches_and_refused_input_per_server(client: Client) -> None:
+    client.force_login(User.objects.create_user("engineer"))
+    now = timezone.now()
+    heard = Server.objects.create(name="vllm-heard", base_url="http://a:8000", last_scraped_at=now)
+    lossy = Server.objects.create(name="vllm-lossy", base_url="http://b:8000", state=Server.State.DOWN)
+    KVStream.objects.create(server=heard, last_seq=41, last_event_at=now - timedelta(seconds=5))
+    KVGap.objects.create(server=lossy, epoch=1, first_seq=7, last_seq=9, recovered=1, lost=2, detected_at=now)
+    RejectedInput.objects.create(
+        server=lossy, source="kv_events", reason="BlockStored.block_hashes: expected a list of uint64",
+        count=4, first_seen_at=now, last_seen_at=now,
+    )  # fmt: skip
+
+    html = client.get("/collection/").content.decode()
+
+    lossy_row = html[html.index("vllm-lossy") : html.index("</tr>", html.index("vllm-lossy"))]
+    assert '<td class="num bad">2</td>' in lossy_row and '<td class="num bad">4</td>' in lossy_row
+    heard_row = html[html.index("vllm-heard") : html.index("</tr>", html.index("vllm-heard"))]
+    assert "ago" in heard_row and '<td class="num">0</td>' in heard_row
+    assert "BlockStored.block_hashes: expected a list of uint64" in html
+    assert "7\u20139" in html  # an en dash between the first and last missing sequence numbers
