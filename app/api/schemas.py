@@ -4,10 +4,15 @@ from datetime import datetime
 from typing import Any
 
 from ninja import Field, Schema
+from pydantic import BaseModel
 
 
-class RequestRecordIn(Schema):
-    """One inference request. Token counts may come as fields or as the provider's `usage` object."""
+class RequestRecordIn(BaseModel):
+    """One inference request. Token counts may come as fields or as the provider's `usage` object.
+
+    A plain pydantic model, not a ninja Schema: batches validate thousands of these, and
+    Schema's attribute resolution (for ORM objects) costs several times more per record.
+    """
 
     server: str = Field(min_length=1, max_length=500, description="A registered server's name or base URL")
     request_id: str = Field(min_length=1, max_length=255)

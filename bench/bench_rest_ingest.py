@@ -1,0 +1,110 @@
+"""Request records per second through POST /api/v1/requests, against raw COPY of the same rows.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rest_ingest [--records 20000] [--batch 1000]
+
+Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The
+baseline is psycopg COPY of equivalent rows straight into traffic_requestrecord, measured in the
+same run; the endpoint is driven through Django's full request stack (middleware, auth, JSON
+parsing, validation, the service's COPY and merge), in this process.
+"""
+
+import argparse
+import json
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.api.services import create_ingest_token  # noqa: E402
+from app.core.services import maintain_partitions  # noqa: E402
+from app.fleet.models import Server  # noqa: E402
+
+
+def records(count: int, server: str) -> list[dict[str, object]]:
+    now = datetime.now(UTC).isoformat()
+    return [
+        {
+            "server": server, "request_id": f"bench-{uuid.uuid4().hex}", "arrived_at": now, "model": "tiny",
+            "tenant": "acme", "ttft_seconds": 0.05, "prompt_tokens": 2048, "cached_tokens": 1536,
+            "completion_tokens": 16,
+        }
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+def copy_baseline(count: int, server_id: int) -> float:
+    now = timezone.now()
+    columns = "server_id, request_id, arrived_at, model, tenant, source, ttft_seconds, prompt_tokens, cached_tokens, completion_tokens, trace_id, salt_hash, block_hashes"  # noqa: E501
+    started = time.perf_counter()
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY traffic_requestrecord ({columns}) FROM STDIN") as copy,
+    ):
+        for _ in range(count):
+            copy.write_row(
+                (
+                    server_id,
+                    f"copy-{uuid.uuid4().hex}",
+                    now,
+                    "tiny",
+                    "acme",
+                    "rest",
+                    0.05,
+                    2048,
+                    1536,
+                    16,
+                    "",
+                    "",
+                    [],
+                )
+            )
+    return count / (time.perf_counter() - started)
+
+
+def through_endpoint(batches: list[list[dict[str, object]]], token: str) -> float:
+    client = Client()
+    started = time.perf_counter()
+    for batch in batches:
+        response = client.post(
+            "/api/v1/requests", json.dumps(batch), content_type="application/json",
+            headers={"Authorization": f"Bearer {token}"},
+        )  # fmt: skip
+        assert response.status_code == 200, response.content[:500]
+    return sum(len(b) for b in batches) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    args = parser.parse_args()
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        maintain_partitions(now=timezone.now())
+        server = Server.objects.create(name="bench", base_url="http://bench:8000", block_size=32)
+        token = create_ingest_token(name="bench")
+        baseline = copy_baseline(args.records, server.pk)
+        batch_list = [records(args.batch, "bench") for _ in range(args.records // args.batch)]
+        endpoint = through_endpoint(batch_list, token)
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    print(f"raw COPY into traffic_requestrecord: {baseline:,.0f} records/s")
+    print(f"POST /api/v1/requests (batches of {args.batch}): {endpoint:,.0f} records/s")
+    print(f"ratio endpoint / COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()
