@@ -1,10 +1,9 @@
-"""Traffic for the simulated fleet: plan a scenario's requests, then send them to the servers.
+"""Traffic for the simulated fleet: send a scenario's planned requests to the servers, and the CLI.
 
-``plan_requests`` is pure: from a scenario, its template commits and a seed it yields every request
-(time, server, tenant, template version, endpoint, JSON body, headers), the same ones for the same
-seed. ``run`` sends them with aiohttp on the scenario's clock scaled by ``speed``, makes the admin
-calls of capacity cuts and restarts at their times, and reads each answer's cached tokens. The CLI
-creates the template repository and runs a scenario against base URLs::
+``run`` sends the requests ``simulator.planner.plan_requests`` plans with aiohttp on the scenario's
+clock scaled by ``speed``, makes the admin calls of capacity cuts and restarts at their times, and
+reads each answer's cached tokens. The CLI creates the template repository and runs a scenario
+against base URLs::
 
     python -m simulator.loadgen --scenario demo --repo /tmp/prompts \\
         --base-url http://127.0.0.1:8101 --base-url http://127.0.0.1:8102 ... --speed 10
@@ -17,68 +16,35 @@ import asyncio
 import json
 import logging
 import math
-import random
 import sys
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 import aiohttp
-import jinja2
 
+from simulator.planner import EPOCH, PlannedRequest
+from simulator.planner import plan_requests as plan_requests  # also loadgen's API; "as" tells mypy so
+from simulator.run_summary import AdminCall, RequestResult, RunSummary, format_summary
 from simulator.scenario import (
     CapacityCut,
-    SaltChange,
     Scenario,
     ScenarioError,
     ServerRestart,
-    Template,
-    Tenant,
     load_scenario,
-    request_variables,
     resolve_scenario,
-    template_environment,
 )
-from simulator.template_repo import Commit, TemplateRepoError, create_repo, version_at
+from simulator.template_repo import Commit, TemplateRepoError, create_repo
 
 logger = logging.getLogger(__name__)
 
-EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-"""The default wall-clock time of virtual second 0, for the ``now`` a template renders."""
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_PATH = "/v1/chat/completions"
 REQUEST_TIMEOUT_SECONDS = 120.0
 """Per request, streaming included; a server that takes longer counts as an error, not a hang."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedRequest:
-    """One request of a scenario. ``at`` is virtual seconds; ``server`` indexes the base URLs.
-
-    ``prompt`` is the rendered template: the completion prompt, or a chat request's system message.
-    """
-
-    index: int
-    at: float
-    server: int
-    tenant: str
-    template: str
-    version: str
-    request_id: str
-    path: str
-    body: dict[str, object]
-    headers: dict[str, str]
-    prompt: str
-
-    @property
-    def stream(self) -> bool:
-        """Whether the answer comes as server-sent events."""
-        return self.body.get("stream") is True
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,204 +53,6 @@ class Usage:
 
     prompt_tokens: int | None
     cached_tokens: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestResult:
-    """How one planned request went. ``status`` is 0 when no HTTP answer came (refused, timed out);
-    ``error`` is None for a success, else a short reason; ``latency`` is wall seconds to the last byte."""
-
-    index: int
-    at: float
-    server: int
-    template: str
-    version: str
-    tenant: str
-    request_id: str
-    stream: bool
-    status: int
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    latency: float
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AdminCall:
-    """One admin call a fault made: virtual time ``at``, and ``sent_after`` wall seconds into the run."""
-
-    at: float
-    server: int
-    action: Literal["capacity", "restart"]
-    status: int
-    error: str | None
-    sent_after: float
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """Everything a run did: results in plan order, admin calls in time order, and totals."""
-
-    results: tuple[RequestResult, ...]
-    admin_calls: tuple[AdminCall, ...]
-    wall_seconds: float
-
-    @property
-    def requests(self) -> int:
-        """Requests sent."""
-        return len(self.results)
-
-    @property
-    def errors(self) -> int:
-        """Requests that failed: HTTP 4xx/5xx, no answer, or an unreadable answer."""
-        return sum(1 for result in self.results if result.error is not None)
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt tokens over the answers that reported them."""
-        return sum(result.prompt_tokens or 0 for result in self.results)
-
-    @property
-    def cached_tokens(self) -> int:
-        """Cached prompt tokens over the answers that reported them."""
-        return sum(result.cached_tokens or 0 for result in self.results)
-
-    @property
-    def hit_rate(self) -> float | None:
-        """cached_tokens / prompt_tokens; None when no prompt tokens were reported."""
-        return None if self.prompt_tokens == 0 else self.cached_tokens / self.prompt_tokens
-
-
-def plan_requests(
-    scenario: Scenario, commits: Sequence[Commit], *, seed: int, start: datetime = EPOCH
-) -> Iterator[PlannedRequest]:
-    """Yield the scenario's requests in time order; the same seed gives the same requests.
-
-    Arrivals are a Poisson process at ``scenario.rate`` over ``[0, duration)``. Each request picks a
-    template and a tenant by weight, a server by the routing policy, streams with probability
-    ``stream_fraction``, and renders the template version live at its time (``version_at``) with
-    fresh variables (``request_variables``); a tenant's salt follows the timeline's salt changes.
-    ``start`` is the wall-clock time of virtual second 0 for the ``now`` variable. Request ids are
-    ``<scenario>-<seed>-<index>``, so two runs with the same seed repeat them. Raises ValueError when
-    a template has no commit at a request's time.
-    """
-    planner = _Planner(scenario, commits, seed, start)
-    rng = planner.rng
-    at = rng.expovariate(scenario.rate)
-    index = 0
-    while at < scenario.duration:
-        yield planner.plan(index, at)
-        index += 1
-        at += rng.expovariate(scenario.rate)
-
-
-class _Router:
-    """Chooses servers. prefix_aware: the server that last served the same template and tenant, else
-    the one with the fewest requests so far (ties: the lowest index)."""
-
-    def __init__(self, scenario: Scenario) -> None:
-        self.policy = scenario.routing
-        self.assigned = [0] * scenario.servers.count
-        self.last: dict[tuple[str, str], int] = {}
-
-    def choose(self, template: str, tenant: str, rng: random.Random) -> int:
-        """The server for the next request; ``rng`` is used by the random policy only."""
-        count = len(self.assigned)
-        if self.policy == "random":
-            server = rng.randrange(count)
-        elif self.policy == "round_robin":
-            server = sum(self.assigned) % count
-        else:
-            least_loaded = min(range(count), key=lambda s: self.assigned[s])
-            server = self.last.get((template, tenant), least_loaded)
-        self.last[(template, tenant)] = server
-        self.assigned[server] += 1
-        return server
-
-
-class _Planner:
-    """The state of one planning pass: rng, routing memory, tenants' current salts, compiled templates."""
-
-    def __init__(self, scenario: Scenario, commits: Sequence[Commit], seed: int, start: datetime) -> None:
-        self.scenario = scenario
-        self.commits = commits
-        self.texts = {commit.sha: commit.text for commit in commits}
-        self.seed = seed
-        self.start = start
-        self.rng = random.Random(seed)
-        self.router = _Router(scenario)
-        self.salts = {tenant.name: tenant.cache_salt for tenant in scenario.tenants}
-        self.salt_changes = deque(e for e in scenario.timeline if isinstance(e, SaltChange))
-        self.environment = template_environment()
-        self.compiled: dict[str, jinja2.Template] = {}
-
-    def plan(self, index: int, at: float) -> PlannedRequest:
-        """The request number ``index`` at virtual second ``at`` (calls come in time order)."""
-        while self.salt_changes and self.salt_changes[0].at <= at:
-            change = self.salt_changes.popleft()
-            self.salts[change.tenant] = change.cache_salt
-        template, tenant = self._pick()
-        server = self.router.choose(template.name, tenant.name, self.rng)
-        stream = self.rng.random() < self.scenario.stream_fraction
-        request_id = f"{self.scenario.name}-{self.seed}-{index:06d}"
-        version = version_at(self.commits, template.name, at)
-        if version is None:
-            raise ValueError(f"template {template.name!r} has no commit at virtual second {at}")
-        now = (self.start + timedelta(seconds=at)).isoformat(timespec="milliseconds")
-        variables = request_variables(
-            template, now=now, request_id=request_id, tenant=tenant.name, rng=self.rng
-        )
-        prompt = self._compile(version).render(variables)
-        return PlannedRequest(
-            index=index,
-            at=at,
-            server=server,
-            tenant=tenant.name,
-            template=template.name,
-            version=version,
-            request_id=request_id,
-            path=CHAT_PATH if template.kind == "chat" else COMPLETIONS_PATH,
-            body=self._body(template, prompt, str(variables["question"]), self.salts[tenant.name], stream),
-            headers=_headers(template.name, version, tenant.name, request_id),
-            prompt=prompt,
-        )
-
-    def _pick(self) -> tuple[Template, Tenant]:
-        templates, tenants = self.scenario.templates, self.scenario.tenants
-        template = self.rng.choices(templates, weights=[t.weight for t in templates])[0]
-        tenant = self.rng.choices(tenants, weights=[t.weight for t in tenants])[0]
-        return template, tenant
-
-    def _compile(self, version: str) -> jinja2.Template:
-        if version not in self.compiled:
-            self.compiled[version] = self.environment.from_string(self.texts[version])
-        return self.compiled[version]
-
-    def _body(
-        self, template: Template, prompt: str, question: str, salt: str | None, stream: bool
-    ) -> dict[str, object]:
-        body: dict[str, object] = {"model": self.scenario.model}
-        if template.kind == "chat":
-            body["messages"] = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
-        else:
-            body["prompt"] = prompt
-        body["max_tokens"] = self.scenario.max_tokens
-        body["return_token_ids"] = False  # token ids would multiply the answer size for nothing we read
-        if salt is not None:
-            body["cache_salt"] = salt
-        if stream:
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}  # else a stream carries no usage at all
-        return body
-
-
-def _headers(template: str, version: str, tenant: str, request_id: str) -> dict[str, str]:
-    return {
-        "X-Prefixscope-Template": template,
-        "X-Prefixscope-Template-Version": version,
-        "X-Prefixscope-Tenant": tenant,
-        "X-Request-Id": request_id,
-    }
 
 
 def parse_usage(usage: object) -> Usage:
@@ -483,27 +251,6 @@ async def _stream_usage(response: aiohttp.ClientResponse) -> Usage:
         if isinstance(chunk, dict) and chunk.get("usage"):
             usage = parse_usage(chunk["usage"])
     return usage
-
-
-def format_summary(summary: RunSummary) -> str:
-    """A plain-text report: totals, admin calls, and requests and hit rate per template version."""
-    rate = "n/a" if summary.hit_rate is None else f"{summary.hit_rate:.1%}"
-    lines = [
-        f"requests {summary.requests}, errors {summary.errors}, prompt tokens {summary.prompt_tokens}, "
-        f"cached {summary.cached_tokens} ({rate}), {summary.wall_seconds:.1f} s",
-    ]
-    for call in summary.admin_calls:
-        lines.append(f"  t={call.at:g}s {call.action} server {call.server}: {call.error or 'ok'}")
-    groups: dict[tuple[str, str], list[RequestResult]] = {}
-    for result in summary.results:
-        groups.setdefault((result.template, result.version), []).append(result)
-    for (template, version), results in groups.items():
-        prompt = sum(r.prompt_tokens or 0 for r in results)
-        cached = sum(r.cached_tokens or 0 for r in results)
-        share = "n/a" if prompt == 0 else f"{cached / prompt:.1%}"
-        errors = sum(1 for r in results if r.error is not None)
-        lines.append(f"  {template} {version[:10]}: {len(results)} requests, {errors} errors, cached {share}")
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,11 +24,11 @@ from simulator import tokenizer
 from simulator.cache import OutOfBlocks, PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
+from simulator.openai_answers import ChatShape, CompletionShape
 from simulator.spans import SpanExporter
 
 logger = logging.getLogger(__name__)
 
-FINGERPRINT = "vllm-0.32.0-simulated"
 EOS_ID = 50256
 
 
@@ -113,26 +113,39 @@ class Engine:
             raise BadRequest(f"prompt ({len(prompt_ids)} tokens) plus max_tokens exceeds max_model_len")
         arrival = time.time()
         async with self.lock:
-            engine_id = uuid.uuid4().hex
-            output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
-            try:
-                admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
-                self.cache.append_output(engine_id, output)
-            except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
-                self.cache.finish(engine_id)
-                raise BadRequest(f"prompt plus max_tokens do not fit the KV cache: {exc}") from None
-            self.cache.finish(engine_id)
+            output, cached = self._run_through_cache(
+                prompt_ids, max_tokens, salt=salt, report_hits=report_hits
+            )
             await self.publisher.publish(self.cache.take_events())
-            timing = self._timing(arrival, len(prompt_ids), admission.cached_tokens, len(output))
+            timing = self._timing(arrival, len(prompt_ids), cached, len(output))
             self.metrics.observe_request(timing)
             self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(self.cache.usage)
         if self.config.sleep:
             await asyncio.sleep(timing.e2e_seconds)
         request_id = headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
-        done = Completion(request_id, prompt_ids, output, admission.cached_tokens, timing)
+        done = Completion(request_id, prompt_ids, output, cached, timing)
         if self.spans:
             self.spans.export(done, arrival=arrival, headers=headers)
         return done
+
+    def _run_through_cache(
+        self, prompt_ids: list[int], max_tokens: int, *, salt: str | None, report_hits: bool
+    ) -> tuple[list[int], int]:
+        """Admit the request to the cache, add its output tokens and finish it: (output, cached tokens).
+
+        The cache's events are left for the caller to publish. Raises BadRequest when the request can
+        never fit the KV cache.
+        """
+        engine_id = uuid.uuid4().hex
+        output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
+        try:
+            admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
+            self.cache.append_output(engine_id, output)
+        except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
+            self.cache.finish(engine_id)
+            raise BadRequest(f"prompt plus max_tokens do not fit the KV cache: {exc}") from None
+        self.cache.finish(engine_id)
+        return output, admission.cached_tokens
 
     def _timing(self, arrival: float, prompt: int, cached: int, generated: int) -> RequestTiming:
         queue = max(0.0, self.busy_until - arrival)
@@ -240,7 +253,7 @@ class SimulatedServer:
         return web.json_response(shape.full(self.config.model, done, body))
 
     async def _stream(
-        self, request: web.Request, body: dict[str, Any], done: Completion, shape: "CompletionShape"
+        self, request: web.Request, body: dict[str, Any], done: Completion, shape: CompletionShape
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
@@ -340,130 +353,3 @@ def error(status: int, message: str) -> web.Response:
     return web.json_response(
         {"object": "error", "message": message, "type": "BadRequestError", "code": status}, status=status
     )
-
-
-class CompletionShape:
-    """The JSON of /v1/completions answers, as vLLM 0.32 writes them (see the captures)."""
-
-    object_name = "text_completion"
-
-    def usage(self, done: Completion, *, full: bool) -> dict[str, Any]:
-        details: dict[str, Any] = {"cached_tokens": done.cached_tokens}
-        if full:
-            details.update(created_cache_tokens=None, multimodal_tokens=None)
-        usage: dict[str, Any] = {
-            "prompt_tokens": len(done.prompt_ids),
-            "total_tokens": len(done.prompt_ids) + len(done.output_ids),
-            "completion_tokens": len(done.output_ids),
-            "prompt_tokens_details": details,
-        }
-        if full:
-            usage["completion_tokens_details"] = None
-        return usage
-
-    def choice(
-        self,
-        text: str,
-        done: Completion,
-        body: dict[str, Any],
-        *,
-        finish: str | None,
-        first: bool,
-        tokens: list[int],
-    ) -> dict[str, Any]:
-        ids = bool(body.get("return_token_ids"))
-        return {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-            "prompt_token_ids": (done.prompt_ids if ids and first else None),
-            "token_ids": tokens if ids else None,
-        }
-
-    def full(self, model: str, done: Completion, body: dict[str, Any]) -> dict[str, Any]:
-        choice = self.choice(
-            tokenizer.decode(done.output_ids), done, body, finish="length", first=True, tokens=done.output_ids
-        )
-        return {
-            "id": self.id(done),
-            "object": self.object_name,
-            "created": int(time.time()),
-            "model": model,
-            "choices": [choice],
-            "service_tier": None,
-            "system_fingerprint": FINGERPRINT,
-            "usage": self.usage(done, full=True),
-            "kv_transfer_params": None,
-        }
-
-    def chunks(self, model: str, done: Completion, body: dict[str, Any]) -> list[dict[str, Any]]:
-        head = {"id": self.id(done), "object": self.object_name, "created": int(time.time()), "model": model}
-        chunks = []
-        last = len(done.output_ids) - 1
-        for i, token in enumerate(done.output_ids):
-            finish = "length" if i == last else None
-            text = tokenizer.decode([token])
-            chunks.append(
-                {
-                    **head,
-                    "choices": [self.choice(text, done, body, finish=finish, first=i == 0, tokens=[token])],
-                }
-            )
-        if (body.get("stream_options") or {}).get("include_usage"):
-            chunks.append(
-                {
-                    **head,
-                    "choices": [],
-                    "usage": self.usage(done, full=False),
-                    "system_fingerprint": FINGERPRINT,
-                }
-            )
-        return chunks
-
-    def id(self, done: Completion) -> str:
-        return f"cmpl-{done.request_id}"
-
-
-class ChatShape(CompletionShape):
-    """The JSON of /v1/chat/completions answers."""
-
-    object_name = "chat.completion"
-
-    def choice(
-        self,
-        text: str,
-        done: Completion,
-        body: dict[str, Any],
-        *,
-        finish: str | None,
-        first: bool,
-        tokens: list[int],
-    ) -> dict[str, Any]:
-        key = "message" if not body.get("stream") else "delta"
-        choice = {
-            "index": 0,
-            key: {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-        }
-        if body.get("return_token_ids"):
-            choice["token_ids"] = tokens
-        return choice
-
-    def full(self, model: str, done: Completion, body: dict[str, Any]) -> dict[str, Any]:
-        answer = super().full(model, done, body)
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = done.prompt_ids
-        return answer
-
-    def chunks(self, model: str, done: Completion, body: dict[str, Any]) -> list[dict[str, Any]]:
-        chunks = super().chunks(model, done, body)
-        for chunk in chunks:
-            chunk["object"] = "chat.completion.chunk"
-        return chunks
-
-    def id(self, done: Completion) -> str:
-        return f"chatcmpl-{done.request_id}"

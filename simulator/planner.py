@@ -1,0 +1,186 @@
+"""The traffic plan of a scenario: every request, when it is sent, to which server, with which body.
+
+``plan_requests`` is pure: from a scenario, its template commits and a seed it yields every request
+(time, server, tenant, template version, endpoint, JSON body, headers), the same ones for the same
+seed. ``simulator.loadgen`` sends the plan to the servers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import jinja2
+
+from simulator.scenario import SaltChange, Scenario, Template, Tenant
+from simulator.template_rendering import request_variables, template_environment
+from simulator.template_repo import Commit, version_at
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+"""The default wall-clock time of virtual second 0, for the ``now`` a template renders."""
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of a scenario. ``at`` is virtual seconds; ``server`` indexes the base URLs.
+
+    ``prompt`` is the rendered template: the completion prompt, or a chat request's system message.
+    """
+
+    index: int
+    at: float
+    server: int
+    tenant: str
+    template: str
+    version: str
+    request_id: str
+    path: str
+    body: dict[str, object]
+    headers: dict[str, str]
+    prompt: str
+
+    @property
+    def stream(self) -> bool:
+        """Whether the answer comes as server-sent events."""
+        return self.body.get("stream") is True
+
+
+def plan_requests(
+    scenario: Scenario, commits: Sequence[Commit], *, seed: int, start: datetime = EPOCH
+) -> Iterator[PlannedRequest]:
+    """Yield the scenario's requests in time order; the same seed gives the same requests.
+
+    Arrivals are a Poisson process at ``scenario.rate`` over ``[0, duration)``. Each request picks a
+    template and a tenant by weight, a server by the routing policy, streams with probability
+    ``stream_fraction``, and renders the template version live at its time (``version_at``) with
+    fresh variables (``request_variables``); a tenant's salt follows the timeline's salt changes.
+    ``start`` is the wall-clock time of virtual second 0 for the ``now`` variable. Request ids are
+    ``<scenario>-<seed>-<index>``, so two runs with the same seed repeat them. Raises ValueError when
+    a template has no commit at a request's time.
+    """
+    planner = _Planner(scenario, commits, seed, start)
+    rng = planner.rng
+    at = rng.expovariate(scenario.rate)
+    index = 0
+    while at < scenario.duration:
+        yield planner.plan(index, at)
+        index += 1
+        at += rng.expovariate(scenario.rate)
+
+
+class _Router:
+    """Chooses servers. prefix_aware: the server that last served the same template and tenant, else
+    the one with the fewest requests so far (ties: the lowest index)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.policy = scenario.routing
+        self.assigned = [0] * scenario.servers.count
+        self.last: dict[tuple[str, str], int] = {}
+
+    def choose(self, template: str, tenant: str, rng: random.Random) -> int:
+        """The server for the next request; ``rng`` is used by the random policy only."""
+        count = len(self.assigned)
+        if self.policy == "random":
+            server = rng.randrange(count)
+        elif self.policy == "round_robin":
+            server = sum(self.assigned) % count
+        else:
+            least_loaded = min(range(count), key=lambda s: self.assigned[s])
+            server = self.last.get((template, tenant), least_loaded)
+        self.last[(template, tenant)] = server
+        self.assigned[server] += 1
+        return server
+
+
+class _Planner:
+    """The state of one planning pass: rng, routing memory, tenants' current salts, compiled templates."""
+
+    def __init__(self, scenario: Scenario, commits: Sequence[Commit], seed: int, start: datetime) -> None:
+        self.scenario = scenario
+        self.commits = commits
+        self.texts = {commit.sha: commit.text for commit in commits}
+        self.seed = seed
+        self.start = start
+        self.rng = random.Random(seed)
+        self.router = _Router(scenario)
+        self.salts = {tenant.name: tenant.cache_salt for tenant in scenario.tenants}
+        self.salt_changes = deque(e for e in scenario.timeline if isinstance(e, SaltChange))
+        self.environment = template_environment()
+        self.compiled: dict[str, jinja2.Template] = {}
+
+    def plan(self, index: int, at: float) -> PlannedRequest:
+        """The request number ``index`` at virtual second ``at`` (calls come in time order)."""
+        self._apply_salt_changes(at)
+        template, tenant = self._pick()
+        server = self.router.choose(template.name, tenant.name, self.rng)
+        stream = self.rng.random() < self.scenario.stream_fraction
+        request_id = f"{self.scenario.name}-{self.seed}-{index:06d}"
+        version = version_at(self.commits, template.name, at)
+        if version is None:
+            raise ValueError(f"template {template.name!r} has no commit at virtual second {at}")
+        now = (self.start + timedelta(seconds=at)).isoformat(timespec="milliseconds")
+        variables = request_variables(
+            template, now=now, request_id=request_id, tenant=tenant.name, rng=self.rng
+        )
+        prompt = self._compile(version).render(variables)
+        return PlannedRequest(
+            index=index,
+            at=at,
+            server=server,
+            tenant=tenant.name,
+            template=template.name,
+            version=version,
+            request_id=request_id,
+            path=CHAT_PATH if template.kind == "chat" else COMPLETIONS_PATH,
+            body=self._body(template, prompt, str(variables["question"]), self.salts[tenant.name], stream),
+            headers=_headers(template.name, version, tenant.name, request_id),
+            prompt=prompt,
+        )
+
+    def _apply_salt_changes(self, at: float) -> None:
+        """Give the tenants the salts the timeline sets up to virtual second ``at``."""
+        while self.salt_changes and self.salt_changes[0].at <= at:
+            change = self.salt_changes.popleft()
+            self.salts[change.tenant] = change.cache_salt
+
+    def _pick(self) -> tuple[Template, Tenant]:
+        templates, tenants = self.scenario.templates, self.scenario.tenants
+        template = self.rng.choices(templates, weights=[t.weight for t in templates])[0]
+        tenant = self.rng.choices(tenants, weights=[t.weight for t in tenants])[0]
+        return template, tenant
+
+    def _compile(self, version: str) -> jinja2.Template:
+        if version not in self.compiled:
+            self.compiled[version] = self.environment.from_string(self.texts[version])
+        return self.compiled[version]
+
+    def _body(
+        self, template: Template, prompt: str, question: str, salt: str | None, stream: bool
+    ) -> dict[str, object]:
+        body: dict[str, object] = {"model": self.scenario.model}
+        if template.kind == "chat":
+            body["messages"] = [{"role": "system", "content": prompt}, {"role": "user", "content": question}]
+        else:
+            body["prompt"] = prompt
+        body["max_tokens"] = self.scenario.max_tokens
+        body["return_token_ids"] = False  # token ids would multiply the answer size for nothing we read
+        if salt is not None:
+            body["cache_salt"] = salt
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}  # else a stream carries no usage at all
+        return body
+
+
+def _headers(template: str, version: str, tenant: str, request_id: str) -> dict[str, str]:
+    return {
+        "X-Prefixscope-Template": template,
+        "X-Prefixscope-Template-Version": version,
+        "X-Prefixscope-Tenant": tenant,
+        "X-Request-Id": request_id,
+    }
