@@ -5,6 +5,7 @@ without `_total`, as vLLM does; prometheus_client adds `_total` and `_created` o
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -196,6 +197,7 @@ class ServerMetrics:
             "vllm:request_prefill_kv_computed_tokens", "New KV tokens computed during prefill.", tokens
         )
         self.block_lifetime: Histogram | None = None
+        self._stored_at: dict[int, float] = {}
         if kv_cache_metrics:  # vLLM only registers these with --kv-cache-metrics
             self.block_lifetime = self._histogram(
                 "vllm:kv_block_lifetime_seconds",
@@ -208,6 +210,25 @@ class ServerMetrics:
             self._histogram(
                 "vllm:kv_block_reuse_gap_seconds", "Time between KV block reuses.", KV_BLOCK_BUCKETS
             )
+
+    def observe_block_events(self, events: list[dict[str, Any]], now: float) -> None:
+        """Block lifetimes, from BlockStored to BlockRemoved of the same hash (with --kv-cache-metrics).
+
+        Idle-before-evict and reuse gaps need per-block access times the cache does not report;
+        their families exist, as in vLLM, but stay empty here.
+        """
+        if self.block_lifetime is None:
+            return
+        for event in events:
+            hashes = event.get("block_hashes") or []
+            if event["type"] == "BlockStored":
+                self._stored_at.update(dict.fromkeys(hashes, now))
+            elif event["type"] == "BlockRemoved":
+                for block_hash in hashes:
+                    if (stored := self._stored_at.pop(block_hash, None)) is not None:
+                        self.block_lifetime.labels(**self.labels).observe(now - stored)
+            else:
+                self._stored_at.clear()
 
     def observe_request(self, outcome: "RequestTiming") -> None:
         """Count one finished request the way vLLM's PrometheusStatLogger does."""

@@ -116,7 +116,7 @@ class Engine:
             output, cached = self._run_through_cache(
                 prompt_ids, max_tokens, salt=salt, report_hits=report_hits
             )
-            await self.publisher.publish(self.cache.take_events())
+            await self.publish_events()
             timing = self._timing(arrival, len(prompt_ids), cached, len(output))
             self.metrics.observe_request(timing)
             self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(self.cache.usage)
@@ -127,6 +127,12 @@ class Engine:
         if self.spans:
             self.spans.export(done, arrival=arrival, headers=headers)
         return done
+
+    async def publish_events(self) -> None:
+        """Send what the cache did since the last call, and time the blocks it evicted."""
+        events = self.cache.take_events()
+        self.metrics.observe_block_events(events, time.time())
+        await self.publisher.publish(events)
 
     def _run_through_cache(
         self, prompt_ids: list[int], max_tokens: int, *, salt: str | None, report_hits: bool
@@ -316,7 +322,7 @@ class SimulatedServer:
     async def reset_prefix_cache(self, request: web.Request) -> web.Response:
         async with self.engine.lock:
             cleared = self.engine.cache.reset()
-            await self.publisher.publish(self.engine.cache.take_events())
+            await self.engine.publish_events()
         return web.Response(status=200 if cleared else 409)
 
     async def admin_restart(self, request: web.Request) -> web.Response:

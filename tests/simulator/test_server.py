@@ -32,6 +32,7 @@ def post(config: ServerConfig, path: str, body: dict[str, object], **headers: st
 
 def test_captured_traffic_gets_the_cached_tokens_real_vllm_reported() -> None:
     with running_fleet([local_config()]) as (config,):
+        lifetimes_before = block_lifetimes(config)
         for number, (body, expected) in enumerate(captured_traffic()):
             if body.get("stream"):
                 with httpx.stream(
@@ -43,6 +44,12 @@ def test_captured_traffic_gets_the_cached_tokens_real_vllm_reported() -> None:
             else:
                 usage = post(config, "/v1/completions", body).json()["usage"]
             assert usage["prompt_tokens_details"]["cached_tokens"] == expected, f"request {number}"
+        assert block_lifetimes(config) > lifetimes_before == 0  # the evict-* documents evicted blocks
+
+
+def block_lifetimes(config: ServerConfig) -> float:
+    samples = parse_metrics(httpx.get(config.base_url + "/metrics").text)
+    return sum(s.value for s in samples if s.name == "vllm:kv_block_lifetime_seconds_count")
 
 
 def test_the_answer_has_vllms_shape_and_honours_x_request_id(server: ServerConfig) -> None:
