@@ -87,6 +87,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--otlp-endpoint", default=None, help="where llm_request spans go (OTLP/HTTP traces URL)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora-adapter", action="append", default=[], help="a LoRA adapter name to serve")
     return parser.parse_args(argv)
 
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         array_form_events=args.array_form_events,
         otlp_endpoint=args.otlp_endpoint,
         seed=args.seed,
+        lora_adapters=tuple(args.lora_adapter),
     )
     configs = fleet_configs(
         args.servers,

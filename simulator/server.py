@@ -52,6 +52,7 @@ class ServerConfig:
     kv_cache_metrics: bool = True
     otlp_endpoint: str | None = None
     seed: int = 0
+    lora_adapters: tuple[str, ...] = ()  # served like --lora-modules: request one as the `model`
 
     @property
     def base_url(self) -> str:
@@ -107,6 +108,7 @@ class Engine:
         salt: str | None,
         report_hits: bool,
         headers: Mapping[str, str],
+        lora_name: str | None = None,
     ) -> Completion:
         """Run one request through the cache, publish its events, and wait out its modelled latency."""
         if len(prompt_ids) + max_tokens > self.config.max_model_len:
@@ -114,7 +116,7 @@ class Engine:
         arrival = time.time()
         async with self.lock:
             output, cached = self._run_through_cache(
-                prompt_ids, max_tokens, salt=salt, report_hits=report_hits
+                prompt_ids, max_tokens, salt=salt, report_hits=report_hits, lora_name=lora_name
             )
             await self.publish_events()
             timing = self._timing(arrival, len(prompt_ids), cached, len(output))
@@ -135,7 +137,13 @@ class Engine:
         await self.publisher.publish(events)
 
     def _run_through_cache(
-        self, prompt_ids: list[int], max_tokens: int, *, salt: str | None, report_hits: bool
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        *,
+        salt: str | None,
+        report_hits: bool,
+        lora_name: str | None,
     ) -> tuple[list[int], int]:
         """Admit the request to the cache, add its output tokens and finish it: (output, cached tokens).
 
@@ -145,7 +153,9 @@ class Engine:
         engine_id = uuid.uuid4().hex
         output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
         try:
-            admission = self.cache.admit(engine_id, prompt_ids, cache_salt=salt, report_hits=report_hits)
+            admission = self.cache.admit(
+                engine_id, prompt_ids, cache_salt=salt, lora_name=lora_name, report_hits=report_hits
+            )
             self.cache.append_output(engine_id, output)
         except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
             self.cache.finish(engine_id)
@@ -245,25 +255,34 @@ class SimulatedServer:
             return error(400, "max_tokens: expected a positive integer")
         if salt is not None and (not isinstance(salt, str) or not salt):
             return error(400, "cache_salt: expected a non-empty string")
+        model = body.get("model", self.config.model)
+        if model not in (self.config.model, *self.config.lora_adapters):
+            return error(404, f"model: the model `{model}` does not exist")
+        lora_name = model if model in self.config.lora_adapters else None
         xargs = body.get("vllm_xargs") or {}
         report_hits = isinstance(xargs, dict) and xargs.get("kv_cache_report_mode") == "full"
         try:
             done = await self.engine.complete(
-                prompt_ids, max_tokens, salt=salt, report_hits=report_hits, headers=request.headers
+                prompt_ids,
+                max_tokens,
+                salt=salt,
+                report_hits=report_hits,
+                headers=request.headers,
+                lora_name=lora_name,
             )
         except BadRequest as exc:
             return error(400, str(exc))
         shape = ChatShape() if chat else CompletionShape()
         if body.get("stream"):
             return await self._stream(request, body, done, shape)
-        return web.json_response(shape.full(self.config.model, done, body))
+        return web.json_response(shape.full(model, done, body))
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], done: Completion, shape: CompletionShape
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
-        for chunk in shape.chunks(self.config.model, done, body):
+        for chunk in shape.chunks(str(body.get("model") or self.config.model), done, body):
             await response.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -295,16 +314,12 @@ class SimulatedServer:
         return web.json_response({"prompt": tokenizer.decode(tokens)})
 
     async def models(self, request: web.Request) -> web.Response:
-        model = {
-            "id": self.config.model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": self.config.model,
-            "parent": None,
-            "max_model_len": self.config.max_model_len,
-        }
-        return web.json_response({"object": "list", "data": [model]})
+        base = {"object": "model", "created": int(time.time()), "owned_by": "vllm", "root": self.config.model}
+        models = [
+            {**base, "id": self.config.model, "parent": None, "max_model_len": self.config.max_model_len}
+        ]
+        models += [{**base, "id": name, "parent": self.config.model} for name in self.config.lora_adapters]
+        return web.json_response({"object": "list", "data": models})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response()

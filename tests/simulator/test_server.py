@@ -203,3 +203,26 @@ def test_llm_request_spans_reach_an_otlp_endpoint_with_vllms_attributes() -> Non
     attributes = {a.key: a.value for a in spans[0].attributes}
     assert attributes["gen_ai.request.id"].string_value == "cmpl-r1-0"
     assert attributes["gen_ai.usage.prompt_tokens"].int_value == 191
+
+
+def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> None:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    body = dict(load_json("completion-salt-b-1.json")["request"])
+    body.pop("cache_salt")
+    with running_fleet([local_config(lora_adapters=("support-lora",))]) as (config,):
+        subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
+        time.sleep(0.3)
+        cached = [
+            post(config, "/v1/completions", {**body, "model": model}).json()["usage"]["prompt_tokens_details"]
+            for model in ("tiny", "support-lora", "support-lora")
+        ]
+        unknown = post(config, "/v1/completions", {**body, "model": "nope"})
+        events = []
+        while subscriber.poll(500):
+            events += decode_sub_message(subscriber.recv_multipart()).batch.events
+        subscriber.close()
+    context.destroy(linger=0)
+    assert [c["cached_tokens"] for c in cached] == [0, 0, 160]
+    assert unknown.status_code == 404
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    assert {e.lora_name for e in stored} == {None, "support-lora"}
