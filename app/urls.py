@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from app.api import otlp
 from app.api.api import api
 from app.core import views as core_views
 
@@ -13,5 +14,6 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("v1/traces", otlp.traces, name="otlp-traces"),
     path("", include("app.dashboard.urls")),
 ]

@@ -6,6 +6,7 @@ laptop, so the path is computed from this file rather than the working directory
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -55,3 +56,20 @@ def captured_traffic() -> list[tuple[dict[str, object], int]]:
             (capture["request"], capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"])
         )
     return traffic
+
+
+def otlp_json(export: bytes) -> bytes:
+    """A protobuf OTLP export in OTLP/JSON: protobuf's JSON mapping, with trace and span ids in hex."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    def hex_ids(node: object) -> object:
+        if isinstance(node, list):
+            return [hex_ids(item) for item in node]
+        if isinstance(node, dict):
+            ids = ("traceId", "spanId", "parentSpanId")
+            return {k: base64.b64decode(v).hex() if k in ids else hex_ids(v) for k, v in node.items()}
+        return node
+
+    message = json_format.MessageToDict(ExportTraceServiceRequest.FromString(export))
+    return json.dumps(hex_ids(message)).encode()

@@ -9,7 +9,7 @@ it never erases a known one.
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +25,8 @@ from app.prompts.models import Template, TemplateVersion
 from app.traffic.models import RequestRecord
 
 logger = logging.getLogger(__name__)
+
+JOIN_WINDOW = timedelta(minutes=10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +91,7 @@ def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> Inge
         servers = _servers(items)
         ranges = list(partition_ranges(RequestRecord._meta.db_table).values())
         rows = []
-        for index, item in enumerate(items):
+        for index, item in enumerate(_aligned_to_stored(items, servers)):
             if not any(lower <= item.arrived_at < upper for lower, upper in ranges):
                 outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
                 continue
@@ -97,6 +99,35 @@ def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> Inge
         _copy_and_merge(_deduplicated(rows))
     outcome.stored = len(rows)
     return outcome
+
+
+def _aligned_to_stored(items: Sequence[RequestIn], servers: dict[str, Server]) -> list[RequestIn]:
+    """Items whose request is already stored take its arrival time, so that they merge into it.
+
+    Sources see a request arrive at slightly different moments (the gateway before vLLM's span
+    starts); within JOIN_WINDOW of each other, the record stored first keeps its time.
+    """
+    stored: dict[tuple[int, str], list[datetime]] = {}
+    for server in {s.pk: s for s in servers.values()}.values():
+        mine = [item for item in items if servers[item.server].pk == server.pk]
+        times = [item.arrived_at for item in mine]
+        rows = RequestRecord.objects.filter(
+            server=server,
+            request_id__in={item.request_id for item in mine},
+            arrived_at__range=(min(times) - JOIN_WINDOW, max(times) + JOIN_WINDOW),
+        ).values_list("request_id", "arrived_at")
+        for request_id, arrived_at in rows:
+            stored.setdefault((server.pk, request_id), []).append(arrived_at)
+    return [
+        _nearest_stored(item, stored.get((servers[item.server].pk, item.request_id), [])) for item in items
+    ]
+
+
+def _nearest_stored(item: RequestIn, candidates: list[datetime]) -> RequestIn:
+    nearest = min(candidates, key=lambda at: abs(at - item.arrived_at), default=None)
+    if nearest is None or abs(nearest - item.arrived_at) > JOIN_WINDOW:
+        return item
+    return replace(item, arrived_at=nearest)
 
 
 def _servers(items: Sequence[RequestIn]) -> dict[str, Server]:

@@ -1,0 +1,1 @@
+"""OTLP/HTTP traces: ExportTraceServiceRequest in protobuf or JSON, read into plain spans."""

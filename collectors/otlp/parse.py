@@ -1,0 +1,144 @@
+"""OTLP/HTTP trace exports decoded into plain spans, and the spans that describe an inference request.
+
+Two kinds of span carry request facts:
+- vLLM's `llm_request` span: TTFT, queue and prefill time, token counts and `gen_ai.request.id`
+  (the response id plus an engine suffix, `cmpl-abc-0`); no cached tokens.
+- An application's OpenTelemetry GenAI span (`gen_ai.operation.name` chat/text_completion):
+  `gen_ai.response.id`, `gen_ai.usage.*` including `gen_ai.usage.cache_read.input_tokens`.
+Either may name Prefixscope's own attributes: `prefixscope.server` (also as a resource attribute,
+e.g. OTEL_RESOURCE_ATTRIBUTES on the vLLM server), `prefixscope.template`,
+`prefixscope.template_version`, `prefixscope.tenant`.
+"""
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from collectors.usage.parse import Usage, UsageError, usage_from_span
+
+_ENGINE_SUFFIX = re.compile(r"-\d+$")
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+class OTLPDecodeError(ValueError):
+    """The body is not an OTLP trace export in the declared encoding."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    trace_id: str  # hex
+    name: str
+    start: datetime
+    attributes: Mapping[str, Any]  # the span's, over its resource's
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRequest:
+    """What one span says about one inference request."""
+
+    request_id: str
+    arrived_at: datetime
+    trace_id: str
+    server: str | None
+    model: str
+    tenant: str
+    template: str
+    template_version: str
+    ttft_seconds: float | None
+    queue_seconds: float | None
+    prefill_seconds: float | None
+    usage: Usage
+
+
+def decode_export(body: bytes, content_type: str) -> list[Span]:
+    """Every span of an export, protobuf (`application/x-protobuf`) or JSON (`application/json`)."""
+    try:
+        if content_type.startswith("application/json"):
+            export = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
+        else:
+            export = ExportTraceServiceRequest.FromString(body)
+    except (DecodeError, json_format.ParseError, ValueError) as exc:
+        raise OTLPDecodeError(f"not an OTLP trace export: {exc}") from None
+    spans = []
+    for resource_spans in export.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                start = datetime.fromtimestamp(span.start_time_unix_nano / 1e9, tz=UTC)
+                attributes = {**resource, **_attributes(span.attributes)}
+                spans.append(Span(span.trace_id.hex(), span.name, start, attributes))
+    return spans
+
+
+def span_request(span: Span) -> SpanRequest | None:
+    """The request a span describes, or None for spans that describe none (start-up, HTTP, ...).
+
+    Raises UsageError when a token count attribute is not a count.
+    """
+    a = span.attributes
+    if span.name == "llm_request" and "gen_ai.request.id" in a:
+        request_id = _ENGINE_SUFFIX.sub("", str(a["gen_ai.request.id"]))
+    elif "gen_ai.response.id" in a and "gen_ai.operation.name" in a:
+        request_id = str(a["gen_ai.response.id"])
+    else:
+        return None
+    return SpanRequest(
+        request_id=request_id, arrived_at=span.start, trace_id=span.trace_id,
+        server=_text(a, "prefixscope.server") or None,
+        model=_text(a, "gen_ai.response.model") or _text(a, "gen_ai.request.model"),
+        tenant=_text(a, "prefixscope.tenant"), template=_text(a, "prefixscope.template"),
+        template_version=_text(a, "prefixscope.template_version"),
+        ttft_seconds=_seconds(a, "gen_ai.latency.time_to_first_token"),
+        queue_seconds=_seconds(a, "gen_ai.latency.time_in_queue"),
+        prefill_seconds=_seconds(a, "gen_ai.latency.time_in_model_prefill"),
+        usage=usage_from_span(a),
+    )  # fmt: skip
+
+
+def _attributes(pairs: Any) -> dict[str, Any]:
+    return {pair.key: _value(pair.value) for pair in pairs}
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return _attributes(value.kvlist_value.values)
+    return None if kind is None else getattr(value, kind)
+
+
+def _text(attributes: Mapping[str, Any], key: str) -> str:
+    value = attributes.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _seconds(attributes: Mapping[str, Any], key: str) -> float | None:
+    value = attributes.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise UsageError(f"{key}: expected a duration in seconds")
+    return float(value)
+
+
+def _ids_to_base64(node: Any) -> Any:
+    """OTLP/JSON writes trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    if isinstance(node, list):
+        return [_ids_to_base64(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    converted = {key: _ids_to_base64(value) for key, value in node.items()}
+    for key in _ID_FIELDS:
+        if isinstance(converted.get(key), str) and converted[key]:
+            converted[key] = base64.b64encode(bytes.fromhex(converted[key])).decode()
+    return converted

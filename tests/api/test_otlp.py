@@ -1,0 +1,104 @@
+"""The OTLP/HTTP receiver with vLLM's captured export (its times moved to now, where partitions exist)."""
+
+import gzip
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.test import Client
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from app.api.services import create_ingest_token
+from app.fleet.models import Server
+from app.traffic.models import RequestRecord
+from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
+
+pytestmark = pytest.mark.django_db
+PROTOBUF = "application/x-protobuf"
+
+
+def captured_export(*, shift_to: float | None = None) -> ExportTraceServiceRequest:
+    export = ExportTraceServiceRequest.FromString((VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes())
+    spans = [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    delta = int(((shift_to or time.time()) * 1e9) - min(s.start_time_unix_nano for s in spans))
+    for span in spans:
+        span.start_time_unix_nano += delta
+        span.end_time_unix_nano += delta
+    return export
+
+
+@pytest.fixture
+def token() -> str:
+    Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
+    return create_ingest_token(name="vllm-cpu")  # spans without prefixscope.server belong to it
+
+
+def post(client: Client, token: str, body: bytes, content_type: str = PROTOBUF, **headers: str) -> object:
+    return client.post(
+        "/v1/traces", body, content_type=content_type, headers={"Authorization": f"Bearer {token}", **headers}
+    )
+
+
+def test_vllm_spans_become_request_records_of_the_tokens_server(client: Client, token: str) -> None:
+    response = post(client, token, captured_export().SerializeToString())
+
+    assert response.status_code == 200
+    assert not ExportTraceServiceResponse.FromString(response.content).HasField("partial_success")
+    assert RequestRecord.objects.filter(server__name="vllm-cpu", source="otlp").count() == 18
+    evict = load_json("completion-evict-2.json")["response"]
+    stored = RequestRecord.objects.get(request_id=evict["id"])
+    assert (stored.prompt_tokens, stored.completion_tokens) == (283, evict["usage"]["completion_tokens"])
+    assert stored.ttft_seconds and stored.ttft_seconds < 1 and stored.cached_tokens is None
+
+
+def test_gzip_json_exports_are_read_too(client: Client, token: str) -> None:
+    body = gzip.compress(otlp_json(captured_export().SerializeToString()))
+    response = post(client, token, body, "application/json", **{"Content-Encoding": "gzip"})
+    assert response.status_code == 200 and json.loads(response.content) == {}
+    assert RequestRecord.objects.count() == 18
+
+
+def test_a_span_joins_the_record_the_gateway_stored_moments_earlier(client: Client, token: str) -> None:
+    export = captured_export()
+    capture = load_json("completion-salt-a-2.json")["response"]
+    span = next(
+        s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans
+        if any(a.value.string_value == capture["id"] + "-0" for a in s.attributes)
+    )  # fmt: skip
+    seen_by_gateway = datetime.fromtimestamp(span.start_time_unix_nano / 1e9, tz=UTC)
+    seen_by_gateway -= timedelta(milliseconds=3)
+    RequestRecord.objects.create(
+        server=Server.objects.get(), request_id=capture["id"], arrived_at=seen_by_gateway, source="gateway",
+        cached_tokens=capture["usage"]["prompt_tokens_details"]["cached_tokens"],
+    )  # fmt: skip
+
+    post(client, token, export.SerializeToString())
+
+    joined = RequestRecord.objects.get(request_id=capture["id"])
+    assert (joined.arrived_at, joined.source, joined.cached_tokens) == (seen_by_gateway, "gateway", 160)
+    assert joined.ttft_seconds is not None and joined.prompt_tokens == capture["usage"]["prompt_tokens"]
+
+
+def test_a_malformed_span_is_counted_and_the_others_kept(client: Client, token: str) -> None:
+    export = captured_export()
+    span = export.resource_spans[0].scope_spans[0].spans[0]
+    attribute = next(a for a in span.attributes if a.key == "gen_ai.latency.time_to_first_token")
+    attribute.value.string_value = "fast"
+
+    answer = ExportTraceServiceResponse.FromString(post(client, token, export.SerializeToString()).content)
+
+    assert answer.partial_success.rejected_spans == 1
+    assert "gen_ai.latency.time_to_first_token" in answer.partial_success.error_message
+    assert RequestRecord.objects.count() == 17
+
+
+def test_no_token_no_data_and_a_bad_body_is_a_400(client: Client, token: str) -> None:
+    body = captured_export().SerializeToString()
+    assert client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 401
+    assert post(client, "psi_unknown", body).status_code == 401
+    assert post(client, token, b"\x0a\xff\xff").status_code == 400
+    assert not RequestRecord.objects.exists()
