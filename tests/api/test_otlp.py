@@ -3,6 +3,7 @@
 import gzip
 import json
 import time
+from typing import Any
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,7 +23,9 @@ PROTOBUF = "application/x-protobuf"
 
 
 def captured_export(*, shift_to: float | None = None) -> ExportTraceServiceRequest:
-    export = ExportTraceServiceRequest.FromString((VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes())
+    export: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(
+        (VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes()
+    )
     spans = [s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans]
     delta = int(((shift_to or time.time()) * 1e9) - min(s.start_time_unix_nano for s in spans))
     for span in spans:
@@ -37,7 +40,9 @@ def token() -> str:
     return create_ingest_token(name="vllm-cpu")  # spans without prefixscope.server belong to it
 
 
-def post(client: Client, token: str, body: bytes, content_type: str = PROTOBUF, **headers: str) -> object:
+def post(
+    client: Client, token: str, body: bytes, content_type: str = PROTOBUF, **headers: str
+) -> Any:  # the test client's response
     return client.post(
         "/v1/traces", body, content_type=content_type, headers={"Authorization": f"Bearer {token}", **headers}
     )
