@@ -3,8 +3,8 @@
 import gzip
 import json
 import time
-from typing import Any
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.test import Client
