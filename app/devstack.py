@@ -74,16 +74,19 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
 
 
-def admin_password() -> str:
-    """PREFIXSCOPE_ADMIN_PASSWORD, or a password generated once and kept in .data/."""
-    if password := os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD"):
-        return password
-    path = DATA / "admin-password"
+def kept_secret(name: str) -> str:
+    """A secret generated once and kept in .data/ (the admin password, the demo's ingest token)."""
+    path = DATA / name
     if not path.exists():
-        DATA.mkdir(exist_ok=True)
-        path.write_text(secrets.token_urlsafe(12))
+        DATA.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(16))
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def admin_password() -> str:
+    """PREFIXSCOPE_ADMIN_PASSWORD, or a password generated once and kept in .data/."""
+    return os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD") or kept_secret("admin-password")
 
 
 def demo_ports() -> tuple[int, int, int]:
@@ -107,7 +110,8 @@ def processes(port: int) -> dict[str, str]:
         repo = DATA / "demo-templates" / str(int(time.time()))
         found["fleet"] = (
             f"{sys.executable} -m simulator.fleet --servers {DEMO_SERVERS} "
-            f"--base-port {http} --kv-base-port {kv} --replay-base-port {replay}"
+            f"--base-port {http} --kv-base-port {kv} --replay-base-port {replay} "
+            f"--otlp-endpoint http://127.0.0.1:{port}/v1/traces"
         )
         found["traffic"] = (
             f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
@@ -128,10 +132,16 @@ def run(port: int) -> int:
         http, kv, replay = demo_ports()
         ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
         manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports)
+        manage(env, "ensure_ingest_token", "demo-fleet", "--secret", kept_secret("demo-ingest-token"))
     print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
     manager = Manager()
+    # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
+    fleet_env = {
+        **env,
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + kept_secret("demo-ingest-token"),
+    }
     for name, command in processes(port).items():
-        manager.add_process(name, command, env=env, cwd=str(ROOT))
+        manager.add_process(name, command, env=fleet_env if name == "fleet" else env, cwd=str(ROOT))
     manager.loop()
     # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
     return 0 if manager.returncode in (None, 130, 143) else manager.returncode

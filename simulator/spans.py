@@ -33,7 +33,8 @@ class SpanExporter:
                 "service.instance.id": str(uuid.uuid4()),
                 "vllm.instrumenting_module_name": "vllm.llm_engine",
                 "vllm.process_id": str(os.getpid()),
-                "vllm.simulated_server": server_name,
+                # What an operator sets with OTEL_RESOURCE_ATTRIBUTES so Prefixscope knows the server.
+                "prefixscope.server": server_name,
             }
         )
         self.provider = TracerProvider(resource=resource)

@@ -83,20 +83,21 @@ def database(data_dir: Path) -> psycopg.Connection:
 
 def wait_for_demo_data(data_dir: Path, timeout: float = 120) -> None:
     """The demo fleet's traffic reaches PostgreSQL: KV events through the collector, /metrics
-    through beat and the worker."""
+    through beat and the worker, request records from the fleet's spans through /v1/traces."""
+    queries = {
+        "KV events": "SELECT count(*) FROM traffic_kvevent",
+        "good scrapes": "SELECT count(*) FROM traffic_scrape WHERE ok",
+        "request records": "SELECT count(*) FROM traffic_requestrecord WHERE source = 'otlp'",
+    }
     deadline = time.monotonic() + timeout
-    counts: tuple[int, int] = (0, 0)
+    counts: dict[str, int] = {}
     while time.monotonic() < deadline:
         with database(data_dir) as conn:
-            events = conn.execute("SELECT count(*) FROM traffic_kvevent").fetchone()
-            scrapes = conn.execute("SELECT count(*) FROM traffic_scrape WHERE ok").fetchone()
-        counts = (events[0] if events else 0, scrapes[0] if scrapes else 0)
-        if all(counts):
+            counts = {name: (conn.execute(sql).fetchone() or (0,))[0] for name, sql in queries.items()}
+        if all(counts.values()):
             return
         time.sleep(1)
-    raise AssertionError(
-        f"no demo data after {timeout} s (KV events, good scrapes: {counts})\n{log_tail(data_dir)}"
-    )
+    raise AssertionError(f"no demo data after {timeout} s: {counts}\n{log_tail(data_dir)}")
 
 
 @pytest.mark.timeout(600)

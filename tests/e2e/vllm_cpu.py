@@ -140,13 +140,16 @@ def _build_model_locked(python: Path, template: str, digest: str) -> None:
 
 
 @contextlib.contextmanager
-def serve(*, otlp_endpoint: str | None = None, startup_timeout: float = 300.0) -> Iterator[VLLMServer]:
+def serve(
+    *, otlp_endpoint: str | None = None, startup_timeout: float = 300.0, log_path: Path = SERVER_LOG
+) -> Iterator[VLLMServer]:
     """Run the real vLLM OpenAI-compatible server on free local ports until the block exits.
 
     ``otlp_endpoint`` is where the server exports its traces (default: a local port nobody serves;
     the exporter's failures then only show in the log). Waits for ``/health``; raises VLLMUnavailable
     when the server exits or stays unhealthy for ``startup_timeout`` seconds. At exit the server and
-    its children get SIGTERM, then SIGKILL; its output stays in SERVER_LOG.
+    its children get SIGTERM, then SIGKILL; its output stays in ``log_path`` (two servers running at
+    once need two logs).
     """
     python = install()
     model_dir = build_model()
@@ -161,13 +164,13 @@ def serve(*, otlp_endpoint: str | None = None, startup_timeout: float = 300.0) -
     ]  # fmt: skip
     base_url = f"http://127.0.0.1:{http_port}"
     started = time.monotonic()
-    with SERVER_LOG.open("wb") as log:
+    with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV},
             cwd=DATA_DIR, start_new_session=True,
         )  # fmt: skip
         try:
-            _wait_healthy(process, base_url, startup_timeout)
+            _wait_healthy(process, base_url, startup_timeout, log_path)
             server = VLLMServer(
                 base_url=base_url,
                 metrics_url=f"{base_url}/metrics",
@@ -203,13 +206,13 @@ def _server_flags(otlp_endpoint: str, kv_port: int, replay_port: int, topic: str
     ]  # fmt: skip
 
 
-def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout: float) -> None:
+def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout: float, log_path: Path) -> None:
     """Poll ``/health`` until it answers 200; raise VLLMUnavailable if the server dies or times out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise VLLMUnavailable(
-                f"the server exited with code {process.returncode} during start-up:\n{_log_tail()}"
+                f"the server exited with code {process.returncode} during start-up:\n{_log_tail(log_path)}"
             )
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
@@ -218,7 +221,7 @@ def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout: floa
         except (urllib.error.URLError, OSError):
             pass  # not listening yet
         time.sleep(0.5)
-    raise VLLMUnavailable(f"the server was not healthy within {timeout:.0f}s:\n{_log_tail()}")
+    raise VLLMUnavailable(f"the server was not healthy within {timeout:.0f}s:\n{_log_tail(log_path)}")
 
 
 def _stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
@@ -273,9 +276,9 @@ def _setup_lock() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _log_tail(lines: int = 30) -> str:
+def _log_tail(log_path: Path, lines: int = 30) -> str:
     try:
-        text = SERVER_LOG.read_text(errors="replace")
+        text = log_path.read_text(errors="replace")
     except OSError:
         return "(no server log)"
     return "\n".join(text.strip().splitlines()[-lines:])
