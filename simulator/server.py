@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import zmq.asyncio
@@ -70,6 +70,7 @@ class Completion:
     output_ids: list[int]
     cached_tokens: int
     timing: RequestTiming
+    sampling: Mapping[str, float | None] = field(default_factory=dict)  # top_p, temperature as asked
 
 
 class BadRequest(Exception):
@@ -109,6 +110,7 @@ class Engine:
         report_hits: bool,
         headers: Mapping[str, str],
         lora_name: str | None = None,
+        sampling: Mapping[str, float | None] | None = None,
     ) -> Completion:
         """Run one request through the cache, publish its events, and wait out its modelled latency."""
         if len(prompt_ids) + max_tokens > self.config.max_model_len:
@@ -125,7 +127,7 @@ class Engine:
         if self.config.sleep:
             await asyncio.sleep(timing.e2e_seconds)
         request_id = headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
-        done = Completion(request_id, prompt_ids, output, cached, timing)
+        done = Completion(request_id, prompt_ids, output, cached, timing, sampling or {})
         if self.spans:
             self.spans.export(done, arrival=arrival, headers=headers)
         return done
@@ -269,6 +271,7 @@ class SimulatedServer:
                 report_hits=report_hits,
                 headers=request.headers,
                 lora_name=lora_name,
+                sampling={"top_p": body.get("top_p", 1.0), "temperature": body.get("temperature", 1.0)},
             )
         except BadRequest as exc:
             return error(400, str(exc))

@@ -63,6 +63,9 @@ class SpanExporter:
                 "gen_ai.request.n": 1,
             }
         )
+        for name, value in done.sampling.items():  # vLLM sets these only when truthy
+            if value:
+                span.set_attribute(f"gen_ai.request.{name}", float(value))
         span.end(end_time=int((arrival + timing.e2e_seconds) * _NS))
 
     def shutdown(self) -> None:

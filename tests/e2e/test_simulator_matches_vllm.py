@@ -16,8 +16,8 @@ alone, and the simulator's random output tokens cannot show in the KV events. Co
   boundaries are not compared, and each server's batches must run from seq 0 without a gap, so no
   event was lost to ZMQ's slow joiner;
 - the /metrics samples the collectors read exist on both, and their counters agree;
-- the ``llm_request`` span attribute keys: the simulator's hold the real server's, except the keys
-  vLLM sets only when the request's value is truthy (CONDITIONAL_SPAN_KEYS).
+- the ``llm_request`` span attribute keys, request by request, including those vLLM sets only
+  when the request's value is truthy.
 
 A fresh real server, not the session's: its cache must start empty, and ``POST /reset_prefix_cache``
 is a development route in vLLM 0.32 (``vllm/entrypoints/launchers/api_server/routers.py`` registers
@@ -30,13 +30,6 @@ call; ``test_the_scenario_needs_no_admin_call`` keeps it that way, since the rea
 
 Known differences
 -----------------
-- Span attributes, not closed: vLLM 0.32 sets ``gen_ai.request.top_p``, ``gen_ai.request.temperature``,
-  ``gen_ai.request.max_tokens`` and ``gen_ai.request.n`` only when the request's value is truthy
-  (``vllm/v1/engine/output_processor.py``, ``do_tracing``). Its default top_p is 1.0, so every real
-  span carries ``gen_ai.request.top_p``, and ``gen_ai.request.temperature`` when the body leaves the
-  temperature at its default (the scenario's requests; the captures send 0); the simulator sets
-  neither, only ``max_tokens`` and ``n``. Observed: these two are the only keys of the real spans
-  that the simulator's lack. No collector reads them.
 - Blocks filled by generated tokens, closed by max_tokens=1: their hashes chain over the output
   tokens, the tiny model's on one side and random ones on the other. Run with the captures' own
   max_tokens (4) and the scenario's (8), the cached tokens still agreed request for request, but 4
@@ -91,9 +84,6 @@ MAX_TOKENS = 1  # no decode step: every stored block is a prompt block
 REAL_LOG = DATA_DIR / "server-comparison.log"  # the session's server may be running, writing server.log
 PHASES = ("captured", "scenario")
 # vLLM sets these only when the request's value is truthy; see "Known differences".
-CONDITIONAL_SPAN_KEYS = frozenset(
-    {"gen_ai.request.top_p", "gen_ai.request.temperature", "gen_ai.request.max_tokens", "gen_ai.request.n"}
-)
 COUNTERS = (
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
@@ -316,7 +306,8 @@ def test_cache_counters_agree_after_the_same_traffic(runs: dict[str, Run]) -> No
     }
 
 
-def test_simulator_spans_carry_every_unconditional_real_span_attribute(runs: dict[str, Run]) -> None:
-    real_keys = frozenset().union(*runs["real"].span_keys)
-    every_simulated = frozenset.intersection(*runs["simulator"].span_keys)
-    assert sorted(real_keys - CONDITIONAL_SPAN_KEYS - every_simulated) == []
+def test_each_requests_span_has_the_same_attribute_keys_on_both(runs: dict[str, Run]) -> None:
+    # Including the keys vLLM sets only when truthy (top_p, temperature): the simulator mirrors that rule.
+    real, simulated = runs["real"].span_keys, runs["simulator"].span_keys
+    assert len(real) == len(simulated)
+    assert [sorted(r ^ s) for r, s in zip(real, simulated, strict=True) if r != s] == []
