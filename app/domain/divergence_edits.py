@@ -19,15 +19,20 @@ The algorithm, in three steps:
    with no equal token between them form one span, and two spans separated by an equal
    run no longer than either of them are merged into one (diff-match-patch's semantic
    cleanup rule), so that a newline matching by chance inside a rewritten question does
-   not split it. The spans are then no longer strictly minimal, but still exact: applying
-   them to the first sequence gives the second.
+   not split it; a replacement whose shorter side equals one end of its longer side is
+   reported as the insertion or deletion it is. The spans are then not always a minimal
+   script, but always an exact one: applying them to the first sequence gives the second.
 
-Bounds: the search stops once D would exceed ``max_distance`` (``MAX_EDIT_DISTANCE``
-by default), and the middle is then reported as one replaced span, flagged as inexact.
-The Python work before giving up is about D**2 / 2 steps plus the snakes, a few
-milliseconds at the default bound (bench/bench_divergence.py measures it). A minimal
-script is not always the one a person would write: where several alignments are
-equally short (a repeated token inserted next to itself), Myers picks one of them.
+Bounds: the search gives up once D would exceed ``max_distance`` (``MAX_EDIT_DISTANCE``,
+128, by default), at once when the middles' lengths differ by more than that, and the
+middle is then reported as one replaced span, flagged as inexact. Giving up costs about
+D**2 / 2 Python steps (8K at the default) plus the snakes, at most O((N+M)D) vectorised
+comparisons: 3 to 4 ms for two unrelated or rotated 128K-token prompts on numpy arrays
+(bench/bench_divergence.py). Memory is one frontier of 2D+3 ints per depth. So an edit
+near the top plus a rewritten last question of a few dozen tokens is still resolved into
+two spans, while two mostly different prompts get one span. A minimal script is not
+always the one a person would write: where several alignments are equally short (a
+repeated token inserted next to itself), Myers picks one of them.
 """
 
 from __future__ import annotations
@@ -84,11 +89,10 @@ class Edit:
 
 @dataclass(frozen=True, slots=True)
 class EditScript:
-    """The edits between two sequences, and whether they are the minimal script.
+    """The edits between two sequences, and whether the search resolved them.
 
     ``exact`` is False when the edit distance passed the bound: ``edits`` is then one
-    replaced (or inserted/deleted) span covering everything between the common prefix
-    and the common suffix.
+    replaced span covering everything between the common prefix and the common suffix.
     """
 
     edits: tuple[Edit, ...]
@@ -132,18 +136,22 @@ def edit_script(a: TokenArray, b: TokenArray, *, max_distance: int = MAX_EDIT_DI
     suffix = common_suffix_length(a, b, min(len(a), len(b)) - prefix)
     a_mid, b_mid = a[prefix : len(a) - suffix], b[prefix : len(b) - suffix]
     if len(a_mid) == 0 or len(b_mid) == 0:
-        return EditScript(edits=_spans([(0, len(a_mid), 0, len(b_mid))], prefix), exact=True)
+        return EditScript(edits=_spans([(0, len(a_mid), 0, len(b_mid))], a_mid, b_mid, prefix), exact=True)
     moves = _myers_moves(a_mid, b_mid, max_distance)
     if moves is None:
-        return EditScript(edits=_spans([(0, len(a_mid), 0, len(b_mid))], prefix), exact=False)
-    return EditScript(edits=_spans(moves, prefix), exact=True)
+        return EditScript(edits=_spans([(0, len(a_mid), 0, len(b_mid))], a_mid, b_mid, prefix), exact=False)
+    return EditScript(edits=_spans(moves, a_mid, b_mid, prefix), exact=True)
 
 
-def _spans(moves: list[tuple[int, int, int, int]], offset: int) -> tuple[Edit, ...]:
-    """Turn moves ``(a_start, a_end, b_start, b_end)``, in order, into edits shifted by ``offset``.
+def _spans(
+    moves: list[tuple[int, int, int, int]], a: TokenArray, b: TokenArray, offset: int
+) -> tuple[Edit, ...]:
+    """Turn moves ``(a_start, a_end, b_start, b_end)`` in ``a`` and ``b``, in order, into edits
+    shifted by ``offset``.
 
     Touching moves form one span; spans then absorb their neighbours across a short
-    equal run (``_absorbs``).
+    equal run (``_absorbs``), and a replacement that is an insertion or a deletion in
+    disguise is reported as one (``_unwrap``).
     """
     merged: list[tuple[int, int, int, int]] = []
     for span in _touching(moves):
@@ -151,16 +159,7 @@ def _spans(moves: list[tuple[int, int, int, int]], offset: int) -> tuple[Edit, .
             merged[-1] = (merged[-1][0], span[1], merged[-1][2], span[3])
         else:
             merged.append(span)
-    return tuple(
-        Edit(
-            _kind(a_end - a_start, b_end - b_start),
-            a_start + offset,
-            a_end + offset,
-            b_start + offset,
-            b_end + offset,
-        )
-        for a_start, a_end, b_start, b_end in merged
-    )
+    return tuple(_edit(_unwrap(span, a, b), offset) for span in merged)
 
 
 def _touching(moves: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
@@ -189,21 +188,46 @@ def _absorbs(span: tuple[int, int, int, int], after: tuple[int, int, int, int]) 
     )
 
 
-def _kind(a_tokens: int, b_tokens: int) -> EditKind:
-    if a_tokens == 0:
-        return EditKind.INSERTED
-    return EditKind.DELETED if b_tokens == 0 else EditKind.REPLACED
+def _unwrap(span: tuple[int, int, int, int], a: TokenArray, b: TokenArray) -> tuple[int, int, int, int]:
+    """Return a replaced span as the pure insertion or deletion it may be.
+
+    When the shorter side of a replacement equals the end (or else the start) of the
+    longer side, only the rest of the longer side was inserted or deleted: a 6-token
+    timestamp whose last token happens to equal the next token of the prompt is read
+    as an insertion of 6, not a replacement of 1 by 7.
+    """
+    a_start, a_end, b_start, b_end = span
+    a_len, b_len = a_end - a_start, b_end - b_start
+    if 0 < a_len < b_len:
+        if np.array_equal(a[a_start:a_end], b[b_end - a_len : b_end]):
+            return (a_start, a_start, b_start, b_end - a_len)
+        if np.array_equal(a[a_start:a_end], b[b_start : b_start + a_len]):
+            return (a_end, a_end, b_start + a_len, b_end)
+    if 0 < b_len < a_len:
+        if np.array_equal(b[b_start:b_end], a[a_end - b_len : a_end]):
+            return (a_start, a_end - b_len, b_start, b_start)
+        if np.array_equal(b[b_start:b_end], a[a_start : a_start + b_len]):
+            return (a_start + b_len, a_end, b_end, b_end)
+    return span
+
+
+def _edit(span: tuple[int, int, int, int], offset: int) -> Edit:
+    """Make an Edit of a span, shifted by ``offset`` (see ``_unwrap`` for its kind)."""
+    a_start, a_end, b_start, b_end = (index + offset for index in span)
+    if a_start == a_end:
+        return Edit(EditKind.INSERTED, a_start, a_end, b_start, b_end)
+    if b_start == b_end:
+        return Edit(EditKind.DELETED, a_start, a_end, b_start, b_end)
+    return Edit(EditKind.REPLACED, a_start, a_end, b_start, b_end)
 
 
 def _snake(a: TokenArray, b: TokenArray, x: int, y: int) -> int:
     """Return the length of the run of equal tokens starting at ``a[x]`` and ``b[y]``.
 
-    Most calls end at the first token; a longer run is compared in doubling numpy
-    slices, so a run of length L costs O(L) vectorised work and O(log L) Python steps.
+    The caller has seen ``a[x] == b[y]``. The rest of the run is compared in doubling
+    numpy slices, so a run of length L costs O(L) vectorised work and O(log L) Python steps.
     """
     limit = min(len(a) - x, len(b) - y)
-    if limit <= 0 or a[x] != b[y]:
-        return 0
     run, step = 1, _FIRST_GALLOP
     while run < limit:
         size = min(step, limit - run)
@@ -216,36 +240,42 @@ def _snake(a: TokenArray, b: TokenArray, x: int, y: int) -> int:
 
 
 def _myers_moves(a: TokenArray, b: TokenArray, max_distance: int) -> list[tuple[int, int, int, int]] | None:
-    """Return a minimal script as single-token moves, or None past ``max_distance``."""
+    """Return a minimal script as single-token moves, or None past ``max_distance``.
+
+    ``frontier[offset + k]`` is the furthest x reached on diagonal k = x - y; a copy is
+    kept per depth for the backtrack. The first comparison of each snake is made here,
+    not in ``_snake``, because this loop is the hot path: up to max_distance**2 / 2
+    iterations when the search gives up, and most snakes end at their first token.
+    """
     n, m = len(a), len(b)
     if abs(n - m) > max_distance:
         return None  # the distance is at least the difference in length
-    frontier: dict[int, int] = {1: 0}
-    trace: list[dict[int, int]] = []
+    offset = max_distance + 1
+    frontier = [0] * (2 * offset + 1)
+    trace: list[list[int]] = []
     for depth in range(max_distance + 1):
         trace.append(frontier.copy())
-        for diagonal in range(-depth, depth + 1, 2):
-            x = _step(frontier, depth, diagonal)
-            x += _snake(a, b, x, x - diagonal)
-            frontier[diagonal] = x
-            if x >= n and x - diagonal >= m:
-                return _backtrack(trace, n, m)
+        for index in range(offset - depth, offset + depth + 1, 2):
+            if _takes_insertion(frontier, depth, index - offset, offset):
+                x = frontier[index + 1]
+            else:
+                x = frontier[index - 1] + 1
+            y = x - index + offset
+            if x < n and y < m and a[x] == b[y]:
+                x += _snake(a, b, x, y)
+            frontier[index] = x
+            if x >= n and x - index + offset >= m:
+                return _backtrack(trace, n, m, offset)
     return None
 
 
-def _takes_insertion(frontier: dict[int, int], depth: int, diagonal: int) -> bool:
-    """Whether the furthest path onto ``diagonal`` comes down from ``diagonal + 1``."""
-    return diagonal == -depth or (diagonal != depth and frontier[diagonal - 1] < frontier[diagonal + 1])
+def _takes_insertion(frontier: list[int], depth: int, diagonal: int, offset: int) -> bool:
+    """Whether the furthest path onto ``diagonal`` at ``depth`` comes down from ``diagonal + 1``."""
+    k = diagonal + offset
+    return diagonal == -depth or (diagonal != depth and frontier[k - 1] < frontier[k + 1])
 
 
-def _step(frontier: dict[int, int], depth: int, diagonal: int) -> int:
-    """Return x after the one edit that reaches ``diagonal`` furthest at this depth."""
-    if _takes_insertion(frontier, depth, diagonal):
-        return frontier[diagonal + 1]
-    return frontier[diagonal - 1] + 1
-
-
-def _backtrack(trace: list[dict[int, int]], n: int, m: int) -> list[tuple[int, int, int, int]]:
+def _backtrack(trace: list[list[int]], n: int, m: int, offset: int) -> list[tuple[int, int, int, int]]:
     """Walk the saved frontiers back from (n, m); return the edit moves in order.
 
     Each move is one inserted token ``(x, x, y, y + 1)`` or one deleted token
@@ -255,9 +285,10 @@ def _backtrack(trace: list[dict[int, int]], n: int, m: int) -> list[tuple[int, i
     x, y = n, m
     for depth in range(len(trace) - 1, 0, -1):
         frontier, diagonal = trace[depth], x - y
-        inserted = _takes_insertion(frontier, depth, diagonal)
-        prev_x = frontier[diagonal + 1 if inserted else diagonal - 1]
-        prev_y = prev_x - (diagonal + 1 if inserted else diagonal - 1)
+        inserted = _takes_insertion(frontier, depth, diagonal, offset)
+        prev_diagonal = diagonal + 1 if inserted else diagonal - 1
+        prev_x = frontier[prev_diagonal + offset]
+        prev_y = prev_x - prev_diagonal
         moves.append(
             (prev_x, prev_x, prev_y, prev_y + 1) if inserted else (prev_x, prev_x + 1, prev_y, prev_y)
         )

@@ -9,7 +9,7 @@ it never erases a known one.
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -71,9 +71,19 @@ _MERGE = ", ".join(
     for c in _COLUMNS
     if c not in _KEY and c not in ("block_hashes", "source")
 )
+# Sources see a request arrive at slightly different moments (the gateway before vLLM's span
+# starts): a record stored within JOIN_WINDOW under the same server and request id lends its
+# arrival time, so that what arrives later merges into it.
+_ALIGN_SQL = f"""
+UPDATE request_record_staging s SET arrived_at = r.arrived_at
+FROM traffic_requestrecord r
+WHERE r.server_id = s.server_id AND r.request_id = s.request_id AND r.arrived_at <> s.arrived_at
+  AND r.arrived_at BETWEEN s.arrived_at - interval '{JOIN_WINDOW.total_seconds():.0f} seconds'
+                       AND s.arrived_at + interval '{JOIN_WINDOW.total_seconds():.0f} seconds'
+"""
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
-SELECT {", ".join(_COLUMNS)} FROM request_record_staging
+SELECT DISTINCT ON ({", ".join(_KEY)}) {", ".join(_COLUMNS)} FROM request_record_staging
 ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE},
     block_hashes = CASE WHEN cardinality(EXCLUDED.block_hashes) > 0
                         THEN EXCLUDED.block_hashes ELSE r.block_hashes END
@@ -90,44 +100,16 @@ def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> Inge
     with transaction.atomic():
         servers = _servers(items)
         ranges = list(partition_ranges(RequestRecord._meta.db_table).values())
+        keep_since = _token_ids_kept_since(now)
         rows = []
-        for index, item in enumerate(_aligned_to_stored(items, servers)):
+        for index, item in enumerate(items):
             if not any(lower <= item.arrived_at < upper for lower, upper in ranges):
                 outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
                 continue
-            rows.append(_row(item, servers[item.server], now=now))
+            rows.append(_row(item, servers[item.server], keep_tokens_since=keep_since))
         _copy_and_merge(_deduplicated(rows))
     outcome.stored = len(rows)
     return outcome
-
-
-def _aligned_to_stored(items: Sequence[RequestIn], servers: dict[str, Server]) -> list[RequestIn]:
-    """Items whose request is already stored take its arrival time, so that they merge into it.
-
-    Sources see a request arrive at slightly different moments (the gateway before vLLM's span
-    starts); within JOIN_WINDOW of each other, the record stored first keeps its time.
-    """
-    stored: dict[tuple[int, str], list[datetime]] = {}
-    for server in {s.pk: s for s in servers.values()}.values():
-        mine = [item for item in items if servers[item.server].pk == server.pk]
-        times = [item.arrived_at for item in mine]
-        rows = RequestRecord.objects.filter(
-            server=server,
-            request_id__in={item.request_id for item in mine},
-            arrived_at__range=(min(times) - JOIN_WINDOW, max(times) + JOIN_WINDOW),
-        ).values_list("request_id", "arrived_at")
-        for request_id, arrived_at in rows:
-            stored.setdefault((server.pk, request_id), []).append(arrived_at)
-    return [
-        _nearest_stored(item, stored.get((servers[item.server].pk, item.request_id), [])) for item in items
-    ]
-
-
-def _nearest_stored(item: RequestIn, candidates: list[datetime]) -> RequestIn:
-    nearest = min(candidates, key=lambda at: abs(at - item.arrived_at), default=None)
-    if nearest is None or abs(nearest - item.arrived_at) > JOIN_WINDOW:
-        return item
-    return replace(item, arrived_at=nearest)
 
 
 def _servers(items: Sequence[RequestIn]) -> dict[str, Server]:
@@ -152,7 +134,7 @@ def _propose(reference: str) -> Server:
     return server
 
 
-def _row(item: RequestIn, server: Server, *, now: datetime) -> tuple[Any, ...]:
+def _row(item: RequestIn, server: Server, *, keep_tokens_since: datetime | None) -> tuple[Any, ...]:
     template, version = _template(item)
     tokens = list(item.prompt_token_ids) if item.prompt_token_ids is not None else None
     hashes: list[int] = []
@@ -161,7 +143,7 @@ def _row(item: RequestIn, server: Server, *, now: datetime) -> tuple[Any, ...]:
             wire_to_signed(h.wire)
             for h in block_hash_chain(tokens, server.block_size, cache_salt=item.cache_salt)
         ]
-    if not _keep_token_ids(item.arrived_at, now):
+    if keep_tokens_since is None or item.arrived_at < keep_tokens_since:
         tokens = None
     salt_hash = hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else ""
     return (
@@ -172,10 +154,11 @@ def _row(item: RequestIn, server: Server, *, now: datetime) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _keep_token_ids(arrived_at: datetime, now: datetime) -> bool:
+def _token_ids_kept_since(now: datetime) -> datetime | None:
+    """Token ids of requests that arrived since then are kept; None in hash-only mode."""
     if settings.PREFIXSCOPE_HASH_ONLY:
-        return False
-    return arrived_at >= now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+        return None
+    return now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
 
 
 def _template(item: RequestIn) -> tuple[Template | None, TemplateVersion | None]:
@@ -220,6 +203,7 @@ def _copy_and_merge(rows: list[tuple[Any, ...]]) -> None:
         with cursor.cursor.copy(f"COPY request_record_staging ({', '.join(_COLUMNS)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
+        cursor.execute(_ALIGN_SQL)
         cursor.execute(_UPSERT_SQL)
 
 
