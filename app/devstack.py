@@ -147,18 +147,21 @@ def run(port: int) -> int:
     return 0 if manager.returncode in (None, 130, 143) else manager.returncode
 
 
-def ensure_promtool() -> None:
-    """promtool checks the shipped alert rules; install Debian's prometheus package if missing."""
-    if shutil.which("promtool"):
+# What the tests need from Debian: promtool checks the shipped alert rules, Chromium runs the UI tests.
+SYSTEM_PACKAGES = {"promtool": "prometheus", "chromium": "chromium"}
+
+
+def ensure_system_packages() -> None:
+    """Install the Debian packages the tests need when their commands are missing (as root, apt-get)."""
+    missing = [package for command, package in SYSTEM_PACKAGES.items() if not shutil.which(command)]
+    if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit("promtool is missing: install the Debian package 'prometheus' (apt-get install prometheus)")
-    print("Installing promtool (Debian package prometheus)...", flush=True)
+        sys.exit(f"missing Debian packages: {' '.join(missing)} (apt-get install {' '.join(missing)})")
+    print(f"Installing {' '.join(missing)} (Debian packages)...", flush=True)
     apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=apt_env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True, env=apt_env
-    )
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=apt_env)
 
 
 QUALITY_GATES = {
@@ -171,7 +174,7 @@ QUALITY_GATES = {
 
 def test(pytest_args: list[str]) -> int:
     """Run every quality gate and the whole test suite; non-zero when any of them fails."""
-    ensure_promtool()
+    ensure_system_packages()
     failed = []
     for name, command in QUALITY_GATES.items():
         print(f"\n== {name}: {' '.join(command)}", flush=True)
