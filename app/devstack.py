@@ -161,7 +161,9 @@ def ensure_system_packages() -> None:
     print(f"Installing {' '.join(missing)} (Debian packages)...", flush=True)
     apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=apt_env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=apt_env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=apt_env
+    )
 
 
 QUALITY_GATES = {
