@@ -1,0 +1,108 @@
+"""KV events decoded and stored per second (one core), against raw COPY of the same rows.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_kv_ingest [--batches 4000]
+
+Runs in a throw-away database on the server DATABASE_URL names. The captured SUB messages are
+replayed with fresh sequence numbers and times; each is decoded (collectors.kv_events.parse),
+turned into rows (app.traffic.kv_collector.event_rows) and stored with the block index and stream
+position (app.traffic.services.kv_events.store_kv_events), flushing every 200 messages as the
+subscriber does. The baseline is psycopg COPY of the same rows straight into traffic_kvevent.
+"""
+
+import argparse
+import os
+import time
+from datetime import UTC, datetime
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+
+import django
+
+django.setup()
+
+import msgspec  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.core.services import maintain_partitions  # noqa: E402
+from app.domain.blockhash import wire_to_signed  # noqa: E402
+from app.fleet.models import Server  # noqa: E402
+from app.traffic.kv_collector import event_rows  # noqa: E402
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
+from collectors.kv_events.parse import decode_sub_message  # noqa: E402
+from tests.fixtures import load_json  # noqa: E402
+
+FLUSH_EVERY = 200
+
+
+def messages(count: int) -> list[list[bytes]]:
+    """`count` SUB messages cycling through the capture, renumbered and stamped with today's time."""
+    captured = [bytes.fromhex(m["payload_hex"]) for m in load_json("kv-live.msgpack-frames.json")]
+    now = time.time()
+    frames = []
+    for seq in range(count):
+        batch = msgspec.msgpack.decode(captured[seq % len(captured)])
+        batch[0] = now + seq / 1000
+        frames.append([b"kv@bench", seq.to_bytes(8, "big"), msgspec.msgpack.encode(batch)])
+    return frames
+
+
+def through_collector(frames: list[list[bytes]], server_id: int) -> tuple[float, int]:
+    stored, rows, started = 0, [], time.perf_counter()
+    received = datetime.now(UTC)
+    for seq, frame in enumerate(frames, start=1):
+        message = decode_sub_message(frame)
+        rows += event_rows(message.batch, server_id=server_id, epoch=0, seq=message.seq, received_at=received)
+        if seq % FLUSH_EVERY == 0 or seq == len(frames):
+            at = datetime.fromtimestamp(message.batch.ts, tz=UTC)
+            stored += store_kv_events(rows=rows, positions=[StreamPosition(server_id, 0, 0, message.seq, at)])
+            rows = []
+    return stored / (time.perf_counter() - started), stored
+
+
+def copy_baseline(rows: list[KVEventRow]) -> float:
+    columns = ", ".join(KVEventRow._fields)
+    started = time.perf_counter()
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY traffic_kvevent ({columns}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            signed_hash = None if row.block_hash is None else wire_to_signed(row.block_hash)
+            signed_parent = None if row.parent_hash is None else wire_to_signed(row.parent_hash)
+            copy.write_row(row._replace(block_hash=signed_hash, parent_hash=signed_parent))
+    return len(rows) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=4000)
+    args = parser.parse_args()
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        maintain_partitions(now=timezone.now())
+        server = Server.objects.create(name="bench", base_url="http://bench:8000")
+        frames = messages(args.batches)
+        rate, stored = through_collector(frames, server.pk)
+        other = Server.objects.create(name="baseline", base_url="http://baseline:8000")
+        received = datetime.now(UTC)
+        rows = [
+            row
+            for frame in frames
+            for row in event_rows(
+                decode_sub_message(frame).batch, server_id=other.pk, epoch=0, seq=int.from_bytes(frame[1], "big"),
+                received_at=received,
+            )
+        ]  # fmt: skip
+        baseline = copy_baseline(rows)
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    print(f"decoded and stored through the collector's path: {rate:,.0f} events/s ({stored:,} block rows)")
+    print(f"raw COPY of the same rows into traffic_kvevent: {baseline:,.0f} events/s")
+    print(f"ratio collector / COPY: {rate / baseline:.2f}  (target: >= 50,000 events/s on one core)")
+
+
+if __name__ == "__main__":
+    main()
