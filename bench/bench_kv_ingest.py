@@ -88,14 +88,12 @@ def main() -> None:
         rate, stored = through_collector(frames, server.pk)
         other = Server.objects.create(name="baseline", base_url="http://baseline:8000")
         received = datetime.now(UTC)
-        rows = [
-            row
-            for frame in frames
-            for row in event_rows(
-                decode_sub_message(frame).batch, server_id=other.pk, epoch=0, seq=int.from_bytes(frame[1], "big"),
-                received_at=received,
+        rows = []
+        for frame in frames:
+            message = decode_sub_message(frame)
+            rows += event_rows(
+                message.batch, server_id=other.pk, epoch=0, seq=message.seq, received_at=received
             )
-        ]  # fmt: skip
         baseline = copy_baseline(rows)
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
