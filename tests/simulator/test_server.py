@@ -217,7 +217,7 @@ def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> No
             for model in ("tiny", "support-lora", "support-lora")
         ]
         unknown = post(config, "/v1/completions", {**body, "model": "nope"})
-        events = []
+        events: list[object] = []
         while subscriber.poll(500):
             events += decode_sub_message(subscriber.recv_multipart()).batch.events
         subscriber.close()
