@@ -40,6 +40,7 @@ from collectors.kv_events.sequence import Gap as MissedBatches
 logger = logging.getLogger(__name__)
 
 SOURCE = "kv_events"
+MAX_PENDING_ROWS = 500_000
 
 
 @dataclass(slots=True)
@@ -47,6 +48,10 @@ class Pending:
     rows: list[KVEventRow] = field(default_factory=list)
     positions: dict[tuple[int, int], StreamPosition] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
+    rejected: dict[tuple[int, str], int] = field(default_factory=dict)  # (server id, reason) -> count
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.positions or self.gaps or self.rejected)
 
 
 def event_rows(
@@ -128,6 +133,12 @@ class KVEventCollector:
 
     def poll(self, timeout_ms: int = 200) -> None:
         """Handle every message that arrives within `timeout_ms`, and flush when due."""
+        if len(self.pending.rows) >= MAX_PENDING_ROWS:
+            # PostgreSQL is away and the buffer is full: stop reading. What the sockets then drop
+            # shows up as a sequence gap and is asked of the replay endpoint once writes resume.
+            time.sleep(timeout_ms / 1000)
+            self.flush()
+            return
         for socket, _ in self.poller.poll(timeout_ms):
             while True:
                 try:
@@ -210,7 +221,8 @@ class KVEventCollector:
 
     def _reject(self, server: Server, reason: str, count: int) -> None:
         logger.warning("rejected KV input from %s: %s", server.name, reason)
-        count_rejected_input(server_id=server.pk, source=SOURCE, reason=reason, count=count, now=self.now())
+        key = (server.pk, reason)
+        self.pending.rejected[key] = self.pending.rejected.get(key, 0) + count
 
     def flush(self) -> int:
         """Write the buffered rows, positions and gaps in one transaction; returns new rows.
@@ -220,27 +232,29 @@ class KVEventCollector:
         """
         self.last_flush = time.monotonic()
         pending = self.pending
-        if not (pending.rows or pending.positions or pending.gaps):
+        if not pending:
             return 0
         try:
             stored = store_kv_events(
                 rows=pending.rows, positions=list(pending.positions.values()), gaps=pending.gaps
             )
+            self._count_rejections(pending.rejected)
         except (OperationalError, InterfaceError) as exc:  # PostgreSQL away: keep the buffer, retry
             logger.warning("cannot store %d KV event rows yet: %s", len(pending.rows), exc)
             return 0
         except DatabaseError as exc:  # the data itself is refused (e.g. no partition for its time)
             logger.error("refused %d KV event rows: %s", len(pending.rows), exc)
-            self._reject_pending(pending, f"refused by the database: {exc.__class__.__name__}")
-            stored = 0
+            refused = dict(pending.rejected)
+            reason = f"refused by the database: {exc.__class__.__name__}"
+            for row in pending.rows:
+                refused[(row.server_id, reason)] = refused.get((row.server_id, reason), 0) + 1
+            self.pending = Pending(rejected=refused)
+            return 0
         self.pending = Pending()
         return stored
 
-    def _reject_pending(self, pending: Pending, reason: str) -> None:
-        per_server: dict[int, int] = {}
-        for row in pending.rows:
-            per_server[row.server_id] = per_server.get(row.server_id, 0) + 1
-        for server_id, count in per_server.items():
+    def _count_rejections(self, rejected: dict[tuple[int, str], int]) -> None:
+        for (server_id, reason), count in rejected.items():
             count_rejected_input(
                 server_id=server_id, source=SOURCE, reason=reason, count=count, now=self.now()
             )

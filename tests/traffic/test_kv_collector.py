@@ -6,6 +6,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 import zmq
+from django.db import connection
 
 from app.fleet.models import Server
 from app.traffic.kv_collector import KVEventCollector
@@ -159,4 +160,31 @@ def test_malformed_frames_are_counted_and_the_good_ones_around_them_kept(context
     assert set(KVEvent.objects.values_list("seq", flat=True)) == {0, 1}
     reasons = dict(RejectedInput.objects.filter(server=server).values_list("reason", "count"))
     assert len(reasons) == 2 and sum(reasons.values()) == 2, reasons
+    collector.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_while_postgresql_is_away_events_wait_in_the_buffer_and_are_stored_after(context, vllm) -> None:  # type: ignore[no-untyped-def]
+    server = Server.objects.create(
+        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint, kv_topic="kv@127.0.0.1:18000@tiny",
+    )  # fmt: skip
+    collector = start_collector(context, server, vllm)
+    for seq, payload in captured_payloads(shift_to=time.time()):
+        vllm.publish(seq, payload)
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["HOST"] = "/nonexistent/postgresql"  # this process can no longer reach it
+    try:
+        deadline = time.monotonic() + 10
+        while len(collector.pending.rows) < CAPTURED_ROWS and time.monotonic() < deadline:
+            collector.poll(timeout_ms=50)
+        assert collector.flush() == 0  # refused by the outage, kept for later
+        assert len(collector.pending.rows) == CAPTURED_ROWS
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
+
+    assert collector.flush() == CAPTURED_ROWS
+    assert KVEvent.objects.count() == CAPTURED_ROWS and KVStream.objects.get().last_seq == 23
     collector.close()

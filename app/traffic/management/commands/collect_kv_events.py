@@ -1,15 +1,19 @@
 """Subscribe to the KV events of every registered vLLM server and store them (one process for all)."""
 
+import logging
 import signal
 import time
 from typing import Any
 
 import zmq
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import DatabaseError
 
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
 from app.traffic.kv_collector import KVEventCollector
+
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -38,8 +42,11 @@ class Command(BaseCommand):
         try:
             while not stopping:
                 if time.monotonic() >= next_scan:
-                    collector.subscribe(Server.objects.exclude(state=Server.State.DISABLED))
                     next_scan = time.monotonic() + rescan_seconds
+                    try:
+                        collector.subscribe(Server.objects.exclude(state=Server.State.DISABLED))
+                    except DatabaseError as exc:  # PostgreSQL away: keep collecting, look again later
+                        logger.warning("cannot read the servers to subscribe to: %s", exc)
                 collector.poll(timeout_ms=200)
         finally:
             collector.close()
