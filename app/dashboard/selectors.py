@@ -5,35 +5,75 @@ from datetime import datetime, timedelta
 
 from django.db.models import Max, Sum
 
+from app.domain.hitrate import counter_increase
 from app.fleet.models import Server
-from app.traffic.models import KVGap, KVStream, MinuteRollup, RejectedInput
+from app.traffic.models import KVGap, KVStream, MinuteRollup, RejectedInput, ScrapeSample
+from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 
 @dataclass(frozen=True, slots=True)
 class ServerRow:
     server: Server
     requests: int
-    hit_rate: float | None  # cached / prompt tokens over the window; None without traffic
+    request_hit_rate: float | None  # cached / prompt tokens of recorded requests; None when unknown
+    counter_hit_rate: float | None  # growth of the server's prefix-cache hit and query counters
 
     @property
-    def hit_rate_percent(self) -> float | None:
-        return None if self.hit_rate is None else 100 * self.hit_rate
+    def request_hit_rate_percent(self) -> float | None:
+        return None if self.request_hit_rate is None else 100 * self.request_hit_rate
+
+    @property
+    def counter_hit_rate_percent(self) -> float | None:
+        return None if self.counter_hit_rate is None else 100 * self.counter_hit_rate
 
 
 def fleet_overview(*, now: datetime, window: timedelta = timedelta(hours=1)) -> list[ServerRow]:
-    """Every server with its request count and token hit rate over the last `window` (from rollups)."""
+    """Every server's requests and hit rates over the last `window`.
+
+    Two hit rates, because they come from different places: the one of recorded requests (from
+    rollups) and the one of the server's own counters (from scraped /metrics).
+    """
     totals = {
         row["server_id"]: row
         for row in MinuteRollup.objects.filter(minute__gte=now - window, minute__lt=now)
         .values("server_id")
-        .annotate(requests=Sum("requests"), prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"))
+        .annotate(
+            requests=Sum("requests"), known=Sum("cache_known_prompt_tokens"), cached=Sum("cached_tokens")
+        )
     }
+    counters = counter_hit_rates(since=now - window, until=now)
     rows = []
     for server in Server.objects.all():
-        t = totals.get(server.pk, {"requests": 0, "prompt": 0, "cached": 0})
-        hit_rate = t["cached"] / t["prompt"] if t["prompt"] else None
-        rows.append(ServerRow(server=server, requests=t["requests"], hit_rate=hit_rate))
+        t = totals.get(server.pk, {"requests": 0, "known": 0, "cached": 0})
+        request_rate = t["cached"] / t["known"] if t["known"] else None
+        rows.append(ServerRow(server, t["requests"], request_rate, counters.get(server.pk)))
     return rows
+
+
+def counter_hit_rates(*, since: datetime, until: datetime) -> dict[int, float]:
+    """Per server: hits over queries of its prefix-cache counters between two times (resets counted).
+
+    Reads at most one window of raw samples of two series per engine; None-free: servers without
+    queries in the window are left out.
+    """
+    samples = (
+        ScrapeSample.objects.filter(
+            series__name__in=PREFIX_CACHE_QUERIES + PREFIX_CACHE_HITS,
+            scraped_at__gte=since,
+            scraped_at__lt=until,
+        )
+        .order_by("series_id", "scraped_at")
+        .values_list("server_id", "series_id", "series__name", "value")
+    )
+    series: dict[tuple[int, int, str], list[float]] = {}
+    for server_id, series_id, name, value in samples:
+        series.setdefault((server_id, series_id, name), []).append(value)
+    queries: dict[int, float] = {}
+    hits: dict[int, float] = {}
+    for (server_id, _, name), values in series.items():
+        growth = hits if name in PREFIX_CACHE_HITS else queries
+        growth[server_id] = growth.get(server_id, 0.0) + counter_increase(values)
+    return {server: hits.get(server, 0.0) / q for server, q in queries.items() if q > 0}
 
 
 @dataclass(frozen=True, slots=True)

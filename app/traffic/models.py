@@ -168,6 +168,9 @@ class MinuteRollup(models.Model):
     requests = models.PositiveIntegerField()
     prompt_tokens = models.BigIntegerField()
     cached_tokens = models.BigIntegerField()
+    # Prompt tokens of the requests whose cached tokens are known (spans alone do not say):
+    # the hit rate is cached_tokens / cache_known_prompt_tokens.
+    cache_known_prompt_tokens = models.BigIntegerField(default=0)
     ttft_count = models.PositiveIntegerField()
     ttft_sum_seconds = models.FloatField()
     ttft_buckets = ArrayField(models.IntegerField())

@@ -134,6 +134,8 @@ def test_rollups_sum_tokens_and_bucket_ttft_per_server_template_and_minute(serve
             make_request(server, "b", minute + timedelta(seconds=30), template=template,
                          prompt_tokens=191, cached_tokens=0, ttft_seconds=0.3),
             make_request(server, "c", minute + timedelta(seconds=59), prompt_tokens=50, cached_tokens=32),
+            # A span's record: its cached tokens are unknown.
+            make_request(server, "d", minute + timedelta(seconds=59), prompt_tokens=70),
         ]
     )  # fmt: skip
 
@@ -148,7 +150,9 @@ def test_rollups_sum_tokens_and_bucket_ttft_per_server_template_and_minute(serve
     assert (buckets[0.02], buckets[0.04], buckets[0.25], buckets[0.5]) == (0, 1, 1, 2)
     assert by_template.ttft_buckets[-1] == 2  # the +Inf bucket is the count
     untemplated = MinuteRollup.objects.get(server=server, template=None, minute=minute)
-    assert (untemplated.requests, untemplated.cached_tokens, untemplated.ttft_count) == (1, 32, 0)
+    assert (untemplated.requests, untemplated.cached_tokens, untemplated.ttft_count) == (2, 32, 0)
+    assert (untemplated.prompt_tokens, untemplated.cache_known_prompt_tokens) == (120, 50)
+    assert by_template.cache_known_prompt_tokens == 382
 
 
 def test_a_late_record_updates_its_minute_on_the_next_refresh(server: Server) -> None:

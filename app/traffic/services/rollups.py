@@ -16,11 +16,12 @@ _BUCKET_COUNTS = ", ".join(
 # late arrivals, then again) converges on the same rows.
 _REFRESH_SQL = f"""
 INSERT INTO traffic_minuterollup AS m (
-    server_id, template_id, minute, requests, prompt_tokens, cached_tokens,
+    server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
     ttft_count, ttft_sum_seconds, ttft_buckets
 )
 SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
        coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
+       coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
        count(r.ttft_seconds), coalesce(sum(r.ttft_seconds), 0),
        ARRAY[{_BUCKET_COUNTS}, count(r.ttft_seconds)]
 FROM traffic_requestrecord r
@@ -28,7 +29,8 @@ WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
 GROUP BY 1, 2, 3
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
-    cached_tokens = EXCLUDED.cached_tokens, ttft_count = EXCLUDED.ttft_count,
+    cached_tokens = EXCLUDED.cached_tokens, cache_known_prompt_tokens = EXCLUDED.cache_known_prompt_tokens,
+    ttft_count = EXCLUDED.ttft_count,
     ttft_sum_seconds = EXCLUDED.ttft_sum_seconds, ttft_buckets = EXCLUDED.ttft_buckets
 """
 
