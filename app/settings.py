@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "app.prompts",
     "app.regressions",
     "app.dashboard",
+    "app.compare",
     "app.api",
 ]
 
@@ -142,6 +143,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "fleet.dispatch_scrapes",
         "schedule": 5.0,
         "options": {"expires": 5},
+    },
+    "expire-pasted-prompts": {
+        "task": "compare.expire_token_ids",
+        "schedule": crontab(minute=27),
+        "options": {"expires": 3600},
     },
     "refresh-rollups": {
         "task": "traffic.refresh_rollups",

@@ -15,5 +15,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("v1/traces", otlp.traces, name="otlp-traces"),
+    path("compare/", include("app.compare.urls")),
     path("", include("app.dashboard.urls")),
 ]

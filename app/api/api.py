@@ -11,3 +11,4 @@ api = NinjaAPI(
     urls_namespace="api",
 )
 api.add_router("/v1", ingest_router)
+api.add_router("/v1", "app.api.compare.router")

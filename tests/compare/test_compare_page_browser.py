@@ -1,0 +1,119 @@
+"""The Compare page in Debian's chromium: the divergence is marked, and n / p walk the edits."""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from pytest_django.live_server_helper import LiveServer
+
+from app.compare.services import SideInput, create_comparison
+from app.compare.tokenization import Prompt
+from tests.compare.conftest import Record, prompt_ids
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+SCREENSHOT = Path("/tmp/compare-page.png")
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
+]
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
+    # Playwright's sync API runs an event loop in this thread; the ORM calls of the test and of
+    # pytest-django's teardown are still plain synchronous code. Connections opened meanwhile
+    # live in the loop's context: closed before leaving it, or they would outlive the test.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+            connections.close_all()
+
+
+def _signed_in_page(
+    browser: Browser, live_server_url: str, *, color_scheme: Literal["light", "dark"] = "light"
+) -> Page:
+    client = Client()
+    client.force_login(User.objects.create_user(f"engineer-{color_scheme}"))
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme)
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server_url}])
+    return context.new_page()
+
+
+def test_the_timestamp_pair_is_marked_at_token_7_and_n_moves_to_the_next_edit(
+    browser: Browser, live_server: LiveServer, record: Record
+) -> None:
+    a, b = record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2)
+    comparison = create_comparison(
+        a=SideInput(record=a), b=SideInput(record=b), now=timezone.now()
+    ).comparison
+    url = f"{live_server.url}{comparison.get_absolute_url()}"
+    page = _signed_in_page(browser, live_server.url)
+
+    page.goto(url)
+
+    first = page.locator("#first-divergence")
+    expect(first).to_have_attribute("data-first-divergence", "7")
+    expect(first).to_be_visible()
+    expect(page.locator("#edit-0 .edit-label")).to_contain_text("first divergence at token 7")
+    page.keyboard.press("n")
+    expect(page.locator("#edit-0")).to_be_focused()
+    page.keyboard.press("n")
+    expect(page.locator("#edit-1")).to_be_focused()
+    expect(page.locator("#edit-1")).to_be_in_viewport()
+    expect(page.locator("#edit-position")).to_have_text("edit 2 of 2")
+    page.keyboard.press("k")
+    expect(page.locator("#edit-0")).to_be_focused()
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    dark = _signed_in_page(browser, live_server.url, color_scheme="dark")
+    dark.goto(url)
+    dark.screenshot(path=str(SCREENSHOT.with_name("compare-page-dark.png")), full_page=True)
+
+
+def test_n_scrolls_to_an_edit_far_down_and_a_fold_opens_in_place(
+    browser: Browser, live_server: LiveServer
+) -> None:
+    base = prompt_ids("salt-a-1")
+    a = base * 40  # 7,640 tokens
+    b = list(a)
+    for position in range(7000, 0, -500):  # 14 one-token edits, far apart
+        b[position] = 50_000
+    compared = create_comparison(
+        a=SideInput(prompt=Prompt(token_ids=tuple(a))), b=SideInput(prompt=Prompt(token_ids=tuple(b))),
+        block_size=32, now=timezone.now(),
+    )  # fmt: skip
+    page = _signed_in_page(browser, live_server.url)
+    page.goto(f"{live_server.url}{compared.comparison.get_absolute_url()}")
+
+    for _ in range(14):
+        page.keyboard.press("j")
+    last = page.locator("#edit-13")
+    expect(last).to_be_focused()
+    expect(last).to_be_in_viewport()
+    assert page.evaluate("window.scrollY") > 1000
+    page.keyboard.press("p")
+    expect(page.locator("#edit-12")).to_be_focused()
+
+    fold = page.locator("a.fold").first
+    fold_id = fold.get_attribute("id")
+    chips_before = page.locator(".t").count()
+    fold.click()
+    expect(page.locator(f"a#{fold_id}")).to_have_count(0)
+    assert page.locator(".t").count() > chips_before
+    expect(page.locator(f"span#{fold_id}")).to_be_visible()  # the opened stretch's first token

@@ -1,0 +1,161 @@
+"""Comparisons of recorded requests give what vLLM reported for the captured traffic, on the page too."""
+
+import re
+
+import pytest
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from app.compare import selectors
+from app.compare.results import Result, comparison_result
+from app.compare.services import ComparisonError, SideInput, create_comparison
+from app.traffic.models import RequestRecord
+from tests.compare.conftest import Record, capture
+
+pytestmark = pytest.mark.django_db
+
+
+def _result(a_key: selectors.RecordKey, b_key: selectors.RecordKey) -> Result:
+    compared = create_comparison(a=SideInput(record=a_key), b=SideInput(record=b_key), now=timezone.now())
+    return comparison_result(compared.comparison, compared.sides, now=timezone.now())
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "blocked_by"),
+    [
+        ("shared-prefix-the", "shared-prefix-I", ()),
+        ("salt-a-1", "salt-a-2", ()),
+        ("salt-a-1", "salt-b-1", ("tenant_salt",)),
+        ("timestamp-top-1", "timestamp-top-2", ()),
+    ],
+)
+def test_recorded_pairs_reuse_the_tokens_vllm_reported(
+    record: Record, first: str, later: str, blocked_by: tuple[str, ...]
+) -> None:
+    reported = capture(later)["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    result = _result(record(first, offset=1), record(later, offset=2))
+
+    assert result.divergence is not None
+    assert result.divergence.reusable_tokens == reported
+    assert result.divergence.blocked_by == blocked_by
+    assert result.block_size == 32  # the recorded server's
+
+
+def test_the_timestamp_pair_reuses_nothing_and_diverges_at_token_7(record: Record) -> None:
+    result = _result(record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2))
+
+    assert result.divergence is not None
+    assert result.divergence.reusable_tokens == 0
+    assert result.divergence.first_divergence == 7
+    assert [(e.kind, e.b_start) for e in result.divergence.edits] == [("replaced", 7), ("replaced", 12)]
+
+
+def test_the_timestamp_pair_page_marks_token_7_and_both_edits(record: Record, signed_in: Client) -> None:
+    a, b = record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+
+    html = signed_in.get(compared.comparison.get_absolute_url()).content.decode()
+
+    assert re.search(r'id="first-divergence" data-first-divergence="7"', html)
+    assert 'id="edit-0"' in html and 'id="edit-1"' in html
+    assert "first divergence at token 7" in html
+    assert re.search(r'id="reusable-tokens">0<', html)
+    assert "recorded token ids (server vllm-cpu)" in html
+
+
+def test_different_salts_block_all_reuse_and_show_the_salt_row_in_red(
+    record: Record, signed_in: Client
+) -> None:
+    a, b = record("salt-a-1", offset=1), record("salt-b-1", offset=2)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+
+    html = signed_in.get(compared.comparison.get_absolute_url()).content.decode()
+
+    salt_row = re.search(r'<tr id="compat-tenant_salt"([^>]*)>(.*?)</tr>', html)
+    assert salt_row is not None
+    assert 'class="mismatch blocks"' in salt_row.group(1)
+    assert "blocks all reuse" in salt_row.group(2)
+    assert 'id="blocked-by"' in html and "tenant_salt" in html
+    model_row = re.search(r'<tr id="compat-model"([^>]*)>', html)
+    assert model_row is not None and "mismatch" not in model_row.group(1)
+    # The same token ids, under other salts: block 0 has a different hash on each side.
+    hashes = re.findall(r"<code>([0-9a-f]{16})</code>", html)
+    assert len(hashes) == 2 and hashes[0] != hashes[1]
+
+
+def test_compare_with_previous_picks_the_earlier_request_of_the_template(
+    record: Record, signed_in: Client
+) -> None:
+    record("salt-a-1", offset=1, template="other-bot")
+    first = record("shared-prefix-the", offset=2)
+    later = record("shared-prefix-I", offset=3)
+
+    response = signed_in.post("/compare/", {"mode": "records", "b_previous": str(later)})
+
+    assert response.status_code == 302
+    slug = response["Location"].rstrip("/").rsplit("/", 1)[-1]
+    comparison = selectors.comparison(slug)
+    a, b = sorted(comparison.sides.all(), key=lambda side: side.side)
+    assert (a.request_id, b.request_id) == (first.request_id, later.request_id)
+
+
+def test_the_first_request_of_a_template_has_no_previous_to_compare_with(
+    record: Record, signed_in: Client
+) -> None:
+    only = record("shared-prefix-the", offset=1)
+
+    html = signed_in.post("/compare/", {"mode": "records", "b_previous": str(only)}).content.decode()
+
+    assert "no earlier request of the same template" in html
+
+
+def test_two_picked_requests_make_a_comparison(record: Record, signed_in: Client) -> None:
+    a, b = record("salt-a-1", offset=1), record("salt-a-2", offset=2)
+
+    response = signed_in.post("/compare/", {"mode": "records", "a": str(a), "b": str(b)}, follow=True)
+
+    html = response.content.decode()
+    assert re.search(r'id="reusable-tokens">160<', html)
+
+
+def test_the_request_explorer_lists_recent_requests_with_compare_links(
+    record: Record, signed_in: Client
+) -> None:
+    key = record("timestamp-top-2", offset=1)
+
+    html = signed_in.get("/compare/").content.decode()
+
+    assert key.request_id in html
+    assert f'name="b_previous" value="{key}"' in html
+
+
+def test_an_unknown_request_is_refused() -> None:
+    missing = selectors.RecordKey(1, "nope", timezone.now())
+    with pytest.raises(ComparisonError):
+        create_comparison(a=SideInput(record=missing), b=SideInput(record=missing), now=timezone.now())
+
+
+def test_requests_whose_token_ids_are_gone_compare_by_block_hashes(record: Record, signed_in: Client) -> None:
+    a, b = record("shared-prefix-the", offset=1), record("shared-prefix-I", offset=2)
+    RequestRecord.objects.filter(request_id__in=[a.request_id, b.request_id]).update(token_ids=None)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+
+    result = comparison_result(compared.comparison, compared.sides, now=timezone.now())
+    html = signed_in.get(compared.comparison.get_absolute_url()).content.decode()
+
+    assert result.divergence is None and result.block_match is not None
+    assert result.block_match.reusable_tokens == 160  # as vLLM reported, from the stored hashes alone
+    assert result.block_match.first_divergent_block == 5  # the question starts at token 185
+    assert "Block precision" in html and 'class="t ' not in html
+
+
+@override_settings(PREFIXSCOPE_REQUEST_RETENTION_DAYS=30)
+def test_a_permalink_to_a_dropped_request_says_what_is_missing(record: Record, signed_in: Client) -> None:
+    a, b = record("salt-a-1", offset=1), record("salt-a-2", offset=2)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+    RequestRecord.objects.filter(request_id=a.request_id).delete()
+
+    html = signed_in.get(compared.comparison.get_absolute_url()).content.decode()
+
+    assert "Cannot compare" in html and "no longer kept" in html
