@@ -2,8 +2,9 @@
 
 Text and chat messages go to the ``/tokenize`` endpoint of a registered server of the chosen
 model (vLLM applies the model's own chat template there), trying a few of them with a short
-timeout; when none answers, the bundled GPT-2 tokenizer (``simulator.tokenizer``, offline)
-tokenizes them and the result carries a warning that says so. Token ids pass through as given.
+timeout; when none answers, the local tokenizer tokenizes them and the result carries a warning
+that says so: the Hugging Face ``tokenizer.json`` named by PREFIXSCOPE_TOKENIZER_FILE, else the
+bundled GPT-2 tokenizer (``simulator.tokenizer``, offline). Token ids pass through as given.
 Never logs prompt text.
 """
 
@@ -12,9 +13,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import httpx
+from django.conf import settings
+from tokenizers import Tokenizer
 
 from app.fleet.models import Server
 from simulator import tokenizer as bundled
@@ -230,8 +235,20 @@ def _bundled(prompt: Prompt, warning: str) -> Tokenized:
     if prompt.token_ids is not None:
         return _given(prompt)
     text = bundled.render_chat(prompt.messages) if prompt.messages is not None else prompt.text or ""
+    if path := settings.PREFIXSCOPE_TOKENIZER_FILE:
+        encoding = _tokenizer_file(path).encode(text, add_special_tokens=False)
+        name = Path(path).name
+        return Tokenized(
+            list(encoding.ids), list(encoding.tokens), f"local {name}", f"local:{name}", None, warning
+        )
     tokens = bundled.encode(text)
     return Tokenized(tokens, None, BUNDLED_TOKENIZER, BUNDLED_TOKENIZER_NAME, None, warning)
+
+
+@cache
+def _tokenizer_file(path: str) -> Tokenizer:
+    """The configured tokenizer.json, loaded once per process."""
+    return Tokenizer.from_file(path)
 
 
 def _given(prompt: Prompt) -> Tokenized:
@@ -246,12 +263,17 @@ def _fallback_warning(model: str, failures: Sequence[str], *, chat: bool) -> str
     else:
         why = "No server or model was chosen"
     warning = (
-        f"{why}: tokenized by the {BUNDLED_TOKENIZER} tokenizer, not the server's; "
+        f"{why}: tokenized by the {_local_name()} tokenizer, not the server's; "
         "the token ids may differ from those vLLM sees."
     )
     if chat:
         warning += " Chat messages were rendered with the bundled ChatML template, not the model's."
     return warning
+
+
+def _local_name() -> str:
+    path = settings.PREFIXSCOPE_TOKENIZER_FILE
+    return f"local {Path(path).name}" if path else BUNDLED_TOKENIZER
 
 
 def vocabulary_strs(token_ids: Sequence[int]) -> list[str]:

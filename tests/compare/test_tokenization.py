@@ -1,9 +1,10 @@
 """Prompts go to a server's own /tokenize when one answers, else to the bundled tokenizer, which says so."""
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 
 from app.compare.tokenization import (
     BUNDLED_TOKENIZER,
@@ -155,3 +156,17 @@ def test_the_page_warns_when_the_tokenizer_is_not_the_servers(
 
     assert 'class="tokenizer-used">bundled GPT-2 (offline)<' in html
     assert "⚠ No server of model &#x27;tiny&#x27; answered /tokenize" in html
+
+
+def test_a_configured_tokenizer_file_replaces_the_bundled_one(tmp_path: Path) -> None:
+    # The GPT-2 tokenizer saved as a Hugging Face tokenizer.json, as an operator would configure one.
+    path = tmp_path / "tokenizer.json"
+    tokenizer._tokenizer().save(str(path))
+    prompt = load_json("completion-timestamp-top-1.json")
+
+    with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(path)):
+        (result,) = tokenize_prompts([Prompt(text=prompt["request"]["prompt"])], server=None, model="tiny")
+
+    assert result.token_ids == prompt["response"]["choices"][0]["prompt_token_ids"]
+    assert result.tokenizer_used == "local tokenizer.json" and result.token_strs
+    assert "tokenized by the local tokenizer.json tokenizer, not the server's" in result.warning
