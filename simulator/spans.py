@@ -38,7 +38,9 @@ class SpanExporter:
             }
         )
         self.provider = TracerProvider(resource=resource)
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        # Short timeouts: a fleet being stopped must not wait minutes on a receiver that is gone.
+        exporter = OTLPSpanExporter(endpoint=endpoint, timeout=2)
+        self.provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=2000))
         self.tracer = self.provider.get_tracer("vllm.tracing.otel")
 
     def export(self, done: "Completion", *, arrival: float, headers: Mapping[str, str]) -> None:

@@ -101,12 +101,13 @@ def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> Inge
         servers = _servers(items)
         ranges = list(partition_ranges(RequestRecord._meta.db_table).values())
         keep_since = _token_ids_kept_since(now)
+        templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
         rows = []
         for index, item in enumerate(items):
             if not any(lower <= item.arrived_at < upper for lower, upper in ranges):
                 outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
                 continue
-            rows.append(_row(item, servers[item.server], keep_tokens_since=keep_since))
+            rows.append(_row(item, servers[item.server], keep_tokens_since=keep_since, templates=templates))
         _copy_and_merge(_deduplicated(rows))
     outcome.stored = len(rows)
     return outcome
@@ -134,8 +135,18 @@ def _propose(reference: str) -> Server:
     return server
 
 
-def _row(item: RequestIn, server: Server, *, keep_tokens_since: datetime | None) -> tuple[Any, ...]:
-    template, version = _template(item)
+def _row(
+    item: RequestIn,
+    server: Server,
+    *,
+    keep_tokens_since: datetime | None,
+    templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]],
+) -> tuple[Any, ...]:
+    # One lookup per template and version in a batch, not per record.
+    key = (item.template, item.template_version)
+    if key not in templates:
+        templates[key] = _template(item)
+    template, version = templates[key]
     tokens = list(item.prompt_token_ids) if item.prompt_token_ids is not None else None
     hashes: list[int] = []
     if tokens and server.block_size:

@@ -1,0 +1,270 @@
+"""The gateway's writer: observed requests go through a bounded queue to PostgreSQL, in batches.
+
+The proxy calls `record` and `reject` on its event loop; both return at once. A full queue drops
+the record and counts it (reason "queue full"), it never blocks the proxy. One thread takes
+batches off the queue and stores them with `ingest_request_records`. While PostgreSQL cannot be
+reached, batches are appended to a local JSON-lines spill file instead, and the file is replayed
+(then deleted) once a write succeeds again; storing is an idempotent merge, so a batch replayed
+twice is stored once. `stop` drains the queue into the database or the spill file: every record
+`record` accepted is stored or spilled by then. A process killed hard loses its queue (at most
+`capacity` records).
+
+The spill file holds what the database would get before it hashes it: the cache salt and the
+prompt token ids. It is created readable by its owner only and deleted once replayed.
+"""
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
+from datetime import datetime
+from pathlib import Path
+
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import RequestRecord
+from app.traffic.services.kv_events import count_rejected_input
+from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
+from collectors.gateway.proxy import Observed
+
+logger = logging.getLogger(__name__)
+
+SOURCE = "gateway"
+QUEUE_FULL = "queue full: record dropped"
+Store = Callable[..., IngestOutcome]  # ingest_request_records(items, *, now=...)
+_OBSERVED = tuple(field.name for field in fields(Observed))
+
+
+class GatewayWriter:
+    """Records of the server `server` (a registered name or the upstream's base URL), written in batches."""
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        spill_path: Path,
+        capacity: int = 10_000,
+        batch_size: int = 500,
+        flush_seconds: float = 0.5,
+        retry_seconds: float = 5.0,
+        store: Store = ingest_request_records,
+    ) -> None:
+        self.server = server
+        self.spill_path = spill_path
+        self.batch_size = batch_size
+        self.flush_seconds = flush_seconds
+        self.retry_seconds = retry_seconds
+        self.store = store
+        self.stored = 0
+        self.spilled = 0
+        self.dropped = 0  # since start; the database counts them too, as rejected input "queue full"
+        self._queue: queue.Queue[Observed] = queue.Queue(capacity)
+        self._rejected: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._retry_at = 0.0  # monotonic time before which the database is not tried again
+        self._thread = threading.Thread(target=self._run, name="gateway-writer", daemon=True)
+
+    # --- the proxy's side: never blocks ----------------------------------------------------
+
+    def record(self, observed: Observed) -> None:
+        try:
+            self._queue.put_nowait(observed)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+                self._rejected[QUEUE_FULL] += 1
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self._rejected[reason] += 1
+
+    # --- the writer thread -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Write (or spill) what is queued, then end the thread."""
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while not (self._stopping.is_set() and self._queue.empty()):
+                batch = self._take_batch()
+                if batch or self.spill_path.exists():
+                    self._write_or_keep([self._request_in(observed) for observed in batch])
+            if self.spill_path.exists():
+                self._retry_at = 0.0
+                self._write_or_keep([])  # a last try at replaying before the process ends
+        finally:
+            connection.close()
+
+    def _write_or_keep(self, items: list[RequestIn]) -> None:
+        try:
+            self._write(items)
+        except Exception:  # a bug must not end the writer; the batch waits in the spill file
+            logger.exception("writing %d request records failed; spilling them", len(items))
+            self._retry_at = time.monotonic() + self.retry_seconds
+            self._spill(items)
+
+    def _take_batch(self) -> list[Observed]:
+        """What arrives within `flush_seconds` of the first record (up to `batch_size`); [] if none."""
+        try:
+            batch = [self._queue.get(timeout=self.flush_seconds)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + self.flush_seconds
+        while len(batch) < self.batch_size:
+            wait = 0.0 if self._stopping.is_set() else deadline - time.monotonic()
+            try:
+                batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _write(self, items: list[RequestIn]) -> None:
+        """Store `items` after replaying the spill file; spill them while the database is down."""
+        if time.monotonic() < self._retry_at:
+            self._spill(items)
+            return
+        close_old_connections()
+        try:
+            self._replay()
+            self._store(items)
+            self._flush_rejected()
+        except (OperationalError, InterfaceError) as exc:
+            if self._retry_at == 0.0:
+                logger.warning(
+                    "database unavailable, spilling request records to %s: %s", self.spill_path, exc
+                )
+            connection.close()
+            self._retry_at = time.monotonic() + self.retry_seconds
+            self._spill(items)
+            return
+        if self._retry_at:
+            logger.info("database back; spilled request records replayed")
+        self._retry_at = 0.0
+
+    def _store(self, items: Sequence[RequestIn]) -> None:
+        """Store in batches; a batch the database refuses for its data is stored item by item."""
+        for start in range(0, len(items), self.batch_size):
+            batch = items[start : start + self.batch_size]
+            try:
+                self._count(self.store(batch, now=timezone.now()))
+            except (OperationalError, InterfaceError):
+                raise
+            except DatabaseError:
+                logger.exception("a batch of %d request records was refused; storing one by one", len(batch))
+                self._store_each(batch)
+
+    def _store_each(self, items: Sequence[RequestIn]) -> None:
+        for item in items:
+            try:
+                self._count(self.store([item], now=timezone.now()))
+            except (OperationalError, InterfaceError):
+                raise
+            except DatabaseError as exc:
+                self.reject(f"not storable: {exc.__class__.__name__}")
+
+    def _count(self, outcome: IngestOutcome) -> None:
+        self.stored += outcome.stored
+        for _, reason in outcome.rejected:
+            self.reject(reason)
+
+    def _flush_rejected(self) -> None:
+        with self._lock:
+            counts, self._rejected = self._rejected, Counter()
+        if not counts:
+            return
+        if counts[QUEUE_FULL]:
+            logger.warning("%d request records dropped: the writer's queue was full", counts[QUEUE_FULL])
+        server = (
+            Server.objects.filter(name=self.server).first()
+            or Server.objects.filter(base_url=self.server).first()
+        )
+        try:
+            for reason, count in counts.items():
+                count_rejected_input(
+                    server_id=server.pk if server else None,
+                    source=SOURCE,
+                    reason=reason,
+                    count=count,
+                    now=timezone.now(),
+                )
+        except DatabaseError:
+            with self._lock:
+                self._rejected.update(counts)  # counted again at the next write
+            raise
+
+    # --- the spill file --------------------------------------------------------------------
+
+    def _spill(self, items: Sequence[RequestIn]) -> None:
+        if not items:
+            return
+        try:
+            self.spill_path.parent.mkdir(parents=True, exist_ok=True)
+            descriptor = os.open(self.spill_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with open(descriptor, "a", encoding="utf-8") as spill:
+                if self.spill_path.stat().st_size and _last_byte(self.spill_path) != b"\n":
+                    spill.write("\n")  # a line torn by a crash stays one unreadable line
+                spill.writelines(json.dumps(_spilled(item)) + "\n" for item in items)
+                spill.flush()
+                os.fsync(spill.fileno())
+        except OSError as exc:
+            logger.error("request records lost, the spill file %s is not writable: %s", self.spill_path, exc)
+            with self._lock:
+                self._rejected["spill file not writable: record dropped"] += len(items)
+            return
+        self.spilled += len(items)
+
+    def _replay(self) -> None:
+        """Store what the spill file holds, then delete it (kept whole if the database fails again)."""
+        if not self.spill_path.exists():
+            return
+        items, unreadable = read_spill(self.spill_path)
+        self._store(items)
+        self.spill_path.unlink()
+        for _ in range(unreadable):
+            self.reject("spill file: unreadable line")
+        logger.info("replayed %d spilled request records from %s", len(items), self.spill_path)
+
+    def _request_in(self, observed: Observed) -> RequestIn:
+        found = {name: getattr(observed, name) for name in _OBSERVED}
+        return RequestIn(server=self.server, source=RequestRecord.Source.GATEWAY, **found)
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1)
+
+
+def _spilled(item: RequestIn) -> dict[str, object]:
+    line = asdict(item)
+    line["arrived_at"] = item.arrived_at.isoformat()
+    if item.prompt_token_ids is not None:
+        line["prompt_token_ids"] = list(item.prompt_token_ids)
+    return line
+
+
+def read_spill(path: Path) -> tuple[list[RequestIn], int]:
+    """The records of a spill file, and how many of its lines could not be read (a torn last line)."""
+    items, unreadable = [], 0
+    with path.open(encoding="utf-8") as spill:
+        for line in spill:
+            try:
+                fields = json.loads(line)
+                fields["arrived_at"] = datetime.fromisoformat(fields["arrived_at"])
+                items.append(RequestIn(**fields))
+            except (ValueError, TypeError, KeyError):
+                unreadable += 1
+    return items, unreadable

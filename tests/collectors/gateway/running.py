@@ -1,0 +1,95 @@
+"""The gateway running in a background thread, and a recorder that keeps what it is given."""
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from collectors.gateway.proxy import Observed, Recorder, serve
+from tests.simulator.running import free_ports
+
+# Fields that differ from call to call (a fresh id, the second of the answer), masked for comparing.
+_PER_CALL = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
+
+
+def masked(body: bytes) -> bytes:
+    return _PER_CALL.sub(rb'"\1":"?"', body)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+def call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> Answer:
+    async def go() -> Answer:
+        async with aiohttp.ClientSession() as session:
+            data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+            async with session.request(method, url, data=data, headers=headers) as response:
+                kept = sorted((k, v) for k, v in response.headers.items() if k != "Date")
+                return Answer(response.status, kept, await response.read())
+
+    return asyncio.run(go())
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Records are handed over just after the answer's last byte: wait for them a little."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class KeptRecords:
+    """A recorder that keeps everything."""
+
+    def __init__(self) -> None:
+        self.records: list[Observed] = []
+        self.rejected: list[str] = []
+
+    def record(self, observed: Observed) -> None:
+        self.records.append(observed)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.append(reason)
+
+
+@contextmanager
+def running_gateway(upstream: str, recorder: Recorder) -> Iterator[str]:
+    """Serve the gateway on a free local port until the block ends; yields its base URL."""
+    (port,) = free_ports(1)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(
+        target=loop.run_until_complete,
+        args=(serve("127.0.0.1", port, upstream, recorder, stop),),
+        daemon=True,
+    )
+    thread.start()
+    _wait_listening(port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
+
+
+def _wait_listening(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"the gateway did not listen on port {port}")

