@@ -85,7 +85,10 @@ class CompletionShape:
                     "choices": [self.choice(text, done, body, finish=finish, first=i == 0, tokens=[token])],
                 }
             )
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if not (body.get("stream_options") or {}).get("include_usage"):
+            # Without a usage chunk, vLLM 0.32 stamps the terminal chunk with the fingerprint.
+            chunks[-1]["system_fingerprint"] = FINGERPRINT
+        else:
             chunks.append(
                 {
                     **head,
@@ -123,14 +126,13 @@ class ChatShape(CompletionShape):
             "finish_reason": finish,
             "stop_reason": None,
         }
-        if body.get("return_token_ids"):
-            choice["token_ids"] = tokens
+        # vLLM 0.32 writes the field always: the ids when asked for, else null.
+        choice["token_ids"] = tokens if body.get("return_token_ids") else None
         return choice
 
     def full(self, model: str, done: "Completion", body: dict[str, Any]) -> dict[str, Any]:
         answer = super().full(model, done, body)
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = done.prompt_ids
+        answer["prompt_token_ids"] = done.prompt_ids if body.get("return_token_ids") else None
         return answer
 
     def chunks(self, model: str, done: "Completion", body: dict[str, Any]) -> list[dict[str, Any]]:
