@@ -264,7 +264,3 @@ def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_up
     assert body.count(b"data: ") == 3
     (record,) = recorder.records
     assert record.ttft_seconds < 0.5 and record.cached_tokens == 0 and record.request_id == "cmpl-slow"
-
-
-def _but_length(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in headers if name != "Content-Length"]
