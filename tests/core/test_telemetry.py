@@ -42,7 +42,7 @@ def otlp_receiver() -> Iterator[tuple[str, list[bytes]]]:
             self.end_headers()
 
         def log_message(self, *args: object) -> None:
-            pass
+            """Keep the test output quiet."""
 
     server = HTTPServer(("127.0.0.1", 0), Receiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -28,7 +28,7 @@ class MetricsHandler(BaseHTTPRequestHandler):
         self.wfile.write(PAGE)
 
     def log_message(self, *args: object) -> None:
-        pass
+        """Keep the test output quiet."""
 
 
 @pytest.fixture

@@ -1,10 +1,8 @@
 """The simulated vLLM server over real HTTP and ZMQ, checked against the real captures."""
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import httpx
 import pytest
@@ -16,7 +14,8 @@ from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import BlockStored, decode_sub_message
 from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
 from simulator.server import ServerConfig
-from tests.fixtures import captured_traffic, load_json
+from tests.e2e.otlp_receiver import attributes, run_otlp_receiver
+from tests.fixtures import VLLM_CPU_FIXTURES, captured_traffic, load_json
 from tests.simulator.running import local_config, running_fleet
 
 
@@ -117,10 +116,7 @@ def test_metrics_expose_the_families_the_collectors_read(server: ServerConfig) -
         answer = post(server, "/v1/completions", body).json()
         cached += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
     samples = parse_metrics(httpx.get(server.base_url + "/metrics").text)
-    real = {
-        s.name
-        for s in parse_metrics((load_json.__globals__["VLLM_CPU_FIXTURES"] / "metrics-after.txt").read_text())
-    }
+    real = {s.name for s in parse_metrics((VLLM_CPU_FIXTURES / "metrics-after.txt").read_text())}
     wanted = {
         name
         for name in real
@@ -163,46 +159,18 @@ def test_a_restart_starts_the_sequence_and_the_counters_again(server: ServerConf
 
 
 def test_llm_request_spans_reach_an_otlp_endpoint_with_vllms_attributes() -> None:
-    bodies: list[bytes] = []
+    with run_otlp_receiver() as receiver:
+        with running_fleet([local_config(otlp_endpoint=receiver.url)]) as (config,):
+            body = load_json("completion-salt-a-1.json")["request"]
+            post(config, "/v1/completions", body, **{"X-Request-Id": "r1"})
+        spans = receiver.spans()  # the fleet flushed its spans when it stopped
 
-    class Receiver(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    receiver = HTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{receiver.server_port}/v1/traces"
-    with running_fleet([local_config(otlp_endpoint=endpoint)]) as (config,):
-        post(
-            config,
-            "/v1/completions",
-            load_json("completion-salt-a-1.json")["request"],
-            **{"X-Request-Id": "r1"},
-        )
-    receiver.shutdown()  # the fleet flushed its spans when it stopped
-
-    spans = [s for b in bodies for rs in ExportTraceServiceRequest.FromString(b).resource_spans
-             for ss in rs.scope_spans for s in ss.spans]  # fmt: skip
-    captured = (
-        ExportTraceServiceRequest.FromString(
-            (load_json.__globals__["VLLM_CPU_FIXTURES"] / "otlp" / "traces-01.pb").read_bytes()
-        )
-        .resource_spans[0]
-        .scope_spans[0]
-        .spans[0]
-    )
+    export = ExportTraceServiceRequest.FromString((VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes())
+    captured = export.resource_spans[0].scope_spans[0].spans[0]
     assert [s.name for s in spans] == ["llm_request"]
-    assert {a.key for a in captured.attributes} - {"gen_ai.request.top_p"} <= {
-        a.key for a in spans[0].attributes
-    }
-    attributes = {a.key: a.value for a in spans[0].attributes}
-    assert attributes["gen_ai.request.id"].string_value == "cmpl-r1-0"
-    assert attributes["gen_ai.usage.prompt_tokens"].int_value == 191
+    assert {a.key for a in captured.attributes} <= {a.key for a in spans[0].attributes}
+    values = attributes(spans[0])
+    assert (values["gen_ai.request.id"], values["gen_ai.usage.prompt_tokens"]) == ("cmpl-r1-0", 191)
 
 
 def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> None:

@@ -25,7 +25,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(PAGE if status == 200 else b"nope")
 
     def log_message(self, *args: object) -> None:
-        pass
+        """Keep the test output quiet."""
 
 
 @pytest.fixture(scope="module")
