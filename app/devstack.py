@@ -128,20 +128,19 @@ def run(port: int) -> int:
     manage(env, "maintain_partitions")
     password = admin_password()
     manage(env, "ensure_admin", "--username", "admin", "--password", password)
+    envs = {}  # a process's own environment, where it differs from env
     if env_bool("PREFIXSCOPE_DEMO", True):
         http, kv, replay = demo_ports()
         ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
         manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports)
-        manage(env, "ensure_ingest_token", "demo-fleet", "--secret", kept_secret("demo-ingest-token"))
+        token = kept_secret("demo-ingest-token")
+        manage(env, "ensure_ingest_token", "demo-fleet", "--secret", token)
+        # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
+        envs["fleet"] = {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token}
     print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
     manager = Manager()
-    # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
-    fleet_env = {
-        **env,
-        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + kept_secret("demo-ingest-token"),
-    }
     for name, command in processes(port).items():
-        manager.add_process(name, command, env=fleet_env if name == "fleet" else env, cwd=str(ROOT))
+        manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
     manager.loop()
     # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
     return 0 if manager.returncode in (None, 130, 143) else manager.returncode
