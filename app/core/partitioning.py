@@ -3,7 +3,9 @@
 django-postgres-extra creates the partitions due ahead (`manager`). Dropping is ours: psqlextra
 stops at the first missing day, so after a few days without maintenance old partitions, token
 ids included, would outlive their retention. We drop by each partition's upper bound instead.
-Rows newer than the newest partition have nowhere to go: ingestion rejects them.
+Creation starts a day back, so a fresh install accepts late records of the day before (a record
+that arrives at 00:05 about a request at 23:59). Rows newer than the newest partition, or older
+than the oldest, have nowhere to go: ingestion rejects them.
 """
 
 import re
@@ -13,7 +15,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 from psqlextra.models import PostgresPartitionedModel
-from psqlextra.partitioning import PostgresPartitioningManager, partition_by_current_time
+from psqlextra.partitioning import (
+    PostgresCurrentTimePartitioningStrategy,
+    PostgresPartitioningConfig,
+    PostgresPartitioningManager,
+    PostgresTimePartitionSize,
+)
 
 from app.traffic.models import KVEvent, RequestRecord, Scrape, ScrapeSample
 
@@ -34,11 +41,25 @@ def partitioned_tables() -> list[PartitionedTable]:
     ]
 
 
-def creation_manager() -> PostgresPartitioningManager:
-    """Creates today's partition and PREFIXSCOPE_PARTITIONS_AHEAD_DAYS more."""
+class _DailyFromYesterday(PostgresCurrentTimePartitioningStrategy):
+    """psqlextra's daily strategy, counted from the day before `now` instead of the wall clock."""
+
+    def __init__(self, *, now: datetime, ahead_days: int) -> None:
+        super().__init__(size=PostgresTimePartitionSize(days=1), count=ahead_days + 2)
+        self._start = now - timedelta(days=1)
+
+    def get_start_datetime(self) -> datetime:
+        return self._start
+
+
+def creation_manager(*, now: datetime) -> PostgresPartitioningManager:
+    """Creates yesterday's and today's partitions and PREFIXSCOPE_PARTITIONS_AHEAD_DAYS more."""
     ahead = settings.PREFIXSCOPE_PARTITIONS_AHEAD_DAYS
     return PostgresPartitioningManager(
-        [partition_by_current_time(t.model, days=1, count=ahead + 1) for t in partitioned_tables()]
+        [
+            PostgresPartitioningConfig(t.model, _DailyFromYesterday(now=now, ahead_days=ahead))
+            for t in partitioned_tables()
+        ]
     )
 
 

@@ -21,7 +21,7 @@ def maintain_partitions(*, now: datetime) -> PartitionChanges:
     """Create the partitions due ahead and drop those past retention, in one transaction."""
     created = []
     with transaction.atomic():
-        plan = creation_manager().plan(skip_delete=True)
+        plan = creation_manager(now=now).plan(skip_delete=True)
         for model_plan in plan.model_plans:
             table = model_plan.config.model._meta.db_table
             created += [f"{table}_{p.name()}" for p in model_plan.creations]

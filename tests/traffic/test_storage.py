@@ -75,12 +75,19 @@ def partition_names(table: str) -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def test_partitions_exist_from_today_to_the_days_ahead() -> None:
+def test_partitions_exist_from_yesterday_to_the_days_ahead() -> None:
     today = timezone.now().date()
     names = partition_names("traffic_requestrecord")
-    for ahead in range(4):  # PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = 3, plus today
-        day = today + timedelta(days=ahead)
+    for offset in range(-1, 4):  # yesterday, today, PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = 3
+        day = today + timedelta(days=offset)
         assert f"traffic_requestrecord_{day:%Y_%b_%d}".lower() in names
+
+
+def test_a_fresh_install_just_after_midnight_keeps_a_record_from_just_before(server: Server) -> None:
+    midnight = datetime(2031, 5, 7, tzinfo=UTC)  # a day no partition exists for yet
+    maintain_partitions(now=midnight + timedelta(minutes=5))
+    make_request(server, "late", midnight - timedelta(minutes=1)).save()
+    assert RequestRecord.objects.filter(request_id="late").exists()
 
 
 def test_partitions_past_retention_are_dropped_with_their_rows_even_after_a_gap(server: Server) -> None:
@@ -179,12 +186,6 @@ def test_token_ids_are_forgotten_after_their_retention_and_hashes_kept(server: S
             "CREATE TABLE traffic_requestrecord_retention_test PARTITION OF traffic_requestrecord "
             "FOR VALUES FROM (%s) TO (%s)",
             [old_day, old_day + timedelta(days=1)],
-        )
-        yesterday = (now - timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-        cursor.execute(
-            "CREATE TABLE traffic_requestrecord_yesterday_test PARTITION OF traffic_requestrecord "
-            "FOR VALUES FROM (%s) TO (%s)",
-            [yesterday, yesterday + timedelta(days=1)],
         )
     RequestRecord.objects.bulk_create([old, recent])
 
