@@ -1,30 +1,31 @@
 """The gateway's writer: observed requests go through a bounded queue to PostgreSQL, in batches.
 
 The proxy calls `record` and `reject` on its event loop; both return at once. A full queue drops
-the record and counts it (reason "queue full"), it never blocks the proxy. One thread takes
-batches off the queue and stores them with `ingest_request_records`. While PostgreSQL cannot be
-reached, batches are appended to a local JSON-lines spill file instead, and the file is replayed
-(then deleted) once a write succeeds again; storing is an idempotent merge, so a batch replayed
-twice is stored once. `stop` drains the queue into the database or the spill file: every record
-`record` accepted is stored or spilled by then. A process killed hard loses its queue (at most
-`capacity` records).
+the record and counts it (reason "queue full"), it never blocks the proxy. One thread wakes every
+`flush_seconds` (goes on at once while a full batch waits), takes what has queued up and stores it
+in batches with `ingest_request_records`. The queue is a plain deque the thread polls: a
+queue.Queue would wake the thread, and take the GIL from the proxy, once per record.
+
+While PostgreSQL cannot be reached, batches are appended to a local JSON-lines spill file instead,
+and the file is replayed (then deleted) once a write succeeds again; storing is an idempotent
+merge, so a batch replayed twice is stored once. `stop` drains the queue into the database or the
+spill file: every record `record` accepted is stored or spilled by then. A process killed hard
+loses its queue (at most `capacity` records).
 
 The spill file holds what the database would get before it hashes it: the cache salt and the
 prompt token ids. It is created readable by its owner only and deleted once replayed.
 """
 
-import json
 import logging
 import os
-import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields
-from datetime import datetime
+from dataclasses import fields
 from pathlib import Path
 
+import msgspec
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
@@ -40,6 +41,9 @@ SOURCE = "gateway"
 QUEUE_FULL = "queue full: record dropped"
 Store = Callable[..., IngestOutcome]  # ingest_request_records(items, *, now=...)
 _OBSERVED = tuple(field.name for field in fields(Observed))
+# A spill line is a RequestIn as JSON: msgspec writes and checks the dataclass (times in RFC 3339).
+_SPILL_ENCODER = msgspec.json.Encoder()
+_SPILL_DECODER = msgspec.json.Decoder(RequestIn)
 
 
 class GatewayWriter:
@@ -58,6 +62,7 @@ class GatewayWriter:
     ) -> None:
         self.server = server
         self.spill_path = spill_path
+        self.capacity = capacity
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self.retry_seconds = retry_seconds
@@ -65,7 +70,7 @@ class GatewayWriter:
         self.stored = 0
         self.spilled = 0
         self.dropped = 0  # since start; the database counts them too, as rejected input "queue full"
-        self._queue: queue.Queue[Observed] = queue.Queue(capacity)
+        self._queue: deque[Observed] = deque()
         self._rejected: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -75,12 +80,12 @@ class GatewayWriter:
     # --- the proxy's side: never blocks ----------------------------------------------------
 
     def record(self, observed: Observed) -> None:
-        try:
-            self._queue.put_nowait(observed)
-        except queue.Full:
-            with self._lock:
-                self.dropped += 1
-                self._rejected[QUEUE_FULL] += 1
+        if len(self._queue) < self.capacity:
+            self._queue.append(observed)  # deque appends are atomic: no lock on the proxy's path
+            return
+        with self._lock:
+            self.dropped += 1
+            self._rejected[QUEUE_FULL] += 1
 
     def reject(self, reason: str) -> None:
         with self._lock:
@@ -98,7 +103,9 @@ class GatewayWriter:
 
     def _run(self) -> None:
         try:
-            while not (self._stopping.is_set() and self._queue.empty()):
+            while not (self._stopping.is_set() and not self._queue):
+                if len(self._queue) < self.batch_size:
+                    self._stopping.wait(self.flush_seconds)  # let a batch gather: a write costs per batch
                 batch = self._take_batch()
                 if batch or self.spill_path.exists():
                     self._write_or_keep([self._request_in(observed) for observed in batch])
@@ -117,18 +124,10 @@ class GatewayWriter:
             self._spill(items)
 
     def _take_batch(self) -> list[Observed]:
-        """What arrives within `flush_seconds` of the first record (up to `batch_size`); [] if none."""
-        try:
-            batch = [self._queue.get(timeout=self.flush_seconds)]
-        except queue.Empty:
-            return []
-        deadline = time.monotonic() + self.flush_seconds
-        while len(batch) < self.batch_size:
-            wait = 0.0 if self._stopping.is_set() else deadline - time.monotonic()
-            try:
-                batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
-            except queue.Empty:
-                break
+        """Up to `batch_size` of the records queued, oldest first."""
+        batch: list[Observed] = []
+        while self._queue and len(batch) < self.batch_size:
+            batch.append(self._queue.popleft())
         return batch
 
     def _write(self, items: list[RequestIn]) -> None:
@@ -216,7 +215,7 @@ class GatewayWriter:
             with open(descriptor, "a", encoding="utf-8") as spill:
                 if self.spill_path.stat().st_size and _last_byte(self.spill_path) != b"\n":
                     spill.write("\n")  # a line torn by a crash stays one unreadable line
-                spill.writelines(json.dumps(_spilled(item)) + "\n" for item in items)
+                spill.writelines(_SPILL_ENCODER.encode(item).decode() + "\n" for item in items)
                 spill.flush()
                 os.fsync(spill.fileno())
         except OSError as exc:
@@ -248,23 +247,13 @@ def _last_byte(path: Path) -> bytes:
         return file.read(1)
 
 
-def _spilled(item: RequestIn) -> dict[str, object]:
-    line = asdict(item)
-    line["arrived_at"] = item.arrived_at.isoformat()
-    if item.prompt_token_ids is not None:
-        line["prompt_token_ids"] = list(item.prompt_token_ids)
-    return line
-
-
 def read_spill(path: Path) -> tuple[list[RequestIn], int]:
     """The records of a spill file, and how many of its lines could not be read (a torn last line)."""
     items, unreadable = [], 0
     with path.open(encoding="utf-8") as spill:
         for line in spill:
             try:
-                fields = json.loads(line)
-                fields["arrived_at"] = datetime.fromisoformat(fields["arrived_at"])
-                items.append(RequestIn(**fields))
-            except (ValueError, TypeError, KeyError):
+                items.append(_SPILL_DECODER.decode(line))
+            except msgspec.DecodeError:
                 unreadable += 1
     return items, unreadable
