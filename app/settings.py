@@ -163,8 +163,14 @@ PREFIXSCOPE_KV_EVENT_RETENTION_DAYS = env_int("PREFIXSCOPE_KV_EVENT_RETENTION_DA
 PREFIXSCOPE_SCRAPE_RETENTION_DAYS = env_int("PREFIXSCOPE_SCRAPE_RETENTION_DAYS", 14, minimum=1)
 PREFIXSCOPE_TOKEN_RETENTION_DAYS = env_int("PREFIXSCOPE_TOKEN_RETENTION_DAYS", 7, minimum=0)
 PREFIXSCOPE_HASH_ONLY = env_bool("PREFIXSCOPE_HASH_ONLY", False)
-# A Hugging Face tokenizer.json for prompts no server can tokenize; unset: the bundled GPT-2 one.
+# For prompts no server can tokenize: a Hugging Face tokenizer.json, or a tiktoken BPE file whose
+# text is split by PREFIXSCOPE_TOKENIZER_PATTERN (default: cl100k_base's, as tiktoken defines it).
+# Unset: the bundled GPT-2 tokenizer.
 PREFIXSCOPE_TOKENIZER_FILE = env_str("PREFIXSCOPE_TOKENIZER_FILE", "")
+PREFIXSCOPE_TOKENIZER_PATTERN = env_str(
+    "PREFIXSCOPE_TOKENIZER_PATTERN",
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+)
 PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))

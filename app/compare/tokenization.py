@@ -3,11 +3,14 @@
 Text and chat messages go to the ``/tokenize`` endpoint of a registered server of the chosen
 model (vLLM applies the model's own chat template there), trying a few of them with a short
 timeout; when none answers, the local tokenizer tokenizes them and the result carries a warning
-that says so: the Hugging Face ``tokenizer.json`` named by PREFIXSCOPE_TOKENIZER_FILE, else the
-bundled GPT-2 tokenizer (``simulator.tokenizer``, offline). Token ids pass through as given.
+that says so: the file named by PREFIXSCOPE_TOKENIZER_FILE (a Hugging Face ``tokenizer.json``, or
+a tiktoken BPE file split by PREFIXSCOPE_TOKENIZER_PATTERN), else the bundled GPT-2 tokenizer
+(``simulator.tokenizer``, offline). Token ids pass through as given.
 Never logs prompt text.
 """
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import httpx
+import tiktoken
 from django.conf import settings
 from tokenizers import Tokenizer
 
@@ -236,19 +240,60 @@ def _bundled(prompt: Prompt, warning: str) -> Tokenized:
         return _given(prompt)
     text = bundled.render_chat(prompt.messages) if prompt.messages is not None else prompt.text or ""
     if path := settings.PREFIXSCOPE_TOKENIZER_FILE:
-        encoding = _tokenizer_file(path).encode(text, add_special_tokens=False)
+        ids, strs = local_tokenizer(path, settings.PREFIXSCOPE_TOKENIZER_PATTERN).encode(text)
         name = Path(path).name
-        return Tokenized(
-            list(encoding.ids), list(encoding.tokens), f"local {name}", f"local:{name}", None, warning
-        )
+        return Tokenized(ids, strs, f"local {name}", f"local:{name}", None, warning)
     tokens = bundled.encode(text)
     return Tokenized(tokens, None, BUNDLED_TOKENIZER, BUNDLED_TOKENIZER_NAME, None, warning)
 
 
+class LocalTokenizer:
+    """A configured tokenizer file: a Hugging Face tokenizer.json, or tiktoken's BPE ranks."""
+
+    def __init__(self, path: str, pattern: str) -> None:
+        data = Path(path).read_bytes()
+        self._hugging_face: Tokenizer | None = None
+        self._tiktoken: tiktoken.Encoding | None = None
+        if data.lstrip().startswith(b"{"):
+            self._hugging_face = Tokenizer.from_str(data.decode("utf-8"))
+        else:
+            ranks = _tiktoken_ranks(data, path)
+            self._tiktoken = tiktoken.Encoding(Path(path).name, pat_str=pattern, mergeable_ranks=ranks,
+                                               special_tokens={})  # fmt: skip
+
+    def encode(self, text: str) -> tuple[list[int], list[str]]:
+        """The token ids of `text` and each token's string."""
+        if self._hugging_face is not None:
+            encoding = self._hugging_face.encode(text, add_special_tokens=False)
+            return list(encoding.ids), list(encoding.tokens)
+        assert self._tiktoken is not None
+        ids = self._tiktoken.encode_ordinary(text)
+        strs = [piece.decode("utf-8", "replace") for piece in self._tiktoken.decode_tokens_bytes(ids)]
+        return ids, strs
+
+
+def _tiktoken_ranks(data: bytes, path: str) -> dict[bytes, int]:
+    """The `<base64 token> <rank>` lines of a .tiktoken file. Read here rather than with
+    tiktoken.load, which caches a local file's contents by its path in the temp folder and so
+    would keep using an old copy of a file replaced in place."""
+    ranks = {}
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise ValueError(
+                f"{path}, line {number}: not a tokenizer.json nor a tiktoken rank line"
+            ) from None
+    return ranks
+
+
 @cache
-def _tokenizer_file(path: str) -> Tokenizer:
-    """The configured tokenizer.json, loaded once per process."""
-    return Tokenizer.from_file(path)
+def local_tokenizer(path: str, pattern: str) -> LocalTokenizer:
+    """The configured tokenizer file, loaded once per process."""
+    return LocalTokenizer(path, pattern)
 
 
 def _given(prompt: Prompt) -> Tokenized:

