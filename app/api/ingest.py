@@ -4,19 +4,35 @@ Good records are stored even when others in the batch are bad; the answer lists 
 by position with the field at fault (and is a 400 when there is any). 2xx only after commit.
 """
 
-import json
 import logging
+import re
 from typing import Any
 
+import msgspec
 from django.db import InterfaceError, OperationalError
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from ninja import Router, Status
 from ninja.security import HttpBearer
-from pydantic import ValidationError
 
+from app.api.intake import (
+    DATABASE_BUSY,
+    BodyTooLarge,
+    busy_response,
+    database_busy,
+    ingest_slot,
+    note_refusal,
+    read_body,
+    record_refusals,
+)
 from app.api.models import IngestToken
-from app.api.schemas import ErrorAnswer, IngestAnswer, RequestRecordIn
+from app.api.schemas import (
+    ErrorAnswer,
+    IngestAnswer,
+    RequestRecordIn,
+    Unauthorized,
+    request_record_json_schema,
+)
 from app.api.services import authenticate_ingest_token
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import RequestIn, ingest_request_records
@@ -25,8 +41,10 @@ from collectors.usage.parse import UsageError, usage_from
 logger = logging.getLogger(__name__)
 router = Router(tags=["ingest"])
 
+SOURCE = RequestRecord.Source.REST.value
 MAX_RECORDS = 10_000
 RETRY_AFTER_SECONDS = "5"
+_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 class IngestTokenAuth(HttpBearer):
@@ -38,7 +56,7 @@ BODY_DOC = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {"type": "array", "items": RequestRecordIn.model_json_schema()}},
+            "application/json": {"schema": {"type": "array", "items": request_record_json_schema()}},
             "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON record per line"}},
         },
     }
@@ -48,82 +66,135 @@ BODY_DOC = {
 @router.post(
     "/requests",
     auth=IngestTokenAuth(),
-    response={200: IngestAnswer, 400: IngestAnswer | ErrorAnswer, 413: ErrorAnswer, 503: ErrorAnswer},
+    response={
+        200: IngestAnswer, 400: IngestAnswer | ErrorAnswer, 401: Unauthorized, 413: ErrorAnswer,
+        429: ErrorAnswer, 503: ErrorAnswer,
+    },
     summary="Ingest request records",
+    description=(
+        "200: every record stored. 400: the records listed were rejected, the others stored (or the body is "
+        "not JSON: nothing stored). 401: no live ingest token. 413: more than 10,000 records or 32 MiB. "
+        "429: busy (too many batches at once, or the database did not take this one in time): nothing "
+        "stored, send it again after Retry-After seconds. 503: the database is unavailable: nothing stored, "
+        "send it again after Retry-After seconds. Sending a batch again is safe: records merge by key."
+    ),
     openapi_extra=BODY_DOC,
-)
+)  # fmt: skip
 def ingest_requests(request: HttpRequest) -> Any:
+    with ingest_slot(SOURCE) as admitted:
+        if not admitted:
+            return busy_response("this process is ingesting as many batches as it may; retry later")
+        answer = _ingest(request)
+    record_refusals()
+    return answer
+
+
+def _ingest(request: HttpRequest) -> Any:
     try:
-        raw = split_records(request.body, request.content_type or "")
+        records, rejected = decode_records(read_body(request), request.content_type or "")
+    except BodyTooLarge as exc:
+        return Status(413, {"error": str(exc)})
     except ValueError as exc:
         return Status(400, {"error": str(exc)})
-    if len(raw) > MAX_RECORDS:
+    if len(records) + len(rejected) > MAX_RECORDS:
         return Status(413, {"error": f"at most {MAX_RECORDS} records per request; send smaller batches"})
-    records, rejected = validate_records(raw)
     try:
         outcome = ingest_request_records([record for _, record in records], now=timezone.now())
     except (OperationalError, InterfaceError) as exc:
-        logger.warning("request records not stored, database unavailable: %s", exc)
-        return _unavailable()
+        return _not_stored(exc)
     rejected += [(records[i][0], reason) for i, reason in outcome.rejected]
     answer = {"stored": outcome.stored, "rejected": [{"index": i, "error": e} for i, e in sorted(rejected)]}
     return Status(400 if rejected else 200, answer)
 
 
-def split_records(body: bytes, content_type: str) -> list[Any]:
-    """The records of a JSON array, or of JSON lines (blank lines skipped). ValueError names the line."""
+Decoded = tuple[list[tuple[int, RequestIn]], list[tuple[int, str]]]
+_batch = msgspec.json.Decoder(list[RequestRecordIn], strict=False)
+_items = msgspec.json.Decoder(list[msgspec.Raw])
+_record = msgspec.json.Decoder(RequestRecordIn, strict=False)
+
+
+def decode_records(body: bytes, content_type: str) -> Decoded:
+    """Valid records with their batch position, and the rest with the field at fault.
+
+    A JSON array, or JSON lines (blank lines skipped). ValueError when the body (or a line) is not JSON.
+    `strict=False`: numbers may come as strings and arrival times as Unix seconds, as pydantic allowed.
+    """
     if "ndjson" in content_type or "jsonl" in content_type:
-        records = []
-        for number, line in enumerate(body.decode("utf-8", "replace").splitlines(), start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"line {number}: not JSON ({exc.msg})") from None
-        return records
+        lines = [(f"line {n}", line) for n, line in enumerate(body.splitlines(), start=1) if line.strip()]
+        return _validated(lines)
     try:
-        parsed = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"body: not JSON ({exc.msg} at position {exc.pos})") from None
-    if not isinstance(parsed, list):
-        raise ValueError("body: expected a JSON array of records (or JSON lines)")
-    return parsed
+        return _validated_records(list(enumerate(_batch.decode(body))), [])
+    except msgspec.ValidationError:
+        pass  # some record is bad (or the body is not an array): decode one record at a time
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"body: not JSON ({exc})") from None
+    try:
+        items = _items.decode(body)
+    except msgspec.ValidationError:
+        raise ValueError("body: expected a JSON array of records (or JSON lines)") from None
+    return _validated([(f"record {n}", item) for n, item in enumerate(items)])
 
 
-def validate_records(raw: list[Any]) -> tuple[list[tuple[int, RequestIn]], list[tuple[int, str]]]:
-    """Valid records with their batch position, and the rest with the field at fault."""
+def _validated(items: list[tuple[str, Any]]) -> Decoded:
+    """Decoded one by one: (where, JSON text) in, a bad record rejected, a line that is not JSON refused."""
     records, rejected = [], []
-    for index, item in enumerate(raw):
+    for index, (where, item) in enumerate(items):
         try:
-            records.append((index, to_request(RequestRecordIn.model_validate(item))))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            rejected.append((index, f"{'.'.join(str(p) for p in first['loc']) or 'record'}: {first['msg']}"))
+            records.append((index, _record.decode(item)))
+        except msgspec.ValidationError as exc:
+            rejected.append((index, field_error(exc)))
+        except msgspec.DecodeError as exc:  # only a JSON line can be malformed: the array was parsed
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+    return _validated_records(records, rejected)
+
+
+def _validated_records(
+    records: list[tuple[int, RequestRecordIn]], rejected: list[tuple[int, str]]
+) -> Decoded:
+    requests = []
+    for index, record in records:
+        try:
+            requests.append((index, to_request(record)))
         except UsageError as exc:
             rejected.append((index, str(exc)))
-    return records, rejected
+    return requests, rejected
+
+
+def field_error(exc: msgspec.ValidationError) -> str:
+    """msgspec's message led by the field at fault: `prompt_tokens: Expected `int | null`, got `str``."""
+    message, _, path = str(exc).partition(" - at `$")
+    field = path.rstrip("`").lstrip(".")
+    if not field:
+        missing = _MISSING.search(message)
+        field = missing.group(1) if missing else "record"
+    return f"{field}: {message}"
 
 
 def to_request(record: RequestRecordIn) -> RequestIn:
     """The service's input; fields given explicitly win over the usage object."""
-    usage = usage_from(record.usage or {})
-    if record.arrived_at.tzinfo is None:
-        raise ValidationError.from_exception_data(
-            "RequestRecordIn",
-            [{"type": "timezone_aware", "loc": ("arrived_at",), "input": str(record.arrived_at)}],
-        )
-    data = record.model_dump(exclude={"usage"})
-    data["prompt_tokens"] = _first(record.prompt_tokens, usage.prompt_tokens)
-    data["cached_tokens"] = _first(record.cached_tokens, usage.cached_tokens)
-    data["completion_tokens"] = _first(record.completion_tokens, usage.completion_tokens)
-    return RequestIn(source=RequestRecord.Source.REST, **data)
+    prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
+    if record.usage:
+        usage = usage_from(record.usage)
+        prompt = prompt if prompt is not None else usage.prompt_tokens
+        cached = cached if cached is not None else usage.cached_tokens
+        completion = completion if completion is not None else usage.completion_tokens
+    return RequestIn(
+        server=record.server, request_id=record.request_id, arrived_at=record.arrived_at,
+        source=RequestRecord.Source.REST, trace_id=record.trace_id, model=record.model, tenant=record.tenant,
+        template=record.template, template_version=record.template_version, ttft_seconds=record.ttft_seconds,
+        queue_seconds=record.queue_seconds, prefill_seconds=record.prefill_seconds,
+        prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
+        cache_salt=record.cache_salt, prompt_token_ids=record.prompt_token_ids,
+    )  # fmt: skip
 
 
-def _first(*values: int | None) -> int | None:
-    return next((v for v in values if v is not None), None)
-
-
-def _unavailable() -> JsonResponse:
+def _not_stored(exc: OperationalError | InterfaceError) -> HttpResponse:
+    """429 when the database is there but gave up on the batch, 503 when it is away; both: retry."""
+    if database_busy(exc):
+        logger.warning("request records not stored, database busy: %s", exc)
+        note_refusal(SOURCE, DATABASE_BUSY)
+        return busy_response("the database did not take the batch in time; retry later")
+    logger.warning("request records not stored, database unavailable: %s", exc)
     response = JsonResponse({"error": "the database is unavailable; retry later"}, status=503)
     response["Retry-After"] = RETRY_AFTER_SECONDS
     return response

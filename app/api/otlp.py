@@ -5,6 +5,9 @@ with `OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer <token>"`. A span 
 `prefixscope.server` attribute (e.g. `OTEL_RESOURCE_ATTRIBUTES=prefixscope.server=vllm-0` on the vLLM
 server); without one, the ingest token's name is taken as the server's name.
 The answer is OTLP's ExportTraceServiceResponse, with rejected spans counted in partial_success.
+Other answers: 400 (not an export), 401 (no live token), 413 (over 32 MiB, decompressed too), and,
+with nothing stored and Retry-After set, 429 (busy: see app/api/intake.py) and 503 (no database);
+OTLP exporters send the export again.
 """
 
 import gzip
@@ -22,14 +25,25 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from app.api import intake
+from app.api.intake import (
+    DATABASE_BUSY,
+    BodyTooLarge,
+    busy_response,
+    database_busy,
+    ingest_slot,
+    note_refusal,
+    read_body,
+    record_refusals,
+)
 from app.api.services import authenticate_ingest_token
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import RequestIn, ingest_request_records
-from collectors.otlp.parse import OTLPDecodeError, Span, decode_export, span_request
+from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, Span, decode_export, span_request
 from collectors.usage.parse import UsageError
 
 logger = logging.getLogger(__name__)
-MAX_BODY_BYTES = 32 * 1024 * 1024
+SOURCE = RequestRecord.Source.OTLP.value
 
 
 @csrf_exempt
@@ -43,15 +57,30 @@ def traces(request: HttpRequest) -> HttpResponse:
     )
     if token is None:
         return HttpResponse(status=401, headers={"WWW-Authenticate": "Bearer"})
+    with ingest_slot(SOURCE) as admitted:
+        if not admitted:
+            return busy_response(None)
+        answer = _ingest(request, default_server=token.name)
+    record_refusals()
+    return answer
+
+
+def _ingest(request: HttpRequest, *, default_server: str) -> HttpResponse:
     content_type = request.content_type or "application/x-protobuf"
     try:
-        spans = decode_export(_body(request), content_type)
+        spans = decode_export(_body(request), content_type, keys=REQUEST_ATTRIBUTES)
+    except BodyTooLarge as exc:
+        return HttpResponse(str(exc), status=413, content_type="text/plain")
     except (OTLPDecodeError, OSError, EOFError, zlib.error) as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain")
-    records, rejected = _records(spans, default_server=token.name)
+    records, rejected = _records(spans, default_server=default_server)
     try:
         outcome = ingest_request_records(records, now=timezone.now())
     except (OperationalError, InterfaceError) as exc:
+        if database_busy(exc):
+            logger.warning("spans not stored, database busy: %s", exc)
+            note_refusal(SOURCE, DATABASE_BUSY)
+            return busy_response(None)
         logger.warning("spans not stored, database unavailable: %s", exc)
         return HttpResponse(status=503, headers={"Retry-After": "5"})
     rejected += [reason for _, reason in outcome.rejected]
@@ -59,11 +88,11 @@ def traces(request: HttpRequest) -> HttpResponse:
 
 
 def _body(request: HttpRequest) -> bytes:
-    body = request.body
+    body = read_body(request)
     if request.headers.get("Content-Encoding", "").lower() == "gzip":
         body = gzip.decompress(body)
-    if len(body) > MAX_BODY_BYTES:
-        raise OSError(f"body larger than {MAX_BODY_BYTES} bytes")
+    if len(body) > intake.MAX_BODY_BYTES:
+        raise BodyTooLarge(f"body larger than {intake.MAX_BODY_BYTES} bytes once decompressed")
     return body
 
 

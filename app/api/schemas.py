@@ -1,36 +1,63 @@
-"""What the REST API takes and gives (pydantic, through django-ninja)."""
+"""What the REST API takes (msgspec for the bulk-ingest body) and gives (pydantic, through django-ninja)."""
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+from msgspec import Meta
 from ninja import Field, Schema
-from pydantic import BaseModel
+
+INTEGER_MAX = 2**31 - 1  # PostgreSQL's integer, the columns of counts and token ids
+Text = Annotated[str, Meta(max_length=255)]
+Seconds = Annotated[float, Meta(ge=0)] | None
+Count = Annotated[int, Meta(ge=0, le=INTEGER_MAX)] | None
+TokenId = Annotated[int, Meta(ge=-INTEGER_MAX - 1, le=INTEGER_MAX)]
 
 
-class RequestRecordIn(BaseModel):
-    """One inference request. Token counts may come as fields or as the provider's `usage` object.
+class RequestRecordIn(msgspec.Struct, kw_only=True):
+    """One inference request. Token counts may come as fields or as the provider's `usage` object."""
 
-    A plain pydantic model, not a ninja Schema: batches validate thousands of these, and
-    Schema's attribute resolution (for ORM objects) costs several times more per record.
-    """
+    # A msgspec Struct, not a pydantic model: batches carry thousands of these, and msgspec
+    # decodes and validates a whole body in one pass, several times faster than json + pydantic.
 
-    server: str = Field(min_length=1, max_length=500, description="A registered server's name or base URL")
-    request_id: str = Field(min_length=1, max_length=255)
-    arrived_at: datetime = Field(description="ISO 8601 with a time zone, or Unix seconds")
-    trace_id: str = Field("", max_length=32)
-    model: str = Field("", max_length=255)
-    tenant: str = Field("", max_length=100)
-    template: str = Field("", max_length=200, description="Prompt template name")
-    template_version: str = Field("", max_length=40, description="The template repository's commit sha")
-    ttft_seconds: float | None = Field(None, ge=0)
-    queue_seconds: float | None = Field(None, ge=0)
-    prefill_seconds: float | None = Field(None, ge=0)
-    prompt_tokens: int | None = Field(None, ge=0)
-    cached_tokens: int | None = Field(None, ge=0)
-    completion_tokens: int | None = Field(None, ge=0)
-    usage: dict[str, Any] | None = Field(None, description="OpenAI/vLLM or Anthropic usage object")
-    cache_salt: str | None = Field(None, max_length=1024, description="Hashed on arrival, never stored")
-    prompt_token_ids: list[int] | None = Field(None, description="Kept under the token retention setting")
+    server: Annotated[
+        str, Meta(min_length=1, max_length=500, description="A registered server's name or base URL")
+    ]
+    request_id: Annotated[str, Meta(min_length=1, max_length=255)]
+    arrived_at: Annotated[
+        datetime,
+        Meta(
+            tz=True,
+            description="ISO 8601 with a time zone, or Unix seconds",
+            extra_json_schema={"format": "date-time"},
+        ),
+    ]
+    trace_id: Annotated[str, Meta(max_length=32)] = ""
+    model: Text = ""
+    tenant: Annotated[str, Meta(max_length=100)] = ""
+    template: Annotated[str, Meta(max_length=200, description="Prompt template name")] = ""
+    template_version: Annotated[
+        str, Meta(max_length=40, description="The template repository's commit sha")
+    ] = ""
+    ttft_seconds: Seconds = None
+    queue_seconds: Seconds = None
+    prefill_seconds: Seconds = None
+    prompt_tokens: Count = None
+    cached_tokens: Count = None
+    completion_tokens: Count = None
+    usage: Annotated[dict[str, Any], Meta(description="OpenAI/vLLM or Anthropic usage object")] | None = None
+    cache_salt: (
+        Annotated[str, Meta(max_length=1024, description="Hashed on arrival, never stored")] | None
+    ) = None
+    prompt_token_ids: (
+        Annotated[list[TokenId], Meta(description="Kept under the token retention setting")] | None
+    ) = None
+
+
+def request_record_json_schema() -> dict[str, Any]:
+    """The JSON schema of one record, for the OpenAPI document (it has no nested definitions)."""
+    definitions: dict[str, dict[str, Any]] = msgspec.json.schema(RequestRecordIn)["$defs"]
+    return definitions["RequestRecordIn"]
 
 
 class Rejection(Schema):
@@ -45,3 +72,7 @@ class IngestAnswer(Schema):
 
 class ErrorAnswer(Schema):
     error: str
+
+
+class Unauthorized(Schema):
+    detail: str = Field(description="No bearer token, or none that is live")

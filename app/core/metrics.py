@@ -36,7 +36,7 @@ class PrefixscopeCollector(Collector):
     def _rejected(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
             "prefixscope_rejected_inputs",
-            "Malformed input rejected, by server, source and reason.",
+            "Input rejected (malformed, or refused with 429 while busy), by server, source and reason.",
             labels=["server", "source", "reason"],
         )
         for server, source, reason, count in RejectedInput.objects.values_list(

@@ -13,7 +13,7 @@ e.g. OTEL_RESOURCE_ATTRIBUTES on the vLLM server), `prefixscope.template`,
 import base64
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +27,18 @@ from collectors.usage.parse import Usage, UsageError, usage_from_span
 
 _ENGINE_SUFFIX = re.compile(r"-\d+$")
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+# What span_request reads. A receiver passes these to decode_export: a span carries a dozen more
+# attributes (and its resource as many): converting them all is work thrown away on every span.
+REQUEST_ATTRIBUTES = frozenset(
+    {
+        "gen_ai.request.id", "gen_ai.response.id", "gen_ai.operation.name", "gen_ai.response.model",
+        "gen_ai.request.model", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
+        "gen_ai.latency.time_in_model_prefill", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+        "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+        "gen_ai.usage.cache_read.input_tokens",
+        "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
+    }
+)  # fmt: skip
 
 
 class OTLPDecodeError(ValueError):
@@ -59,8 +71,11 @@ class SpanRequest:
     usage: Usage
 
 
-def decode_export(body: bytes, content_type: str) -> list[Span]:
-    """Every span of an export, protobuf (`application/x-protobuf`) or JSON (`application/json`)."""
+def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | None = None) -> list[Span]:
+    """Every span of an export, protobuf (`application/x-protobuf`) or JSON (`application/json`).
+
+    With `keys`, a span's attributes (its own over its resource's) are only those named there.
+    """
     try:
         if content_type.startswith("application/json"):
             export = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
@@ -70,11 +85,13 @@ def decode_export(body: bytes, content_type: str) -> list[Span]:
         raise OTLPDecodeError(f"not an OTLP trace export: {exc}") from None
     spans = []
     for resource_spans in export.resource_spans:
-        resource = _attributes(resource_spans.resource.attributes)
+        resource = _attributes(resource_spans.resource.attributes, keys)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 start = datetime.fromtimestamp(span.start_time_unix_nano / 1e9, tz=UTC)
-                attributes = {**resource, **_attributes(span.attributes)}
+                attributes = _attributes(span.attributes, keys)
+                if resource:
+                    attributes = {**resource, **attributes}
                 spans.append(Span(span.trace_id.hex(), span.name, start, attributes))
     return spans
 
@@ -104,8 +121,10 @@ def span_request(span: Span) -> SpanRequest | None:
     )  # fmt: skip
 
 
-def _attributes(pairs: Any) -> dict[str, Any]:
-    return {pair.key: _value(pair.value) for pair in pairs}
+def _attributes(pairs: Any, keys: Collection[str] | None = None) -> dict[str, Any]:
+    if keys is None:
+        return {pair.key: _value(pair.value) for pair in pairs}
+    return {key: _value(pair.value) for pair in pairs if (key := pair.key) in keys}
 
 
 def _value(value: AnyValue) -> Any:

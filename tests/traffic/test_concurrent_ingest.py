@@ -1,0 +1,73 @@
+"""Two batches with the same request at once: the one that finds the other's record after looking
+for it merges into it instead of failing or storing the request twice."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+import psycopg
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import RequestRecord
+from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
+from tests.fixtures import load_json
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def session() -> psycopg.Connection[tuple[object, ...]]:
+    params = connection.settings_dict
+    return psycopg.connect(
+        dbname=params["NAME"], user=params["USER"], password=params["PASSWORD"] or None,
+        host=params["HOST"] or None, port=params["PORT"] or None,
+    )  # fmt: skip
+
+
+def wait_for_a_blocked_insert() -> None:
+    with session() as watcher:
+        watcher.autocommit = True
+        for _ in range(500):
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO traffic_requestrecord%'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("no ingest came to wait for the other batch")
+
+
+def ingest_in_a_thread(item: RequestIn, now: datetime) -> IngestOutcome:
+    try:
+        return ingest_request_records([item], now=now)
+    finally:
+        connection.close()  # the thread's own connection
+
+
+def test_a_record_stored_by_a_concurrent_batch_after_the_check_is_merged_not_duplicated() -> None:
+    server = Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
+    response = load_json("completion-salt-a-2.json")["response"]
+    now = timezone.now()
+    span = RequestIn(
+        server="vllm-cpu", request_id=response["id"], arrived_at=now, source="otlp", ttft_seconds=0.0129,
+        prompt_tokens=response["usage"]["prompt_tokens"],
+    )  # fmt: skip
+    with session() as gateway, ThreadPoolExecutor(1) as pool:
+        # The gateway's batch has inserted the request but not committed when the span's batch looks.
+        gateway.execute(
+            "INSERT INTO traffic_requestrecord (server_id, request_id, arrived_at, source, cached_tokens, "
+            "trace_id, model, tenant, salt_hash, block_hashes) "
+            "VALUES (%s, %s, %s, 'gateway', %s, '', '', '', '', '{}')",
+            [server.pk, response["id"], now, response["usage"]["prompt_tokens_details"]["cached_tokens"]],
+        )
+        outcome = pool.submit(ingest_in_a_thread, span, now)
+        wait_for_a_blocked_insert()  # the span's INSERT waits on the gateway's uncommitted key
+        gateway.commit()
+        assert outcome.result().stored == 1
+
+    record = RequestRecord.objects.get(request_id=response["id"])
+    assert (record.source, record.cached_tokens) == ("gateway", 160)
+    assert (record.ttft_seconds, record.prompt_tokens) == (0.0129, response["usage"]["prompt_tokens"])
