@@ -157,14 +157,17 @@ class KVEventCollector:
             self._reject(server, str(exc.reason), 1)
             return
         key = (server.pk, message.batch.dp_rank or 0)
+        first_sight = key not in self.streams
         state, verdict = observe_seq(self.streams.get(key), message.seq, message.batch.ts)
         if isinstance(verdict, Duplicate):
             return
         self.streams[key] = state
         if isinstance(verdict, Restart):
             logger.info("%s restarted its KV event sequence: epoch %d", server.name, state.epoch)
-            if message.seq > 0:  # the new process's first batches went by while we reconnected
-                self._replay(server, key[1], first=0, last=message.seq - 1)
+        if (first_sight or isinstance(verdict, Restart)) and message.seq > 0:
+            # Batches 0..seq-1 went by before our subscription reached the publisher (ZMQ's slow
+            # joiner) or while we reconnected to a new process: fetch them, record what is gone.
+            self._replay(server, key[1], first=0, last=message.seq - 1)
         if isinstance(verdict, MissedBatches):
             self._replay(server, key[1], first=verdict.first_missing, last=verdict.last_missing)
         self._buffer(server, message.seq, message.batch)
