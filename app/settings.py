@@ -53,6 +53,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "app.core.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "app.urls"

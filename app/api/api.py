@@ -1,8 +1,10 @@
 """The REST API: django-ninja, OpenAPI schema at /api/openapi.json, documentation at /api/docs."""
 
+from django.db import InterfaceError, OperationalError
 from ninja import NinjaAPI
 
 from app.api.ingest import router as ingest_router
+from app.core.middleware import database_unavailable
 
 api = NinjaAPI(
     title="Prefixscope API",
@@ -10,5 +12,9 @@ api = NinjaAPI(
     description="Explains the prefix-cache misses of a vLLM fleet. Ingest endpoints take an ingest token.",
     urls_namespace="api",
 )
+# django-ninja answers its views' exceptions itself (a 500, with a traceback in DEBUG): PostgreSQL
+# being away, e.g. while an ingest token is checked, is a 503 here too.
+api.add_exception_handler(OperationalError, database_unavailable)
+api.add_exception_handler(InterfaceError, database_unavailable)
 api.add_router("/v1", ingest_router)
 api.add_router("/v1", "app.api.compare.router")
