@@ -9,8 +9,12 @@ queue.Queue would wake the thread, and take the GIL from the proxy, once per rec
 While PostgreSQL cannot be reached, batches are appended to a local JSON-lines spill file instead,
 and the file is replayed (then deleted) once a write succeeds again; storing is an idempotent
 merge, so a batch replayed twice is stored once. `stop` drains the queue into the database or the
-spill file: every record `record` accepted is stored or spilled by then. A process killed hard
-loses its queue (at most `capacity` records).
+spill file: every record `record` accepted is stored or spilled by then.
+
+A process killed hard (SIGKILL, the OOM killer) loses what is only in its memory: the records in
+the queue (at most `capacity`), the batch being written (at most `batch_size`) and the rejection
+counts not yet added. What was committed, or fsynced to the spill file, is kept: the next writer
+with the same spill file replays it, and a line torn by the kill costs that line only.
 
 The spill file holds what the database would get before it hashes it: the cache salt and the
 prompt token ids. It is created readable by its owner only and deleted once replayed.

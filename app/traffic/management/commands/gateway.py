@@ -18,7 +18,9 @@ Request headers it reads (all forwarded to vLLM unchanged; vLLM ignores them):
 
 Recording never delays or fails a request: records wait in a bounded queue (full: the record is
 dropped and counted as rejected input "queue full") for a writer thread; while PostgreSQL is down
-they go to a spill file (JSON lines, owner-only), replayed and deleted once it is back.
+they go to a spill file (JSON lines, owner-only), replayed and deleted once it is back. SIGTERM
+drains the queue; SIGKILL loses the records still in memory (at most --queue-size plus
+--batch-size), never one committed or spilled: a gateway started with the same spill file replays it.
 """
 
 import argparse
