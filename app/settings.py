@@ -170,7 +170,8 @@ PREFIXSCOPE_HASH_ONLY = env_bool("PREFIXSCOPE_HASH_ONLY", False)
 PREFIXSCOPE_TOKENIZER_FILE = env_str("PREFIXSCOPE_TOKENIZER_FILE", "")
 PREFIXSCOPE_TOKENIZER_PATTERN = env_str(
     "PREFIXSCOPE_TOKENIZER_PATTERN",
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
 )
 PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
 
