@@ -118,13 +118,19 @@ class RequestRecord(PostgresPartitionedModel):
         REST = "rest", "REST ingest"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
-    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    # No index of their own for the server and template keys: the primary key leads with the
+    # server and request_template_time with the template. A lone server index was one more to
+    # keep up on every insert, and the planner took it, scanning a whole day of a server's rows
+    # per looked-up request, when a new partition had no statistics yet.
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
     request_id = models.CharField(max_length=255)
     arrived_at = models.DateTimeField()
     trace_id = models.CharField(max_length=32, blank=True)
     model = models.CharField(max_length=255, blank=True)
     tenant = models.CharField(max_length=100, blank=True)
-    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.SET_NULL)
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
     template_version = models.ForeignKey(
         "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL
     )
