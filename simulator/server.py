@@ -18,13 +18,15 @@ from typing import Any
 
 import zmq.asyncio
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import generate_latest
 
-from simulator import tokenizer
+from simulator import openai_requests, tokenizer
 from simulator.cache import OutOfBlocks, PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
 from simulator.openai_answers import ChatShape, CompletionShape
+from simulator.openai_requests import Refused
 from simulator.spans import SpanExporter
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,14 @@ class Completion:
     cached_tokens: int
     timing: RequestTiming
     sampling: Mapping[str, float | None] = field(default_factory=dict)  # top_p, temperature as asked
+    created_cache_tokens: int = 0  # prompt tokens this request wrote to the cache (chat usage reports them)
+
+
+def created_cache_tokens(prompt_tokens: int, cached_tokens: int, block_size: int) -> int:
+    """vLLM's ``num_cache_creation_tokens``: the prompt tokens in the request's hashed (full) blocks
+    at its first output, less those it found cached (``PrefillStats.finalize`` in vLLM 0.32)."""
+    hashed = prompt_tokens // block_size * block_size
+    return max(0, hashed - cached_tokens)
 
 
 class BadRequest(Exception):
@@ -127,7 +137,8 @@ class Engine:
         if self.config.sleep:
             await asyncio.sleep(timing.e2e_seconds)
         request_id = headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
-        done = Completion(request_id, prompt_ids, output, cached, timing, sampling or {})
+        created = created_cache_tokens(len(prompt_ids), cached, self.config.block_size)
+        done = Completion(request_id, prompt_ids, output, cached, timing, sampling or {}, created)
         if self.spans:
             self.spans.export(done, arrival=arrival, headers=headers)
         return done
@@ -205,7 +216,7 @@ class SimulatedServer:
             self.engine.spans.shutdown()
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(client_max_size=8 * 1024 * 1024, middlewares=[answer_refusals])
         app.add_routes(
             [
                 web.post("/v1/completions", self.completions),
@@ -227,39 +238,24 @@ class SimulatedServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await json_body(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            prompt_ids = list(prompt)
-        elif isinstance(prompt, str):
-            prompt_ids = tokenizer.encode(prompt)
-        else:
-            return error(400, "prompt: expected a string or a list of token ids")
-        return await self._answer(request, body, prompt_ids, chat=False)
+        model = self._served_model(body)
+        return await self._answer(request, body, model, openai_requests.prompt_ids(body), chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await json_body(request)
-        messages = body.get("messages")
-        try:
-            text = tokenizer.render_chat(messages if isinstance(messages, list) else [])
-        except ValueError as exc:
-            return error(400, f"messages: {exc}")
-        if not messages:
-            return error(400, "messages: expected a non-empty list")
-        return await self._answer(request, body, tokenizer.encode(text), chat=True)
+        model = self._served_model(body)
+        return await self._answer(request, body, model, openai_requests.chat_prompt_ids(body), chat=True)
+
+    def _served_model(self, body: dict[str, Any]) -> str:
+        # vLLM validates the salt with the request body, then looks the model up, then renders the prompt.
+        openai_requests.cache_salt(body)
+        return openai_requests.served_model(body, self.config.model, self.config.lora_adapters)
 
     async def _answer(
-        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool
+        self, request: web.Request, body: dict[str, Any], model: str, prompt_ids: list[int], *, chat: bool
     ) -> web.StreamResponse:
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        max_tokens = 16 if max_tokens is None else max_tokens
-        salt = body.get("cache_salt")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            return error(400, "max_tokens: expected a positive integer")
-        if salt is not None and (not isinstance(salt, str) or not salt):
-            return error(400, "cache_salt: expected a non-empty string")
-        model = body.get("model", self.config.model)
-        if model not in (self.config.model, *self.config.lora_adapters):
-            return error(404, f"model: the model `{model}` does not exist")
+        """Run the request through the engine; raises Refused for what vLLM would refuse."""
+        max_tokens = openai_requests.output_budget(body, len(prompt_ids), self.config.max_model_len)
         lora_name = model if model in self.config.lora_adapters else None
         xargs = body.get("vllm_xargs") or {}
         report_hits = isinstance(xargs, dict) and xargs.get("kv_cache_report_mode") == "full"
@@ -267,18 +263,18 @@ class SimulatedServer:
             done = await self.engine.complete(
                 prompt_ids,
                 max_tokens,
-                salt=salt,
+                salt=body.get("cache_salt"),
                 report_hits=report_hits,
                 headers=request.headers,
                 lora_name=lora_name,
                 sampling={"top_p": body.get("top_p", 1.0), "temperature": body.get("temperature", 1.0)},
             )
         except BadRequest as exc:
-            return error(400, str(exc))
+            raise Refused(str(exc), param=None) from None
         shape = ChatShape() if chat else CompletionShape()
         if body.get("stream"):
             return await self._stream(request, body, done, shape)
-        return web.json_response(shape.full(model, done, body))
+        return web.Response(body=compact_json(shape.full(model, done, body)), content_type="application/json")
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], done: Completion, shape: CompletionShape
@@ -286,7 +282,7 @@ class SimulatedServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         for chunk in shape.chunks(str(body.get("model") or self.config.model), done, body):
-            await response.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+            await response.write(b"data: " + compact_json(chunk) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -298,7 +294,7 @@ class SimulatedServer:
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
-            return error(400, "prompt: expected a string (or messages: a list)")
+            raise Refused("prompt: expected a string (or messages: a list)", param="prompt")
         tokens = tokenizer.encode(text)
         strs = tokenizer.token_strs(tokens) if body.get("return_token_strs") else None
         return web.json_response(
@@ -313,7 +309,7 @@ class SimulatedServer:
     async def detokenize(self, request: web.Request) -> web.Response:
         tokens = (await json_body(request)).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            return error(400, "tokens: expected a list of token ids")
+            raise Refused("tokens: expected a list of token ids", param="tokens")
         return web.json_response({"prompt": tokenizer.decode(tokens)})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -351,7 +347,7 @@ class SimulatedServer:
     async def admin_capacity(self, request: web.Request) -> web.Response:
         blocks = (await json_body(request)).get("num_blocks")
         if not isinstance(blocks, int) or blocks < 2:
-            return error(400, "num_blocks: expected an integer of at least 2")
+            raise Refused("num_blocks: expected an integer of at least 2", param="num_blocks")
         # vLLM sizes its cache at start-up: a capacity change is a restart with fewer blocks.
         self.config = replace(self.config, num_blocks=blocks)
         async with self.engine.lock:
@@ -359,21 +355,34 @@ class SimulatedServer:
         return web.json_response({"num_blocks": blocks})
 
 
+def compact_json(payload: dict[str, Any]) -> bytes:
+    """JSON as vLLM writes its answers: no spaces, text as UTF-8 (pydantic's model_dump_json for
+    stream chunks, and Starlette's JSONResponse for whole answers, write the same bytes)."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; refused as FastAPI refuses a body that does not validate, otherwise."""
     try:
         body = await request.json()
     except json.JSONDecodeError:
-        raise web.HTTPBadRequest(
-            text='{"error": "body: not JSON"}', content_type="application/json"
-        ) from None
+        raise Refused("body: not JSON", param="body", kind="Bad Request") from None
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text='{"error": "body: expected a JSON object"}', content_type="application/json"
-        )
+        raise Refused("body: expected a JSON object", param="body", kind="Bad Request")
     return body
 
 
-def error(status: int, message: str) -> web.Response:
-    return web.json_response(
-        {"object": "error", "message": message, "type": "BadRequestError", "code": status}, status=status
+@web.middleware
+async def answer_refusals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A refused request gets vLLM's error answer."""
+    try:
+        return await handler(request)
+    except Refused as refused:
+        return error(refused)
+
+
+def error(refused: Refused) -> web.Response:
+    """vLLM's error answer."""
+    return web.Response(
+        body=compact_json(refused.answer()), status=refused.status, content_type="application/json"
     )

@@ -3,6 +3,7 @@
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -31,22 +32,26 @@ def local_config(**fields: object) -> ServerConfig:
 
 @contextmanager
 def running_fleet(configs: list[ServerConfig]) -> Iterator[list[ServerConfig]]:
-    """Serve `configs` until the block ends."""
+    """Serve `configs` until the block ends; every server accepts connections when the block starts."""
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    started = threading.Event()
-
-    async def main() -> None:
-        task = asyncio.ensure_future(serve(configs, stop))
-        await asyncio.sleep(0.2)
-        started.set()
-        await task
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(configs, stop),), daemon=True)
     thread.start()
-    assert started.wait(10), "the fleet did not start"
     try:
+        for config in configs:
+            wait_listening(config.host, config.http_port)
         yield configs
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+
+
+def wait_listening(host: str, port: int, timeout: float = 10.0) -> None:
+    """Wait until `port` accepts connections; a loaded machine can take a while to bind."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as sock:
+            if sock.connect_ex((host, port)) == 0:
+                return
+        assert time.monotonic() < deadline, f"nothing listens on {host}:{port}"
+        time.sleep(0.02)

@@ -88,6 +88,27 @@ def test_chat_completions_render_the_template_and_reuse_the_cache(server: Server
     assert first["object"] == "chat.completion" and first["choices"][0]["message"]["role"] == "assistant"
     prompt = second["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == (prompt - 1) // 32 * 32
+    # Chat usage also tells the prompt tokens the request wrote to the cache: its full blocks, less the hit.
+    for answer in (first, second):
+        details = answer["usage"]["prompt_tokens_details"]
+        assert details["created_cache_tokens"] == prompt // 32 * 32 - details["cached_tokens"]
+
+
+def test_a_chat_stream_opens_with_the_role_and_then_streams_content_alone(server: ServerConfig) -> None:
+    # As vLLM 0.32 (tests/e2e/test_answer_shapes.py compares it with the real server).
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 3,
+            "stream": True, "return_token_ids": True}  # fmt: skip
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=10) as response:
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    opening, *tokens = [json.loads(line[6:]) for line in lines[:-1]]
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert opening["prompt_token_ids"] and opening["prompt_text"] is None
+    assert [list(chunk["choices"][0]["delta"]) for chunk in tokens] == [["content"]] * 3
+    assert [len(chunk["choices"][0]["token_ids"]) for chunk in tokens] == [1, 1, 1]
+    assert ["stop_reason" in chunk["choices"][0] for chunk in tokens] == [False, False, True]
+    assert ["system_fingerprint" in chunk for chunk in tokens] == [False, False, True]
+    assert all("prompt_token_ids" not in chunk for chunk in tokens)
 
 
 def test_tokenize_and_detokenize_answer_like_the_capture(server: ServerConfig) -> None:
@@ -100,13 +121,28 @@ def test_tokenize_and_detokenize_answer_like_the_capture(server: ServerConfig) -
 @pytest.mark.parametrize(
     ("body", "field"),
     [({"model": "tiny"}, "prompt"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-     ({"prompt": "hi", "cache_salt": ""}, "cache_salt"), ({"prompt": "hi " * 600}, "max_model_len")],
+     ({"prompt": "hi", "max_tokens": 513}, "max_tokens"), ({"prompt": "hi", "cache_salt": ""}, "cache_salt"),
+     ({"prompt": "hi " * 600}, "input_tokens")],
 )  # fmt: skip
 def test_bad_requests_are_refused_naming_the_field(
     server: ServerConfig, body: dict[str, object], field: str
 ) -> None:
     answer = post(server, "/v1/completions", body)
-    assert answer.status_code == 400 and field in answer.json()["message"]
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == field  # vLLM 0.32's ErrorResponse
+
+
+@pytest.mark.parametrize(("max_tokens", "generated"), [(10, 2), (None, 2), (1, 1)])
+def test_max_tokens_are_cut_to_what_the_context_leaves(
+    server: ServerConfig, max_tokens: int | None, generated: int
+) -> None:
+    # As vLLM's get_max_tokens: a prompt 2 tokens short of max_model_len (512) leaves room for 2.
+    body: dict[str, object] = {"prompt": [1639] * 510}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    answer = post(server, "/v1/completions", body).json()
+    assert answer["usage"]["completion_tokens"] == generated
+    assert answer["choices"][0]["finish_reason"] == "length"
 
 
 def test_metrics_expose_the_families_the_collectors_read(server: ServerConfig) -> None:

@@ -1,33 +1,30 @@
 """The gateway in front of the real vLLM CPU server: clients get byte for byte what vLLM sends directly.
 
-The reference where the simulator differs (test_proxy.py names where). A warm-up call caches each
-prompt first, so the call through the gateway and the direct call meet the same cache; the tiny
-model at temperature 0 writes the same tokens every time; ids and creation seconds are masked.
+The reference where the simulator could differ (test_answer_shapes.py compares the two). The
+gateway asks vLLM for token ids and a stream's usage when the client did not, and must take them
+out again: among others the chat stream's opening chunk, whose top-level `prompt_token_ids` it asked
+for and must put back to null. A warm-up call caches each prompt first, so the call through the
+gateway and the direct call meet the same cache; the tiny model at temperature 0 writes the same
+tokens every time; ids and creation seconds are masked.
+
+The real server is the session's (``real_vllm``), which test_real_vllm.py needs cold: every request
+here carries a cache salt of this run's own, so no other request can hit the blocks it leaves.
 """
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.collectors.gateway.running import KeptRecords, call, masked, running_gateway, wait_for
-from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, build_model, install, serve
+from tests.e2e.vllm_cpu import VLLMServer
 from tests.fixtures import load_json
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
 MESSAGES = [{"role": "system", "content": PROMPT[:400]}, {"role": "user", "content": "What does red mean?"}]
-
-
-@pytest.fixture(scope="module")
-def real_vllm() -> Iterator[VLLMServer]:
-    try:
-        install()
-        build_model()
-        with serve() as server:
-            yield server
-    except VLLMUnavailable as exc:
-        pytest.skip(f"vLLM CPU server unavailable: {exc.reason}")
+SALT = f"gateway-{uuid.uuid4().hex}"
 
 
 @pytest.fixture(scope="module")
@@ -42,31 +39,48 @@ def gateway(real_vllm: VLLMServer, recorder: KeptRecords) -> Iterator[str]:
 
 
 def completion(**fields: Any) -> dict[str, Any]:
-    return {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, **fields}
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "cache_salt": SALT}
+    return {**body, **fields}
 
 
 def chat(**fields: Any) -> dict[str, Any]:
-    return {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "temperature": 0, **fields}
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "cache_salt": SALT}
+    return {**body, **fields}
 
 
+IDS = {"return_token_ids": True}
 USAGE = {"stream": True, "stream_options": {"include_usage": True}}
+CONTINUOUS = {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
 @pytest.mark.parametrize(
     ("path", "body", "status"),
     [
         pytest.param("/v1/completions", completion(), 200, id="completion"),
-        pytest.param("/v1/completions", completion(cache_salt="tenant-a"), 200, id="completion-salted"),
+        pytest.param("/v1/completions", completion(cache_salt=SALT + "-b"), 200, id="completion-other-salt"),
+        pytest.param("/v1/completions", completion(**IDS), 200, id="completion-asking-token-ids"),
         pytest.param("/v1/completions", completion(echo=True), 200, id="completion-echo"),
         pytest.param("/v1/completions", completion(stream=True), 200, id="stream"),
         pytest.param("/v1/completions", completion(stream=True, max_tokens=1), 200, id="stream-one-token"),
+        pytest.param("/v1/completions", completion(stream=True, echo=True), 200, id="stream-echo"),
         pytest.param("/v1/completions", completion(**USAGE), 200, id="stream-asking-usage"),
+        pytest.param("/v1/completions", completion(**USAGE, **IDS), 200, id="stream-asking-everything"),
+        pytest.param("/v1/completions", completion(**CONTINUOUS), 200, id="stream-continuous-usage"),
         pytest.param(
             "/v1/completions", completion(stream=True, n=2, seed=1, temperature=1), 200, id="stream-n2"
         ),
         pytest.param("/v1/chat/completions", chat(), 200, id="chat"),
+        pytest.param("/v1/chat/completions", chat(**IDS), 200, id="chat-asking-token-ids"),
         pytest.param("/v1/chat/completions", chat(stream=True), 200, id="chat-stream"),
+        pytest.param(
+            "/v1/chat/completions", chat(stream=True, max_tokens=1), 200, id="chat-stream-one-token"
+        ),
+        pytest.param(
+            "/v1/chat/completions", chat(stream=True, **IDS), 200, id="chat-stream-asking-token-ids"
+        ),
         pytest.param("/v1/chat/completions", chat(**USAGE), 200, id="chat-stream-asking-usage"),
+        pytest.param("/v1/chat/completions", chat(**USAGE, **IDS), 200, id="chat-stream-asking-everything"),
+        pytest.param("/v1/chat/completions", chat(**CONTINUOUS), 200, id="chat-stream-continuous-usage"),
         pytest.param("/v1/completions", completion(model="nope"), 404, id="unknown-model"),
         pytest.param("/v1/completions", completion(prompt=PROMPT * 8), 400, id="too-long"),
     ],
