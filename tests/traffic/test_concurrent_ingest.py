@@ -31,7 +31,8 @@ def wait_for_a_blocked_insert() -> None:
         watcher.autocommit = True
         for _ in range(500):
             waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' "
                 "AND query LIKE '%INSERT INTO traffic_requestrecord%'"
             ).fetchone()
             if waiting and waiting[0]:
