@@ -59,32 +59,31 @@ def event_rows(
 ) -> list[KVEventRow]:
     """One row per block of every decoded event of a batch (one row for a clear)."""
     emitted_at = datetime.fromtimestamp(batch.ts, tz=UTC)
-    base = KVEventRow(server_id, batch.dp_rank or 0, epoch, seq, 0, 0, emitted_at, received_at,
-                      0, None, None, None, "", "", None)  # fmt: skip
-    rows = []
+    head = (server_id, batch.dp_rank or 0, epoch, seq)
+    new = tuple.__new__  # new(KVEventRow, values): no call of the named tuple's Python-level __new__
+    rows: list[KVEventRow] = []
     for index, event in enumerate(batch.events):
-        medium = event.medium or ""
+        at, medium = (*head, index), event.medium or ""
         if isinstance(event, BlockStored):
+            tail: tuple[object, ...] = (event.block_size, medium, event.lora_name or "", event.group_idx)
             parents = (event.parent_block_hash, *event.block_hashes[:-1])
-            stored = base._replace(
-                event_index=index,
-                kind=KVEvent.Kind.STORED,
-                token_count=event.block_size,
-                medium=medium,
-                lora_name=event.lora_name or "",
-                group_idx=event.group_idx,
-            )
             rows += [
-                stored._replace(block_index=i, block_hash=h, parent_hash=p)
-                for i, (h, p) in enumerate(zip(event.block_hashes, parents, strict=True))
+                new(KVEventRow, (*at, i, emitted_at, received_at, _STORED, block_hash, parent, *tail))
+                for i, (block_hash, parent) in enumerate(zip(event.block_hashes, parents, strict=True))
             ]
         elif isinstance(event, BlockRemoved):
-            removed = base._replace(event_index=index, kind=KVEvent.Kind.REMOVED, medium=medium,
-                                    group_idx=event.group_idx)  # fmt: skip
-            rows += [removed._replace(block_index=i, block_hash=h) for i, h in enumerate(event.block_hashes)]
+            tail = (None, None, medium, "", event.group_idx)
+            rows += [
+                new(KVEventRow, (*at, i, emitted_at, received_at, _REMOVED, block_hash, *tail))
+                for i, block_hash in enumerate(event.block_hashes)
+            ]
         else:
-            rows.append(base._replace(event_index=index, kind=KVEvent.Kind.CLEARED, medium=medium))
+            tail = (None, None, None, medium, "", None)
+            rows.append(new(KVEventRow, (*at, 0, emitted_at, received_at, _CLEARED, *tail)))
     return rows
+
+
+_STORED, _REMOVED, _CLEARED = KVEvent.Kind.STORED, KVEvent.Kind.REMOVED, KVEvent.Kind.CLEARED
 
 
 class KVEventCollector:

@@ -181,12 +181,26 @@ class _WireBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
+class _MapBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    # The whole batch in one decode when every event is a good map: the common case, and the fast one.
+    ts: float
+    events: list[_StoredMap | _RemovedMap | _ClearedMap]
+    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class _ArrayBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    ts: float
+    events: list[_StoredArray | _RemovedArray | _ClearedArray]
+    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
 _WireEvent: TypeAlias = _StoredFields | _RemovedFields | _ClearedFields
 
 # msgspec refuses one union of map and array structs, so the first byte picks the decoder.
 _MAP_DECODER = msgspec.msgpack.Decoder(_StoredMap | _RemovedMap | _ClearedMap)
 _ARRAY_DECODER = msgspec.msgpack.Decoder(_StoredArray | _RemovedArray | _ClearedArray)
 _BATCH_DECODER = msgspec.msgpack.Decoder(_WireBatch)
+_WHOLE_BATCH_DECODERS = (msgspec.msgpack.Decoder(_MapBatch), msgspec.msgpack.Decoder(_ArrayBatch))
 _MAP_LEAD_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # fixmap, map16, map32
 
 _WIRE_TYPES: dict[str, type[msgspec.Struct]] = {
@@ -217,6 +231,13 @@ def decode_batch(payload: bytes) -> EventBatch:
     lands in ``rejected`` with a reason naming its field, and the other events are kept.
     Raises KVDecodeError when the payload is not one msgpack value or not shaped like a batch.
     """
+    for decoder in _WHOLE_BATCH_DECODERS:  # all good events of one form: decoded in one call
+        try:
+            whole = decoder.decode(payload)
+        except msgspec.DecodeError:  # a bad or mixed batch: event by event below says what is wrong
+            continue
+        good = tuple(map(_event_from_wire, whole.events))
+        return EventBatch(ts=whole.ts, dp_rank=whole.data_parallel_rank, events=good, rejected=())
     try:
         wire = _BATCH_DECODER.decode(payload)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError: catch it first
@@ -297,7 +318,10 @@ def _decode_seq(frame: bytes) -> int:
 def _decode_event(raw: msgspec.Raw) -> KVEvent:
     """Decode one raw event of either form; raises msgspec.ValidationError when it does not fit."""
     decoder = _MAP_DECODER if _lead_byte(raw) in _MAP_LEAD_BYTES else _ARRAY_DECODER
-    wire: _WireEvent = decoder.decode(raw)
+    return _event_from_wire(decoder.decode(raw))
+
+
+def _event_from_wire(wire: _WireEvent) -> KVEvent:
     if isinstance(wire, _StoredFields):
         return _stored(wire)
     if isinstance(wire, _RemovedFields):

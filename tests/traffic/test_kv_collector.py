@@ -2,6 +2,7 @@
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
@@ -9,8 +10,10 @@ import zmq
 from django.db import connection
 
 from app.fleet.models import Server
-from app.traffic.kv_collector import KVEventCollector
+from app.traffic.kv_collector import KVEventCollector, event_rows
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
+from app.traffic.services.kv_events import KVEventRow
+from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
 
 pytestmark = pytest.mark.django_db
@@ -188,3 +191,44 @@ def test_while_postgresql_is_away_events_wait_in_the_buffer_and_are_stored_after
     assert collector.flush() == CAPTURED_ROWS
     assert KVEvent.objects.count() == CAPTURED_ROWS and KVStream.objects.get().last_seq == 23
     collector.close()
+
+
+def test_a_flush_the_database_refuses_is_counted_and_collecting_goes_on(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    payloads = captured_payloads(shift_to=time.time())
+    too_big = msgspec.msgpack.decode(payloads[0][1])
+    too_big[1] = [{**too_big[1][0], "block_size": 2**15}]  # decodes, but token_count is a smallint
+    vllm.publish(0, msgspec.msgpack.encode(too_big))
+    deadline = time.monotonic() + 10
+    while not RejectedInput.objects.exists() and time.monotonic() < deadline:
+        collector.poll(timeout_ms=50)
+    for seq, payload in payloads[1:]:
+        vllm.publish(seq, payload)
+    run_until_stored(collector, 1)
+
+    assert KVEvent.objects.filter(seq=0).count() == 0 and KVEvent.objects.filter(seq=1).exists()
+    refused = RejectedInput.objects.get(server=server)
+    assert (refused.reason, refused.count) == ("refused by the database: DataError", 5)
+    collector.close()
+
+
+def test_event_rows_are_one_per_block_with_its_parent_in_the_table_s_column_order() -> None:
+    at = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    batch = EventBatch(
+        ts=at.timestamp(),
+        dp_rank=1,
+        events=(
+            BlockStored((7, 8), None, (1, 2, 3, 4), 2, None, "ada", "GPU", 0, None),
+            BlockRemoved((7,), None, None),
+            AllBlocksCleared("CPU"),
+        ),
+        rejected=(),
+    )
+    rows = event_rows(batch, server_id=3, epoch=2, seq=9, received_at=at)
+    assert rows == [
+        KVEventRow(3, 1, 2, 9, 0, 0, at, at, KVEvent.Kind.STORED, 7, None, 2, "GPU", "ada", 0),
+        KVEventRow(3, 1, 2, 9, 0, 1, at, at, KVEvent.Kind.STORED, 8, 7, 2, "GPU", "ada", 0),
+        KVEventRow(3, 1, 2, 9, 1, 0, at, at, KVEvent.Kind.REMOVED, 7, None, None, "", "", None),
+        KVEventRow(3, 1, 2, 9, 2, 0, at, at, KVEvent.Kind.CLEARED, None, None, None, "CPU", "", None),
+    ]
+    assert all(type(row) is KVEventRow for row in rows)

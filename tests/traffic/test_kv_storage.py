@@ -2,8 +2,10 @@
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from django.db import DataError, IntegrityError
 from django.utils import timezone
 
 from app.fleet.models import Server
@@ -113,3 +115,50 @@ def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> No
     count_rejected_input(server_id=None, source="kv_events", reason="not msgpack", count=1, now=now)
     counts = dict(RejectedInput.objects.values_list("server_id", "count"))
     assert counts == {server.pk: 6, None: 1}
+
+
+def test_redelivered_rows_mixed_with_new_ones_store_and_index_only_the_new(server: Server) -> None:
+    rows = captured_rows(server, emitted_at=timezone.now())
+    last_seq = max(row.seq for row in rows)
+    earlier = [row for row in rows if row.seq < last_seq]
+    store_kv_events(rows=earlier, positions=[])
+
+    # The first batch again (its blocks were removed since) with the last, new batch.
+    mixed = [row for row in rows if row.seq == 0] + [row for row in rows if row.seq == last_seq]
+    assert store_kv_events(rows=mixed, positions=[]) == len(rows) - len(earlier)
+
+    assert KVEvent.objects.filter(server=server).count() == len(rows)
+    resident = set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True))
+    assert resident == expected_resident(rows)
+
+
+def one_row(server: Server, **changes: Any) -> KVEventRow:
+    now = timezone.now()
+    return KVEventRow(server.pk, 0, 0, 1, 0, 0, now, now, 1, 5, None, 32, "GPU", "", 0)._replace(**changes)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"dp_rank": 2**15},
+        {"epoch": 2**31},
+        {"seq": 2**63},
+        {"event_index": 2**15},
+        {"block_index": -(2**15) - 1},
+        {"token_count": 2**15},
+        {"group_idx": 2**15},
+    ],
+)
+def test_an_integer_too_big_for_its_column_is_refused_not_wrapped(
+    server: Server, changes: dict[str, int]
+) -> None:
+    good = one_row(server, seq=0)
+    with pytest.raises(DataError):
+        store_kv_events(rows=[good, one_row(server, **changes)], positions=[])
+    assert not KVEvent.objects.exists()
+
+
+def test_rows_with_no_partition_for_their_time_are_refused_by_the_database(server: Server) -> None:
+    long_ago = datetime(2001, 1, 1, tzinfo=UTC)
+    with pytest.raises(IntegrityError):
+        store_kv_events(rows=[one_row(server, emitted_at=long_ago)], positions=[])

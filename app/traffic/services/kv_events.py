@@ -4,12 +4,15 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, NamedTuple
 
-from django.db import connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
+from psycopg.errors import UniqueViolation
 
 from app.domain.blockhash import wire_to_signed
-from app.domain.residency import BlockChange, Change, NetResidency, net_residency
+from app.domain.residency import Change, NetResidency, net_residency_of_columns
 from app.traffic.models import KVEvent
 
 logger = logging.getLogger(__name__)
@@ -78,16 +81,35 @@ def store_kv_events(
     return len(new_rows)
 
 
-def _insert_new_kv_rows(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVEventRow]:
+def _insert_new_kv_rows(cursor: Any, rows: Sequence[KVEventRow]) -> Sequence[KVEventRow]:
+    """Insert the rows not stored yet; returns them in order.
+
+    Usually none is stored yet, and one COPY straight into the table does it. When a row is there
+    already (a redelivery) that COPY fails on the primary key and is rolled back to its savepoint,
+    and the rows go through a staging table and INSERT ... ON CONFLICT DO NOTHING instead.
+    """
+    if not rows:
+        return []
+    _check_ranges(rows)
+    try:
+        with transaction.atomic():  # a savepoint: the failed COPY leaves the transaction usable
+            _copy_rows(cursor, "traffic_kvevent", rows)
+    except IntegrityError as exc:
+        if not isinstance(exc.__cause__, UniqueViolation):
+            raise  # e.g. no partition for the rows' time: refused as before
+    else:
+        return rows
+    return _insert_new_via_staging(cursor, rows)
+
+
+def _insert_new_via_staging(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVEventRow]:
     """COPY into a staging table, then insert what is not there yet; returns the new rows in order."""
     cursor.execute(
         "CREATE TEMP TABLE IF NOT EXISTS kv_event_staging (LIKE traffic_kvevent) ON COMMIT DELETE ROWS"
     )
     # Emptied at commit, but a caller's outer transaction may not have committed yet.
     cursor.execute("TRUNCATE kv_event_staging")
-    with cursor.cursor.copy(f"COPY kv_event_staging ({_KV_COLUMNS}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(_signed_hashes(row))
+    _copy_rows(cursor, "kv_event_staging", rows)
     cursor.execute(
         f"INSERT INTO traffic_kvevent ({_KV_COLUMNS}) SELECT {_KV_COLUMNS} FROM kv_event_staging "
         f"ON CONFLICT DO NOTHING RETURNING {_KEY_COLUMNS}"
@@ -96,21 +118,59 @@ def _insert_new_kv_rows(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVEvent
     return [row for row in rows if row[:6] in inserted]
 
 
-def _signed_hashes(row: KVEventRow) -> KVEventRow:
-    def signed(value: int | None) -> int | None:
-        return None if value is None else wire_to_signed(value)
+# The types of traffic_kvevent's columns in KVEventRow order, for binary COPY.
+_COPY_TYPES = ["int8", "int2", "int4", "int8", "int2", "int2", "timestamptz", "timestamptz", "int2",
+               "int8", "int8", "int2", "text", "text", "int2"]  # fmt: skip
+_INT2, _INT4, _INT8 = (-(2**15), 2**15 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
+_INTEGER_RANGES = {1: _INT2, 2: _INT4, 3: _INT8, 4: _INT2, 5: _INT2, 8: _INT2, 11: _INT2, 14: _INT2}
+_SIGNED_LIMIT = 2**63  # hashes below it are stored as they are
 
-    return row._replace(block_hash=signed(row.block_hash), parent_hash=signed(row.parent_hash))
+
+def _check_ranges(rows: Sequence[KVEventRow]) -> None:
+    """Raise DataError when an integer does not fit its column: binary COPY would wrap it silently.
+
+    Column by column over distinct values (a batch repeats most of them), so it costs little.
+    """
+    for index, (lowest, highest) in _INTEGER_RANGES.items():
+        values = set(map(itemgetter(index), rows))
+        values.discard(None)
+        if values and not lowest <= min(values) <= max(values) <= highest:
+            raise DataError(f"a KV event row's {KVEventRow._fields[index]} is out of its column's range")
+
+
+def _copy_rows(cursor: Any, table: str, rows: Sequence[KVEventRow]) -> None:
+    """COPY rows in binary format, hashes mapped onto bigint; errors raised as Django's (DataError, ...).
+
+    Binary skips the server's text parsing and psycopg's text formatting of every datetime. Its
+    datetimes must be aware (they always are with USE_TZ); _check_ranges must have passed.
+    """
+    with (
+        connection.wrap_database_errors,
+        cursor.cursor.copy(f"COPY {table} ({_KV_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy,
+    ):
+        copy.set_types(_COPY_TYPES)
+        write = copy.write_row
+        for row in rows:
+            block_hash, parent_hash = row[9], row[10]
+            # wire_to_signed inline: a call per hash would cost as much as the rest of the row.
+            if block_hash is not None and not 0 <= block_hash < _SIGNED_LIMIT:
+                block_hash = wire_to_signed(block_hash)
+            if parent_hash is not None and not 0 <= parent_hash < _SIGNED_LIMIT:
+                parent_hash = wire_to_signed(parent_hash)
+            write((*row[:9], block_hash, parent_hash, *row[11:]))
 
 
 def _apply_residency(cursor: Any, rows: Sequence[KVEventRow]) -> None:
-    streams: dict[tuple[int, int], list[KVEventRow]] = {}
-    for row in rows:
-        streams.setdefault((row.server_id, row.dp_rank), []).append(row)
-    for (server_id, dp_rank), stream_rows in streams.items():
-        ordered = sorted(stream_rows, key=lambda r: (r.epoch, r.seq, r.event_index, r.block_index))
-        net = net_residency(BlockChange(_KIND_CHANGES[r.kind], r.block_hash, r.parent_hash) for r in ordered)
-        _write_net_residency(cursor, server_id, dp_rank, net, stored_at=ordered[-1].emitted_at)
+    """Apply each (server, rank) stream's net change to the block index, rows taken in stream order."""
+    ordered = sorted(rows, key=itemgetter(0, 1, 2, 3, 4, 5))  # stream, epoch, seq, event, block
+    for (server_id, dp_rank), group in groupby(ordered, key=itemgetter(0, 1)):
+        stream = list(group)
+        net = net_residency_of_columns(
+            list(map(_KIND_CHANGES.__getitem__, map(itemgetter(8), stream))),
+            list(map(itemgetter(9), stream)),
+            list(map(itemgetter(10), stream)),
+        )
+        _write_net_residency(cursor, server_id, dp_rank, net, stored_at=stream[-1].emitted_at)
 
 
 _KIND_CHANGES: dict[int, Change] = {

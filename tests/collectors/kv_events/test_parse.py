@@ -230,6 +230,17 @@ def test_unknown_keys_trailing_elements_and_newer_event_fields_are_ignored() -> 
     assert decode_batch(arrays).events == plain.events[1:]
 
 
+def test_a_batch_mixing_map_and_array_events_decodes_them_all_in_order() -> None:
+    # Neither whole-batch decoder takes it: the events are decoded one by one, none is rejected.
+    batch = decode_batch(payload(removed(3), ["BlockRemoved", [4], "GPU", 0], stored()))
+    assert batch.rejected == ()
+    assert batch.events == (
+        BlockRemoved(block_hashes=(3,), medium="GPU", group_idx=0),
+        BlockRemoved(block_hashes=(4,), medium="GPU", group_idx=0),
+        decode_batch(payload(stored())).events[0],
+    )
+
+
 def test_all_blocks_cleared_decodes_in_both_forms() -> None:
     batch = decode_batch(
         payload({"type": "AllBlocksCleared"}, ["AllBlocksCleared"], ["AllBlocksCleared", "CPU"])
