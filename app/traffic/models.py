@@ -82,7 +82,8 @@ class KVEvent(PostgresPartitionedModel):
     pk = models.CompositePrimaryKey(
         "server", "dp_rank", "epoch", "seq", "event_index", "block_index", "emitted_at"
     )
-    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    # No index of its own: the primary key and kv_event_server_hash both start with server_id.
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
     dp_rank = models.SmallIntegerField(default=0)
     epoch = models.IntegerField(default=0)
     seq = models.BigIntegerField()
