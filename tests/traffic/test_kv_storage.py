@@ -162,3 +162,13 @@ def test_rows_with_no_partition_for_their_time_are_refused_by_the_database(serve
     long_ago = datetime(2001, 1, 1, tzinfo=UTC)
     with pytest.raises(IntegrityError):
         store_kv_events(rows=[one_row(server, emitted_at=long_ago)], positions=[])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_of_a_server_that_does_not_exist_are_refused(server: Server) -> None:
+    gone = Server.objects.create(name="gone", base_url="http://127.0.0.1:18001")
+    gone_id = gone.pk
+    gone.delete()
+    with pytest.raises(IntegrityError):
+        store_kv_events(rows=[one_row(server), one_row(server)._replace(server_id=gone_id)], positions=[])
+    assert not KVEvent.objects.exists() and not ResidentBlock.objects.exists()
