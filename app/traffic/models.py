@@ -88,7 +88,7 @@ class KVEvent(PostgresPartitionedModel):
     epoch = models.IntegerField(default=0)
     seq = models.BigIntegerField()
     event_index = models.SmallIntegerField(help_text="Position of the event in its batch")
-    block_index = models.SmallIntegerField(default=0, help_text="Position of the hash in the event")
+    block_index = models.IntegerField(default=0, help_text="Position of the hash in the event")
     emitted_at = models.DateTimeField(help_text="The batch timestamp set by vLLM")
     received_at = models.DateTimeField()
     kind = models.SmallIntegerField(choices=Kind.choices)

@@ -122,6 +122,12 @@ class ReplayReply:
 # --- wire structs: what msgspec decodes into before the dataclasses are built ------------------------
 
 _UInt64: TypeAlias = Annotated[int, msgspec.Meta(ge=0)]
+# Bounds far above anything vLLM sends, at the widths Prefixscope stores them in: a value beyond
+# them is one bad event, rejected alone, instead of a row that fails its whole write later.
+_SMALL = 2**15 - 1
+_Small: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=_SMALL)]
+_Medium: TypeAlias = Annotated[str, msgspec.Meta(max_length=20)]
+_LoraName: TypeAlias = Annotated[str, msgspec.Meta(max_length=255)]
 # Raw digests (sha256: 32 bytes, xxhash: 16) arrive when vLLM is told not to send ints.
 _WireHash: TypeAlias = _UInt64 | Annotated[bytes, msgspec.Meta(min_length=1)]
 
@@ -132,22 +138,22 @@ class _StoredFields(msgspec.Struct, frozen=True, gc=False):
     block_hashes: tuple[_WireHash, ...]
     parent_block_hash: _WireHash | None
     token_ids: tuple[int, ...]
-    block_size: Annotated[int, msgspec.Meta(ge=1)]
+    block_size: Annotated[int, msgspec.Meta(ge=1, le=_SMALL)]
     lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
+    medium: _Medium | None = None
+    lora_name: _LoraName | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
-    group_idx: int | None = None
+    group_idx: _Small | None = None
 
 
 class _RemovedFields(msgspec.Struct, frozen=True, gc=False):
     block_hashes: tuple[_WireHash, ...]
-    medium: str | None = None
-    group_idx: int | None = None
+    medium: _Medium | None = None
+    group_idx: _Small | None = None
 
 
 class _ClearedFields(msgspec.Struct, frozen=True, gc=False):
-    medium: str | None = None
+    medium: _Medium | None = None
 
 
 class _StoredMap(_StoredFields, frozen=True, tag="BlockStored", tag_field="type"):
@@ -177,21 +183,21 @@ class _ClearedArray(_ClearedFields, frozen=True, tag="AllBlocksCleared", array_l
 class _WireBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     # Events stay raw so that one bad event is rejected alone instead of failing the whole batch.
     ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    events: Annotated[list[msgspec.Raw], msgspec.Meta(max_length=_SMALL + 1)]  # numbered from 0 as smallints
+    data_parallel_rank: _Small | None = None
 
 
 class _MapBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     # The whole batch in one decode when every event is a good map: the common case, and the fast one.
     ts: float
-    events: list[_StoredMap | _RemovedMap | _ClearedMap]
-    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    events: Annotated[list[_StoredMap | _RemovedMap | _ClearedMap], msgspec.Meta(max_length=_SMALL + 1)]
+    data_parallel_rank: _Small | None = None
 
 
 class _ArrayBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     ts: float
-    events: list[_StoredArray | _RemovedArray | _ClearedArray]
-    data_parallel_rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    events: Annotated[list[_StoredArray | _RemovedArray | _ClearedArray], msgspec.Meta(max_length=_SMALL + 1)]
+    data_parallel_rank: _Small | None = None
 
 
 _WireEvent: TypeAlias = _StoredFields | _RemovedFields | _ClearedFields
@@ -212,12 +218,12 @@ _EXPECTED = {
     "block_hashes": "a list of uint64 (or digest bytes)",
     "parent_block_hash": "a uint64, digest bytes or nil",
     "token_ids": "a list of int",
-    "block_size": "a positive int",
+    "block_size": f"a positive int up to {_SMALL}",
     "lora_id": "an int or nil",
-    "medium": "a string or nil",
-    "lora_name": "a string or nil",
+    "medium": "a string of up to 20 characters, or nil",
+    "lora_name": "a string of up to 255 characters, or nil",
     "extra_keys": "a list of arrays or nils, or nil",
-    "group_idx": "an int or nil",
+    "group_idx": f"an int from 0 to {_SMALL}, or nil",
 }
 
 

@@ -196,9 +196,10 @@ def test_while_postgresql_is_away_events_wait_in_the_buffer_and_are_stored_after
 def test_a_flush_the_database_refuses_is_counted_and_collecting_goes_on(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
     collector = start_collector(context, server, vllm)
     payloads = captured_payloads(shift_to=time.time())
-    too_big = msgspec.msgpack.decode(payloads[0][1])
-    too_big[1] = [{**too_big[1][0], "block_size": 2**15}]  # decodes, but token_count is a smallint
-    vllm.publish(0, msgspec.msgpack.encode(too_big))
+    long_ago = msgspec.msgpack.decode(payloads[0][1])
+    long_ago[1] = long_ago[1][:1]  # one event of 5 blocks
+    long_ago[0] = 978307200.0  # 2001: decodes, but no partition holds that day
+    vllm.publish(0, msgspec.msgpack.encode(long_ago))
     deadline = time.monotonic() + 10
     while not RejectedInput.objects.exists() and time.monotonic() < deadline:
         collector.poll(timeout_ms=50)
@@ -208,7 +209,25 @@ def test_a_flush_the_database_refuses_is_counted_and_collecting_goes_on(context,
 
     assert KVEvent.objects.filter(seq=0).count() == 0 and KVEvent.objects.filter(seq=1).exists()
     refused = RejectedInput.objects.get(server=server)
-    assert (refused.reason, refused.count) == ("refused by the database: DataError", 5)
+    assert (refused.reason, refused.count) == ("refused by the database: IntegrityError", 5)
+    collector.close()
+
+
+def test_an_event_with_a_value_too_big_to_store_is_rejected_alone(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = start_collector(context, server, vllm)
+    payloads = captured_payloads(shift_to=time.time())
+    batch = msgspec.msgpack.decode(payloads[0][1])
+    batch[1] = [{**batch[1][0], "block_size": 2**15}, *batch[1]]  # a smallint column would refuse it
+    vllm.publish(0, msgspec.msgpack.encode(batch))
+    run_until_stored(collector, 1)
+
+    good_blocks = sum(len(event["block_hashes"]) for event in batch[1][1:])
+    assert KVEvent.objects.filter(seq=0).count() == good_blocks > 0
+    refused = RejectedInput.objects.get(server=server)
+    assert (refused.reason, refused.count) == (
+        "BlockStored.block_size: expected a positive int up to 32767",
+        1,
+    )
     collector.close()
 
 

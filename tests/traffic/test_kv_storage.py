@@ -144,7 +144,7 @@ def one_row(server: Server, **changes: Any) -> KVEventRow:
         {"epoch": 2**31},
         {"seq": 2**63},
         {"event_index": 2**15},
-        {"block_index": -(2**15) - 1},
+        {"block_index": -(2**31) - 1},
         {"token_count": 2**15},
         {"group_idx": 2**15},
     ],
@@ -156,6 +156,13 @@ def test_an_integer_too_big_for_its_column_is_refused_not_wrapped(
     with pytest.raises(DataError):
         store_kv_events(rows=[good, one_row(server, **changes)], positions=[])
     assert not KVEvent.objects.exists()
+
+
+def test_an_event_of_more_blocks_than_a_smallint_numbers_is_stored_whole(server: Server) -> None:
+    # One BlockStored of a 1M-token prompt in blocks of 16: 65,536 blocks, numbered from 0.
+    rows = [one_row(server, block_index=i, block_hash=i + 1) for i in range(2**16)]
+    assert store_kv_events(rows=rows, positions=[]) == 2**16
+    assert KVEvent.objects.filter(server=server).order_by("-block_index")[0].block_index == 2**16 - 1
 
 
 def test_rows_with_no_partition_for_their_time_are_refused_by_the_database(server: Server) -> None:

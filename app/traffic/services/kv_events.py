@@ -119,10 +119,10 @@ def _insert_new_via_staging(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVE
 
 
 # The types of traffic_kvevent's columns in KVEventRow order, for binary COPY.
-_COPY_TYPES = ["int8", "int2", "int4", "int8", "int2", "int2", "timestamptz", "timestamptz", "int2",
+_COPY_TYPES = ["int8", "int2", "int4", "int8", "int2", "int4", "timestamptz", "timestamptz", "int2",
                "int8", "int8", "int2", "text", "text", "int2"]  # fmt: skip
 _INT2, _INT4, _INT8 = (-(2**15), 2**15 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
-_INTEGER_RANGES = {1: _INT2, 2: _INT4, 3: _INT8, 4: _INT2, 5: _INT2, 8: _INT2, 11: _INT2, 14: _INT2}
+_INTEGER_RANGES = {1: _INT2, 2: _INT4, 3: _INT8, 4: _INT2, 5: _INT4, 8: _INT2, 11: _INT2, 14: _INT2}
 _SIGNED_LIMIT = 2**63  # hashes below it are stored as they are
 
 
