@@ -99,7 +99,7 @@ def wait_for_a_blocked_insert() -> None:
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' "
-                "AND query LIKE '%INSERT INTO traffic_requestrecord%'"
+                "AND query ~ '(INSERT INTO|COPY) traffic_requestrecord '"
             ).fetchone()
             if waiting and waiting[0]:
                 return

@@ -3,7 +3,7 @@ for it merges into it instead of failing or storing the request twice."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
@@ -33,7 +33,7 @@ def wait_for_a_blocked_insert() -> None:
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' "
-                "AND query LIKE '%INSERT INTO traffic_requestrecord%'"
+                "AND query ~ '(INSERT INTO|COPY) traffic_requestrecord '"
             ).fetchone()
             if waiting and waiting[0]:
                 return
@@ -72,3 +72,40 @@ def test_a_record_stored_by_a_concurrent_batch_after_the_check_is_merged_not_dup
     record = RequestRecord.objects.get(request_id=response["id"])
     assert (record.source, record.cached_tokens) == ("gateway", 160)
     assert (record.ttft_seconds, record.prompt_tokens) == (0.0129, response["usage"]["prompt_tokens"])
+
+
+def wait_for_waiting_batches(count: int) -> None:
+    with session() as watcher:
+        watcher.autocommit = True
+        for _ in range(500):
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0] >= count:
+                return
+            time.sleep(0.02)
+    raise AssertionError(f"fewer than {count} ingests came to wait")
+
+
+def test_two_batches_about_one_request_arriving_seconds_apart_leave_one_record() -> None:
+    Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
+    now = timezone.now()
+    gateway = RequestIn(
+        server="vllm-cpu", request_id="cmpl-race", arrived_at=now, source="gateway", cached_tokens=160
+    )
+    span = RequestIn(
+        server="vllm-cpu", request_id="cmpl-race", arrived_at=now + timedelta(seconds=3), source="otlp",
+        ttft_seconds=0.0129,
+    )  # fmt: skip
+    with session() as blocker, ThreadPoolExecutor(2) as pool:
+        # Both batches held at once: without a lock per server, each would find nothing stored
+        # near its key and insert, and the request would be stored twice.
+        blocker.execute("LOCK TABLE traffic_requestrecord IN SHARE MODE")
+        outcomes = [pool.submit(ingest_in_a_thread, item, now) for item in (gateway, span)]
+        wait_for_waiting_batches(2)
+        blocker.rollback()
+        assert [outcome.result().stored for outcome in outcomes] == [1, 1]
+
+    record = RequestRecord.objects.get(request_id="cmpl-race")
+    assert (record.cached_tokens, record.ttft_seconds) == (160, 0.0129)

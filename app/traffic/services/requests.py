@@ -8,6 +8,7 @@ it never erases a known one.
 
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
 from app.traffic.models import RequestRecord
+from app.traffic.services.kv_events import count_rejected_input
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,15 @@ class RequestIn(msgspec.Struct, frozen=True, kw_only=True):
     prompt_token_ids: Sequence[int] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """Input a source sent that could not become a record: counted with the ingested batch."""
+
+    source: str
+    reason: str  # bounded: which field and what is wrong with it, no values
+    server: str = ""  # the server the input names (name or base URL), "" when it names none
+
+
 @dataclass(slots=True)
 class IngestOutcome:
     stored: int = 0
@@ -76,6 +87,11 @@ _STAGED = (
 )  # fmt: skip
 _COLUMNS = tuple(column for column, _ in _STAGED)
 _TYPES = tuple(kind for _, kind in _STAGED)
+# The record table's own types, for binary COPY straight into it. Counts and token ids are int4
+# there: every source checks them against PostgreSQL's integer first (app/api/schemas.py,
+# collectors/usage), and psycopg refuses to dump a larger one as int4 rather than wrap it round.
+_INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
+_TABLE_TYPES = tuple(_INT4.get(column, kind) for column, kind in _STAGED)
 _CREATE_STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS request_record_batch "
     f"({', '.join(f'{column} {kind}' for column, kind in _STAGED)}) ON COMMIT DELETE ROWS"
@@ -88,22 +104,31 @@ _MERGE = ", ".join(
     for c in _COLUMNS
     if c not in _KEY and c not in ("block_hashes", "source")
 )
+# Batches about one server take this transaction-level lock first (in server-id order, so two
+# batches cannot deadlock): a batch then sees every record stored before it, and two batches about
+# one request (arrivals seconds apart, from two sources) cannot both find nothing and both insert.
+_LOCK_SPACE = 0x5245_5131  # pg_advisory_xact_lock's first key: request records' ingest
 # Sources see a request arrive at slightly different moments (the gateway before vLLM's span
 # starts): a record stored within JOIN_WINDOW under the same server and request id lends its
 # arrival time, so that what arrives later merges into it.
 _WINDOW = f"interval '{JOIN_WINDOW.total_seconds():.0f} seconds'"
 _STORED_NEAR = f"""r.server_id = s.server_id AND r.request_id = s.request_id
   AND r.arrived_at BETWEEN s.arrived_at - {_WINDOW} AND s.arrived_at + {_WINDOW}"""
+# Is a record stored near any key of the batch? Reads the primary key's index only, once per key.
+# The keys come as one JSON array of [server id, request id, arrival time]: psycopg dumps a list
+# as an array one element at a time (6 ms for a thousand keys), msgspec encodes them all at once.
+# Materialised first, so each index probe gets plain values rather than re-parsing the JSON.
+_PROBE_SQL = f"""
+WITH s AS MATERIALIZED (
+  SELECT (k->>0)::bigint AS server_id, k->>1 AS request_id,
+         (k->>2)::timestamptz - {_WINDOW} AS earliest, (k->>2)::timestamptz + {_WINDOW} AS latest
+  FROM json_array_elements(%s::json) k)
+SELECT EXISTS (SELECT FROM s JOIN traffic_requestrecord r ON r.server_id = s.server_id
+  AND r.request_id = s.request_id AND r.arrived_at BETWEEN s.earliest AND s.latest)
+"""
 _ALIGN_SQL = f"""
 UPDATE request_record_batch s SET arrived_at = r.arrived_at
 FROM traffic_requestrecord r WHERE {_STORED_NEAR} AND r.arrived_at <> s.arrived_at
-"""
-# Most batches are all new requests: they need neither alignment nor merge, just an INSERT.
-# All or nothing: when any staged row has a stored record near its key, nothing is inserted here.
-_INSERT_ALL_NEW_SQL = f"""
-INSERT INTO traffic_requestrecord ({", ".join(_COLUMNS)})
-SELECT {", ".join(_COLUMNS)} FROM request_record_batch
-WHERE NOT EXISTS (SELECT FROM request_record_batch s JOIN traffic_requestrecord r ON {_STORED_NEAR})
 """
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
@@ -114,42 +139,61 @@ ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE},
 """
 
 
-def ingest_request_records(items: Sequence[RequestIn], *, now: datetime) -> IngestOutcome:
+def ingest_request_records(
+    items: Sequence[RequestIn], *, now: datetime, malformed: Sequence[Malformed] = ()
+) -> IngestOutcome:
     """Store a batch in one transaction; items that cannot be stored are returned with the reason.
 
     Unknown servers are kept, as proposed servers for a person to register. Arrival times with no
     partition (past retention, or too far ahead) are rejected rather than failing the batch.
+    `malformed` input is added to the tally of rejected input in the same transaction, under the
+    server it names when that one is registered.
     OperationalError when PostgreSQL is away, or when the batch waits longer than
     PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS for a lock (its cause then LockNotAvailable).
     """
     try:
-        return _ingest(items, now=now, merge=False)
+        return _ingest(items, now=now, malformed=malformed, merge=False)
     except IntegrityError as exc:
         if not isinstance(exc.__cause__, UniqueViolation):
             raise
-        # A concurrent batch stored one of these keys after they were looked for: merge this time.
-        return _ingest(items, now=now, merge=True)
+        # A writer outside this function stored one of these keys after they were looked for: merge.
+        return _ingest(items, now=now, malformed=malformed, merge=True)
 
 
-def _ingest(items: Sequence[RequestIn], *, now: datetime, merge: bool) -> IngestOutcome:
+def _ingest(
+    items: Sequence[RequestIn], *, now: datetime, malformed: Sequence[Malformed], merge: bool
+) -> IngestOutcome:
     """One try at the batch; `merge` sends every record through alignment and merge."""
     outcome = IngestOutcome()
     with transaction.atomic():
         with connection.cursor() as cursor:  # waiting longer for a lock raises LockNotAvailable
             cursor.execute(f"SET LOCAL lock_timeout = '{settings.PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS}s'")
-        servers = _servers(items)
+        servers = _servers(items, named_by=malformed)
         spans = _spans(partition_ranges(RequestRecord._meta.db_table).values())
         keep_since = _token_ids_kept_since(now)
         templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
         rows = []
         for index, item in enumerate(items):
-            if not any(lower <= item.arrived_at < upper for lower, upper in spans):
+            if not _kept(item.arrived_at, spans):
                 outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
                 continue
-            rows.append(_row(item, servers[item.server], keep_tokens_since=keep_since, templates=templates))
-        _copy_and_merge(_deduplicated(rows), merge=merge)
+            server = servers[item.server]
+            assert server is not None  # the items' servers are proposed when unknown
+            rows.append(_row(item, server, keep_tokens_since=keep_since, templates=templates))
+        _store(_deduplicated(rows), merge=merge)
+        _count_malformed(malformed, servers, now=now)
     outcome.stored = len(rows)
     return outcome
+
+
+def _count_malformed(
+    malformed: Sequence[Malformed], servers: dict[str, Server | None], *, now: datetime
+) -> None:
+    tally = Counter((servers.get(m.server), m.source, m.reason) for m in malformed)
+    for (server, source, reason), count in tally.items():
+        count_rejected_input(
+            server_id=server.pk if server else None, source=source, reason=reason, count=count, now=now
+        )
 
 
 def _spans(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
@@ -163,18 +207,28 @@ def _spans(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, 
     return spans
 
 
-def _servers(items: Sequence[RequestIn]) -> dict[str, Server]:
-    """The server each item names; a name or URL nobody registered becomes a proposed server.
+def _kept(arrived_at: datetime, spans: list[tuple[datetime, datetime]]) -> bool:
+    # One span but for a missing day: tested first, without a generator (a thousand times a batch).
+    lower, upper = spans[0] if spans else (arrived_at, arrived_at)
+    return lower <= arrived_at < upper or any(lower <= arrived_at < upper for lower, upper in spans[1:])
+
+
+def _servers(items: Sequence[RequestIn], *, named_by: Sequence[Malformed] = ()) -> dict[str, Server | None]:
+    """The server each item (and each malformed input) names; a name or URL nobody registered
+    becomes a proposed server for an item, and None for malformed input (no proposal from it).
 
     A name wins over a base URL; of several servers with one base URL, the first by name.
     """
     references = {item.server for item in items}
+    named = {m.server for m in named_by if m.server} - references
     by_name: dict[str, Server] = {}
     by_url: dict[str, Server] = {}
-    for server in Server.objects.filter(Q(name__in=references) | Q(base_url__in=references)).order_by("name"):
+    wanted = references | named
+    for server in Server.objects.filter(Q(name__in=wanted) | Q(base_url__in=wanted)).order_by("name"):
         by_name[server.name] = server
         by_url.setdefault(server.base_url, server)
-    return {ref: by_name.get(ref) or by_url.get(ref) or _propose(ref) for ref in references}
+    found: dict[str, Server | None] = {ref: by_name.get(ref) or by_url.get(ref) for ref in named}
+    return found | {ref: by_name.get(ref) or by_url.get(ref) or _propose(ref) for ref in references}
 
 
 def _propose(reference: str) -> Server:
@@ -256,29 +310,51 @@ def _known(earlier: Any, later: Any) -> Any:
     return earlier if later is None or later == "" or later == [] else later
 
 
-def _copy_and_merge(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
-    """Stage the rows, then insert them if all are new (the usual case), else align and merge them.
+def _store(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
+    """COPY the rows straight into the table when none has a record stored near its key (the usual
+    case), else stage them, align them to the stored arrival times and merge them.
 
-    Without `merge`, a concurrent batch that stores one of the keys after the check raises
-    IntegrityError (UniqueViolation) at the INSERT: the caller then runs again with `merge`.
+    Under the servers' ingest locks, so every record stored by another batch is seen. Without
+    `merge`, a writer that bypasses them and stores one of the keys after the probe makes the COPY
+    raise IntegrityError (UniqueViolation): the caller then runs again with `merge`.
     """
     if not rows:
         return
     with connection.cursor() as cursor:
-        # Emptied at commit; DELETE (not TRUNCATE: no new file each time) for a caller's outer
-        # transaction that has not committed yet.
-        cursor.execute(f"{_CREATE_STAGING}; DELETE FROM request_record_batch")
-        columns = ", ".join(_COLUMNS)
-        with cursor.cursor.copy(f"COPY request_record_batch ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(_TYPES)
-            for row in rows:
-                copy.write_row(row)
-        if not merge:
-            cursor.execute(_INSERT_ALL_NEW_SQL)
-            if cursor.rowcount > 0:
-                return
-        cursor.execute(_ALIGN_SQL)
-        cursor.execute(_UPSERT_SQL)
+        servers = sorted({row[0] for row in rows})
+        # One round trip: the locks, then the probe in a statement of its own (its snapshot is
+        # taken after the locks are held, so it sees what the batches before this one committed).
+        # A collision of two servers' keys (ids beyond 2**31) would only serialise them.
+        locks = "".join(f"SELECT pg_advisory_xact_lock({_LOCK_SPACE}, {pk % 2**31});" for pk in servers)
+        cursor.execute(locks + _PROBE_SQL, [msgspec.json.encode([row[:3] for row in rows]).decode()])
+        while cursor.nextset():
+            pass  # on to the probe's answer, the last
+        if merge or cursor.fetchone()[0]:
+            _merge(cursor, rows)
+            return
+        _copy(cursor, "traffic_requestrecord", _TABLE_TYPES, rows)
+
+
+def _merge(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
+    # Emptied at commit; DELETE (not TRUNCATE: no new file each time) for a caller's outer
+    # transaction that has not committed yet.
+    cursor.execute(f"{_CREATE_STAGING}; DELETE FROM request_record_batch")
+    _copy(cursor, "request_record_batch", _TYPES, rows)
+    cursor.execute(_ALIGN_SQL)
+    cursor.execute(_UPSERT_SQL)
+
+
+def _copy(cursor: Any, table: str, types: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
+    # Through psycopg's own cursor: its errors wrapped as Django's (IntegrityError, OperationalError)
+    # by hand, as Django's cursor does for the statements it runs.
+    columns = ", ".join(_COLUMNS)
+    with (
+        connection.wrap_database_errors,
+        cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
+    ):
+        copy.set_types(types)
+        for row in rows:
+            copy.write_row(row)
 
 
 def expire_token_ids(*, now: datetime) -> int:
