@@ -35,7 +35,7 @@ from app.api.schemas import (
 )
 from app.api.services import authenticate_ingest_token
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import RequestIn, ingest_request_records
+from app.traffic.services.requests import Malformed, RequestIn, ingest_request_records
 from collectors.usage.parse import UsageError, usage_from
 
 logger = logging.getLogger(__name__)
@@ -98,19 +98,30 @@ def _ingest(request: HttpRequest) -> Any:
         return Status(400, {"error": str(exc)})
     if len(records) + len(rejected) > MAX_RECORDS:
         return Status(413, {"error": f"at most {MAX_RECORDS} records per request; send smaller batches"})
+    malformed = [
+        Malformed(source=SOURCE, reason=_INDEX.sub("[]", e), server=server) for _, e, server in rejected
+    ]
     try:
-        outcome = ingest_request_records([record for _, record in records], now=timezone.now())
+        outcome = ingest_request_records(
+            [record for _, record in records], now=timezone.now(), malformed=malformed
+        )
     except (OperationalError, InterfaceError) as exc:
         return _not_stored(exc)
-    rejected += [(records[i][0], reason) for i, reason in outcome.rejected]
-    answer = {"stored": outcome.stored, "rejected": [{"index": i, "error": e} for i, e in sorted(rejected)]}
-    return Status(400 if rejected else 200, answer)
+    answered = [(i, e) for i, e, _ in rejected] + [(records[i][0], e) for i, e in outcome.rejected]
+    answer = {"stored": outcome.stored, "rejected": [{"index": i, "error": e} for i, e in sorted(answered)]}
+    return Status(400 if answered else 200, answer)
 
 
-Decoded = tuple[list[tuple[int, RequestIn]], list[tuple[int, str]]]
+# A bad record: its position in the batch, the field at fault, and the server it names ("" if none).
+Rejected = tuple[int, str, str]
+Decoded = tuple[list[tuple[int, RequestIn]], list[Rejected]]
 _batch = msgspec.json.Decoder(list[RequestRecordIn], strict=False)
 _items = msgspec.json.Decoder(list[msgspec.Raw])
 _record = msgspec.json.Decoder(RequestRecordIn, strict=False)
+_any = msgspec.json.Decoder()
+# Positions in a field's path (prompt_token_ids[7]) are dropped from the tally's reasons: one
+# reason per field and fault, not one per token.
+_INDEX = re.compile(r"\[\d+\]")
 
 
 def decode_records(body: bytes, content_type: str) -> Decoded:
@@ -142,22 +153,27 @@ def _validated(items: list[tuple[str, Any]]) -> Decoded:
         try:
             records.append((index, _record.decode(item)))
         except msgspec.ValidationError as exc:
-            rejected.append((index, field_error(exc)))
+            rejected.append((index, field_error(exc), _server_named(item)))
         except msgspec.DecodeError as exc:  # only a JSON line can be malformed: the array was parsed
             raise ValueError(f"{where}: not JSON ({exc})") from None
     return _validated_records(records, rejected)
 
 
-def _validated_records(
-    records: list[tuple[int, RequestRecordIn]], rejected: list[tuple[int, str]]
-) -> Decoded:
+def _validated_records(records: list[tuple[int, RequestRecordIn]], rejected: list[Rejected]) -> Decoded:
     requests = []
     for index, record in records:
         try:
             requests.append((index, to_request(record)))
         except UsageError as exc:
-            rejected.append((index, str(exc)))
+            rejected.append((index, str(exc), record.server))
     return requests, rejected
+
+
+def _server_named(item: bytes | msgspec.Raw) -> str:
+    """The server a record that is not valid names, when it names one as a string."""
+    record = _any.decode(item)  # JSON: a record that is not is refused before
+    server = record.get("server") if isinstance(record, dict) else None
+    return server if isinstance(server, str) else ""
 
 
 def field_error(exc: msgspec.ValidationError) -> str:

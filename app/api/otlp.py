@@ -38,7 +38,7 @@ from app.api.intake import (
 )
 from app.api.services import authenticate_ingest_token
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import RequestIn, ingest_request_records
+from app.traffic.services.requests import Malformed, RequestIn, ingest_request_records
 from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, Span, decode_export, span_request
 from collectors.usage.parse import UsageError
 
@@ -73,9 +73,9 @@ def _ingest(request: HttpRequest, *, default_server: str) -> HttpResponse:
         return HttpResponse(str(exc), status=413, content_type="text/plain")
     except (OTLPDecodeError, OSError, EOFError, zlib.error) as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain")
-    records, rejected = _records(spans, default_server=default_server)
+    records, malformed = _records(spans, default_server=default_server)
     try:
-        outcome = ingest_request_records(records, now=timezone.now())
+        outcome = ingest_request_records(records, now=timezone.now(), malformed=[m for _, m in malformed])
     except (OperationalError, InterfaceError) as exc:
         if database_busy(exc):
             logger.warning("spans not stored, database busy: %s", exc)
@@ -83,7 +83,7 @@ def _ingest(request: HttpRequest, *, default_server: str) -> HttpResponse:
             return busy_response(None)
         logger.warning("spans not stored, database unavailable: %s", exc)
         return HttpResponse(status=503, headers={"Retry-After": "5"})
-    rejected += [reason for _, reason in outcome.rejected]
+    rejected = [f"span {name}: {m.reason}" for name, m in malformed] + [e for _, e in outcome.rejected]
     return _answer(content_type, rejected)
 
 
@@ -96,14 +96,19 @@ def _body(request: HttpRequest) -> bytes:
     return body
 
 
-def _records(spans: list[Span], *, default_server: str) -> tuple[list[RequestIn], list[str]]:
-    """Request records of the spans that describe requests; the reasons of those that are malformed."""
+def _records(
+    spans: list[Span], *, default_server: str
+) -> tuple[list[RequestIn], list[tuple[str, Malformed]]]:
+    """Request records of the spans that describe requests; the name of each malformed span, with
+    what is wrong with it and the server it names (as a good span's, the token's name by default)."""
     records, rejected = [], []
     for span in spans:
         try:
             found = span_request(span)
         except UsageError as exc:
-            rejected.append(f"span {span.name}: {exc}")
+            server = span.attributes.get("prefixscope.server")
+            server = server if isinstance(server, str) and server else default_server
+            rejected.append((span.name, Malformed(source=SOURCE, reason=str(exc), server=server)))
             continue
         if found is None:
             continue

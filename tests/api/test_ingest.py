@@ -5,8 +5,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.api import intake
 from app.api.models import IngestToken
@@ -211,3 +213,32 @@ def test_an_arrival_time_without_a_time_zone_is_refused(client: Client, token: s
     naive = timezone.now().replace(tzinfo=None).isoformat()
     status, answer = post(client, token, [record(CAPTURES[0], arrived_at=naive)])
     assert status == 400 and answer["rejected"][0]["error"].startswith("arrived_at:")
+
+
+def test_bad_records_are_counted_per_server_and_reason_in_metrics_and_on_the_collection_page(
+    client: Client, token: str, server: Server
+) -> None:
+    bad_tokens = record(CAPTURES[0], prompt_token_ids=[1, "x"])
+    bad_count = record(CAPTURES[1], cached_tokens=-1, server="http://127.0.0.1:18000")  # by base URL
+    unknown = record(CAPTURES[2], cached_tokens=-1, server="vllm-nobody-registered")
+    status, _ = post(client, token, [bad_tokens, bad_count, unknown, record(CAPTURES[3]), 7])
+    assert status == 400
+
+    values = {
+        (s.labels["server"], s.labels["reason"].split(":")[0]): s.value
+        for family in text_string_to_metric_families(client.get("/metrics").content.decode())
+        for s in family.samples
+        if s.name == "prefixscope_rejected_inputs_total" and s.labels["source"] == "rest"
+    }
+    assert values == {
+        ("vllm-cpu", "prompt_token_ids[]"): 1.0,
+        ("vllm-cpu", "cached_tokens"): 1.0,
+        ("", "cached_tokens"): 1.0,  # a server nobody registered is not proposed from a bad record
+        ("", "record"): 1.0,
+    }
+    assert not Server.objects.filter(name="vllm-nobody-registered").exists()
+    client.force_login(User.objects.create_user("engineer"))
+    html = client.get("/collection/").content.decode()
+    row = html[html.index("vllm-cpu") : html.index("</tr>", html.index("vllm-cpu"))]
+    assert '<td class="num bad">2</td>' in row
+    assert "prompt_token_ids[]: Expected `int`, got `str`" in html

@@ -16,7 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from app.api import intake
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
-from app.traffic.models import RequestRecord
+from app.traffic.models import RejectedInput, RequestRecord
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 pytestmark = pytest.mark.django_db
@@ -118,3 +118,21 @@ def test_an_export_over_the_limit_once_decompressed_is_a_413(
     response = post(client, token, gzip.compress(body), PROTOBUF, **{"Content-Encoding": "gzip"})
     assert response.status_code == 413
     assert not RequestRecord.objects.exists()
+
+
+def test_malformed_spans_are_counted_per_server_and_reason(client: Client, token: str) -> None:
+    export = captured_export()
+    spans = export.resource_spans[0].scope_spans[0].spans
+    for span in spans[:3]:
+        ttft = next(a for a in span.attributes if a.key == "gen_ai.latency.time_to_first_token")
+        ttft.value.string_value = "fast"
+    named = spans[2].attributes.add(key="prefixscope.server")
+    named.value.string_value = "vllm-nobody-registered"
+
+    answer = ExportTraceServiceResponse.FromString(post(client, token, export.SerializeToString()).content)
+
+    assert answer.partial_success.rejected_spans == 3
+    counted = RejectedInput.objects.filter(source="otlp").values_list("server__name", "reason", "count")
+    reason = "gen_ai.latency.time_to_first_token: expected a duration in seconds"
+    assert set(counted) == {("vllm-cpu", reason, 2), (None, reason, 1)}
+    assert RequestRecord.objects.count() == 15

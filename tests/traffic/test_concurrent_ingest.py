@@ -82,10 +82,10 @@ def wait_for_waiting_batches(count: int) -> None:
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock'"
             ).fetchone()
-            if waiting and waiting[0] >= count:
+            if waiting and waiting[0] == count:
                 return
             time.sleep(0.02)
-    raise AssertionError(f"fewer than {count} ingests came to wait")
+    raise AssertionError(f"not {count} ingests came to wait")
 
 
 def test_two_batches_about_one_request_arriving_seconds_apart_leave_one_record() -> None:
