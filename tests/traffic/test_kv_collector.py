@@ -1,7 +1,6 @@
 """The KV-event subscriber against the real capture over real sockets: every event stored once."""
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import msgspec
@@ -18,20 +17,6 @@ from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
 
 pytestmark = pytest.mark.django_db
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-@pytest.fixture
-def vllm(context: zmq.Context[zmq.Socket[bytes]]) -> Iterator[FakeKVServer]:
-    fake = FakeKVServer(context)
-    yield fake
-    fake.close()
 
 
 @pytest.fixture

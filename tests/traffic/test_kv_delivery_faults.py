@@ -5,7 +5,6 @@ collector as deployed (`manage.py collect_kv_events`) or, where only its logic m
 """
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,6 @@ from tests.traffic.processes import Command, database_url_for_tests, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
-
-
-@pytest.fixture
-def context() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-@pytest.fixture
-def vllm(context: zmq.Context[zmq.Socket[bytes]]) -> Iterator[FakeKVServer]:
-    fake = FakeKVServer(context)
-    yield fake
-    fake.close()
 
 
 @pytest.fixture
