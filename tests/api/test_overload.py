@@ -9,13 +9,9 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +24,7 @@ from app.traffic.models import RequestRecord
 from collectors.otlp.parse import decode_export, span_request
 from tests.api.test_otlp import captured_export
 from tests.fixtures import load_json
+from tests.sessions import inserts_blocked, wait_for_a_blocked_insert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CAPTURES = [
@@ -74,37 +71,6 @@ def post(server: LiveServer, token: str, records: list[dict[str, object]]) -> ht
 def post_spans(server: LiveServer, token: str, body: bytes) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/x-protobuf"}
     return httpx.post(f"{server.url}/v1/traces", content=body, headers=headers, timeout=60)
-
-
-def session() -> psycopg.Connection[Any]:
-    params = connection.settings_dict
-    return psycopg.connect(
-        dbname=params["NAME"], user=params["USER"], password=params["PASSWORD"] or None,
-        host=params["HOST"] or None, port=params["PORT"] or None,
-    )  # fmt: skip
-
-
-@contextmanager
-def inserts_blocked() -> Iterator[psycopg.Connection[Any]]:
-    """A session holding SHARE on traffic_requestrecord until it rolls back (or the block ends)."""
-    with session() as other:
-        other.execute("LOCK TABLE traffic_requestrecord IN SHARE MODE")
-        yield other
-
-
-def wait_for_a_blocked_insert() -> None:
-    with session() as watcher:
-        watcher.autocommit = True
-        for _ in range(500):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' "
-                "AND query ~ '(INSERT INTO|COPY) traffic_requestrecord '"
-            ).fetchone()
-            if waiting and waiting[0]:
-                return
-            time.sleep(0.02)
-    raise AssertionError("no ingest came to wait for the lock")
 
 
 def stored() -> Counter[str]:

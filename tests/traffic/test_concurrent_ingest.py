@@ -5,7 +5,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
-import psycopg
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -14,31 +13,9 @@ from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
 from tests.fixtures import load_json
+from tests.sessions import session, wait_for_a_blocked_insert
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def session() -> psycopg.Connection[tuple[object, ...]]:
-    params = connection.settings_dict
-    return psycopg.connect(
-        dbname=params["NAME"], user=params["USER"], password=params["PASSWORD"] or None,
-        host=params["HOST"] or None, port=params["PORT"] or None,
-    )  # fmt: skip
-
-
-def wait_for_a_blocked_insert() -> None:
-    with session() as watcher:
-        watcher.autocommit = True
-        for _ in range(500):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' "
-                "AND query ~ '(INSERT INTO|COPY) traffic_requestrecord '"
-            ).fetchone()
-            if waiting and waiting[0]:
-                return
-            time.sleep(0.02)
-    raise AssertionError("no ingest came to wait for the other batch")
 
 
 def ingest_in_a_thread(item: RequestIn, now: datetime) -> IngestOutcome:
