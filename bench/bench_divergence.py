@@ -22,26 +22,17 @@ separate and costs 20 to 70 ms for 128K tokens; its time is printed last).
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from app.domain.divergence import Compatibility, block_statuses, compare_prompts
+from bench.timing import best_seconds
 
 ROUNDS = 15  # best of: the least disturbed run is the one that measures the code
 BLOCK_SIZE = 16
 VOCABULARY = 50_257
 RECORD = Compatibility(model="tiny")
-
-
-def best_seconds(run: Callable[[], object], rounds: int = ROUNDS) -> float:
-    timings = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        run()
-        timings.append(time.perf_counter() - started)
-    return min(timings)
 
 
 def first_difference_loop(a: list[int], b: list[int]) -> int | None:
@@ -81,10 +72,10 @@ def cases(tokens: int) -> dict[str, tuple[list[int], list[int]]]:
 
 def measure(name: str, a: list[int], b: list[int]) -> None:
     a_array, b_array = np.array(a, dtype=np.int64), np.array(b, dtype=np.int64)
-    lists = best_seconds(lambda: compare_prompts(a, b, BLOCK_SIZE, RECORD, RECORD))
-    arrays = best_seconds(lambda: compare_prompts(a_array, b_array, BLOCK_SIZE, RECORD, RECORD))
-    first = best_seconds(lambda: first_difference_loop(a, b))
-    ends = best_seconds(lambda: common_ends_loop(a, b), rounds=3)
+    lists = best_seconds(lambda: compare_prompts(a, b, BLOCK_SIZE, RECORD, RECORD), ROUNDS)
+    arrays = best_seconds(lambda: compare_prompts(a_array, b_array, BLOCK_SIZE, RECORD, RECORD), ROUNDS)
+    first = best_seconds(lambda: first_difference_loop(a, b), ROUNDS)
+    ends = best_seconds(lambda: common_ends_loop(a, b), 3)
     result = compare_prompts(a, b, BLOCK_SIZE, RECORD, RECORD)
     edits = ", ".join(f"{e.kind} a[{e.a_start}:{e.a_end}] b[{e.b_start}:{e.b_end}]" for e in result.edits)
     print(
@@ -108,7 +99,7 @@ def main(argv: Sequence[str]) -> None:
         measure(name, a, b)
     a, b = cases(tokens)["6 tokens inserted at token 40"]
     result = compare_prompts(a, b, BLOCK_SIZE, RECORD, RECORD)
-    hashing = best_seconds(lambda: block_statuses(result, "b", b), rounds=3)
+    hashing = best_seconds(lambda: block_statuses(result, "b", b), 3)
     print(f"block_statuses of one {len(b):,}-token side (hash chain, computed apart): {hashing * 1e3:.1f} ms")
 
 

@@ -11,10 +11,10 @@ the same job, faster). The target for the collector is 50,000 events/s decoded a
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.timing import best_seconds
 from collectors.kv_events.parse import decode_sub_message
 from tests.fixtures import load_json
 
@@ -38,15 +38,6 @@ def baseline() -> tuple[str, Callable[[bytes], Any]]:
     return "msgpack.unpackb", lambda payload: msgpack.unpackb(payload, raw=False)
 
 
-def best_seconds(run: Callable[[], None]) -> float:
-    timings = []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        run()
-        timings.append(time.perf_counter() - started)
-    return min(timings)
-
-
 def main(argv: Sequence[str]) -> None:
     repeats = int(argv[0]) if argv else 2000
     frames = captured_frames()
@@ -64,8 +55,8 @@ def main(argv: Sequence[str]) -> None:
             for payload in payloads:
                 plain_decode(payload)
 
-    ours_rate = events / best_seconds(ours)
-    plain_rate = events / best_seconds(plain)
+    ours_rate = events / best_seconds(ours, ROUNDS)
+    plain_rate = events / best_seconds(plain, ROUNDS)
     print(f"{len(frames)} captured messages x {repeats} = {events:,} events, best of {ROUNDS}")
     print(f"decode_sub_message: {ours_rate:12,.0f} events/s ({1e6 / ours_rate:.2f} us/event)")
     print(f"{name}: {plain_rate:12,.0f} events/s ({1e6 / plain_rate:.2f} us/event)")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import random
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from app.domain.blockhash import block_hash_chain
+from bench.timing import best_seconds
 from simulator.cache import PrefixCache
 
 SERVERS = 4
@@ -64,22 +64,13 @@ def hash_only(traffic: Sequence[tuple[list[int], list[int]]]) -> None:
         block_hash_chain(prompt, BLOCK_SIZE)
 
 
-def best_seconds(run: Callable[[], object]) -> float:
-    timings = []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        run()
-        timings.append(time.perf_counter() - started)
-    return min(timings)
-
-
 def main(argv: Sequence[str]) -> None:
     count = int(argv[0]) if argv else 2000
     traffic = make_prompts(count)
     events, cached = simulate(traffic)
     prompt_tokens = sum(len(prompt) for prompt, _ in traffic)
-    ours = count / best_seconds(lambda: simulate(traffic))
-    baseline = count / best_seconds(lambda: hash_only(traffic))
+    ours = count / best_seconds(lambda: simulate(traffic), ROUNDS)
+    baseline = count / best_seconds(lambda: hash_only(traffic), ROUNDS)
     shape = f"{PREFIX_TOKENS + QUESTION_TOKENS:,}-token prompts, {SERVERS} caches of {NUM_BLOCKS:,} blocks"
     print(f"{count:,} requests of {shape} x {BLOCK_SIZE} tokens, best of {ROUNDS}")
     print(f"hit rate {cached / prompt_tokens:.1%}, {events / count:.1f} KV events per request")

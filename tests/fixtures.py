@@ -73,3 +73,24 @@ def otlp_json(export: bytes) -> bytes:
 
     message = json_format.MessageToDict(ExportTraceServiceRequest.FromString(export))
     return json.dumps(hex_ids(message)).encode()
+
+
+# Pairs of captured requests (the earlier, the later) with the compatibility fields that keep the
+# later from reusing the earlier's blocks; the later one's reported cached tokens are the truth.
+CAPTURED_PAIRS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("shared-prefix-the", "shared-prefix-I", ()),
+    ("salt-a-1", "salt-a-2", ()),
+    ("salt-a-1", "salt-b-1", ("tenant_salt",)),
+    ("timestamp-top-1", "timestamp-top-2", ()),
+]
+
+
+def stored_block_hashes() -> set[int]:
+    """Every block hash the real server announced in a BlockStored event of the live capture."""
+    return {
+        block_hash
+        for frame in load_json("kv-live.decoded.json")
+        for event in frame["batch"][1]
+        if event["type"] == "BlockStored"
+        for block_hash in event["block_hashes"]
+    }

@@ -22,17 +22,12 @@ from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from collectors.otlp.parse import decode_export, span_request
+from tests.api.test_ingest import CAPTURES
 from tests.api.test_otlp import captured_export
 from tests.fixtures import load_json
 from tests.sessions import inserts_blocked, wait_for_a_blocked_insert
 
 pytestmark = pytest.mark.django_db(transaction=True)
-CAPTURES = [
-    "completion-shared-prefix-the",
-    "completion-salt-a-1",
-    "completion-salt-a-2",
-    "completion-evict-0",
-]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from tests.compare.conftest import Record, capture, prompt_ids
-from tests.fixtures import load_json
+from tests.fixtures import stored_block_hashes
 
 pytestmark = pytest.mark.django_db
 
@@ -18,16 +18,6 @@ def _post(client: Client, body: dict[str, Any]) -> Any:
 
 def _request(key: Any) -> dict[str, str]:
     return {"server": "vllm-cpu", "request_id": key.request_id, "arrived_at": key.arrived_at.isoformat()}
-
-
-def _stored_wire_hashes() -> set[int]:
-    return {
-        block_hash
-        for frame in load_json("kv-live.decoded.json")
-        for event in frame["batch"][1]
-        if event["type"] == "BlockStored"
-        for block_hash in event["block_hashes"]
-    }
 
 
 def test_two_recorded_requests_give_the_divergence_and_a_permalink(record: Record, signed_in: Client) -> None:
@@ -63,7 +53,7 @@ def test_different_salts_are_named_and_the_blocks_carry_the_hashes_vllm_publishe
 
     assert answer["blocked_by"] == ["tenant_salt"] and answer["reusable_tokens"] == 0
     assert answer["identical"] is True and answer["first_divergence"] is None
-    stored = _stored_wire_hashes()
+    stored = stored_block_hashes()
     a_hashes = [block["wire_hash"] for block in answer["blocks"]["a"] if block["status"] != "partial_tail"]
     assert len(a_hashes) == 5 and set(a_hashes) <= stored  # the salted blocks vLLM stored for tenant-a
     assert {block["status"] for block in answer["blocks"]["b"]} == {"diverged", "partial_tail"}

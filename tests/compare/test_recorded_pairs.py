@@ -11,6 +11,7 @@ from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, SideInput, create_comparison
 from app.traffic.models import RequestRecord
 from tests.compare.conftest import Record, capture
+from tests.fixtures import CAPTURED_PAIRS
 
 pytestmark = pytest.mark.django_db
 
@@ -22,12 +23,7 @@ def _result(a_key: selectors.RecordKey, b_key: selectors.RecordKey) -> Result:
 
 @pytest.mark.parametrize(
     ("first", "later", "blocked_by"),
-    [
-        ("shared-prefix-the", "shared-prefix-I", ()),
-        ("salt-a-1", "salt-a-2", ()),
-        ("salt-a-1", "salt-b-1", ("tenant_salt",)),
-        ("timestamp-top-1", "timestamp-top-2", ()),
-    ],
+    CAPTURED_PAIRS,
 )
 def test_recorded_pairs_reuse_the_tokens_vllm_reported(
     record: Record, first: str, later: str, blocked_by: tuple[str, ...]

@@ -23,7 +23,7 @@ from app.domain.divergence import (
     compare_prompts,
 )
 from app.domain.divergence_edits import edit_script
-from tests.fixtures import load_json
+from tests.fixtures import CAPTURED_PAIRS, load_json, stored_block_hashes
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 NEWLINE = 198  # "\n" in the captured server's GPT-2 tokenizer
@@ -61,27 +61,12 @@ def _apply(a: list[int], b: list[int], edits: tuple[Edit, ...]) -> list[int]:
     return rebuilt + a[position:]
 
 
-def _stored_wire_hashes() -> set[int]:
-    return {
-        block_hash
-        for frame in load_json("kv-live.decoded.json")
-        for event in frame["batch"][1]
-        if event["type"] == "BlockStored"
-        for block_hash in event["block_hashes"]
-    }
-
-
 # -- the captured pairs ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("first", "later", "blocked_by"),
-    [
-        ("shared-prefix-the", "shared-prefix-I", ()),
-        ("salt-a-1", "salt-a-2", ()),
-        ("salt-a-1", "salt-b-1", ("tenant_salt",)),
-        ("timestamp-top-1", "timestamp-top-2", ()),
-    ],
+    CAPTURED_PAIRS,
 )
 def test_captured_pairs_reuse_the_tokens_vllm_reported(
     first: str, later: str, blocked_by: tuple[str, ...]
@@ -160,7 +145,7 @@ def test_block_wire_hashes_are_those_the_server_stored(name: str) -> None:
 
     full = [block for block in blocks if block.status is not BlockStatus.PARTIAL_TAIL]
     assert len(full) == len(ids) // BLOCK_SIZE
-    assert {block.wire_hash for block in full} <= _stored_wire_hashes()
+    assert {block.wire_hash for block in full} <= stored_block_hashes()
 
 
 def test_shared_blocks_carry_the_same_hash_on_both_sides_and_diverged_ones_do_not() -> None:
