@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.collectors.gateway.running import KeptRecords, call, masked, running_gateway, wait_for
+from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
 from tests.e2e.vllm_cpu import VLLMServer
 from tests.fixtures import load_json
 
@@ -91,8 +91,17 @@ def test_clients_get_what_vllm_sends(
     headers = {"Content-Type": "application/json"}
     call("POST", real_vllm.base_url + path, body, headers)  # the prompt is cached from here on
     recorded = len(recorder.records)
-    through = call("POST", gateway + path, body, headers)
-    direct = call("POST", real_vllm.base_url + path, body, headers)
+
+    def through_and_direct() -> tuple[Answer, Answer]:
+        return call("POST", gateway + path, body, headers), call(
+            "POST", real_vllm.base_url + path, body, headers
+        )
+
+    through, direct = through_and_direct()
+    calls = 1
+    while event_count(through) != event_count(direct) and calls < 3:  # framed apart by timing: ask again
+        through, direct = through_and_direct()
+        calls += 1
     assert through.status == direct.status == status
     assert through.headers == direct.headers
     if body.get("n", 1) == 1:
@@ -100,10 +109,17 @@ def test_clients_get_what_vllm_sends(
     else:  # vLLM interleaves the choices' chunks in an order that varies from call to call
         assert sorted(masked(through.body).split(b"\n\n")) == sorted(masked(direct.body).split(b"\n\n"))
     if status == 200:
-        wait_for(lambda: len(recorder.records) == recorded + 1)
+        wait_for(lambda: len(recorder.records) == recorded + calls)  # one record per call
         record = recorder.records[-1]
         assert record.cached_tokens is not None and record.cached_tokens > 0
         assert record.prompt_token_ids is not None or body.get("echo")
+
+
+def event_count(answer: Answer) -> int:
+    """A stream's events. vLLM merges the tokens its engine made while the API server was busy into one
+    chunk (RequestOutputCollector), so two streams of the same tokens may be framed differently: that
+    is timing, not the gateway, and the pair is asked again."""
+    return answer.body.count(b"\n\ndata: ")
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/health", "/version", "/tokenize"])
