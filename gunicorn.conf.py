@@ -16,3 +16,12 @@ def post_fork(server: object, worker: object) -> None:
     from app.telemetry import configure_tracing
 
     configure_tracing("prefixscope-web")
+
+
+def post_worker_init(worker: object) -> None:
+    # The application's modules, settings and URL patterns are loaded now and live as long as the
+    # worker: out of the collector's sight, each collection of a batch's garbage no longer walks them
+    # (an OTLP export of 512 spans spent ~10 ms of its ~40 in full collections before this).
+    import gc
+
+    gc.freeze()
