@@ -1,7 +1,7 @@
 """Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
-        [--spans 20000] [--batch 512] [--rounds 3]
+        [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 4]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). Two kinds of
 export are sent, each in batches of `--batch` spans (512 is the OpenTelemetry SDK's
@@ -10,13 +10,16 @@ BatchSpanProcessor default):
   cloned with fresh request and trace ids and today's times, under the captured resource;
 - application GenAI spans (`chat <model>`), as the OpenTelemetry OpenAI instrumentation writes them,
   with cached tokens and Prefixscope's template and tenant attributes.
+Each export comes from one of --servers servers, taking turns (vLLM's exporter sends with its
+server's ingest token, which names the server; the application's spans name theirs).
 The baseline is psycopg COPY of the rows those spans stand for straight into traffic_requestrecord,
-measured in the same run; the endpoint is driven through Django's full request stack in this process.
-Both sides' inputs are built before their clocks start, and each is warmed up once (a first request
-pays for lazy imports and connection set-up). The machine may be shared: each round times the
-baseline (one COPY of --spans rows; and, printed beside it, the same rows in committed COPYs of
---batch rows, the durable work the endpoint does per export) and then the endpoint (--spans
-spans), and the rates are over all rounds, so that both see the same load.
+measured in the same run; the endpoint is gunicorn serving Prefixscope as in production
+(bench/served.py), posted to over HTTP by 1 and by several senders at once. Both sides' inputs are
+built before their clocks start, and each is warmed up once (a first request pays for lazy imports
+and connection set-up). The machine may be shared: each round times the baseline (one COPY of
+--spans rows; and, printed beside it, the same rows in committed COPYs of --batch rows, the
+durable work the endpoint does per export) and then the endpoint (--spans spans per number of
+senders), and the rates are over all rounds, so that all see the same load.
 """
 
 import argparse
@@ -34,7 +37,6 @@ import django
 django.setup()
 
 from django.db import connection, transaction  # noqa: E402
-from django.test import Client  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
@@ -45,6 +47,7 @@ from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
+from bench.served import Batch, post_all, served  # noqa: E402
 from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
 
 COLUMNS = (
@@ -60,8 +63,9 @@ def captured() -> ExportTraceServiceRequest:
     return export
 
 
-def vllm_exports(count: int, batch: int) -> list[bytes]:
-    """Exports of `count` captured llm_request spans, each with its own request id, trace id and time."""
+def vllm_exports(count: int, batch: int, servers: list[str]) -> list[bytes]:
+    """Exports of `count` captured llm_request spans, each with its own request id, trace id and time
+    (the server is the sending token's)."""
     template = captured()
     spans = list(template.resource_spans[0].scope_spans[0].spans)
     now_ns = time.time_ns()
@@ -82,15 +86,19 @@ def vllm_exports(count: int, batch: int) -> list[bytes]:
     return exports
 
 
-def genai_exports(count: int, batch: int) -> list[bytes]:
-    """Exports of `count` application chat spans with usage, cached tokens and Prefixscope attributes."""
+def genai_exports(count: int, batch: int, servers: list[str]) -> list[bytes]:
+    """Exports of `count` application chat spans with usage, cached tokens and Prefixscope attributes,
+    the servers taking turns."""
     now_ns = time.time_ns()
     exports = []
     for start in range(0, count, batch):
         export = ExportTraceServiceRequest()
         resource = export.resource_spans.add()
         resource.resource.attributes.extend(
-            [_kv("service.name", "support-bot"), _kv("prefixscope.server", "bench")]
+            [
+                _kv("service.name", "support-bot"),
+                _kv("prefixscope.server", servers[start // batch % len(servers)]),
+            ]
         )
         scope = resource.scope_spans.add()
         scope.scope.name = "opentelemetry.instrumentation.openai_v2"
@@ -166,39 +174,47 @@ def copy_baseline(count: int, row: Row, server_id: int, *, batch: int) -> float:
     return time.perf_counter() - started
 
 
-def through_endpoint(exports: list[bytes], token: str) -> float:
-    """Seconds to post the exports (encoded before the clock starts)."""
-    client = Client()
-    started = time.perf_counter()
-    for body in exports:
-        response = client.post(
-            "/v1/traces", body, content_type="application/x-protobuf",
-            headers={"Authorization": f"Bearer {token}"},
-        )  # fmt: skip
-        assert response.status_code == 200 and not response.content, response.content[:500]
-    return time.perf_counter() - started
-
-
-KINDS: list[tuple[str, Callable[[int, int], list[bytes]], Row]] = [
+KINDS: list[tuple[str, Callable[[int, int, list[str]], list[bytes]], Row]] = [
     ("vLLM llm_request", vllm_exports, vllm_row),
     ("GenAI chat", genai_exports, genai_row),
 ]
+PATH, PROTOBUF = "/v1/traces", "application/x-protobuf"
 
 
-def measure(args: argparse.Namespace, server_id: int, token: str) -> list[tuple[str, float, float, float]]:
-    """(kind, records/s of one COPY, of COPYs per export batch, of the endpoint), over all rounds,
-    after one untimed warm-up."""
+class Endpoint:
+    """Where the exports go, and with which tokens: one per server, as each server's exporter has."""
+
+    def __init__(self, address: tuple[str, int], servers: list[str], tokens: list[str]) -> None:
+        self.address, self.servers, self.tokens = address, servers, tokens
+
+    def post(self, exports: list[bytes], senders: int) -> tuple[float, int]:
+        batches = [Batch(self.tokens[n % len(self.tokens)], body) for n, body in enumerate(exports)]
+        posted = post_all(self.address, PATH, PROTOBUF, batches, senders)
+        return posted.seconds, posted.throttled
+
+
+Measured = tuple[str, float, float, dict[int, float], dict[int, int]]
+
+
+def measure(args: argparse.Namespace, server_id: int, endpoint: Endpoint) -> list[Measured]:
+    """(kind, records/s of one COPY, of COPYs per export batch, of the endpoint by senders, and the
+    429s waited out by senders), over all rounds, after one untimed warm-up."""
     results = []
     for kind, exports, row in KINDS:
         copy_baseline(args.batch, row, server_id, batch=args.batch)
-        through_endpoint(exports(args.batch, args.batch), token)
-        baseline_seconds = batched_seconds = endpoint_seconds = 0.0
+        endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
+        baseline_seconds = batched_seconds = 0.0
+        endpoint_seconds, throttled = dict.fromkeys(args.senders, 0.0), dict.fromkeys(args.senders, 0)
         for _ in range(args.rounds):
             baseline_seconds += copy_baseline(args.spans, row, server_id, batch=args.spans)
             batched_seconds += copy_baseline(args.spans, row, server_id, batch=args.batch)
-            endpoint_seconds += through_endpoint(exports(args.spans, args.batch), token)
+            for senders in args.senders:
+                seconds, refused = endpoint.post(exports(args.spans, args.batch, endpoint.servers), senders)
+                endpoint_seconds[senders] += seconds
+                throttled[senders] += refused
         total = args.spans * args.rounds
-        results.append((kind, total / baseline_seconds, total / batched_seconds, total / endpoint_seconds))
+        rates = {senders: total / seconds for senders, seconds in endpoint_seconds.items()}
+        results.append((kind, total / baseline_seconds, total / batched_seconds, rates, throttled))
     return results
 
 
@@ -207,22 +223,33 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--senders", type=int, nargs="+", default=[1, 4])
     args = parser.parse_args()
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
         maintain_partitions(now=timezone.now())
-        server = Server.objects.create(name="bench", base_url="http://bench:8000", block_size=32)
-        token = create_ingest_token(name="bench")  # vLLM's spans name no server: the token's name
-        results = measure(args, server.pk, token)
+        names = [f"bench-{n}" for n in range(args.servers)]
+        server = Server.objects.bulk_create(
+            [Server(name=name, base_url=f"http://{name}:8000", block_size=32) for name in names]
+        )[0]
+        tokens = [create_ingest_token(name=name) for name in names]  # vLLM's spans name no server
+        connection.close()  # gunicorn's workers connect to the database on their own
+        with served(test_database) as address:
+            results = measure(args, server.pk, Endpoint(address, names, tokens))
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
-    for kind, baseline, batched, endpoint in results:
+    for kind, baseline, batched, rates, throttled in results:
         print(f"{kind} spans, raw COPY of their rows ({args.spans} per COPY): {baseline:,.0f} records/s")
         print(f"{kind} spans, raw COPY of their rows ({args.batch} per commit): {batched:,.0f} records/s")
-        print(f"{kind} spans, POST /v1/traces ({args.batch} per export): {endpoint:,.0f} records/s")
-        print(f"{kind} spans, ratio endpoint / one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
-        print(f"{kind} spans, ratio endpoint / COPY in the export's batches: {endpoint / batched:.2f}")
+        for senders, endpoint in rates.items():
+            print(
+                f"{kind} spans, POST {PATH} ({args.batch} per export, {senders} sender(s)): "
+                f"{endpoint:,.0f} records/s, 429s waited out: {throttled[senders]}"
+            )
+            print(f"  ratio to one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
+            print(f"  ratio to COPY in the export's batches: {endpoint / batched:.2f}")
 
 
 if __name__ == "__main__":

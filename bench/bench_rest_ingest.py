@@ -1,16 +1,17 @@
 """Request records per second through POST /api/v1/requests, against raw COPY of the same rows.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rest_ingest \
-        [--records 20000] [--batch 1000] [--rounds 3]
+        [--records 20000] [--batch 1000] [--rounds 3] [--servers 4] [--senders 1 4]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The
 baseline is psycopg COPY of equivalent rows straight into traffic_requestrecord, measured in the
-same run; the endpoint is driven through Django's full request stack (middleware, auth, JSON
-parsing, validation, the service's COPY and merge), in this process. Both sides' inputs (the
-baseline's rows, the client's JSON bodies) are built before their clocks start. The machine may
-be shared: each round times the baseline (one COPY of --records rows; and, printed beside it,
-the same rows in committed COPYs of --batch rows, the durable work the endpoint does per batch)
-and then the endpoint (--records records), and the rates are over all rounds, so that both see
+same run; the endpoint is gunicorn serving Prefixscope as in production (bench/served.py), posted
+to over HTTP by 1 and by several senders at once, each batch the records of one of --servers
+servers (a fleet's gateways each send their own). Both sides' inputs (the baseline's rows, the
+client's JSON bodies) are built before their clocks start. The machine may be shared: each round
+times the baseline (one COPY of --records rows; and, printed beside it, the same rows in committed
+COPYs of --batch rows, the durable work the endpoint does per batch) and then the endpoint
+(--records records per number of senders), and the rates are over all rounds, so that all see
 the same load; each is warmed up once first.
 """
 
@@ -29,13 +30,13 @@ import django
 django.setup()
 
 from django.db import connection, transaction  # noqa: E402
-from django.test import Client  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
+from bench.served import Batch, post_all, served  # noqa: E402
 
 
 def records(count: int, server: str) -> list[dict[str, object]]:
@@ -71,17 +72,12 @@ def copy_baseline(count: int, server_id: int, *, batch: int) -> float:
     return time.perf_counter() - started
 
 
-def through_endpoint(bodies: list[bytes], token: str) -> float:
-    """Seconds to post the bodies; the client's JSON encoding is done before the clock starts."""
-    client = Client()
-    started = time.perf_counter()
-    for body in bodies:
-        response = client.post(
-            "/api/v1/requests", body, content_type="application/json",
-            headers={"Authorization": f"Bearer {token}"},
-        )  # fmt: skip
-        assert response.status_code == 200, response.content[:500]
-    return time.perf_counter() - started
+def batches(count: int, batch: int, servers: list[str], token: str) -> list[Batch]:
+    """JSON bodies of `batch` records each, the servers taking turns."""
+    return [
+        Batch(token, json.dumps(records(batch, servers[n % len(servers)])).encode())
+        for n in range(count // batch)
+    ]
 
 
 def main() -> None:
@@ -89,33 +85,52 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--senders", type=int, nargs="+", default=[1, 4])
     args = parser.parse_args()
     count = args.records // args.batch * args.batch
-    baseline_seconds = batched_seconds = endpoint_seconds = 0.0
+    baseline_seconds = batched_seconds = 0.0
+    endpoint_seconds = dict.fromkeys(args.senders, 0.0)
+    throttled = dict.fromkeys(args.senders, 0)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
         maintain_partitions(now=timezone.now())
-        server = Server.objects.create(name="bench", base_url="http://bench:8000", block_size=32)
+        names = [f"bench-{n}" for n in range(args.servers)]
+        server = Server.objects.bulk_create(
+            [Server(name=name, base_url=f"http://{name}:8000", block_size=32) for name in names]
+        )[0]
         token = create_ingest_token(name="bench")
-        copy_baseline(args.batch, server.pk, batch=args.batch)  # warm-up: lazy imports and set-up
-        through_endpoint([json.dumps(records(args.batch, "bench")).encode()], token)
-        for _ in range(args.rounds):
-            baseline_seconds += copy_baseline(count, server.pk, batch=count)
-            batched_seconds += copy_baseline(count, server.pk, batch=args.batch)
-            bodies = [json.dumps(records(args.batch, "bench")).encode() for _ in range(count // args.batch)]
-            endpoint_seconds += through_endpoint(bodies, token)
+        connection.close()  # gunicorn's workers connect to the database on their own
+        with served(test_database) as address:
+            copy_baseline(args.batch, server.pk, batch=args.batch)  # warm-up: lazy imports and set-up
+            post_all(address, PATH, JSON, batches(args.batch * args.servers * 2, args.batch, names, token), 4)
+            for _ in range(args.rounds):
+                baseline_seconds += copy_baseline(count, server.pk, batch=count)
+                batched_seconds += copy_baseline(count, server.pk, batch=args.batch)
+                for senders in args.senders:
+                    posted = post_all(address, PATH, JSON, batches(count, args.batch, names, token), senders)
+                    endpoint_seconds[senders] += posted.seconds
+                    throttled[senders] += posted.throttled
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
     total = count * args.rounds
-    baseline, batched, endpoint = total / baseline_seconds, total / batched_seconds, total / endpoint_seconds
+    baseline, batched = total / baseline_seconds, total / batched_seconds
     print(f"raw COPY into traffic_requestrecord, all {count} rows in one COPY: {baseline:,.0f} records/s")
     print(
         f"raw COPY into traffic_requestrecord, {args.batch} rows per committed COPY: {batched:,.0f} records/s"
     )
-    print(f"POST /api/v1/requests (batches of {args.batch}, {args.rounds} rounds): {endpoint:,.0f} records/s")
-    print(f"ratio endpoint / one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
-    print(f"ratio endpoint / COPY in the endpoint's batches: {endpoint / batched:.2f}")
+    for senders, seconds in endpoint_seconds.items():
+        endpoint = total / seconds
+        print(
+            f"POST {PATH} (batches of {args.batch}, {senders} sender(s), {args.rounds} rounds): "
+            f"{endpoint:,.0f} records/s, 429s waited out: {throttled[senders]}"
+        )
+        print(f"  ratio to one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
+        print(f"  ratio to COPY in the endpoint's batches: {endpoint / batched:.2f}")
+
+
+PATH, JSON = "/api/v1/requests", "application/json"
 
 
 if __name__ == "__main__":
