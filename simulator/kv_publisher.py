@@ -36,11 +36,15 @@ class KVPublisher:
         self.topic = topic.encode()
         self.array_form = array_form
         self.publisher = context.socket(zmq.PUB)
-        self.publisher.setsockopt(zmq.LINGER, 0)
-        self.publisher.bind(pub_endpoint)
         self.router = context.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(replay_endpoint)
+        try:
+            for socket, endpoint in ((self.publisher, pub_endpoint), (self.router, replay_endpoint)):
+                socket.setsockopt(zmq.LINGER, 0)
+                socket.bind(endpoint)
+        except zmq.ZMQError:  # a port in use: let go of the other, so the context can end
+            self.publisher.close()
+            self.router.close()
+            raise
         self.replay_capacity = replay_capacity
         self.restart()
         self._replay_task = asyncio.get_running_loop().create_task(self._serve_replays())

@@ -192,6 +192,7 @@ class SimulatedServer:
         self.config = config
         self.context = context
         self.runner: web.AppRunner | None = None
+        self.publisher: KVPublisher | None = None  # until start() has bound its sockets
 
     async def start(self) -> None:
         c = self.config
@@ -211,6 +212,8 @@ class SimulatedServer:
     async def stop(self) -> None:
         if self.runner:
             await self.runner.cleanup()
+        if self.publisher is None:  # start() failed binding the KV sockets (a port in use): nothing more
+            return
         await self.publisher.close()
         if self.engine.spans:
             self.engine.spans.shutdown()

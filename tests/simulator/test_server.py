@@ -1,5 +1,6 @@
 """The simulated vLLM server over real HTTP and ZMQ, checked against the real captures."""
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -7,13 +8,14 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import zmq
+import zmq.asyncio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from app.domain.blockhash import block_hash_chain
 from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import BlockStored, decode_sub_message
 from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
-from simulator.server import ServerConfig
+from simulator.server import ServerConfig, SimulatedServer
 from tests.e2e.otlp_receiver import attributes, run_otlp_receiver
 from tests.fixtures import VLLM_CPU_FIXTURES, captured_traffic, load_json
 from tests.simulator.running import local_config, running_fleet
@@ -230,3 +232,18 @@ def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> No
     assert unknown.status_code == 404
     stored = [e for e in events if isinstance(e, BlockStored)]
     assert {e.lora_name for e in stored} == {None, "support-lora"}
+
+
+def test_a_kv_port_in_use_fails_the_start_naming_it_and_stops_cleanly() -> None:
+    config = local_config()
+    context = zmq.asyncio.Context()
+    taken = context.socket(zmq.PUB)
+    taken.bind(f"tcp://127.0.0.1:{config.replay_port}")
+    server = SimulatedServer(config, context)
+    try:
+        with pytest.raises(zmq.ZMQError, match=f"127.0.0.1:{config.replay_port}"):
+            asyncio.run(server.start())
+        asyncio.run(server.stop())  # nothing was started that needs stopping: no error of its own
+    finally:
+        taken.close(linger=0)
+        context.term()  # returns only once every socket is closed: none was left open
