@@ -36,7 +36,7 @@ import django
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
@@ -47,6 +47,7 @@ from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
+from bench.baseline import copy_seconds  # noqa: E402
 from bench.served import Batch, post_all, served  # noqa: E402
 from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
 
@@ -162,16 +163,7 @@ def copy_baseline(count: int, row: Row, server_id: int, *, batch: int) -> float:
     starts), `batch` rows per COPY, each committed on its own."""
     now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
     rows = [row(server_id, template.pk, now) for _ in range(count)]
-    started = time.perf_counter()
-    for start in range(0, count, batch):
-        with (
-            transaction.atomic(),
-            connection.cursor() as cursor,
-            cursor.cursor.copy(f"COPY traffic_requestrecord ({', '.join(COLUMNS)}) FROM STDIN") as copy,
-        ):
-            for values in rows[start : start + batch]:
-                copy.write_row(values)
-    return time.perf_counter() - started
+    return copy_seconds(COLUMNS, rows, batch=batch)
 
 
 KINDS: list[tuple[str, Callable[[int, int, list[str]], list[bytes]], Row]] = [

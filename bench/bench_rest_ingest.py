@@ -18,7 +18,6 @@ the same load; each is warmed up once first.
 import argparse
 import json
 import os
-import time
 import uuid
 from datetime import UTC, datetime
 
@@ -29,13 +28,14 @@ import django
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
+from bench.baseline import copy_seconds  # noqa: E402
 from bench.served import Batch, post_all, served  # noqa: E402
 
 
@@ -55,21 +55,15 @@ def copy_baseline(count: int, server_id: int, *, batch: int) -> float:
     """Seconds for psycopg COPY of `count` rows like the records' (built before the clock starts),
     `batch` rows per COPY, each COPY committed on its own."""
     now = timezone.now()
-    columns = "server_id, request_id, arrived_at, model, tenant, source, ttft_seconds, prompt_tokens, cached_tokens, completion_tokens, trace_id, salt_hash, block_hashes"  # noqa: E501
+    columns = (
+        "server_id", "request_id", "arrived_at", "model", "tenant", "source", "ttft_seconds", "prompt_tokens",
+        "cached_tokens", "completion_tokens", "trace_id", "salt_hash", "block_hashes",
+    )  # fmt: skip
     rows: list[tuple[object, ...]] = [
         (server_id, f"copy-{uuid.uuid4().hex}", now, "tiny", "acme", "rest", 0.05, 2048, 1536, 16, "", "", [])
         for _ in range(count)
     ]
-    started = time.perf_counter()
-    for start in range(0, count, batch):
-        with (
-            transaction.atomic(),
-            connection.cursor() as cursor,
-            cursor.cursor.copy(f"COPY traffic_requestrecord ({columns}) FROM STDIN") as copy,
-        ):
-            for row in rows[start : start + batch]:
-                copy.write_row(row)
-    return time.perf_counter() - started
+    return copy_seconds(columns, rows, batch=batch)
 
 
 def batches(count: int, batch: int, servers: list[str], token: str) -> list[Batch]:

@@ -85,7 +85,7 @@ def _wait_ready(host: str, port: int, server: subprocess.Popen[bytes]) -> None:
             if connection.getresponse().status == 200:
                 return
         except OSError:
-            pass
+            pass  # not listening yet
         time.sleep(0.2)
     raise TimeoutError("gunicorn did not answer /healthz")
 
