@@ -176,10 +176,11 @@ PREFIXSCOPE_TOKENIZER_PATTERN = env_str(
 PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
 
 # Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process;
-# one more is refused at once with 429 and Retry-After, stores nothing, and is sent again. A batch
-# that waits longer than the lock timeout for a lock is refused the same way (0: waits as long as
-# it takes).
+# one more waits up to PREFIXSCOPE_INGEST_WAIT_SECONDS for a slot (0: not at all), then is refused
+# with 429 and Retry-After, stores nothing, and is sent again. A batch that waits longer than the
+# lock timeout for a lock is refused the same way (0: waits as long as it takes).
 PREFIXSCOPE_INGEST_CONCURRENCY = env_int("PREFIXSCOPE_INGEST_CONCURRENCY", 2, minimum=1)
+PREFIXSCOPE_INGEST_WAIT_SECONDS = env_int("PREFIXSCOPE_INGEST_WAIT_SECONDS", 1, minimum=0)
 PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS = env_int("PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS", 10, minimum=0)
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))

@@ -1,9 +1,12 @@
 """What the ingest endpoints share: a bounded body, and a bounded number of batches at once per process.
 
 A body over MAX_BODY_BYTES is answered 413 (Django's own limit, 2.5 MB, is meant for forms). A batch
-that finds PREFIXSCOPE_INGEST_CONCURRENCY batches already being ingested by its process is answered
-429 at once, with Retry-After, and nothing of it is stored: its sender tries again (OTLP exporters
-retry 429 and honour Retry-After; REST clients are told to). So is a batch the database did not
+that finds PREFIXSCOPE_INGEST_CONCURRENCY batches already being ingested by its process waits up to
+PREFIXSCOPE_INGEST_WAIT_SECONDS for one of them to finish: exporters of a fleet send at once, and a
+batch takes tens of milliseconds, so a short wait is no overload and refusing it would cost its sender
+a whole Retry-After. Past the wait the batch is answered 429, with Retry-After, and nothing of it is
+stored: its sender tries again (OTLP exporters retry 429 and honour Retry-After; REST clients are
+told to). So is a batch the database did not
 take in time (lock or statement timeout, deadlock). Refusals are counted in memory and added to the
 tally of rejected input (`prefixscope_rejected_inputs_total{reason=~"refused.*"}` in /metrics) after
 the next batch that is admitted: writing them while refusing would load a database already behind.
@@ -60,10 +63,11 @@ _slots(settings.PREFIXSCOPE_INGEST_CONCURRENCY)  # made at start-up, before requ
 @contextmanager
 def ingest_slot(source: str) -> Iterator[bool]:
     """True, and a slot held until the block ends, when fewer than PREFIXSCOPE_INGEST_CONCURRENCY
-    batches are being ingested in this process; False (never waiting) otherwise, the refusal counted.
+    batches are being ingested in this process or one finishes within PREFIXSCOPE_INGEST_WAIT_SECONDS;
+    False otherwise, the refusal counted.
     """
     slots = _slots(settings.PREFIXSCOPE_INGEST_CONCURRENCY)
-    if not slots.acquire(blocking=False):
+    if not slots.acquire(timeout=settings.PREFIXSCOPE_INGEST_WAIT_SECONDS):
         note_refusal(source, BUSY)
         yield False
         return

@@ -82,8 +82,27 @@ def refusals(server: LiveServer) -> dict[str, float]:
     }
 
 
-@override_settings(PREFIXSCOPE_INGEST_CONCURRENCY=1)
-def test_a_batch_beyond_the_bound_is_refused_at_once_and_its_retry_is_stored_once(
+@override_settings(PREFIXSCOPE_INGEST_CONCURRENCY=1, PREFIXSCOPE_INGEST_WAIT_SECONDS=10)
+def test_a_batch_beyond_the_bound_waits_for_a_slot_and_is_stored(live_server: LiveServer, token: str) -> None:
+    slot = intake._slots(1)  # the live server runs in this process: the test holds its only slot
+    records = batch(*CAPTURES)
+    with ThreadPoolExecutor(1) as pool:
+        assert slot.acquire(timeout=5)
+        try:
+            sent = pool.submit(post, live_server, token, records)
+            time.sleep(1)
+            assert not sent.done()  # neither refused nor stored: waiting for the slot
+        finally:
+            slot.release()
+        answer = sent.result()
+
+    assert answer.json() == {"stored": 4, "rejected": []}
+    assert stored() == Counter(r["request_id"] for r in records)
+    assert refusals(live_server) == {}
+
+
+@override_settings(PREFIXSCOPE_INGEST_CONCURRENCY=1, PREFIXSCOPE_INGEST_WAIT_SECONDS=1)
+def test_a_batch_beyond_the_bound_is_refused_after_its_wait_and_its_retry_is_stored_once(
     live_server: LiveServer, token: str
 ) -> None:
     first, second = batch(*CAPTURES[:2]), batch(*CAPTURES[2:])
@@ -91,12 +110,15 @@ def test_a_batch_beyond_the_bound_is_refused_at_once_and_its_retry_is_stored_onc
     with inserts_blocked() as lock, ThreadPoolExecutor(1) as pool:
         in_flight = pool.submit(post, live_server, token, first)  # takes the only slot, then waits
         wait_for_a_blocked_insert()
+        started = time.monotonic()
         refused, refused_spans = post(live_server, token, second), post_spans(live_server, token, spans)
+        waited = time.monotonic() - started
         assert stored() == Counter()  # while the first batch waits, nothing is stored
         lock.rollback()
         acknowledged = in_flight.result()
 
     assert (refused.status_code, refused.headers["Retry-After"]) == (429, "1")
+    assert waited >= 2  # each waited its second for the slot first
     assert "retry" in refused.json()["error"]
     assert (refused_spans.status_code, refused_spans.headers["Retry-After"]) == (429, "1")
     assert acknowledged.json() == {"stored": 2, "rejected": []}
