@@ -1,7 +1,9 @@
 """Ingest tokens: created (the secret shown once) and checked."""
 
+import threading
 from datetime import timedelta
 
+from cachetools import TTLCache
 from django.utils import timezone
 
 from app.api.models import IngestToken
@@ -18,10 +20,33 @@ def create_ingest_token(*, name: str) -> str:
 LAST_USE_PRECISION = timedelta(minutes=1)
 
 
+# A live token is remembered by each web process for this long: a source sends many batches a
+# second, and looking its token up for each was a tenth of an OTLP export's time. A token revoked
+# (or deleted) is therefore refused within this many seconds, not at once.
+TOKEN_MEMORY_SECONDS = 10
+_live_tokens: TTLCache[str, IngestToken] = TTLCache(maxsize=1024, ttl=TOKEN_MEMORY_SECONDS)
+_live_tokens_lock = threading.Lock()
+
+
 def authenticate_ingest_token(secret: str) -> IngestToken | None:
     """The live token with this secret (its last use noted, to the minute), or None."""
-    token = IngestToken.objects.filter(token_sha256=IngestToken.digest(secret), revoked=False).first()
+    digest = IngestToken.digest(secret)
+    with _live_tokens_lock:
+        token = _live_tokens.get(digest)
+    if token is None:
+        token = IngestToken.objects.filter(token_sha256=digest, revoked=False).first()
+        if token is None:
+            return None
+        with _live_tokens_lock:
+            _live_tokens[digest] = token
     now = timezone.now()
-    if token is not None and (token.last_used_at is None or now - token.last_used_at >= LAST_USE_PRECISION):
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USE_PRECISION:
         IngestToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
     return token
+
+
+def forget_ingest_tokens() -> None:
+    """Forget the tokens this process remembers: the next batch of each source looks its token up."""
+    with _live_tokens_lock:
+        _live_tokens.clear()

@@ -6,7 +6,12 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
-from app.core.partitioning import creation_manager, expired_partitions, partitioned_tables
+from app.core.partitioning import (
+    creation_manager,
+    expired_partitions,
+    forget_partition_ranges,
+    partitioned_tables,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +32,7 @@ def maintain_partitions(*, now: datetime) -> PartitionChanges:
             created += [f"{table}_{p.name()}" for p in model_plan.creations]
         plan.apply(using="default")
         dropped = _drop_expired_partitions(now)
+    forget_partition_ranges()
     if created or dropped:
         logger.info(
             "partitions changed", extra={"partitions_created": created, "partitions_dropped": dropped}

@@ -14,10 +14,10 @@ import base64
 import json
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -45,16 +45,16 @@ class OTLPDecodeError(ValueError):
     """The body is not an OTLP trace export in the declared encoding."""
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+# Structs, not dataclasses: an export has hundreds of spans and a frozen Struct is built several
+# times faster than a frozen dataclass.
+class Span(msgspec.Struct, frozen=True):
     trace_id: str  # hex
     name: str
     start: datetime
     attributes: Mapping[str, Any]  # the span's, over its resource's
 
 
-@dataclass(frozen=True, slots=True)
-class SpanRequest:
+class SpanRequest(msgspec.Struct, frozen=True, kw_only=True):
     """What one span says about one inference request."""
 
     request_id: str

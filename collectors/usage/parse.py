@@ -9,8 +9,9 @@
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 # No request has two billion tokens; a count beyond this is garbage (and beyond the 32-bit columns).
 _MAX_COUNT = 2**31 - 1
@@ -20,8 +21,7 @@ class UsageError(ValueError):
     """A usage field holds something that is not a token count; the message names it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     """Token counts of one request; None where the source did not say."""
 
     prompt_tokens: int | None

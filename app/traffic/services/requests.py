@@ -8,6 +8,7 @@ it never erases a known one.
 
 import hashlib
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -16,13 +17,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+from cachetools import TTLCache
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils.text import slugify
-from psycopg.errors import UniqueViolation
+from psycopg.errors import CheckViolation, ForeignKeyViolation, UniqueViolation
 
-from app.core.partitioning import partition_ranges
+from app.core.partitioning import forget_partition_ranges, recent_partition_ranges
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
@@ -154,10 +156,15 @@ def ingest_request_records(
     try:
         return _ingest(items, now=now, malformed=malformed, merge=False)
     except IntegrityError as exc:
-        if not isinstance(exc.__cause__, UniqueViolation):
-            raise
-        # A writer outside this function stored one of these keys after they were looked for: merge.
-        return _ingest(items, now=now, malformed=malformed, merge=True)
+        if isinstance(exc.__cause__, UniqueViolation):
+            # A writer outside this function stored one of these keys after they were looked for.
+            return _ingest(items, now=now, malformed=malformed, merge=True)
+        if isinstance(exc.__cause__, ForeignKeyViolation | CheckViolation):
+            # A server deleted, or a partition dropped, since this process looked them up.
+            forget_servers()
+            forget_partition_ranges()
+            return _ingest(items, now=now, malformed=malformed, merge=False)
+        raise
 
 
 def _ingest(
@@ -167,7 +174,7 @@ def _ingest(
     outcome = IngestOutcome()
     with transaction.atomic():
         servers = _servers(items, named_by=malformed)
-        spans = _spans(partition_ranges(RequestRecord._meta.db_table).values())
+        spans = _spans(recent_partition_ranges(RequestRecord._meta.db_table).values())
         keep_since = _token_ids_kept_since(now)
         templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
         rows = []
@@ -211,6 +218,21 @@ def _kept(arrived_at: datetime, spans: list[tuple[datetime, datetime]]) -> bool:
     return lower <= arrived_at < upper or any(lower <= arrived_at < upper for lower, upper in spans[1:])
 
 
+# The server each reference (name or base URL) names, remembered by a process for this long: a
+# source sends many batches a second about the same few servers, and looking them up took a tenth
+# of an OTLP export's time. Only servers whose block size is known are remembered, so the one a
+# scrape has just discovered is used from the next batch on; a block size changed by a redeploy is
+# seen within these seconds. A batch naming a server deleted meanwhile is tried again without them.
+SERVER_MEMORY_SECONDS = 10
+_known_servers: TTLCache[str, Server] = TTLCache(maxsize=4096, ttl=SERVER_MEMORY_SECONDS)
+_known_servers_lock = threading.Lock()
+
+
+def forget_servers() -> None:
+    with _known_servers_lock:
+        _known_servers.clear()
+
+
 def _servers(items: Sequence[RequestIn], *, named_by: Sequence[Malformed] = ()) -> dict[str, Server | None]:
     """The server each item (and each malformed input) names; a name or URL nobody registered
     becomes a proposed server for an item, and None for malformed input (no proposal from it).
@@ -219,6 +241,17 @@ def _servers(items: Sequence[RequestIn], *, named_by: Sequence[Malformed] = ()) 
     """
     references = {item.server for item in items}
     named = {m.server for m in named_by if m.server} - references
+    with _known_servers_lock:
+        known = {ref: server for ref in references | named if (server := _known_servers.get(ref))}
+    if len(known) == len(references | named):
+        return dict(known)
+    found = _look_up_servers(references - known.keys(), named - known.keys())
+    with _known_servers_lock:
+        _known_servers.update((ref, s) for ref, s in found.items() if s is not None and s.block_size)
+    return known | found
+
+
+def _look_up_servers(references: set[str], named: set[str]) -> dict[str, Server | None]:
     by_name: dict[str, Server] = {}
     by_url: dict[str, Server] = {}
     wanted = references | named
