@@ -23,21 +23,21 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from collectors.otlp.reader import Export
 from collectors.usage.parse import Usage, UsageError, usage_from_span
 
 _ENGINE_SUFFIX = re.compile(r"-\d+$")
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
-# What span_request reads. A receiver passes these to decode_export: a span carries a dozen more
-# attributes (and its resource as many): converting them all is work thrown away on every span.
-REQUEST_ATTRIBUTES = frozenset(
-    {
-        "gen_ai.request.id", "gen_ai.response.id", "gen_ai.operation.name", "gen_ai.response.model",
-        "gen_ai.request.model", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
-        "gen_ai.latency.time_in_model_prefill", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
-        "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
-        "gen_ai.usage.cache_read.input_tokens",
-        "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
-    }
+# What span_request reads. A receiver passes these to decode_export, which then looks up only these
+# keys: a span carries a dozen more attributes (and its resource as many), and converting them all
+# is work thrown away on every span.
+REQUEST_ATTRIBUTES = (
+    "gen_ai.request.id", "gen_ai.response.id", "gen_ai.operation.name", "gen_ai.response.model",
+    "gen_ai.request.model", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
+    "gen_ai.latency.time_in_model_prefill", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
+    "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
+    "gen_ai.usage.cache_read.input_tokens",
+    "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
 )  # fmt: skip
 
 
@@ -78,9 +78,10 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
     """
     try:
         if content_type.startswith("application/json"):
-            export = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
-        else:
-            export = ExportTraceServiceRequest.FromString(body)
+            # OTLP/JSON writes attributes as a list of {key, value}: read by OTLP's own message first.
+            full = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
+            body = full.SerializeToString()
+        export = Export.FromString(body)
     except (DecodeError, json_format.ParseError, ValueError) as exc:
         raise OTLPDecodeError(f"not an OTLP trace export: {exc}") from None
     spans = []
@@ -121,10 +122,10 @@ def span_request(span: Span) -> SpanRequest | None:
     )  # fmt: skip
 
 
-def _attributes(pairs: Any, keys: Collection[str] | None = None) -> dict[str, Any]:
+def _attributes(attributes: Mapping[str, AnyValue], keys: Collection[str] | None) -> dict[str, Any]:
     if keys is None:
-        return {pair.key: _value(pair.value) for pair in pairs}
-    return {key: _value(pair.value) for pair in pairs if (key := pair.key) in keys}
+        return {key: _value(value) for key, value in attributes.items()}
+    return {key: _value(attributes[key]) for key in keys if key in attributes}
 
 
 def _value(value: AnyValue) -> Any:
@@ -132,7 +133,7 @@ def _value(value: AnyValue) -> Any:
     if kind == "array_value":
         return [_value(v) for v in value.array_value.values]
     if kind == "kvlist_value":
-        return _attributes(value.kvlist_value.values)
+        return {pair.key: _value(pair.value) for pair in value.kvlist_value.values}
     return None if kind is None else getattr(value, kind)
 
 

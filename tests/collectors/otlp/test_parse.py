@@ -3,8 +3,10 @@
 import json
 
 import pytest
+from google.protobuf import json_format
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.otlp.parse import OTLPDecodeError, decode_export, span_request
+from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, decode_export, span_request
 from collectors.usage.parse import Usage, UsageError
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
@@ -29,6 +31,33 @@ def test_every_captured_llm_request_span_becomes_a_request_with_the_response_id(
         )
         assert found.ttft_seconds and found.queue_seconds is not None and found.prefill_seconds
         assert found.server is None and len(found.trace_id) == 32
+
+
+def attributes_by_opentelemetry_proto(body: bytes) -> list[dict[str, object]]:
+    """Each span's attributes over its resource's, read through opentelemetry-proto's own messages."""
+    export = json_format.MessageToDict(ExportTraceServiceRequest.FromString(body))
+    read = []
+    for resource_spans in export["resourceSpans"]:
+        resource = resource_spans.get("resource", {}).get("attributes", [])
+        for scope_spans in resource_spans["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                pairs = resource + span.get("attributes", [])
+                read.append({pair["key"]: next(iter(pair["value"].values())) for pair in pairs})
+    return read
+
+
+def test_the_reader_sees_the_attributes_opentelemetry_proto_sees() -> None:
+    # The reader's map of attributes is the same bytes as OTLP's list of KeyValue (collectors/otlp/reader.py).
+    expected = attributes_by_opentelemetry_proto(CAPTURE)
+    spans = decode_export(CAPTURE, "application/x-protobuf")
+    assert len(spans) == len(expected) == 18
+    for span, attributes in zip(spans, expected, strict=True):
+        # JSON's mapping writes 64-bit integers as strings: compare as protobuf's JSON would.
+        assert {k: str(v) if isinstance(v, int) else v for k, v in span.attributes.items()} == attributes
+    wanted = decode_export(CAPTURE, "application/x-protobuf", keys=REQUEST_ATTRIBUTES)
+    assert [s.attributes for s in wanted] == [
+        {k: v for k, v in s.attributes.items() if k in REQUEST_ATTRIBUTES} for s in spans
+    ]
 
 
 def test_otlp_json_gives_the_same_requests_as_protobuf() -> None:
