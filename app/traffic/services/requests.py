@@ -178,8 +178,9 @@ def _ingest(
         keep_since = _token_ids_kept_since(now)
         templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
         rows = []
+        unkept = _without_partition(items, spans)
         for index, item in enumerate(items):
-            if not _kept(item.arrived_at, spans):
+            if index in unkept:
                 outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
                 continue
             server = servers[item.server]
@@ -212,10 +213,16 @@ def _spans(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, 
     return spans
 
 
-def _kept(arrived_at: datetime, spans: list[tuple[datetime, datetime]]) -> bool:
-    # One span but for a missing day: tested first, without a generator (a thousand times a batch).
-    lower, upper = spans[0] if spans else (arrived_at, arrived_at)
-    return lower <= arrived_at < upper or any(lower <= arrived_at < upper for lower, upper in spans[1:])
+def _without_partition(items: Sequence[RequestIn], spans: list[tuple[datetime, datetime]]) -> set[int]:
+    """Indexes of the items whose arrival time no partition holds (past retention, too far ahead)."""
+    arrivals = [item.arrived_at for item in items]
+    if arrivals and spans and spans[0][0] <= min(arrivals) and max(arrivals) < spans[0][1]:
+        return set()  # the usual batch, all in the first unbroken span: no test item by item
+    return {
+        index
+        for index, arrived_at in enumerate(arrivals)
+        if not any(lower <= arrived_at < upper for lower, upper in spans)
+    }
 
 
 # The server each reference (name or base URL) names, remembered by a process for this long: a
