@@ -1,7 +1,8 @@
 """Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
-        [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 4]
+        [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 4] \
+        [--table-rows 0 1000000]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). Two kinds of
 export are sent, each in batches of `--batch` spans (512 is the OpenTelemetry SDK's
@@ -19,7 +20,9 @@ built before their clocks start, and each is warmed up once (a first request pay
 and connection set-up). The machine may be shared: each round times the baseline (one COPY of
 --spans rows; and, printed beside it, the same rows in committed COPYs of --batch rows, the
 durable work the endpoint does per export) and then the endpoint (--spans spans per number of
-senders), and the rates are over all rounds, so that all see the same load.
+senders), and the rates are over all rounds, so that all see the same load. Every timed run
+starts from the same table: holding each of --table-rows records in turn (bench/baseline.py says
+why that matters).
 """
 
 import argparse
@@ -47,7 +50,7 @@ from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
-from bench.baseline import copy_seconds  # noqa: E402
+from bench.baseline import copy_seconds, fill_request_records, reset_request_records  # noqa: E402
 from bench.served import Batch, post_all, served  # noqa: E402
 from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
 
@@ -185,14 +188,16 @@ class Endpoint:
         return posted.seconds, posted.throttled
 
 
-Measured = tuple[str, float, float, dict[int, float], dict[int, int]]
+Measured = tuple[int, str, float, float, dict[int, float], dict[int, int]]
 
 
-def measure(args: argparse.Namespace, server_id: int, endpoint: Endpoint) -> list[Measured]:
-    """(kind, records/s of one COPY, of COPYs per export batch, of the endpoint by senders, and the
-    429s waited out by senders), over all rounds, after one untimed warm-up."""
+def measure(args: argparse.Namespace, server_id: int, endpoint: Endpoint, table_rows: int) -> list[Measured]:
+    """(table rows, kind, records/s of one COPY, of COPYs per export batch, of the endpoint by
+    senders, and the 429s waited out by senders), over all rounds, after one untimed warm-up; every
+    timed run starts from the table holding `table_rows` records."""
     results = []
     for kind, exports, row in KINDS:
+        fill_request_records(server_id, table_rows)
         copy_baseline(args.batch, row, server_id, batch=args.batch)
         endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
         baseline_seconds = batched_seconds = 0.0
@@ -201,12 +206,16 @@ def measure(args: argparse.Namespace, server_id: int, endpoint: Endpoint) -> lis
             baseline_seconds += copy_baseline(args.spans, row, server_id, batch=args.spans)
             batched_seconds += copy_baseline(args.spans, row, server_id, batch=args.batch)
             for senders in args.senders:
-                seconds, refused = endpoint.post(exports(args.spans, args.batch, endpoint.servers), senders)
+                bodies = exports(args.spans, args.batch, endpoint.servers)
+                reset_request_records()
+                seconds, refused = endpoint.post(bodies, senders)
                 endpoint_seconds[senders] += seconds
                 throttled[senders] += refused
         total = args.spans * args.rounds
         rates = {senders: total / seconds for senders, seconds in endpoint_seconds.items()}
-        results.append((kind, total / baseline_seconds, total / batched_seconds, rates, throttled))
+        results.append(
+            (table_rows, kind, total / baseline_seconds, total / batched_seconds, rates, throttled)
+        )
     return results
 
 
@@ -217,6 +226,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args()
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -229,19 +239,25 @@ def main() -> None:
         tokens = [create_ingest_token(name=name) for name in names]  # vLLM's spans name no server
         connection.close()  # gunicorn's workers connect to the database on their own
         with served(test_database) as address:
-            results = measure(args, server.pk, Endpoint(address, names, tokens))
+            endpoint = Endpoint(address, names, tokens)
+            results = [m for rows in args.table_rows for m in measure(args, server.pk, endpoint, rows)]
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
-    for kind, baseline, batched, rates, throttled in results:
-        print(f"{kind} spans, raw COPY of their rows ({args.spans} per COPY): {baseline:,.0f} records/s")
-        print(f"{kind} spans, raw COPY of their rows ({args.batch} per commit): {batched:,.0f} records/s")
-        for senders, endpoint in rates.items():
+    for table_rows, kind, baseline, batched, rates, throttled in results:
+        into = f"into a table of {table_rows:,} records"
+        print(
+            f"{kind} spans, raw COPY of their rows {into} ({args.spans} per COPY): {baseline:,.0f} records/s"
+        )
+        print(
+            f"{kind} spans, raw COPY of their rows {into} ({args.batch} per commit): {batched:,.0f} records/s"
+        )
+        for senders, rate in rates.items():
             print(
-                f"{kind} spans, POST {PATH} ({args.batch} per export, {senders} sender(s)): "
-                f"{endpoint:,.0f} records/s, 429s waited out: {throttled[senders]}"
+                f"{kind} spans, POST {PATH} {into} ({args.batch} per export, {senders} sender(s)): "
+                f"{rate:,.0f} records/s, 429s waited out: {throttled[senders]}"
             )
-            print(f"  ratio to one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
-            print(f"  ratio to COPY in the export's batches: {endpoint / batched:.2f}")
+            print(f"  ratio to one COPY: {rate / baseline:.2f}  (target: >= 0.50)")
+            print(f"  ratio to COPY in the export's batches: {rate / batched:.2f}")
 
 
 if __name__ == "__main__":

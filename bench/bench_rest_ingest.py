@@ -1,7 +1,8 @@
 """Request records per second through POST /api/v1/requests, against raw COPY of the same rows.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rest_ingest \
-        [--records 20000] [--batch 1000] [--rounds 3] [--servers 4] [--senders 1 4]
+        [--records 20000] [--batch 1000] [--rounds 3] [--servers 4] [--senders 1 4] \
+        [--table-rows 0 1000000]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The
 baseline is psycopg COPY of equivalent rows straight into traffic_requestrecord, measured in the
@@ -12,7 +13,8 @@ client's JSON bodies) are built before their clocks start. The machine may be sh
 times the baseline (one COPY of --records rows; and, printed beside it, the same rows in committed
 COPYs of --batch rows, the durable work the endpoint does per batch) and then the endpoint
 (--records records per number of senders), and the rates are over all rounds, so that all see
-the same load; each is warmed up once first.
+the same load; each is warmed up once first. Every timed run starts from the same table: holding
+each of --table-rows records in turn (bench/baseline.py says why that matters).
 """
 
 import argparse
@@ -35,7 +37,7 @@ from django.utils import timezone  # noqa: E402
 from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
-from bench.baseline import copy_seconds  # noqa: E402
+from bench.baseline import copy_seconds, fill_request_records, reset_request_records  # noqa: E402
 from bench.served import Batch, post_all, served  # noqa: E402
 
 
@@ -74,6 +76,35 @@ def batches(count: int, batch: int, servers: list[str], token: str) -> list[Batc
     ]
 
 
+Measured = tuple[int, float, float, dict[int, float], dict[int, int]]
+
+
+def measure(
+    args: argparse.Namespace, address: tuple[str, int], server: Server, token: str, table_rows: int
+) -> Measured:
+    """(table rows, records/s of one COPY, of COPYs per batch, of the endpoint by senders, and the
+    429s waited out by senders), over all rounds, after one untimed warm-up; every timed run starts
+    from the table holding `table_rows` records."""
+    count, names = args.records // args.batch * args.batch, [f"bench-{n}" for n in range(args.servers)]
+    fill_request_records(server.pk, table_rows)
+    copy_baseline(args.batch, server.pk, batch=args.batch)  # warm-up: lazy imports and set-up
+    post_all(address, PATH, JSON, batches(args.batch * args.servers * 2, args.batch, names, token), 4)
+    baseline_seconds = batched_seconds = 0.0
+    endpoint_seconds, throttled = dict.fromkeys(args.senders, 0.0), dict.fromkeys(args.senders, 0)
+    for _ in range(args.rounds):
+        baseline_seconds += copy_baseline(count, server.pk, batch=count)
+        batched_seconds += copy_baseline(count, server.pk, batch=args.batch)
+        for senders in args.senders:
+            bodies = batches(count, args.batch, names, token)
+            reset_request_records()
+            posted = post_all(address, PATH, JSON, bodies, senders)
+            endpoint_seconds[senders] += posted.seconds
+            throttled[senders] += posted.throttled
+    total = count * args.rounds
+    rates = {senders: total / seconds for senders, seconds in endpoint_seconds.items()}
+    return table_rows, total / baseline_seconds, total / batched_seconds, rates, throttled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=20_000)
@@ -81,11 +112,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args()
-    count = args.records // args.batch * args.batch
-    baseline_seconds = batched_seconds = 0.0
-    endpoint_seconds = dict.fromkeys(args.senders, 0.0)
-    throttled = dict.fromkeys(args.senders, 0)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
@@ -97,31 +125,21 @@ def main() -> None:
         token = create_ingest_token(name="bench")
         connection.close()  # gunicorn's workers connect to the database on their own
         with served(test_database) as address:
-            copy_baseline(args.batch, server.pk, batch=args.batch)  # warm-up: lazy imports and set-up
-            post_all(address, PATH, JSON, batches(args.batch * args.servers * 2, args.batch, names, token), 4)
-            for _ in range(args.rounds):
-                baseline_seconds += copy_baseline(count, server.pk, batch=count)
-                batched_seconds += copy_baseline(count, server.pk, batch=args.batch)
-                for senders in args.senders:
-                    posted = post_all(address, PATH, JSON, batches(count, args.batch, names, token), senders)
-                    endpoint_seconds[senders] += posted.seconds
-                    throttled[senders] += posted.throttled
+            results = [measure(args, address, server, token, rows) for rows in args.table_rows]
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
-    total = count * args.rounds
-    baseline, batched = total / baseline_seconds, total / batched_seconds
-    print(f"raw COPY into traffic_requestrecord, all {count} rows in one COPY: {baseline:,.0f} records/s")
-    print(
-        f"raw COPY into traffic_requestrecord, {args.batch} rows per committed COPY: {batched:,.0f} records/s"
-    )
-    for senders, seconds in endpoint_seconds.items():
-        endpoint = total / seconds
-        print(
-            f"POST {PATH} (batches of {args.batch}, {senders} sender(s), {args.rounds} rounds): "
-            f"{endpoint:,.0f} records/s, 429s waited out: {throttled[senders]}"
-        )
-        print(f"  ratio to one COPY: {endpoint / baseline:.2f}  (target: >= 0.50)")
-        print(f"  ratio to COPY in the endpoint's batches: {endpoint / batched:.2f}")
+    count = args.records // args.batch * args.batch
+    for table_rows, baseline, batched, rates, throttled in results:
+        into = f"into a table of {table_rows:,} records"
+        print(f"raw COPY {into}, all {count} rows in one COPY: {baseline:,.0f} records/s")
+        print(f"raw COPY {into}, {args.batch} rows per committed COPY: {batched:,.0f} records/s")
+        for senders, rate in rates.items():
+            print(
+                f"POST {PATH} {into} (batches of {args.batch}, {senders} sender(s), {args.rounds} rounds): "
+                f"{rate:,.0f} records/s, 429s waited out: {throttled[senders]}"
+            )
+            print(f"  ratio to one COPY: {rate / baseline:.2f}  (target: >= 0.50)")
+            print(f"  ratio to COPY in the endpoint's batches: {rate / batched:.2f}")
 
 
 PATH, JSON = "/api/v1/requests", "application/json"
