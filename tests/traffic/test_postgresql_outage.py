@@ -6,8 +6,8 @@ cut) while the collectors run as deployed, in their own processes: `manage.py ga
 a simulated vLLM server answering a steady client, `manage.py collect_kv_events` on that server's
 events, and gunicorn serving the REST and OTLP ingest endpoints.
 
-The outage lasts PREFIXSCOPE_TEST_OUTAGE_SECONDS (default 10: the behaviour under test, spilling and
-buffering until PostgreSQL is back, is the same after 10 s as after 60, and CI time is counted).
+The outage lasts a minute, as the ingestion issue asks (PREFIXSCOPE_TEST_OUTAGE_SECONDS sets another
+length).
 """
 
 import json
@@ -36,7 +36,7 @@ from tests.simulator.running import free_ports, local_config, running_fleet
 from tests.traffic.processes import REPO, Command, Load, manage, wait_until
 from tests.traffic.published import Row, differences, published, resident_after, rows_of
 
-OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "10"))
+OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "60"))
 INGEST_SECRET = "psi_outage-test-secret"
 REST_RECORDS = 3
 
