@@ -6,10 +6,10 @@ PREFIXSCOPE_INGEST_WAIT_SECONDS for one of them to finish: exporters of a fleet 
 batch takes tens of milliseconds, so a short wait is no overload and refusing it would cost its sender
 a whole Retry-After. Past the wait the batch is answered 429, with Retry-After, and nothing of it is
 stored: its sender tries again (OTLP exporters retry 429 and honour Retry-After; REST clients are
-told to). So is a batch the database did not
-take in time (lock or statement timeout, deadlock). Refusals are counted in memory and added to the
-tally of rejected input (`prefixscope_rejected_inputs_total{reason=~"refused.*"}` in /metrics) after
-the next batch that is admitted: writing them while refusing would load a database already behind.
+told to). So is a batch the database did not take in time (lock or statement timeout, deadlock).
+Refusals are counted in memory and added to the tally of rejected input
+(`prefixscope_rejected_inputs_total{reason=~"refused.*"}` in /metrics) after the next batch that is
+admitted: writing them while refusing would load a database already behind.
 """
 
 import functools
