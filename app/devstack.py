@@ -127,14 +127,15 @@ def run(port: int) -> int:
     manage(env, "migrate", "--noinput")
     manage(env, "maintain_partitions")
     password = admin_password()
-    manage(env, "ensure_admin", "--username", "admin", "--password", password)
+    # `--option=value`: a generated secret may begin with "-", which argparse would take for an option.
+    manage(env, "ensure_admin", "--username", "admin", f"--password={password}")
     envs = {}  # a process's own environment, where it differs from env
     if env_bool("PREFIXSCOPE_DEMO", True):
         http, kv, replay = demo_ports()
         ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
         manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports)
         token = kept_secret("demo-ingest-token")
-        manage(env, "ensure_ingest_token", "demo-fleet", "--secret", token)
+        manage(env, "ensure_ingest_token", "demo-fleet", f"--secret={token}")
         # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
         envs["fleet"] = {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token}
     print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from django.contrib.auth.hashers import check_password
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,6 +104,10 @@ def wait_for_demo_data(data_dir: Path, timeout: float = 120) -> None:
 @pytest.mark.timeout(600)
 def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: Path) -> None:
     port, demo_port = free_port(), free_demo_ports()
+    # Secrets as `make run` generates them, here both beginning with "-" (1 in 64 of generated ones
+    # does), which the commands it runs once took for an option and failed on.
+    (tmp_path / "admin-password").write_text("-starts-like-an-option")
+    (tmp_path / "demo-ingest-token").write_text("-also-starts-like-an-option")
     first = start(tmp_path, port, demo_port)
     try:
         try:
@@ -111,8 +116,10 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as login_page:
             assert b"Log in" in login_page.read()
-        wait_for_demo_data(tmp_path)
+        wait_for_demo_data(tmp_path)  # the demo fleet's spans among it: its ingest token was taken
         with database(tmp_path) as conn:
+            (encoded,) = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
+            assert check_password("-starts-like-an-option", encoded)
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
                 " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
