@@ -118,8 +118,8 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             assert b"Log in" in login_page.read()
         wait_for_demo_data(tmp_path)  # the demo fleet's spans among it: its ingest token was taken
         with database(tmp_path) as conn:
-            (encoded,) = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
-            assert check_password("-starts-like-an-option", encoded)
+            admin = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
+            assert admin is not None and check_password("-starts-like-an-option", admin[0])
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
                 " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
