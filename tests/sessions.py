@@ -28,15 +28,21 @@ def inserts_blocked() -> Iterator[psycopg.Connection[Any]]:
 
 def wait_for_a_blocked_insert() -> None:
     """Return once an INSERT or COPY into traffic_requestrecord waits for a lock in this database."""
+    wait_for_lock_waits(1, query="(INSERT INTO|COPY) traffic_requestrecord ")
+
+
+def wait_for_lock_waits(count: int, *, query: str = "") -> None:
+    """Return once `count` sessions of this database wait for a lock (with `query`, a regular
+    expression, only those whose statement matches it)."""
     with session() as watcher:
         watcher.autocommit = True
         for _ in range(500):
             waiting = watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' "
-                "AND query ~ '(INSERT INTO|COPY) traffic_requestrecord '"
+                "AND wait_event_type = 'Lock' AND query ~ %s",
+                [query],
             ).fetchone()
-            if waiting and waiting[0]:
+            if waiting and waiting[0] >= count:
                 return
             time.sleep(0.02)
-    raise AssertionError("no ingest came to wait for a lock")
+    raise AssertionError(f"not {count} sessions came to wait for a lock (statements matching {query!r})")

@@ -1,7 +1,6 @@
 """Two batches with the same request at once: the one that finds the other's record after looking
 for it merges into it instead of failing or storing the request twice."""
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -13,7 +12,7 @@ from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
 from tests.fixtures import load_json
-from tests.sessions import session, wait_for_a_blocked_insert
+from tests.sessions import session, wait_for_a_blocked_insert, wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,20 +50,6 @@ def test_a_record_stored_by_a_concurrent_batch_after_the_check_is_merged_not_dup
     assert (record.ttft_seconds, record.prompt_tokens) == (0.0129, response["usage"]["prompt_tokens"])
 
 
-def wait_for_waiting_batches(count: int) -> None:
-    with session() as watcher:
-        watcher.autocommit = True
-        for _ in range(500):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            ).fetchone()
-            if waiting and waiting[0] == count:
-                return
-            time.sleep(0.02)
-    raise AssertionError(f"not {count} ingests came to wait")
-
-
 def test_two_batches_about_one_request_arriving_seconds_apart_leave_one_record() -> None:
     Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
     now = timezone.now()
@@ -80,7 +65,7 @@ def test_two_batches_about_one_request_arriving_seconds_apart_leave_one_record()
         # near its key and insert, and the request would be stored twice.
         blocker.execute("LOCK TABLE traffic_requestrecord IN SHARE MODE")
         outcomes = [pool.submit(ingest_in_a_thread, item, now) for item in (gateway, span)]
-        wait_for_waiting_batches(2)
+        wait_for_lock_waits(2)  # one on the table lock, one on the ingest lock
         blocker.rollback()
         assert [outcome.result().stored for outcome in outcomes] == [1, 1]
 
