@@ -4,13 +4,16 @@ import os
 
 bind = os.environ.get("PREFIXSCOPE_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
-threads = int(os.environ.get("WEB_THREADS", "4"))
-# Each request on a connection of its own (0: no keep-alive), so that it goes to whichever worker
-# accepts first, an idle one sooner than a busy one. Kept alive, a connection stays with the worker
-# that took it: four exporters each sending over one connection landed three on one worker, whose
-# Python (one core at most) became the bottleneck while the other worker idled (OTLP ingest: 34,800
-# spans/s kept alive, 39,900 not, on two cores). A connection costs ~0.1 ms on a 15 ms batch, and a
-# TLS proxy in front keeps its clients' connections alive either way.
+# One thread: gunicorn's sync worker, which takes a connection only when it is idle, so the kernel
+# hands each request to a free process. An ingest batch is CPU work (decoding spans, formatting the
+# COPY) between database round trips, and a threaded worker (gthread) keeps accepting while busy: two
+# batches then took turns on one process's interpreter lock while the other process idled (OTLP
+# ingest on two cores, 2 senders: 0.39-0.45 of one COPY with 4 threads, 0.53-0.65 with 1; REST 0.62-0.65
+# and 0.72-0.80). More than one thread serves slow pages beside each other, at that cost to ingest.
+threads = int(os.environ.get("WEB_THREADS", "1"))
+# Threaded workers only (the sync worker closes every connection): each request on a connection of
+# its own (0: no keep-alive), so that it goes to whichever worker accepts first. Kept alive, a
+# connection stays with the worker that took it: four exporters landed three on one worker.
 keepalive = int(os.environ.get("WEB_KEEPALIVE_SECONDS", "0"))
 accesslog = "-"
 timeout = 60

@@ -175,7 +175,8 @@ PREFIXSCOPE_TOKENIZER_PATTERN = env_str(
 )
 PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
 
-# Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process;
+# Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process
+# (threaded workers, WEB_THREADS > 1; a sync worker takes one request at a time anyway);
 # one more waits up to PREFIXSCOPE_INGEST_WAIT_SECONDS for a slot (0: not at all), then is refused
 # with 429 and Retry-After, stores nothing, and is sent again. A batch that waits longer than the
 # lock timeout for a lock is refused the same way (0: waits as long as it takes).

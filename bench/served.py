@@ -2,10 +2,10 @@
 
 The endpoint is measured end to end through HTTP: gunicorn started with the project's
 gunicorn.conf.py (its workers and threads) and production settings (DEBUG off), in front of the
-bench's throw-away database, and batches posted over keep-alive connections by `senders` client
-threads at once, as a fleet's exporters send: one sender is the latency of a batch, several are the
-throughput the server reaches. Bodies are encoded before the clock starts. A 429 is waited out
-(Retry-After) and the batch sent again, as OpenTelemetry exporters do, and counted.
+bench's throw-away database, and batches posted by `senders` client threads at once, as a fleet's
+exporters send: one sender is the latency of a batch, several are the throughput the server reaches.
+Bodies are encoded before the clock starts. A 429 is waited out (Retry-After) and the batch sent
+again, as OpenTelemetry exporters do, and counted.
 """
 
 import http.client
@@ -93,7 +93,8 @@ def _wait_ready(host: str, port: int, server: subprocess.Popen[bytes]) -> None:
 def post_all(
     address: tuple[str, int], path: str, content_type: str, batches: list[Batch], senders: int
 ) -> Posted:
-    """Post every batch, `senders` at a time, each sender over one keep-alive connection; every answer
+    """Post every batch, `senders` at a time, each sender over one connection at a time (opened again
+    when the server closes it, as gunicorn's sync worker does after every answer); every answer
     must be 200 (after 429s waited out)."""
     shares = [batches[n::senders] for n in range(senders)]
     with ThreadPoolExecutor(senders) as pool:
@@ -117,7 +118,7 @@ def _send(address: tuple[str, int], path: str, content_type: str, batches: list[
                 response = connection.getresponse()
                 answer = response.read()
             except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
-                connection = http.client.HTTPConnection(*address, timeout=120)  # keep-alive ran out: again
+                connection = http.client.HTTPConnection(*address, timeout=120)  # closed by the server: again
                 continue
             if response.status != 429:
                 break

@@ -1,7 +1,8 @@
 """What the ingest endpoints share: a bounded body, and a bounded number of batches at once per process.
 
 A body over MAX_BODY_BYTES is answered 413 (Django's own limit, 2.5 MB, is meant for forms). A batch
-that finds PREFIXSCOPE_INGEST_CONCURRENCY batches already being ingested by its process waits up to
+that finds PREFIXSCOPE_INGEST_CONCURRENCY batches already being ingested by its process (a threaded
+gunicorn worker; the default sync worker takes one request at a time) waits up to
 PREFIXSCOPE_INGEST_WAIT_SECONDS for one of them to finish: exporters of a fleet send at once, and a
 batch takes tens of milliseconds, so a short wait is no overload and refusing it would cost its sender
 a whole Retry-After. Past the wait the batch is answered 429, with Retry-After, and nothing of it is

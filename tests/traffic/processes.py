@@ -97,6 +97,27 @@ class Command:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+class Web(Command):
+    """gunicorn with Prefixscope's configuration (gunicorn.conf.py), as `make run` and the image start it;
+    `workers` processes, and `options` added to its command line."""
+
+    def __init__(
+        self, database_url: str, log: Path, port: int, *, workers: int = 1, options: tuple[str, ...] = ()
+    ) -> None:
+        environment = {"PREFIXSCOPE_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": str(workers)}
+        super().__init__(database_url, log, "web", environment=environment)
+        self.options = options
+
+    def start(self) -> "Web":
+        with self.log.open("ab") as log:
+            gunicorn = [str(Path(sys.executable).parent / "gunicorn"), "-c", "gunicorn.conf.py"]
+            self.process = subprocess.Popen(
+                [*gunicorn, *self.options, "app.wsgi:application"], cwd=REPO, env=self.environment,
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        return self
+
+
 def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
     """Poll `condition` until it holds; fail naming `what` when it still does not after `timeout` s."""
     deadline = time.monotonic() + timeout

@@ -13,8 +13,6 @@ length).
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -33,7 +31,7 @@ from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
 from tests.simulator.running import free_ports, local_config, running_fleet
-from tests.traffic.processes import REPO, Command, Load, manage, wait_until
+from tests.traffic.processes import Command, Load, Web, manage, wait_until
 from tests.traffic.published import Row, differences, published, resident_after, rows_of
 
 OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "60"))
@@ -115,23 +113,6 @@ class Deployment:
     def ensure_stopped(self) -> None:
         for command in self.commands:
             command.ensure_stopped()
-
-
-class Web(Command):
-    """gunicorn with Prefixscope's configuration (one worker), as `make run` and the image start it."""
-
-    def __init__(self, database_url: str, log: Path, port: int) -> None:
-        environment = {"PREFIXSCOPE_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "1", "WEB_THREADS": "2"}
-        super().__init__(database_url, log, "web", environment=environment)
-
-    def start(self) -> "Web":
-        with self.log.open("ab") as log:
-            gunicorn = [str(Path(sys.executable).parent / "gunicorn"), "-c", "gunicorn.conf.py"]
-            self.process = subprocess.Popen(
-                [*gunicorn, "app.wsgi:application"], cwd=REPO, env=self.environment, stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        return self
 
 
 def rest_records() -> list[dict[str, object]]:
