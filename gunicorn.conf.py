@@ -8,7 +8,7 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 # hands each request to a free process. An ingest batch is CPU work (decoding spans, formatting the
 # COPY) between database round trips, and a threaded worker (gthread) keeps accepting while busy: two
 # batches then took turns on one process's interpreter lock while the other process idled (OTLP
-# ingest on two cores, 2 senders: 0.39-0.45 of one COPY with 4 threads, 0.53-0.65 with 1; REST 0.62-0.65
+# ingest on two cores, 2 senders: 0.39-0.45 of one COPY with 4 threads, 0.50-0.65 with 1; REST 0.62-0.65
 # and 0.72-0.80). More than one thread serves slow pages beside each other, at that cost to ingest.
 threads = int(os.environ.get("WEB_THREADS", "1"))
 # Threaded workers only (the sync worker closes every connection): each request on a connection of
