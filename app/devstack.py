@@ -15,9 +15,12 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from honcho.manager import Manager
 
 from app.env import env_bool, env_int
 
@@ -27,6 +30,7 @@ DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
 DATABASE_NAME = "prefixscope"
 DEMO_SERVERS = 4
+DEMO_PROCESSES = ("traffic", "fleet")
 
 
 def start_embedded_postgres(folder: Path, database: str) -> str:
@@ -119,10 +123,41 @@ def processes(port: int) -> dict[str, str]:
     return found
 
 
+class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hints
+    """honcho's process manager, stopping the demo before the rest.
+
+    The demo fleet sends its spans to the web process, and sends the last of them while it stops:
+    stopped together, the web was often gone first and the fleet's exporter logged errors on every
+    Ctrl-C. So the demo is sent SIGTERM first, and the others once it has stopped (or after
+    DEMO_STOP_SECONDS). Uses honcho's own bookkeeping (`_processes`, `_procmgr`, `_killall`).
+    """
+
+    DEMO_STOP_SECONDS = 10
+    _terminating: bool
+
+    def terminate(self) -> None:
+        demo = [name for name in DEMO_PROCESSES if self._running(name)]
+        if self._terminating or not demo:
+            super().terminate()
+            return
+        self._terminating = True
+        for name in demo:
+            self._system_print(f"sending SIGTERM to {name} first (pid {self._processes[name]['pid']})\n")
+            self._procmgr.terminate(self._processes[name]["pid"])
+        threading.Thread(target=self._terminate_the_rest, args=(demo,), daemon=True).start()
+
+    def _running(self, name: str) -> bool:
+        return name in self._processes and "returncode" not in self._processes[name]
+
+    def _terminate_the_rest(self, demo: list[str]) -> None:
+        deadline = time.monotonic() + self.DEMO_STOP_SECONDS
+        while any(self._running(name) for name in demo) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._killall()
+
+
 def run(port: int) -> int:
     """Start everything, print the URL and login, and stop it all on Ctrl-C."""
-    from honcho.manager import Manager
-
     env = service_environment(prefix="")
     manage(env, "migrate", "--noinput")
     manage(env, "maintain_partitions")
@@ -139,7 +174,7 @@ def run(port: int) -> int:
         # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
         envs["fleet"] = {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token}
     print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
-    manager = Manager()
+    manager = DemoFirstManager()
     for name, command in processes(port).items():
         manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
     manager.loop()

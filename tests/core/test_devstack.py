@@ -78,6 +78,12 @@ def press_ctrl_c(process: subprocess.Popen[bytes]) -> int:
     return process.wait(timeout=60)
 
 
+def stop_output(data_dir: Path) -> str:
+    """What the processes wrote from the last Ctrl-C on."""
+    log = (data_dir / "run.log").read_text(errors="replace")
+    return log[log.rindex("SIGINT received") :]
+
+
 def database(data_dir: Path) -> psycopg.Connection:
     return psycopg.connect(host=str(data_dir / "postgres"), dbname="prefixscope", user="postgres")
 
@@ -129,6 +135,9 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
     finally:
         exit_code = press_ctrl_c(first)
     assert exit_code == 0, log_tail(tmp_path)
+    # The demo stops before the web process it sends spans to: nothing complains on the way out.
+    stopping = stop_output(tmp_path)
+    assert "ERROR" not in stopping and "Traceback" not in stopping, stopping
     assert not (tmp_path / "postgres" / "postmaster.pid").exists(), "PostgreSQL was left running"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
