@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
-from app.traffic.services.requests import _LOCK_SPACE
+from app.traffic.services.requests import INGEST_LOCK_SPACE
 from tests.sessions import session, wait_for_lock_waits
 from tests.simulator.running import free_ports
 from tests.traffic.processes import Web, database_url_for_tests
@@ -54,7 +54,7 @@ def test_a_batch_goes_to_an_idle_web_process_while_another_is_busy(tmp_path: Pat
         web.start().wait_listening(port)
         with session() as holder, ThreadPoolExecutor(1) as pool:
             # The lock a batch about `busy` takes first (app/traffic/services/requests.py).
-            holder.execute("SELECT pg_advisory_lock(%s, %s)", [_LOCK_SPACE, busy.pk])
+            holder.execute("SELECT pg_advisory_lock(%s, %s)", [INGEST_LOCK_SPACE, busy.pk])
             waiting = pool.submit(post, address, token, records("busy", "busy-0"))
             wait_for_lock_waits(1, query="pg_advisory_xact_lock")
             answers = [post(address, token, records("idle", f"idle-{n}")) for n in range(IDLE_BATCHES)]

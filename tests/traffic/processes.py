@@ -1,8 +1,9 @@
 """Prefixscope's long-running commands as subprocesses (stopped, killed and restarted by fault tests),
 and a client that keeps completions flowing while they are.
 
-The commands run as in production: `manage.py <command>` in their own process, with DATABASE_URL
-naming the database the test reads. Their output goes to a log file that a failing test shows.
+The commands run as in production: `manage.py <command>` (gunicorn for the web) in their own
+process, with DATABASE_URL naming the database the test reads. Their output goes to a log file
+that a failing test shows.
 """
 
 import os

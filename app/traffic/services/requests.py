@@ -109,7 +109,7 @@ _MERGE = ", ".join(
 # Batches about one server take this transaction-level lock first (in server-id order, so two
 # batches cannot deadlock): a batch then sees every record stored before it, and two batches about
 # one request (arrivals seconds apart, from two sources) cannot both find nothing and both insert.
-_LOCK_SPACE = 0x5245_5131  # pg_advisory_xact_lock's first key: request records' ingest
+INGEST_LOCK_SPACE = 0x5245_5131  # pg_advisory_xact_lock's first key: request records' ingest
 # Sources see a request arrive at slightly different moments (the gateway before vLLM's span
 # starts): a record stored within JOIN_WINDOW under the same server and request id lends its
 # arrival time, so that what arrives later merges into it.
@@ -368,7 +368,7 @@ def _store(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
         # committed). A collision of two servers' keys (ids beyond 2**31) would only serialise them.
         timeout = f"SET LOCAL lock_timeout = '{settings.PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS}s';"
         locks = "".join(
-            f"SELECT pg_advisory_xact_lock({_LOCK_SPACE}, {pk % 2**31});" for pk in sorted(by_server)
+            f"SELECT pg_advisory_xact_lock({INGEST_LOCK_SPACE}, {pk % 2**31});" for pk in sorted(by_server)
         )
         probe, parameters = stored_near_probe(by_server)
         cursor.execute(f"{timeout} {locks} {probe}", parameters)
