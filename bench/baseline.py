@@ -1,5 +1,5 @@
-"""The ingest benches' baseline (raw psycopg COPY of prepared rows into traffic_requestrecord), and
-the one state of that table every timed run starts from.
+"""The ingest benches' baseline (raw psycopg COPY of prepared rows into traffic_requestrecord), the
+one state of that table every timed run starts from, and the rounds that time both in turn.
 
 A COPY's cost per row depends on how many rows the partition already holds (bigger indexes, more
 of them outside the buffer cache): one COPY of 20,000 rows ran at 58,000 rows/s into an empty
@@ -12,10 +12,13 @@ for the baseline's rows.
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from django.db import connection, transaction
 from django.utils import timezone
+
+from bench.served import Posted
 
 _FILLER = "fill-"  # request ids of the filler records
 
@@ -58,3 +61,39 @@ def copy_seconds(columns: Sequence[str], rows: Sequence[tuple[object, ...]], *, 
             for row in rows[start : start + batch]:
                 copy.write_row(row)
     return time.perf_counter() - started
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Records per second over all rounds."""
+
+    one_copy: float  # the baseline: one COPY of a round's rows
+    batched_copy: float  # the same rows in committed COPYs of the endpoint's batch size
+    endpoint: dict[int, float]  # by number of senders
+    throttled: dict[int, int]  # 429s waited out, by number of senders
+
+
+def timed_rounds(
+    rows_per_round: int,
+    rounds: int,
+    senders: Sequence[int],
+    *,
+    one_copy: Callable[[], float],
+    batched_copy: Callable[[], float],
+    post: Callable[[int], Posted],
+) -> Rates:
+    """Each round times the baseline (`one_copy`, `batched_copy`: seconds) and then the endpoint with
+    each number of senders (`post(senders)`, which resets the table first), so that all see the same
+    load on a shared machine; the rates are over all rounds."""
+    one_seconds = batched_seconds = 0.0
+    seconds, throttled = dict.fromkeys(senders, 0.0), dict.fromkeys(senders, 0)
+    for _ in range(rounds):
+        one_seconds += one_copy()
+        batched_seconds += batched_copy()
+        for count in senders:
+            posted = post(count)
+            seconds[count] += posted.seconds
+            throttled[count] += posted.throttled
+    total = rows_per_round * rounds
+    endpoint = {count: total / spent for count, spent in seconds.items()}
+    return Rates(total / one_seconds, total / batched_seconds, endpoint, throttled)

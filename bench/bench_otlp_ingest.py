@@ -50,8 +50,14 @@ from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
-from bench.baseline import copy_seconds, fill_request_records, reset_request_records  # noqa: E402
-from bench.served import Batch, post_all, served  # noqa: E402
+from bench.baseline import (  # noqa: E402
+    Rates,
+    copy_seconds,
+    fill_request_records,
+    reset_request_records,
+    timed_rounds,
+)
+from bench.served import Batch, Posted, post_all, served  # noqa: E402
 from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
 
 COLUMNS = (
@@ -169,7 +175,8 @@ def copy_baseline(count: int, row: Row, server_id: int, *, batch: int) -> float:
     return copy_seconds(COLUMNS, rows, batch=batch)
 
 
-KINDS: list[tuple[str, Callable[[int, int, list[str]], list[bytes]], Row]] = [
+Exports = Callable[[int, int, list[str]], list[bytes]]
+KINDS: list[tuple[str, Exports, Row]] = [
     ("vLLM llm_request", vllm_exports, vllm_row),
     ("GenAI chat", genai_exports, genai_row),
 ]
@@ -182,41 +189,31 @@ class Endpoint:
     def __init__(self, address: tuple[str, int], servers: list[str], tokens: list[str]) -> None:
         self.address, self.servers, self.tokens = address, servers, tokens
 
-    def post(self, exports: list[bytes], senders: int) -> tuple[float, int]:
+    def post(self, exports: list[bytes], senders: int) -> Posted:
         batches = [Batch(self.tokens[n % len(self.tokens)], body) for n, body in enumerate(exports)]
-        posted = post_all(self.address, PATH, PROTOBUF, batches, senders)
-        return posted.seconds, posted.throttled
+        return post_all(self.address, PATH, PROTOBUF, batches, senders)
 
 
-Measured = tuple[int, str, float, float, dict[int, float], dict[int, int]]
+def measure(
+    args: argparse.Namespace, server_id: int, endpoint: Endpoint, table_rows: int, exports: Exports, row: Row
+) -> Rates:
+    """One kind of span's rates over all rounds, after one untimed warm-up; every timed run starts
+    from the table holding `table_rows` records."""
+    fill_request_records(server_id, table_rows)
+    copy_baseline(args.batch, row, server_id, batch=args.batch)
+    endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
 
+    def post(senders: int) -> Posted:
+        bodies = exports(args.spans, args.batch, endpoint.servers)
+        reset_request_records()
+        return endpoint.post(bodies, senders)
 
-def measure(args: argparse.Namespace, server_id: int, endpoint: Endpoint, table_rows: int) -> list[Measured]:
-    """(table rows, kind, records/s of one COPY, of COPYs per export batch, of the endpoint by
-    senders, and the 429s waited out by senders), over all rounds, after one untimed warm-up; every
-    timed run starts from the table holding `table_rows` records."""
-    results = []
-    for kind, exports, row in KINDS:
-        fill_request_records(server_id, table_rows)
-        copy_baseline(args.batch, row, server_id, batch=args.batch)
-        endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
-        baseline_seconds = batched_seconds = 0.0
-        endpoint_seconds, throttled = dict.fromkeys(args.senders, 0.0), dict.fromkeys(args.senders, 0)
-        for _ in range(args.rounds):
-            baseline_seconds += copy_baseline(args.spans, row, server_id, batch=args.spans)
-            batched_seconds += copy_baseline(args.spans, row, server_id, batch=args.batch)
-            for senders in args.senders:
-                bodies = exports(args.spans, args.batch, endpoint.servers)
-                reset_request_records()
-                seconds, refused = endpoint.post(bodies, senders)
-                endpoint_seconds[senders] += seconds
-                throttled[senders] += refused
-        total = args.spans * args.rounds
-        rates = {senders: total / seconds for senders, seconds in endpoint_seconds.items()}
-        results.append(
-            (table_rows, kind, total / baseline_seconds, total / batched_seconds, rates, throttled)
-        )
-    return results
+    return timed_rounds(
+        args.spans, args.rounds, args.senders,
+        one_copy=lambda: copy_baseline(args.spans, row, server_id, batch=args.spans),
+        batched_copy=lambda: copy_baseline(args.spans, row, server_id, batch=args.batch),
+        post=post,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -240,24 +237,24 @@ def main() -> None:
         connection.close()  # gunicorn's workers connect to the database on their own
         with served(test_database) as address:
             endpoint = Endpoint(address, names, tokens)
-            results = [m for rows in args.table_rows for m in measure(args, server.pk, endpoint, rows)]
+            results = {
+                (rows, kind): measure(args, server.pk, endpoint, rows, exports, row)
+                for rows in args.table_rows
+                for kind, exports, row in KINDS
+            }
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
-    for table_rows, kind, baseline, batched, rates, throttled in results:
-        into = f"into a table of {table_rows:,} records"
-        print(
-            f"{kind} spans, raw COPY of their rows {into} ({args.spans} per COPY): {baseline:,.0f} records/s"
-        )
-        print(
-            f"{kind} spans, raw COPY of their rows {into} ({args.batch} per commit): {batched:,.0f} records/s"
-        )
-        for senders, rate in rates.items():
+    for (table_rows, kind), rates in results.items():
+        copied = f"{kind} spans, raw COPY of their rows into a table of {table_rows:,} records"
+        print(f"{copied} ({args.spans} per COPY): {rates.one_copy:,.0f} records/s")
+        print(f"{copied} ({args.batch} per commit): {rates.batched_copy:,.0f} records/s")
+        for senders, rate in rates.endpoint.items():
             print(
-                f"{kind} spans, POST {PATH} {into} ({args.batch} per export, {senders} sender(s)): "
-                f"{rate:,.0f} records/s, 429s waited out: {throttled[senders]}"
+                f"{kind} spans, POST {PATH} into a table of {table_rows:,} records ({args.batch} per export, "
+                f"{senders} sender(s)): {rate:,.0f} records/s, 429s waited out: {rates.throttled[senders]}"
             )
-            print(f"  ratio to one COPY: {rate / baseline:.2f}  (target: >= 0.50)")
-            print(f"  ratio to COPY in the export's batches: {rate / batched:.2f}")
+            print(f"  ratio to one COPY: {rate / rates.one_copy:.2f}  (target: >= 0.50)")
+            print(f"  ratio to COPY in the export's batches: {rate / rates.batched_copy:.2f}")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,16 @@ from django.utils import timezone  # noqa: E402
 from app.api.services import create_ingest_token  # noqa: E402
 from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
-from bench.baseline import copy_seconds, fill_request_records, reset_request_records  # noqa: E402
-from bench.served import Batch, post_all, served  # noqa: E402
+from bench.baseline import (  # noqa: E402
+    Rates,
+    copy_seconds,
+    fill_request_records,
+    reset_request_records,
+    timed_rounds,
+)
+from bench.served import Batch, Posted, post_all, served  # noqa: E402
+
+PATH, JSON = "/api/v1/requests", "application/json"
 
 
 def records(count: int, server: str) -> list[dict[str, object]]:
@@ -76,33 +84,27 @@ def batches(count: int, batch: int, servers: list[str], token: str) -> list[Batc
     ]
 
 
-Measured = tuple[int, float, float, dict[int, float], dict[int, int]]
-
-
 def measure(
     args: argparse.Namespace, address: tuple[str, int], server: Server, token: str, table_rows: int
-) -> Measured:
-    """(table rows, records/s of one COPY, of COPYs per batch, of the endpoint by senders, and the
-    429s waited out by senders), over all rounds, after one untimed warm-up; every timed run starts
-    from the table holding `table_rows` records."""
+) -> Rates:
+    """The rates over all rounds, after one untimed warm-up; every timed run starts from the table
+    holding `table_rows` records."""
     count, names = args.records // args.batch * args.batch, [f"bench-{n}" for n in range(args.servers)]
     fill_request_records(server.pk, table_rows)
     copy_baseline(args.batch, server.pk, batch=args.batch)  # warm-up: lazy imports and set-up
     post_all(address, PATH, JSON, batches(args.batch * args.servers * 2, args.batch, names, token), 4)
-    baseline_seconds = batched_seconds = 0.0
-    endpoint_seconds, throttled = dict.fromkeys(args.senders, 0.0), dict.fromkeys(args.senders, 0)
-    for _ in range(args.rounds):
-        baseline_seconds += copy_baseline(count, server.pk, batch=count)
-        batched_seconds += copy_baseline(count, server.pk, batch=args.batch)
-        for senders in args.senders:
-            bodies = batches(count, args.batch, names, token)
-            reset_request_records()
-            posted = post_all(address, PATH, JSON, bodies, senders)
-            endpoint_seconds[senders] += posted.seconds
-            throttled[senders] += posted.throttled
-    total = count * args.rounds
-    rates = {senders: total / seconds for senders, seconds in endpoint_seconds.items()}
-    return table_rows, total / baseline_seconds, total / batched_seconds, rates, throttled
+
+    def post(senders: int) -> Posted:
+        bodies = batches(count, args.batch, names, token)
+        reset_request_records()
+        return post_all(address, PATH, JSON, bodies, senders)
+
+    return timed_rounds(
+        count, args.rounds, args.senders,
+        one_copy=lambda: copy_baseline(count, server.pk, batch=count),
+        batched_copy=lambda: copy_baseline(count, server.pk, batch=args.batch),
+        post=post,
+    )  # fmt: skip
 
 
 def main() -> None:
@@ -125,24 +127,21 @@ def main() -> None:
         token = create_ingest_token(name="bench")
         connection.close()  # gunicorn's workers connect to the database on their own
         with served(test_database) as address:
-            results = [measure(args, address, server, token, rows) for rows in args.table_rows]
+            results = {rows: measure(args, address, server, token, rows) for rows in args.table_rows}
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
     count = args.records // args.batch * args.batch
-    for table_rows, baseline, batched, rates, throttled in results:
+    for table_rows, rates in results.items():
         into = f"into a table of {table_rows:,} records"
-        print(f"raw COPY {into}, all {count} rows in one COPY: {baseline:,.0f} records/s")
-        print(f"raw COPY {into}, {args.batch} rows per committed COPY: {batched:,.0f} records/s")
-        for senders, rate in rates.items():
+        print(f"raw COPY {into}, all {count} rows in one COPY: {rates.one_copy:,.0f} records/s")
+        print(f"raw COPY {into}, {args.batch} rows per committed COPY: {rates.batched_copy:,.0f} records/s")
+        for senders, rate in rates.endpoint.items():
             print(
                 f"POST {PATH} {into} (batches of {args.batch}, {senders} sender(s), {args.rounds} rounds): "
-                f"{rate:,.0f} records/s, 429s waited out: {throttled[senders]}"
+                f"{rate:,.0f} records/s, 429s waited out: {rates.throttled[senders]}"
             )
-            print(f"  ratio to one COPY: {rate / baseline:.2f}  (target: >= 0.50)")
-            print(f"  ratio to COPY in the endpoint's batches: {rate / batched:.2f}")
-
-
-PATH, JSON = "/api/v1/requests", "application/json"
+            print(f"  ratio to one COPY: {rate / rates.one_copy:.2f}  (target: >= 0.50)")
+            print(f"  ratio to COPY in the endpoint's batches: {rate / rates.batched_copy:.2f}")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from cachetools import TTLCache
+from cachetools import TTLCache, cached
 from django.conf import settings
 from django.db import connection
 from psqlextra.models import PostgresPartitionedModel
@@ -94,26 +94,16 @@ def partition_ranges(table: str) -> dict[str, tuple[datetime, datetime]]:
 # maintain_partitions forgets them in its own process; other processes see a change within these
 # seconds, and a batch that meets a partition dropped meanwhile is tried again without the memory.
 RANGES_MEMORY_SECONDS = 10
-_recent_ranges: TTLCache[str, dict[str, tuple[datetime, datetime]]] = TTLCache(
-    maxsize=16, ttl=RANGES_MEMORY_SECONDS
-)
-_recent_ranges_lock = threading.Lock()
 
 
+@cached(TTLCache(maxsize=16, ttl=RANGES_MEMORY_SECONDS), lock=threading.Lock())
 def recent_partition_ranges(table: str) -> dict[str, tuple[datetime, datetime]]:
     """partition_ranges(table) as this process saw it at most RANGES_MEMORY_SECONDS ago."""
-    with _recent_ranges_lock:
-        ranges = _recent_ranges.get(table)
-    if ranges is None:
-        ranges = partition_ranges(table)
-        with _recent_ranges_lock:
-            _recent_ranges[table] = ranges
-    return ranges
+    return partition_ranges(table)
 
 
 def forget_partition_ranges() -> None:
-    with _recent_ranges_lock:
-        _recent_ranges.clear()
+    recent_partition_ranges.cache_clear()
 
 
 def expired_partitions(table: str, *, now: datetime, retention_days: int) -> list[str]:
