@@ -97,3 +97,15 @@ def timed_rounds(
     total = rows_per_round * rounds
     endpoint = {count: total / spent for count, spent in seconds.items()}
     return Rates(total / one_seconds, total / batched_seconds, endpoint, throttled)
+
+
+def print_rates(rates: Rates, *, copied: str, batch: int, posted: str) -> None:
+    """The baseline's two rates (`copied` says what was copied where) and each number of senders'
+    rate (`posted` says what was posted where), with the ratios to the baseline."""
+    print(f"{copied}, all in one COPY: {rates.one_copy:,.0f} records/s")
+    print(f"{copied}, {batch} rows per committed COPY: {rates.batched_copy:,.0f} records/s")
+    for senders, rate in rates.endpoint.items():
+        throttled = rates.throttled[senders]
+        print(f"{posted}, {senders} sender(s): {rate:,.0f} records/s, 429s waited out: {throttled}")
+        print(f"  ratio to one COPY: {rate / rates.one_copy:.2f}  (target: >= 0.50)")
+        print(f"  ratio to COPY in the endpoint's batches: {rate / rates.batched_copy:.2f}")

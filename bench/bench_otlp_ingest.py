@@ -54,6 +54,7 @@ from bench.baseline import (  # noqa: E402
     Rates,
     copy_seconds,
     fill_request_records,
+    print_rates,
     reset_request_records,
     timed_rounds,
 )
@@ -245,16 +246,13 @@ def main() -> None:
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
-        copied = f"{kind} spans, raw COPY of their rows into a table of {table_rows:,} records"
-        print(f"{copied} ({args.spans} per COPY): {rates.one_copy:,.0f} records/s")
-        print(f"{copied} ({args.batch} per commit): {rates.batched_copy:,.0f} records/s")
-        for senders, rate in rates.endpoint.items():
-            print(
-                f"{kind} spans, POST {PATH} into a table of {table_rows:,} records ({args.batch} per export, "
-                f"{senders} sender(s)): {rate:,.0f} records/s, 429s waited out: {rates.throttled[senders]}"
-            )
-            print(f"  ratio to one COPY: {rate / rates.one_copy:.2f}  (target: >= 0.50)")
-            print(f"  ratio to COPY in the export's batches: {rate / rates.batched_copy:.2f}")
+        into = f"into a table of {table_rows:,} records"
+        print_rates(
+            rates,
+            copied=f"{kind} spans, raw COPY of their rows {into} ({args.spans} rows)",
+            batch=args.batch,
+            posted=f"{kind} spans, POST {PATH} {into} ({args.batch} per export)",
+        )
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from bench.baseline import (  # noqa: E402
     Rates,
     copy_seconds,
     fill_request_records,
+    print_rates,
     reset_request_records,
     timed_rounds,
 )
@@ -133,15 +134,10 @@ def main() -> None:
     count = args.records // args.batch * args.batch
     for table_rows, rates in results.items():
         into = f"into a table of {table_rows:,} records"
-        print(f"raw COPY {into}, all {count} rows in one COPY: {rates.one_copy:,.0f} records/s")
-        print(f"raw COPY {into}, {args.batch} rows per committed COPY: {rates.batched_copy:,.0f} records/s")
-        for senders, rate in rates.endpoint.items():
-            print(
-                f"POST {PATH} {into} (batches of {args.batch}, {senders} sender(s), {args.rounds} rounds): "
-                f"{rate:,.0f} records/s, 429s waited out: {rates.throttled[senders]}"
-            )
-            print(f"  ratio to one COPY: {rate / rates.one_copy:.2f}  (target: >= 0.50)")
-            print(f"  ratio to COPY in the endpoint's batches: {rate / rates.batched_copy:.2f}")
+        print_rates(
+            rates, copied=f"raw COPY {into} ({count} rows)", batch=args.batch,
+            posted=f"POST {PATH} {into} (batches of {args.batch}, {args.rounds} rounds)",
+        )  # fmt: skip
 
 
 if __name__ == "__main__":
