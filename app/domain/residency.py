@@ -3,10 +3,12 @@
 vLLM reports cache contents as a stream: BlockStored adds blocks, BlockRemoved takes them
 away (one hash per event when a free cached block is reused), AllBlocksCleared empties the
 cache. Applying a whole batch as one net change keeps database writes to one statement each.
+A restarted server starts with an empty cache but sends no AllBlocksCleared: its stream starts
+a new epoch, and the resident set of an epoch is that epoch's changes alone.
 """
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -65,3 +67,17 @@ def net_residency_of_columns(
             h: parent for h, (change, parent) in last.items() if change is Change.STORED and h is not None
         },
     )
+
+
+def net_residency_of_epoch(net: NetResidency, *, epoch: int, resident_epoch: int | None) -> NetResidency:
+    """What `net`, the changes of one stream's `epoch`, does to a resident set built in `resident_epoch`.
+
+    A newer epoch is a new vLLM process: its cache starts empty, so the set is cleared first. An older
+    epoch's changes come from a process that is gone and change nothing. `resident_epoch` None: the
+    stream has no committed position yet, so nothing of it is resident and `net` applies as it is.
+    """
+    if resident_epoch is None or epoch == resident_epoch:
+        return net
+    if epoch < resident_epoch:
+        return NetResidency()
+    return replace(net, cleared=True)

@@ -18,13 +18,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVStream
-from app.traffic.services.kv_events import (
-    Gap,
-    KVEventRow,
-    StreamPosition,
-    count_rejected_input,
-    store_kv_events,
-)
+from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.rejections import count_rejected_input
 from collectors.kv_events.client import KVTransportError, fetch_replay, open_subscriber
 from collectors.kv_events.parse import (
     BlockRemoved,
@@ -34,8 +29,7 @@ from collectors.kv_events.parse import (
     ReplayReply,
     decode_sub_message,
 )
-from collectors.kv_events.sequence import Duplicate, Restart, SequenceState, observe_seq
-from collectors.kv_events.sequence import Gap as MissedBatches
+from collectors.kv_events.sequence import Duplicate, Gap, Restart, SequenceState, observe_seq
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +41,7 @@ MAX_PENDING_ROWS = 500_000
 class Pending:
     rows: list[KVEventRow] = field(default_factory=list)
     positions: dict[tuple[int, int], StreamPosition] = field(default_factory=dict)
-    gaps: list[Gap] = field(default_factory=list)
+    gaps: list[GapRecord] = field(default_factory=list)
     rejected: dict[tuple[int, str], int] = field(default_factory=dict)  # (server id, reason) -> count
 
     def __bool__(self) -> bool:
@@ -138,6 +132,10 @@ class KVEventCollector:
             time.sleep(timeout_ms / 1000)
             self.flush()
             return
+        if not self.servers:
+            # zmq's Poller.poll returns at once when no socket is registered: an idle collector spun on
+            # it, about 2 million times a second (half a core). Wait out the timeout instead.
+            time.sleep(timeout_ms / 1000)
         for socket, _ in self.poller.poll(timeout_ms):
             while True:
                 try:
@@ -167,7 +165,7 @@ class KVEventCollector:
             # Batches 0..seq-1 went by before our subscription reached the publisher (ZMQ's slow
             # joiner) or while we reconnected to a new process: fetch them, record what is gone.
             self._replay(server, key[1], first=0, last=message.seq - 1)
-        if isinstance(verdict, MissedBatches):
+        if isinstance(verdict, Gap):
             self._replay(server, key[1], first=verdict.first_missing, last=verdict.last_missing)
         self._buffer(server, message.seq, message.batch)
 
@@ -206,7 +204,9 @@ class KVEventCollector:
         if last is not None:
             epoch = self.streams[(server.pk, rank)].epoch
             lost = last - first + 1 - recovered
-            self.pending.gaps.append(Gap(server.pk, rank, epoch, first, last, recovered, lost, self.now()))
+            self.pending.gaps.append(
+                GapRecord(server.pk, rank, epoch, first, last, recovered, lost, self.now())
+            )
             if lost:
                 logger.warning("%s: %d KV event batches lost (seq %d-%d)", server.name, lost, first, last)
 

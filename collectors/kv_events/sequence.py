@@ -99,22 +99,3 @@ def observe_seq(
         restarted = SequenceState(epoch=state.epoch + 1, last_seq=seq, newest_ts=ts)
         return restarted, Restart(previous_last=state.last_seq)
     return state, Duplicate()
-
-
-class SequenceTracker:
-    """The sequence of one stream (one server's dp rank), classified batch by batch with observe_seq.
-
-    A thin mutable holder for a subscriber loop; ``state`` is what to store and resume from.
-    """
-
-    def __init__(
-        self, state: SequenceState | None = None, *, replay_window: int = DEFAULT_REPLAY_WINDOW
-    ) -> None:
-        """Start before the first batch, or resume from a stored ``state`` (after a collector restart)."""
-        self.state = state
-        self._replay_window = replay_window
-
-    def observe(self, seq: int, ts: float) -> SeqVerdict:
-        """Classify the batch with seq ``seq`` and vLLM time ``ts``, and remember the new state."""
-        self.state, verdict = observe_seq(self.state, seq, ts, replay_window=self._replay_window)
-        return verdict

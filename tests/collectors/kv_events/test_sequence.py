@@ -10,7 +10,6 @@ from collectors.kv_events.sequence import (
     Next,
     Restart,
     SequenceState,
-    SequenceTracker,
     SeqVerdict,
     observe_seq,
 )
@@ -58,27 +57,29 @@ def test_default_window_is_vllms_default_replay_buffer() -> None:
     assert observe_seq(at(10_500), 499, T)[1] == Restart(10_500)
 
 
-def test_tracker_follows_one_stream_through_gap_replay_and_restart() -> None:
-    tracker = SequenceTracker(replay_window=WINDOW)
-    seen = [
-        tracker.observe(0, T),
-        tracker.observe(1, T),
-        tracker.observe(3, T + 1),
-        tracker.observe(2, T),  # the replayed gap fill reads as a duplicate here: route it by the gap
-        tracker.observe(4, T + 1),
-        tracker.observe(4, T + 1),  # the live copy of a batch replay already delivered
-        tracker.observe(1, T + 60),  # a lower seq, a minute later: a new process
+def test_one_stream_is_followed_through_gap_replay_and_restart() -> None:
+    batches = [
+        (0, T),
+        (1, T),
+        (3, T + 1),
+        (2, T),  # the replayed gap fill reads as a duplicate here: route it by the gap
+        (4, T + 1),
+        (4, T + 1),  # the live copy of a batch replay already delivered
+        (1, T + 60),  # a lower seq, a minute later: a new process
     ]
+    state: SequenceState | None = None
+    seen = []
+    for seq, ts in batches:
+        state, verdict = observe_seq(state, seq, ts, replay_window=WINDOW)
+        seen.append(verdict)
     assert seen == [Next(), Next(), Gap(2, 2), Duplicate(), Next(), Duplicate(), Restart(4)]
     assert [v.kind for v in seen] == ["next", "next", "gap", "duplicate", "next", "duplicate", "restart"]
-    assert tracker.state == SequenceState(epoch=1, last_seq=1, newest_ts=T + 60)
+    assert state == SequenceState(epoch=1, last_seq=1, newest_ts=T + 60)
 
 
-def test_tracker_resumes_from_a_stored_state() -> None:
-    tracker = SequenceTracker(SequenceState(epoch=2, last_seq=41, newest_ts=T))
-    assert tracker.observe(42, T + 1) == Next()
-    assert tracker.state == SequenceState(epoch=2, last_seq=42, newest_ts=T + 1)
-    assert SequenceTracker().state is None
+def test_a_stream_resumes_from_a_stored_state() -> None:
+    state, verdict = observe_seq(SequenceState(epoch=2, last_seq=41, newest_ts=T), 42, T + 1)
+    assert (state, verdict) == (SequenceState(epoch=2, last_seq=42, newest_ts=T + 1), Next())
 
 
 def test_gap_kind_narrows_to_its_bounds() -> None:
