@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.domain.blockhash import BlockHash, block_extra_keys, block_hash_chain, hash_block
+from app.domain.blockhash import BlockHash, LoraKey, block_extra_keys, block_hash_chain, hash_block
 from app.domain.blocks import blocks_to_reserve, full_blocks
 from simulator.kv_events import KVEventData, all_blocks_cleared, block_removed, block_stored
 
@@ -70,7 +70,7 @@ class _Request:
     hashes: list[BlockHash]  # chain of every full block of token_ids
     blocks: list[_Block]
     cache_salt: str | None
-    lora_name: str | None
+    lora: LoraKey | None
     num_stored: int  # leading blocks in the prefix cache (hits, or stored by this request)
     num_computed: int  # tokens whose KV is written; the newest output token is not yet
 
@@ -121,14 +121,15 @@ class PrefixCache:
         prompt_ids: Sequence[int],
         *,
         cache_salt: str | None = None,
-        lora_name: str | None = None,
+        lora: LoraKey | None = None,
         report_hits: bool = False,
     ) -> Admission:
         """Prefill a new request: reuse its resident prefix, allocate the rest, store its full
         prompt blocks, and count the lookup.
 
         ``report_hits`` is vLLM's ``kv_cache_report_mode="full"``: the reused blocks are also
-        reported in a BlockStored (before the new ones). An empty salt is no salt.
+        reported in a BlockStored (before the new ones). An empty salt is no salt; ``lora`` is the
+        adapter the request runs with (None: the base model), hashed into every block as vLLM does.
         Raises ValueError for an empty prompt, a prompt larger than the whole pool, or a
         request id already running; OutOfBlocks (counting nothing, changing nothing) when the
         free blocks cannot hold the prompt now.
@@ -138,14 +139,14 @@ class PrefixCache:
         tokens = list(prompt_ids)
         if not 0 < blocks_to_reserve(len(tokens), self.block_size) < self.num_blocks:
             raise ValueError(f"a prompt of {len(tokens)} tokens cannot fit in {self.num_blocks - 1} blocks")
-        chain = block_hash_chain(tokens, self.block_size, cache_salt=cache_salt, lora_name=lora_name)
+        chain = block_hash_chain(tokens, self.block_size, cache_salt=cache_salt, lora=lora)
         hit = self._longest_hit(chain, full_blocks(len(tokens) - 1, self.block_size))
         new_blocks = blocks_to_reserve(len(tokens), self.block_size) - len(hit)
         self._check_free(new_blocks + sum(1 for block in hit if block.ref_cnt == 0))
         self._count(len(tokens), len(hit) * self.block_size)
         self._touch(hit)
         blocks = hit + self._allocate(new_blocks)
-        request = _Request(tokens, chain, blocks, cache_salt, lora_name, len(hit), len(tokens))
+        request = _Request(tokens, chain, blocks, cache_salt, lora, len(hit), len(tokens))
         self._requests[request_id] = request
         if report_hits and hit:
             self._emit_stored(request, 0, len(hit))
@@ -260,7 +261,7 @@ class PrefixCache:
         index = len(request.hashes)
         start = index * self.block_size
         parent = request.hashes[-1].digest if request.hashes else None
-        keys = block_extra_keys(index, cache_salt=request.cache_salt, lora_name=request.lora_name)
+        keys = block_extra_keys(index, cache_salt=request.cache_salt, lora=request.lora)
         request.hashes.append(hash_block(parent, request.token_ids[start : start + self.block_size], keys))
 
     def _store_full_blocks(self, request: _Request) -> None:
@@ -277,7 +278,7 @@ class PrefixCache:
 
     def _emit_stored(self, request: _Request, start: int, end: int) -> None:
         """Report blocks ``start..end-1`` of a request in one BlockStored event."""
-        lora_name = request.lora_name
+        lora_name = request.lora.name if request.lora else None
         self._events.append(
             block_stored(
                 block_hashes=[h.wire for h in request.hashes[start:end]],
@@ -291,9 +292,10 @@ class PrefixCache:
         )
 
     def _event_keys(self, request: _Request, index: int) -> list[str] | None:
-        # Events show the bare key values (["tenant-a"]), not the domain-tagged pairs hashed.
-        keys = block_extra_keys(index, cache_salt=request.cache_salt, lora_name=request.lora_name)
-        return None if keys is None else [value for _tag, value in keys]
+        # Events show each key's value without its tag: the adapter's name (not its path) and the
+        # salt, ["support-lora", "tenant-a"] (vLLM 0.32's to_event_extra_keys, key[1]).
+        keys = block_extra_keys(index, cache_salt=request.cache_salt, lora=request.lora)
+        return None if keys is None else [key[1] for key in keys]
 
     def _lora_id(self, lora_name: str) -> int:
         # vLLM numbers adapters from 1 as they are loaded; here, in order of first use.

@@ -1,6 +1,7 @@
 """Run a fleet of simulated vLLM servers in one process, each on its own ports.
 
     python -m simulator.fleet --servers 4 --base-port 8101     # prints the servers as JSON lines
+    python -m simulator.fleet --scenario demo --base-port 8101 # the servers the demo scenario describes
 
 Server i listens for HTTP on base-port + i, publishes KV events on kv-base-port + i and answers
 replays on replay-base-port + i. SIGINT or SIGTERM stops it.
@@ -16,6 +17,8 @@ from dataclasses import replace
 
 import zmq.asyncio
 
+from app.domain.blockhash import LoraKey
+from simulator.scenario import ScenarioError, load_scenario, resolve_scenario
 from simulator.server import ServerConfig, SimulatedServer
 
 logger = logging.getLogger(__name__)
@@ -66,17 +69,27 @@ async def serve(configs: list[ServerConfig], stop: asyncio.Event) -> None:
         context.term()
 
 
+# What a scenario's `servers` and `model` say, and the flags that say it otherwise.
+SCENARIO_FLAGS = ("servers", "model", "block_size", "num_blocks")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The CLI's arguments. With --scenario, the number of servers, their model, block size and
+    KV blocks are the scenario's (the load generator running it reads the same file), and giving
+    them as flags too is an error; without, the flags or ServerConfig's defaults (4 servers)."""
     parser = argparse.ArgumentParser(prog="python -m simulator.fleet", description=__doc__.splitlines()[0])
     defaults = ServerConfig()
-    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument(
+        "--scenario", default=None, help="a shipped scenario name (demo) or a YAML file whose servers to run"
+    )
+    parser.add_argument("--servers", type=int, default=None, help="default 4")
     parser.add_argument("--host", default=defaults.host)
     parser.add_argument("--base-port", type=int, default=8101)
     parser.add_argument("--kv-base-port", type=int, default=5601)
     parser.add_argument("--replay-base-port", type=int, default=5701)
-    parser.add_argument("--model", default=defaults.model)
-    parser.add_argument("--block-size", type=int, default=defaults.block_size)
-    parser.add_argument("--num-blocks", type=int, default=defaults.num_blocks)
+    parser.add_argument("--model", default=None, help=f"default {defaults.model}")
+    parser.add_argument("--block-size", type=int, default=None, help=f"default {defaults.block_size}")
+    parser.add_argument("--num-blocks", type=int, default=None, help=f"default {defaults.num_blocks}")
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     parser.add_argument("--prefill-tokens-per-second", type=float, default=defaults.prefill_tokens_per_second)
     parser.add_argument(
@@ -87,13 +100,45 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--otlp-endpoint", default=None, help="where llm_request spans go (OTLP/HTTP traces URL)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lora-adapter", action="append", default=[], help="a LoRA adapter name to serve")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--lora-modules", nargs="+", type=lora_module, default=[], metavar="NAME=PATH",
+        help="LoRA adapters to serve, as vLLM's --lora-modules (the path is named, never read)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    given = [f"--{name.replace('_', '-')}" for name in SCENARIO_FLAGS if getattr(args, name) is not None]
+    if args.scenario is None:
+        shape = (4, defaults.model, defaults.block_size, defaults.num_blocks)
+    elif given:
+        parser.error(f"--scenario says how many servers and of what shape: leave out {', '.join(given)}")
+    else:
+        try:
+            scenario = load_scenario(resolve_scenario(args.scenario))
+        except (ScenarioError, OSError) as exc:
+            parser.error(str(exc))
+        servers = scenario.servers
+        shape = (servers.count, scenario.model, servers.block_size, servers.num_blocks)
+    for name, default in zip(SCENARIO_FLAGS, shape, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def lora_module(text: str) -> LoraKey:
+    """One ``name=path`` of ``--lora-modules``, split at the first ``=`` as vLLM does."""
+    name, equals, path = text.partition("=")
+    if not (name and equals and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return LoraKey(name, path)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_run(configs_from_args(args)))
+
+
+def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
+    """The servers the CLI's arguments (parse_args) describe."""
     template = ServerConfig(
         host=args.host,
         model=args.model,
@@ -105,16 +150,15 @@ def main(argv: list[str] | None = None) -> None:
         array_form_events=args.array_form_events,
         otlp_endpoint=args.otlp_endpoint,
         seed=args.seed,
-        lora_adapters=tuple(args.lora_adapter),
+        lora_adapters=tuple(args.lora_modules),
     )
-    configs = fleet_configs(
+    return fleet_configs(
         args.servers,
         base_port=args.base_port,
         kv_base_port=args.kv_base_port,
         replay_base_port=args.replay_base_port,
         template=template,
     )
-    asyncio.run(_run(configs))
 
 
 async def _run(configs: list[ServerConfig]) -> None:

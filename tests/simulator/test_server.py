@@ -11,10 +11,12 @@ import zmq
 import zmq.asyncio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from app.domain.blockhash import block_hash_chain
+from app.domain.blockhash import LoraKey, block_hash_chain
 from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import BlockStored, decode_sub_message
 from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
+from collectors.models.parse import ServedModels, parse_models
+from simulator.fleet import configs_from_args, parse_args
 from simulator.server import ServerConfig, SimulatedServer
 from tests.e2e.otlp_receiver import attributes, run_otlp_receiver
 from tests.fixtures import VLLM_CPU_FIXTURES, captured_traffic, load_json
@@ -201,25 +203,32 @@ def test_llm_request_spans_reach_an_otlp_endpoint_with_vllms_attributes() -> Non
         with running_fleet([local_config(otlp_endpoint=receiver.url)]) as (config,):
             body = load_json("completion-salt-a-1.json")["request"]
             post(config, "/v1/completions", body, **{"X-Request-Id": "r1"})
+            chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            post(config, "/v1/chat/completions", chat, **{"X-Request-Id": "h2-0002"})
         spans = receiver.spans()  # the fleet flushed its spans when it stopped
 
     export = ExportTraceServiceRequest.FromString((VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes())
     captured = export.resource_spans[0].scope_spans[0].spans[0]
-    assert [s.name for s in spans] == ["llm_request"]
+    assert [s.name for s in spans] == ["llm_request", "llm_request"]
     assert {a.key for a in captured.attributes} <= {a.key for a in spans[0].attributes}
     values = attributes(spans[0])
     assert (values["gen_ai.request.id"], values["gen_ai.usage.prompt_tokens"]) == ("cmpl-r1-0", 191)
+    # vLLM 0.32 names a chat's engine request after the answer itself: no prompt index.
+    assert attributes(spans[1])["gen_ai.request.id"] == "chatcmpl-h2-0002"
+
+
+SUPPORT_LORA = LoraKey("support-lora", "/adapters/support-lora")
 
 
 def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     body = dict(load_json("completion-salt-b-1.json")["request"])
     body.pop("cache_salt")
-    with running_fleet([local_config(lora_adapters=("support-lora",))]) as (config,):
+    with running_fleet([local_config(lora_adapters=(SUPPORT_LORA,))]) as (config,):
         subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
         time.sleep(0.3)
-        cached = [
-            post(config, "/v1/completions", {**body, "model": model}).json()["usage"]["prompt_tokens_details"]
+        answers = [
+            post(config, "/v1/completions", {**body, "model": model}).json()
             for model in ("tiny", "support-lora", "support-lora")
         ]
         unknown = post(config, "/v1/completions", {**body, "model": "nope"})
@@ -228,10 +237,32 @@ def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> No
             events += decode_sub_message(subscriber.recv_multipart()).batch.events
         subscriber.close()
     context.destroy(linger=0)
-    assert [c["cached_tokens"] for c in cached] == [0, 0, 160]
+    assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == [0, 0, 160]
     assert unknown.status_code == 404
     stored = [e for e in events if isinstance(e, BlockStored)]
     assert {e.lora_name for e in stored} == {None, "support-lora"}
+    prompt_ids = answers[1]["choices"][0]["prompt_token_ids"]
+    adapted = next(e for e in stored if e.lora_name == "support-lora")  # the prefill's; decode's follow
+    assert list(adapted.block_hashes) == [h.wire for h in block_hash_chain(prompt_ids, 32, lora=SUPPORT_LORA)]
+    assert adapted.extra_keys == (("support-lora",),) * len(adapted.block_hashes)
+
+
+def test_the_model_list_gives_each_adapter_its_path_as_vllm_does() -> None:
+    with running_fleet([local_config(lora_adapters=(SUPPORT_LORA,))]) as (config,):
+        answer = httpx.get(config.base_url + "/v1/models", timeout=10).text
+
+    assert parse_models(answer) == ServedModels(
+        base_models=("tiny",), lora_adapters={"support-lora": "/adapters/support-lora"}
+    )
+
+
+def test_the_fleet_serves_the_adapters_of_lora_modules_as_vllm_reads_them() -> None:
+    args = parse_args(["--servers", "1", "--lora-modules", "support-lora=/a/b=c", "sql=org/sql-lora"])
+
+    (config,) = configs_from_args(args)
+    assert config.lora_adapters == (LoraKey("support-lora", "/a/b=c"), LoraKey("sql", "org/sql-lora"))
+    with pytest.raises(SystemExit):
+        parse_args(["--lora-modules", "support-lora"])
 
 
 def test_a_kv_port_in_use_fails_the_start_naming_it_and_stops_cleanly() -> None:

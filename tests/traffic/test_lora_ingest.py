@@ -1,0 +1,54 @@
+"""A request under a LoRA adapter gets the chain vLLM computed for it: the adapter's name and path
+(learnt from the server's /v1/models) in every block's extra keys."""
+
+from datetime import UTC, datetime
+
+import pytest
+from django.utils import timezone
+
+from app.domain.blockhash import LoraKey, block_hash_chain, signed_to_wire
+from app.fleet.models import Server
+from app.fleet.selectors import UNKNOWN_MODEL_REASON
+from app.traffic.models import RejectedInput, RequestRecord
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
+
+pytestmark = pytest.mark.django_db
+
+PROMPT = list(range(1000, 1100))  # three full blocks of 32
+
+
+@pytest.fixture
+def server() -> Server:
+    return Server.objects.create(
+        name="vllm-lora", base_url="http://127.0.0.1:18000", block_size=32, model="tiny",
+        base_models=["tiny"], lora_adapters={"support-lora": "lora-adapter"},
+        models_read_at=datetime(2026, 12, 1, tzinfo=UTC),
+    )  # fmt: skip
+
+
+def stored(server: Server, model: str) -> RequestRecord:
+    facts = RequestFacts(
+        request_id=f"r-{model}", arrived_at=timezone.now(), model=model, prompt_token_ids=PROMPT
+    )
+    ingest_request_records([facts], source="rest", default_server=server.name, now=timezone.now())
+    record: RequestRecord = RequestRecord.objects.get(request_id=facts.request_id)
+    return record
+
+
+def wire(record: RequestRecord) -> list[int]:
+    return [signed_to_wire(h) for h in record.block_hashes]
+
+
+def test_an_adapters_request_is_hashed_with_its_name_and_path(server: Server) -> None:
+    adapter = wire(stored(server, "support-lora"))
+    assert adapter == [
+        h.wire for h in block_hash_chain(PROMPT, 32, lora=LoraKey("support-lora", "lora-adapter"))
+    ]
+    assert adapter != wire(stored(server, "tiny")) == [h.wire for h in block_hash_chain(PROMPT, 32)]
+
+
+def test_a_model_the_server_does_not_serve_is_stored_without_a_chain_and_counted(server: Server) -> None:
+    record = stored(server, "typo-lora")
+    assert record.block_hashes == [] and record.token_ids == PROMPT  # the rest of the record is kept
+    assert RejectedInput.objects.get(server=server, source="rest").reason == UNKNOWN_MODEL_REASON
