@@ -16,6 +16,9 @@ threads = int(os.environ.get("WEB_THREADS", "1"))
 # connection stays with the worker that took it: four exporters landed three on one worker.
 keepalive = int(os.environ.get("WEB_KEEPALIVE_SECONDS", "0"))
 accesslog = "-"
+# gunicorn's default format, less `%(u)s`: it decodes an `Authorization: Basic` header's user name,
+# and an ingest token sent as `curl -u <token>:` would be printed on every line of its requests.
+access_log_format = '%(h)s %(l)s - %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"'
 timeout = 60
 # gunicorn's control socket defaults to one path in $HOME that every gunicorn would share.
 control_socket_disable = True

@@ -2,14 +2,18 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from app.api import otlp
 from app.api.api import api
+from app.api.ingest import otlp
 from app.core import views as core_views
+from app.dashboard import views as dashboard_views
 
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
-    path("metrics", core_views.metrics, name="metrics"),
+    path("metrics", dashboard_views.metrics, name="metrics"),
+    path("favicon.ico", core_views.favicon, name="favicon"),
+    path("docs/runbooks/", core_views.runbooks, name="runbooks"),
+    path("docs/runbooks/<slug:alert>/", core_views.runbook, name="runbook"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

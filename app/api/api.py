@@ -3,7 +3,8 @@
 from django.db import InterfaceError, OperationalError
 from ninja import NinjaAPI
 
-from app.api.ingest import router as ingest_router
+from app.api.compare import router as compare_router
+from app.api.ingest.rest import router as ingest_router
 from app.core.middleware import database_unavailable
 
 api = NinjaAPI(
@@ -17,4 +18,4 @@ api = NinjaAPI(
 api.add_exception_handler(OperationalError, database_unavailable)
 api.add_exception_handler(InterfaceError, database_unavailable)
 api.add_router("/v1", ingest_router)
-api.add_router("/v1", "app.api.compare.router")
+api.add_router("/v1", compare_router)

@@ -16,10 +16,11 @@ from pydantic import model_validator
 
 from app.compare import selectors
 from app.compare.models import Comparison
-from app.compare.results import Result, SideView, comparison_result
+from app.compare.results import Result, comparison_result
 from app.compare.services import MAX_BLOCK_SIZE, ComparisonError, SideInput, create_comparison
 from app.compare.summary import Estimate
 from app.compare.tokenization import MAX_TOKEN_ID, Prompt, PromptError
+from app.domain.divergence import Side
 from app.fleet.models import Server
 
 router = Router(tags=["compare"], auth=django_auth)
@@ -38,7 +39,8 @@ class ChatMessage(Schema):
 
 class SideIn(Schema):
     """Exactly one of ``text``, ``messages``, ``token_ids``, ``request``; or, for side a only,
-    ``previous: true``: the request of b's template that arrived before b."""
+    ``previous: true``: the earlier request b could best have reused from (on b's server, under
+    b's cache salt and model, the one sharing the most leading blocks with b, else the latest)."""
 
     text: str | None = Field(None, description="A completion prompt")
     messages: list[ChatMessage] | None = Field(
@@ -46,7 +48,11 @@ class SideIn(Schema):
     )
     token_ids: list[int] | None = Field(None, description="Token ids, as vLLM would receive them")
     request: RequestKeyIn | None = Field(None, description="A recorded request")
-    previous: bool = Field(False, description="Side a only: the request before b of b's template")
+    previous: bool = Field(
+        False,
+        description="Side a only: the earlier request on b's server, under b's cache salt and model, "
+        "that shares the most leading blocks with b (the latest of those that share as much)",
+    )
     cache_salt: str | None = Field(None, max_length=1024, description="Prompts only; hashed, never stored")
     lora_adapter: str | None = Field(None, max_length=255, description="Prompts only")
 
@@ -153,6 +159,40 @@ class CompareOut(Schema):
     estimate: EstimateOut | None
     blocks: dict[str, list[BlockOut]] | None = Field(description="With include_blocks: a's and b's blocks")
 
+    @classmethod
+    def from_result(
+        cls, result: Result, *, permalink: str | None, estimate: Estimate | None, include_blocks: bool
+    ) -> "CompareOut":
+        """The answer for a computed comparison. Token-precision fields (identical, the first
+        differing token, the common prefix, notes, edits) are null or empty at block precision,
+        and every figure is when nothing could be compared (``problem`` says why)."""
+        d, f = result.divergence, result.figures
+        sides: tuple[Side, Side] = ("a", "b")
+        return cls(
+            slug=result.slug or None,
+            permalink=permalink,
+            precision=f.precision if f else None,
+            problem=result.problem,
+            block_size=result.block_size,
+            a=SideOut.model_validate(result.a),
+            b=SideOut.model_validate(result.b),
+            identical=d.identical if d else None,
+            first_divergence=d.first_divergence if d else None,
+            first_divergent_block=f.first_divergent_block if f else None,
+            common_prefix=d.common_prefix if d else None,
+            reusable_tokens=f.reusable_tokens if f else None,
+            wasted_prefill_tokens=f.wasted_prefill_tokens if f else None,
+            shared_blocks=f.shared_blocks if f else None,
+            blocked_by=list(f.blocked_by) if f else [],
+            notes=list(d.notes) if d else [],
+            edits=[EditOut.model_validate(edit) for edit in d.edits] if d else [],
+            edits_exact=d.edits_exact if d else None,
+            estimate=EstimateOut.model_validate(estimate) if estimate else None,
+            blocks={side: [BlockOut.model_validate(b) for b in result.blocks(side)] for side in sides}
+            if include_blocks and d
+            else None,
+        )
+
 
 class ErrorOut(Schema):
     error: str
@@ -183,7 +223,7 @@ def compare(request: HttpRequest, body: CompareIn) -> Any:
     except (ComparisonError, PromptError) as exc:
         return Status(400, {"error": str(exc)})
     result = comparison_result(compared.comparison, compared.sides, now=now)
-    return _answer(request, result, include_blocks=body.include_blocks)
+    return _answer(request, result, include_blocks=body.include_blocks, now=now)
 
 
 @router.get(
@@ -199,8 +239,9 @@ def get_comparison(request: HttpRequest, slug: str, query: Query[BlocksQuery]) -
         comparison = selectors.comparison(slug)
     except Comparison.DoesNotExist:
         return Status(404, {"error": "no such comparison"})
-    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=timezone.now())
-    return _answer(request, result, include_blocks=query.include_blocks)
+    now = timezone.now()
+    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=now)
+    return _answer(request, result, include_blocks=query.include_blocks, now=now)
 
 
 def _server(name: str | None) -> Server | None:
@@ -234,77 +275,17 @@ def _key(request: RequestKeyIn) -> selectors.RecordKey:
 
 def _previous(later: SideIn | None) -> SideInput:
     assert later is not None and later.request is not None  # CompareIn checked it
-    record = selectors.request_record(_key(later.request))
-    previous = selectors.previous_request(record) if record is not None else None
+    previous = selectors.previous_request_key(_key(later.request))
     if previous is None:
-        raise ComparisonError("there is no earlier request of b's template")
-    return SideInput(record=selectors.RecordKey.of(previous))
+        raise ComparisonError("there is no earlier request on b's server under b's cache salt and model")
+    return SideInput(record=previous)
 
 
-def _answer(request: HttpRequest, result: Result, *, include_blocks: bool) -> dict[str, Any]:
-    d, figures = result.divergence, result.divergence or result.block_match
+def _answer(request: HttpRequest, result: Result, *, include_blocks: bool, now: datetime) -> CompareOut:
     url = reverse("compare:detail", args=[result.slug]) if result.slug else None
-    return {
-        "slug": result.slug or None,
-        "permalink": request.build_absolute_uri(url) if url else None,
-        "precision": "token" if d else "block" if figures else None,
-        "problem": result.problem,
-        "block_size": result.block_size,
-        "a": _side_out(result.a),
-        "b": _side_out(result.b),
-        "identical": d.identical if d else None,
-        "first_divergence": d.first_divergence if d else None,
-        "first_divergent_block": result.first_divergence_block,
-        "common_prefix": d.common_prefix if d else None,
-        "reusable_tokens": figures.reusable_tokens if figures else None,
-        "wasted_prefill_tokens": figures.wasted_prefill_tokens if figures else None,
-        "shared_blocks": result.shared_blocks,
-        "blocked_by": list(figures.blocked_by) if figures else [],
-        "notes": list(d.notes) if d else [],
-        "edits": [_edit(edit) for edit in d.edits] if d else [],
-        "edits_exact": d.edits_exact if d else None,
-        "estimate": _estimate(result.estimate),
-        "blocks": {side: [_block(b) for b in result.blocks(side)] for side in "ab"}
-        if include_blocks and d
-        else None,
-    }
-
-
-def _estimate(estimate: Estimate | None) -> dict[str, Any] | None:
-    if estimate is None:
-        return None
-    return {
-        "seconds_per_token": estimate.seconds_per_token,
-        "basis": estimate.basis,
-        "ttft_seconds": estimate.ttft_seconds,
-        "gpu_seconds_per_1000": estimate.gpu_seconds_per_1000,
-        "usd_per_1000": estimate.usd_per_1000,
-    }
-
-
-def _side_out(side: SideView) -> dict[str, Any]:
-    return {
-        "source": side.source, "label": side.label, "length": side.length,
-        "tokenizer_used": side.tokenizer_used, "warning": side.warning, "missing": side.missing,
-        "compatibility": {name: getattr(side.compatibility, name) for name in CompatibilityOut.model_fields},
-    }  # fmt: skip
-
-
-def _edit(edit: Any) -> dict[str, Any]:
-    return {
-        "kind": str(edit.kind),
-        "a_start": edit.a_start,
-        "a_end": edit.a_end,
-        "b_start": edit.b_start,
-        "b_end": edit.b_end,
-    }
-
-
-def _block(block: Any) -> dict[str, Any]:
-    return {
-        "index": block.index,
-        "start": block.start,
-        "end": block.end,
-        "wire_hash": block.wire_hash,
-        "status": str(block.status),
-    }
+    return CompareOut.from_result(
+        result,
+        permalink=request.build_absolute_uri(url) if url else None,
+        estimate=result.estimate(selectors.prefill_slope(result.cost_server, now=now)),
+        include_blocks=include_blocks,
+    )

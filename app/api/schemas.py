@@ -7,8 +7,10 @@ import msgspec
 from msgspec import Meta
 from ninja import Field, Schema
 
+from collectors import records
+
 INTEGER_MAX = 2**31 - 1  # PostgreSQL's integer, the columns of counts and token ids
-Text = Annotated[str, Meta(max_length=255)]
+Text = Annotated[str, Meta(max_length=records.MODEL_MAX)]
 Seconds = Annotated[float, Meta(ge=0)] | None
 Count = Annotated[int, Meta(ge=0, le=INTEGER_MAX)] | None
 TokenId = Annotated[int, Meta(ge=-INTEGER_MAX - 1, le=INTEGER_MAX)]
@@ -21,9 +23,22 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
     # decodes and validates a whole body in one pass, several times faster than json + pydantic.
 
     server: Annotated[
-        str, Meta(min_length=1, max_length=500, description="A registered server's name or base URL")
+        str,
+        Meta(
+            min_length=1, max_length=records.SERVER_MAX, description="A registered server's name or base URL"
+        ),
     ]
-    request_id: Annotated[str, Meta(min_length=1, max_length=255)]
+    request_id: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=records.REQUEST_ID_MAX,
+            description=(
+                "The client's X-Request-Id, or vLLM's answer id (`cmpl-<id>`, `chatcmpl-<id>`, which is "
+                "taken as `<id>`): records of one server and id from any source merge into one"
+            ),
+        ),
+    ]
     arrived_at: Annotated[
         datetime,
         Meta(
@@ -32,14 +47,18 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
             extra_json_schema={"format": "date-time"},
         ),
     ]
-    trace_id: Annotated[str, Meta(max_length=32)] = ""
+    trace_id: Annotated[str, Meta(max_length=records.TRACE_ID_MAX)] = ""
     model: Text = ""
-    tenant: Annotated[str, Meta(max_length=100)] = ""
-    template: Annotated[str, Meta(max_length=200, description="Prompt template name")] = ""
+    tenant: Annotated[str, Meta(max_length=records.TENANT_MAX)] = ""
+    template: Annotated[str, Meta(max_length=records.TEMPLATE_MAX, description="Prompt template name")] = ""
     template_version: Annotated[
-        str, Meta(max_length=40, description="The template repository's commit sha")
+        str, Meta(max_length=records.TEMPLATE_VERSION_MAX, description="The template repository's commit sha")
     ] = ""
-    ttft_seconds: Seconds = None
+    client_ttft_seconds: Annotated[float, Meta(ge=0, description="TTFT as the client saw it")] | None = None
+    server_ttft_seconds: Annotated[float, Meta(ge=0, description="TTFT as vLLM measured it")] | None = None
+    ttft_seconds: (
+        Annotated[float, Meta(ge=0, description="Deprecated: read as client_ttft_seconds")] | None
+    ) = None
     queue_seconds: Seconds = None
     prefill_seconds: Seconds = None
     prompt_tokens: Count = None
@@ -47,7 +66,8 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
     completion_tokens: Count = None
     usage: Annotated[dict[str, Any], Meta(description="OpenAI/vLLM or Anthropic usage object")] | None = None
     cache_salt: (
-        Annotated[str, Meta(max_length=1024, description="Hashed on arrival, never stored")] | None
+        Annotated[str, Meta(max_length=records.SALT_MAX, description="Hashed on arrival, never stored")]
+        | None
     ) = None
     prompt_token_ids: (
         Annotated[list[TokenId], Meta(description="Kept under the token retention setting")] | None

@@ -1,12 +1,17 @@
 """The writers of the fleet: servers, what their /metrics says of them, and their state."""
 
 import logging
+from collections.abc import Iterable
 from datetime import datetime
+from urllib.parse import urlsplit
 
+from django.db import transaction
 from django.db.models import Q
+from django.utils.text import slugify
 
 from app.fleet.models import Server
 from collectors.metrics.parse import CacheConfig
+from collectors.models.parse import ServedModels
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +37,21 @@ def record_scrape_outcome(
             changes["model"] = model
     if server.state != changes["state"]:
         logger.info("server %s is %s", server.name, changes["state"])
+    Server.objects.filter(pk=server.pk).update(**changes)
+    for field, value in changes.items():
+        setattr(server, field, value)
+
+
+def record_served_models(*, server: Server, served: ServedModels, at: datetime) -> None:
+    """Store what the server's /v1/models lists: its base model names and LoRA adapters {name: path}.
+
+    The list replaces the last one: an adapter unloaded since is gone, one re-pointed at another
+    path has the new path (vLLM hashes the path, so its new blocks hash apart from the old ones).
+    """
+    adapters = dict(served.lora_adapters)
+    if adapters != server.lora_adapters:
+        logger.info("server %s serves LoRA adapters %s", server.name, sorted(adapters) or "none")
+    changes = {"base_models": list(served.base_models), "lora_adapters": adapters, "models_read_at": at}
     Server.objects.filter(pk=server.pk).update(**changes)
     for field, value in changes.items():
         setattr(server, field, value)
@@ -79,4 +99,59 @@ def register_server(
         },
     )  # fmt: skip
     logger.info("%s server %s", "registered" if created else "updated", name)
+    return server
+
+
+class ServerStateError(ValueError):
+    """The server is gone, or not in the state the change needs (a person changed it meanwhile)."""
+
+
+def accept_server(*, server_id: int, base_url: str) -> Server:
+    """Register a proposed server, which a person has confirmed is real: it becomes active at
+    `base_url` and its /metrics pulls begin. ServerStateError when it is no longer proposed."""
+    with transaction.atomic():
+        server = locked_server(server_id)
+        if server.state != Server.State.PROPOSED:
+            raise ServerStateError(f"{server.name} is {server.get_state_display().lower()}, not proposed")
+        server.base_url, server.state = base_url, Server.State.ACTIVE
+        server.save(update_fields=["base_url", "state"])
+    logger.info("accepted proposed server %s", server.name)
+    return server
+
+
+def locked_server(server_id: int) -> Server:
+    """The server, locked FOR UPDATE until the transaction ends; ServerStateError when it is gone."""
+    server = Server.objects.select_for_update().filter(pk=server_id).first()
+    if server is None:
+        raise ServerStateError(f"no server {server_id}: merged or deleted meanwhile")
+    return server
+
+
+def servers_named(references: Iterable[str], *, propose_unknown: bool) -> dict[str, Server | None]:
+    """The server each reference (a registered server's name, else its base URL) names.
+
+    A name wins over a base URL; of several servers with one base URL, the first by name. A
+    reference nobody registered is None, or with `propose_unknown` a server proposed under it
+    (state PROPOSED: shown apart until a person accepts it or merges it into a registered one).
+    """
+    wanted = set(references)
+    by_name: dict[str, Server] = {}
+    by_url: dict[str, Server] = {}
+    for server in Server.objects.filter(Q(name__in=wanted) | Q(base_url__in=wanted)).order_by("name"):
+        by_name[server.name] = server
+        by_url.setdefault(server.base_url, server)
+    found: dict[str, Server | None] = {ref: by_name.get(ref) or by_url.get(ref) for ref in wanted}
+    if propose_unknown:
+        found |= {ref: _propose(ref) for ref, server in found.items() if server is None}
+    return found
+
+
+def _propose(reference: str) -> Server:
+    is_url = "://" in reference
+    name = slugify(urlsplit(reference).netloc if is_url else reference)[:100] or "unnamed"
+    server, created = Server.objects.get_or_create(
+        name=name, defaults={"base_url": reference if is_url else "", "state": Server.State.PROPOSED}
+    )
+    if created:
+        logger.info("proposed server %s, seen in ingested requests", name)
     return server

@@ -26,28 +26,26 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from pathlib import Path
 
 import msgspec
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
-from app.fleet.models import Server
+from app.fleet.services import servers_named
 from app.traffic.models import RequestRecord
-from app.traffic.services.kv_events import count_rejected_input
-from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
-from collectors.gateway.proxy import Observed
+from app.traffic.services.rejections import count_rejected_input
+from app.traffic.services.requests import IngestOutcome, ingest_request_records
+from collectors.records import RequestFacts
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "gateway"
+SOURCE = RequestRecord.Source.GATEWAY.value
 QUEUE_FULL = "queue full: record dropped"
-Store = Callable[..., IngestOutcome]  # ingest_request_records(items, *, now=...)
-_OBSERVED = tuple(field.name for field in fields(Observed))
-# A spill line is a RequestIn as JSON: msgspec writes and checks the dataclass (times in RFC 3339).
+Store = Callable[..., IngestOutcome]  # ingest_request_records(facts, *, source, now, default_server)
+# A spill line is RequestFacts as JSON: msgspec writes and checks the struct (times in RFC 3339).
 _SPILL_ENCODER = msgspec.json.Encoder()
-_SPILL_DECODER = msgspec.json.Decoder(RequestIn)
+_SPILL_DECODER = msgspec.json.Decoder(RequestFacts)
 
 
 class GatewayWriter:
@@ -74,7 +72,7 @@ class GatewayWriter:
         self.stored = 0
         self.spilled = 0
         self.dropped = 0  # since start; the database counts them too, as rejected input "queue full"
-        self._queue: deque[Observed] = deque()
+        self._queue: deque[RequestFacts] = deque()
         self._rejected: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -83,9 +81,9 @@ class GatewayWriter:
 
     # --- the proxy's side: never blocks ----------------------------------------------------
 
-    def record(self, observed: Observed) -> None:
+    def record(self, facts: RequestFacts) -> None:
         if len(self._queue) < self.capacity:
-            self._queue.append(observed)  # deque appends are atomic: no lock on the proxy's path
+            self._queue.append(facts)  # deque appends are atomic: no lock on the proxy's path
             return
         with self._lock:
             self.dropped += 1
@@ -112,14 +110,14 @@ class GatewayWriter:
                     self._stopping.wait(self.flush_seconds)  # let a batch gather: a write costs per batch
                 batch = self._take_batch()
                 if batch or self.spill_path.exists():
-                    self._write_or_keep([self._request_in(observed) for observed in batch])
+                    self._write_or_keep(batch)
             if self.spill_path.exists():
                 self._retry_at = 0.0
                 self._write_or_keep([])  # a last try at replaying before the process ends
         finally:
             connection.close()
 
-    def _write_or_keep(self, items: list[RequestIn]) -> None:
+    def _write_or_keep(self, items: list[RequestFacts]) -> None:
         try:
             self._write(items)
         except Exception:  # a bug must not end the writer; the batch waits in the spill file
@@ -127,14 +125,14 @@ class GatewayWriter:
             self._retry_at = time.monotonic() + self.retry_seconds
             self._spill(items)
 
-    def _take_batch(self) -> list[Observed]:
+    def _take_batch(self) -> list[RequestFacts]:
         """Up to `batch_size` of the records queued, oldest first."""
-        batch: list[Observed] = []
+        batch: list[RequestFacts] = []
         while self._queue and len(batch) < self.batch_size:
             batch.append(self._queue.popleft())
         return batch
 
-    def _write(self, items: list[RequestIn]) -> None:
+    def _write(self, items: list[RequestFacts]) -> None:
         """Store `items` after replaying the spill file; spill them while the database is down."""
         if time.monotonic() < self._retry_at:
             self._spill(items)
@@ -157,26 +155,29 @@ class GatewayWriter:
             logger.info("database back; spilled request records replayed")
         self._retry_at = 0.0
 
-    def _store(self, items: Sequence[RequestIn]) -> None:
+    def _store(self, items: Sequence[RequestFacts]) -> None:
         """Store in batches; a batch the database refuses for its data is stored item by item."""
         for start in range(0, len(items), self.batch_size):
             batch = items[start : start + self.batch_size]
             try:
-                self._count(self.store(batch, now=timezone.now()))
+                self._count(self._stored(batch))
             except (OperationalError, InterfaceError):
                 raise
             except DatabaseError:
                 logger.exception("a batch of %d request records was refused; storing one by one", len(batch))
                 self._store_each(batch)
 
-    def _store_each(self, items: Sequence[RequestIn]) -> None:
+    def _store_each(self, items: Sequence[RequestFacts]) -> None:
         for item in items:
             try:
-                self._count(self.store([item], now=timezone.now()))
+                self._count(self._stored([item]))
             except (OperationalError, InterfaceError):
                 raise
             except DatabaseError as exc:
                 self.reject(f"not storable: {exc.__class__.__name__}")
+
+    def _stored(self, items: Sequence[RequestFacts]) -> IngestOutcome:
+        return self.store(items, source=SOURCE, default_server=self.server, now=timezone.now())
 
     def _count(self, outcome: IngestOutcome) -> None:
         self.stored += outcome.stored
@@ -190,10 +191,7 @@ class GatewayWriter:
             return
         if counts[QUEUE_FULL]:
             logger.warning("%d request records dropped: the writer's queue was full", counts[QUEUE_FULL])
-        server = (
-            Server.objects.filter(name=self.server).first()
-            or Server.objects.filter(base_url=self.server).first()
-        )
+        server = servers_named([self.server], propose_unknown=False)[self.server]
         try:
             for reason, count in counts.items():
                 count_rejected_input(
@@ -210,7 +208,7 @@ class GatewayWriter:
 
     # --- the spill file --------------------------------------------------------------------
 
-    def _spill(self, items: Sequence[RequestIn]) -> None:
+    def _spill(self, items: Sequence[RequestFacts]) -> None:
         if not items:
             return
         try:
@@ -240,10 +238,6 @@ class GatewayWriter:
             self.reject("spill file: unreadable line")
         logger.info("replayed %d spilled request records from %s", len(items), self.spill_path)
 
-    def _request_in(self, observed: Observed) -> RequestIn:
-        found = {name: getattr(observed, name) for name in _OBSERVED}
-        return RequestIn(server=self.server, source=RequestRecord.Source.GATEWAY, **found)
-
 
 def _last_byte(path: Path) -> bytes:
     with path.open("rb") as file:
@@ -251,7 +245,7 @@ def _last_byte(path: Path) -> bytes:
         return file.read(1)
 
 
-def read_spill(path: Path) -> tuple[list[RequestIn], int]:
+def read_spill(path: Path) -> tuple[list[RequestFacts], int]:
     """The records of a spill file, and how many of its lines could not be read (a torn last line)."""
     items, unreadable = [], 0
     with path.open(encoding="utf-8") as spill:

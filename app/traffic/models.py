@@ -1,6 +1,6 @@
 """Raw traffic as collected (scrapes, KV events, request records) and the per-minute rollup.
 
-The three raw tables are partitioned by day (see app/core/partitioning.py). Their primary
+The three raw tables are partitioned by day (see app/traffic/services/partitions.py). Their primary
 keys are the natural identity of what arrives, server first, so that a redelivered scrape,
 event or request is written once (ON CONFLICT DO NOTHING / COPY into a staging table), and so
 that Citus could shard them by server unchanged.
@@ -12,6 +12,7 @@ from psqlextra.models import PostgresPartitionedModel
 from psqlextra.types import PostgresPartitioningMethod
 
 from app.core.fields import UInt64Field
+from collectors import records
 
 
 class Scrape(PostgresPartitionedModel):
@@ -124,11 +125,14 @@ class RequestRecord(PostgresPartitionedModel):
     # keep up on every insert, and the planner took it, scanning a whole day of a server's rows
     # per looked-up request, when a new partition had no statistics yet.
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
-    request_id = models.CharField(max_length=255)
+    request_id = models.CharField(
+        max_length=records.REQUEST_ID_MAX,
+        help_text="Canonical: the client's X-Request-Id, else vLLM's own (collectors/records.py)",
+    )
     arrived_at = models.DateTimeField()
-    trace_id = models.CharField(max_length=32, blank=True)
-    model = models.CharField(max_length=255, blank=True)
-    tenant = models.CharField(max_length=100, blank=True)
+    trace_id = models.CharField(max_length=records.TRACE_ID_MAX, blank=True)
+    model = models.CharField(max_length=records.MODEL_MAX, blank=True)
+    tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
     template = models.ForeignKey(
         "prompts.Template", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
     )
@@ -136,7 +140,12 @@ class RequestRecord(PostgresPartitionedModel):
         "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL
     )
     source = models.CharField(max_length=10, choices=Source.choices)
-    ttft_seconds = models.FloatField(null=True, blank=True)
+    client_ttft_seconds = models.FloatField(
+        null=True, blank=True, help_text="Time to first token as the client saw it (gateway, application)"
+    )
+    server_ttft_seconds = models.FloatField(
+        null=True, blank=True, help_text="Time to first token as vLLM measured it (its llm_request span)"
+    )
     queue_seconds = models.FloatField(null=True, blank=True)
     prefill_seconds = models.FloatField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
@@ -166,7 +175,8 @@ class MinuteRollup(models.Model):
     """Per-minute totals of request records per server and template (null: no template).
 
     Dashboards read these, never raw request records, for windows longer than an hour.
-    `ttft_buckets` counts TTFTs per vLLM TTFT histogram bucket (app/traffic/rollups.py).
+    Two TTFT histograms, never mixed: as the clients saw it and as vLLM measured it; `*_buckets`
+    count TTFTs per vLLM TTFT histogram bucket, cumulative (app/traffic/services/rollups.py).
     """
 
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
@@ -178,9 +188,12 @@ class MinuteRollup(models.Model):
     # Prompt tokens of the requests whose cached tokens are known (spans alone do not say):
     # the hit rate is cached_tokens / cache_known_prompt_tokens.
     cache_known_prompt_tokens = models.BigIntegerField(default=0)
-    ttft_count = models.PositiveIntegerField()
-    ttft_sum_seconds = models.FloatField()
-    ttft_buckets = ArrayField(models.IntegerField())
+    client_ttft_count = models.PositiveIntegerField(default=0)
+    client_ttft_sum_seconds = models.FloatField(default=0)
+    client_ttft_buckets = ArrayField(models.IntegerField(), default=list)
+    server_ttft_count = models.PositiveIntegerField(default=0)
+    server_ttft_sum_seconds = models.FloatField(default=0)
+    server_ttft_buckets = ArrayField(models.IntegerField(), default=list)
 
     class Meta:
         constraints = [

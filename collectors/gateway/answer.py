@@ -12,7 +12,7 @@ re-encoding, so everything else stays byte for byte as vLLM wrote it.
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -36,8 +36,8 @@ class AnswerFacts:
     request_id: str = ""
     model: str = ""
     usage: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
-    several_prompts: bool = False  # a batch of prompts: its token ids are not one request's
+    samples: int = 1  # the request's n: vLLM numbers choice i of prompt p as p * n + i
+    prompts: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> its token ids
     error: bool = False  # an error object instead of (or in the middle of) the answer
     content_seen: bool = False
     malformed: str = ""  # why a part of the answer could not be read (a fixed phrase), if one could not
@@ -53,24 +53,28 @@ class AnswerFacts:
             self.model = payload["model"]
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
-        self._prompt(payload.get("prompt_token_ids"))  # chat
+        self._prompt(payload.get("prompt_token_ids"), 0)  # chat: one prompt
         choices = payload.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
+        for position, choice in enumerate(choices if isinstance(choices, list) else []):
             if isinstance(choice, dict):
-                self._prompt(choice.get("prompt_token_ids"))  # completions
+                index = choice.get("index")
+                index = index if type(index) is int and index >= 0 else position
+                self._prompt(choice.get("prompt_token_ids"), index // self.samples)  # completions
                 self.content_seen = self.content_seen or _has_content(choice)
 
     @property
-    def token_ids(self) -> list[int] | None:
-        return None if self.several_prompts else self.prompt_token_ids
+    def several_prompts(self) -> bool:
+        """A completion call with several prompts: each is a request of its own in vLLM."""
+        return len(self.prompts) > 1
 
-    def _prompt(self, ids: Any) -> None:
-        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
-            return
-        if self.prompt_token_ids is None:
-            self.prompt_token_ids = ids
-        elif ids != self.prompt_token_ids:
-            self.several_prompts = True
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The prompt's token ids, when the answer is one prompt's."""
+        return None if self.several_prompts else self.prompts.get(0)
+
+    def _prompt(self, ids: Any, prompt: int) -> None:
+        if isinstance(ids, list) and all(type(i) is int for i in ids):
+            self.prompts.setdefault(prompt, ids)
 
 
 def _has_content(choice: dict[str, Any]) -> bool:
@@ -80,9 +84,10 @@ def _has_content(choice: dict[str, Any]) -> bool:
     return isinstance(delta, dict) and any(value for key, value in delta.items() if key != "role")
 
 
-def read_answer(body: bytes) -> AnswerFacts:
-    """The facts of a whole JSON answer; `malformed` says why when it is not a JSON object."""
-    facts = AnswerFacts()
+def read_answer(body: bytes, *, samples: int = 1) -> AnswerFacts:
+    """The facts of a whole JSON answer to a request of `samples` (n) choices per prompt;
+    `malformed` says why when it is not a JSON object."""
+    facts = AnswerFacts(samples=samples)
     payload = _decode(body, facts)
     if payload is not None:
         facts.observe(payload)
@@ -112,7 +117,7 @@ class StreamEditor:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.facts = AnswerFacts()
+        self.facts = AnswerFacts(samples=plan.samples)
         self._buffer = bytearray()
         self._held: list[tuple[bytes, bool]] = []  # (event, is terminal)
         self._server_adds_usage = False  # usage in content chunks: the server sends usage by itself

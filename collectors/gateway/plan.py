@@ -29,6 +29,7 @@ class Plan:
     added_usage: bool
     model: str = ""
     cache_salt: str | None = None
+    samples: int = 1  # n, the choices asked for each prompt
 
     @property
     def edits_answer(self) -> bool:
@@ -52,7 +53,7 @@ def plan_request(path: str, body: bytes) -> Plan | None:
         payload["return_token_ids"] = True
     if add_usage:
         payload["stream_options"] = {**(payload.get("stream_options") or {}), "include_usage": True}
-    model, salt = payload.get("model"), payload.get("cache_salt")
+    model, salt, samples = payload.get("model"), payload.get("cache_salt"), payload.get("n")
     return Plan(
         body=msgspec.json.encode(payload) if add_ids or add_usage else body,
         chat=path == "/v1/chat/completions",
@@ -60,6 +61,7 @@ def plan_request(path: str, body: bytes) -> Plan | None:
         added_usage=add_usage,
         model=model if isinstance(model, str) else "",
         cache_salt=salt if isinstance(salt, str) and salt else None,
+        samples=samples if type(samples) is int and samples > 0 else 1,
     )
 
 

@@ -2,14 +2,15 @@
 
 Every request goes to the upstream vLLM server and every answer back, status, headers and body
 as they came (streams chunk by chunk), but for what `plan` adds and `answer` takes out again. A
-successful `/v1/completions` or `/v1/chat/completions` answer becomes an `Observed` handed to the
+successful `/v1/completions` or `/v1/chat/completions` answer becomes `RequestFacts` handed to the
 recorder, which must return at once: recording never delays or fails the proxied request.
 
 Headers an application may set (vLLM ignores them; they are forwarded unchanged):
 - `X-Prefixscope-Tenant`: the tenant the request is for;
 - `X-Prefixscope-Template`: the name of the prompt template the prompt was rendered from;
 - `X-Prefixscope-Template-Version`: that template's version, the commit sha in its git repository.
-`traceparent` (W3C) gives the trace id; the request id is the answer's `id` (else `X-Request-Id`).
+`traceparent` (W3C) gives the trace id; the request id is the canonical one of the answer's `id`
+(else the client's `X-Request-Id`), and the TTFT is the client's: until the first content reached it.
 """
 
 import asyncio
@@ -17,17 +18,18 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
 import aiohttp
+import msgspec
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from collectors.gateway.answer import AnswerFacts, StreamEditor, read_answer, strip_token_ids
 from collectors.gateway.plan import RECORDED_PATHS, Plan, plan_request, trace_id_from
+from collectors.records import RequestFacts, canonical_request_id
 from collectors.usage.parse import Usage, UsageError, usage_from
 
 logger = logging.getLogger(__name__)
@@ -47,29 +49,10 @@ _WHOLE_BYTES = 1024 * 1024  # answers up to this size (with a Content-Length) ar
 _KEEPALIVE_SECONDS = 4.0
 
 
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """One completion as the gateway saw it pass."""
-
-    request_id: str
-    arrived_at: datetime
-    ttft_seconds: float
-    trace_id: str = ""
-    model: str = ""
-    tenant: str = ""
-    template: str = ""
-    template_version: str = ""
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    cache_salt: str | None = None
-    prompt_token_ids: list[int] | None = None
-
-
 class Recorder(Protocol):
     """Where observations go; both calls must return at once and never raise."""
 
-    def record(self, observed: Observed) -> None: ...
+    def record(self, facts: RequestFacts) -> None: ...
 
     def reject(self, reason: str) -> None: ...
 
@@ -115,7 +98,7 @@ class Gateway:
             else:
                 response, facts, ttft = await _whole(request, upstream, plan, started)
         try:
-            self._record(request, upstream.headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
+            self._record(request, plan, facts, arrived_at=arrived_at, ttft=ttft)
         except Exception:  # the client has its answer; a recording bug must not turn it into an error
             logger.exception("recording a completion failed")
         return response
@@ -123,7 +106,6 @@ class Gateway:
     def _record(
         self,
         request: web.Request,
-        answer_headers: CIMultiDictProxy[str],
         plan: Plan,
         facts: AnswerFacts,
         *,
@@ -140,23 +122,38 @@ class Gateway:
             self.recorder.reject(str(exc))
             usage = Usage(None, None, None)
         headers = request.headers
-        self.recorder.record(
-            Observed(
-                request_id=_request_id(facts, answer_headers, headers),
-                arrived_at=arrived_at,
-                ttft_seconds=ttft,
-                trace_id=trace_id_from(headers.get("traceparent", "")),
-                model=facts.model or plan.model,
-                tenant=headers.get(TENANT_HEADER, ""),
-                template=headers.get(TEMPLATE_HEADER, ""),
-                template_version=headers.get(TEMPLATE_VERSION_HEADER, ""),
-                prompt_tokens=usage.prompt_tokens,
-                cached_tokens=usage.cached_tokens,
-                completion_tokens=usage.completion_tokens,
-                cache_salt=plan.cache_salt,
-                prompt_token_ids=facts.token_ids,
-            )
+        call = RequestFacts(
+            request_id=_request_id(facts, headers),
+            arrived_at=arrived_at,
+            client_ttft_seconds=ttft,
+            trace_id=trace_id_from(headers.get("traceparent", "")),
+            model=facts.model or plan.model,
+            tenant=headers.get(TENANT_HEADER, ""),
+            template=headers.get(TEMPLATE_HEADER, ""),
+            template_version=headers.get(TEMPLATE_VERSION_HEADER, ""),
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            cache_salt=plan.cache_salt,
+            prompt_token_ids=facts.token_ids,
         )
+        if not facts.several_prompts:
+            self.recorder.record(call)
+            return
+        # Several prompts in one call are as many requests to vLLM, each with its own span
+        # (collectors/records.py names them); the answer's usage is their sum, so the cached tokens
+        # of each are not known.
+        for prompt, ids in sorted(facts.prompts.items()):
+            self.recorder.record(
+                msgspec.structs.replace(
+                    call,
+                    request_id=call.request_id if prompt == 0 else f"{call.request_id}#{prompt}",
+                    prompt_tokens=len(ids),
+                    cached_tokens=None,
+                    completion_tokens=None,
+                    prompt_token_ids=ids,
+                )
+            )
 
 
 async def serve(host: str, port: int, upstream: str, recorder: Recorder, stop: asyncio.Event) -> None:
@@ -183,12 +180,12 @@ def upstream_session() -> aiohttp.ClientSession:
     )
 
 
-def _request_id(
-    facts: AnswerFacts, answer_headers: CIMultiDictProxy[str], headers: CIMultiDictProxy[str]
-) -> str:
-    """The answer's id, else X-Request-Id (answer, then request), else one made up (never empty)."""
-    found = facts.request_id or answer_headers.get("X-Request-Id") or headers.get("X-Request-Id")
-    return found or f"gateway-{uuid.uuid4().hex}"
+def _request_id(facts: AnswerFacts, headers: CIMultiDictProxy[str]) -> str:
+    """The canonical id: from vLLM's answer id (`cmpl-<id>`: the client's X-Request-Id, else vLLM's
+    own), else the client's X-Request-Id as sent, else one made up (never empty)."""
+    if facts.request_id:
+        return canonical_request_id(facts.request_id)
+    return headers.get("X-Request-Id") or f"gateway-{uuid.uuid4().hex}"
 
 
 def _recorded(request: web.Request) -> bool:
@@ -251,7 +248,7 @@ async def _whole(
         body=sent, status=upstream.status, reason=upstream.reason, headers=_answer_headers(upstream, False)
     )
     await _send(request, response)
-    return response, read_answer(body), time.perf_counter() - started
+    return response, read_answer(body, samples=plan.samples), time.perf_counter() - started
 
 
 async def _send(request: web.Request, response: web.Response) -> None:

@@ -1,10 +1,12 @@
 """OTLP/HTTP trace exports decoded into plain spans, and the spans that describe an inference request.
 
 Two kinds of span carry request facts:
-- vLLM's `llm_request` span: TTFT, queue and prefill time, token counts and `gen_ai.request.id`
-  (the response id plus an engine suffix, `cmpl-abc-0`); no cached tokens.
+- vLLM's `llm_request` span: TTFT as vLLM measured it, queue and prefill time, token counts and
+  `gen_ai.request.id`, the engine request's id (`cmpl-<id>-<prompt index>`, `chatcmpl-<id>`;
+  collectors/records.py maps it to the canonical request id); no cached tokens.
 - An application's OpenTelemetry GenAI span (`gen_ai.operation.name` chat/text_completion):
-  `gen_ai.response.id`, `gen_ai.usage.*` including `gen_ai.usage.cache_read.input_tokens`.
+  `gen_ai.response.id` (the answer's id, `chatcmpl-<id>`), `gen_ai.usage.*` including
+  `gen_ai.usage.cache_read.input_tokens`; a TTFT it carries is the client's.
 Either may name Prefixscope's own attributes: `prefixscope.server` (also as a resource attribute,
 e.g. OTEL_RESOURCE_ATTRIBUTES on the vLLM server), `prefixscope.template`,
 `prefixscope.template_version`, `prefixscope.tenant`.
@@ -12,7 +14,7 @@ e.g. OTEL_RESOURCE_ATTRIBUTES on the vLLM server), `prefixscope.template`,
 
 import base64
 import json
-import re
+import math
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -24,9 +26,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from collectors.otlp.reader import Export
-from collectors.usage.parse import Usage, UsageError, usage_from_span
+from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id
+from collectors.usage.parse import UsageError, usage_from_span
 
-_ENGINE_SUFFIX = re.compile(r"-\d+$")
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 # What span_request reads. A receiver passes these to decode_export, which then looks up only these
 # keys: a span carries a dozen more attributes (and its resource as many), and converting them all
@@ -52,23 +54,6 @@ class Span(msgspec.Struct, frozen=True):
     name: str
     start: datetime
     attributes: Mapping[str, Any]  # the span's, over its resource's
-
-
-class SpanRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """What one span says about one inference request."""
-
-    request_id: str
-    arrived_at: datetime
-    trace_id: str
-    server: str | None
-    model: str
-    tenant: str
-    template: str
-    template_version: str
-    ttft_seconds: float | None
-    queue_seconds: float | None
-    prefill_seconds: float | None
-    usage: Usage
 
 
 def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | None = None) -> list[Span]:
@@ -97,28 +82,32 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
     return spans
 
 
-def span_request(span: Span) -> SpanRequest | None:
+def span_request(span: Span) -> RequestFacts | None:
     """The request a span describes, or None for spans that describe none (start-up, HTTP, ...).
 
-    Raises UsageError when a token count attribute is not a count.
+    Raises UsageError when a token count or duration attribute is not one.
     """
     a = span.attributes
-    if span.name == "llm_request" and "gen_ai.request.id" in a:
-        request_id = _ENGINE_SUFFIX.sub("", str(a["gen_ai.request.id"]))
+    vllm = span.name == "llm_request" and "gen_ai.request.id" in a
+    if vllm:
+        request_id = canonical_engine_request_id(str(a["gen_ai.request.id"]))
     elif "gen_ai.response.id" in a and "gen_ai.operation.name" in a:
-        request_id = str(a["gen_ai.response.id"])
+        request_id = canonical_request_id(str(a["gen_ai.response.id"]))
     else:
         return None
-    return SpanRequest(
+    ttft = _seconds(a, "gen_ai.latency.time_to_first_token")
+    usage = usage_from_span(a)
+    return RequestFacts(
         request_id=request_id, arrived_at=span.start, trace_id=span.trace_id,
-        server=_text(a, "prefixscope.server") or None,
+        server=_text(a, "prefixscope.server"),
         model=_text(a, "gen_ai.response.model") or _text(a, "gen_ai.request.model"),
         tenant=_text(a, "prefixscope.tenant"), template=_text(a, "prefixscope.template"),
         template_version=_text(a, "prefixscope.template_version"),
-        ttft_seconds=_seconds(a, "gen_ai.latency.time_to_first_token"),
+        server_ttft_seconds=ttft if vllm else None, client_ttft_seconds=None if vllm else ttft,
         queue_seconds=_seconds(a, "gen_ai.latency.time_in_queue"),
         prefill_seconds=_seconds(a, "gen_ai.latency.time_in_model_prefill"),
-        usage=usage_from_span(a),
+        prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+        completion_tokens=usage.completion_tokens,
     )  # fmt: skip
 
 
@@ -146,7 +135,7 @@ def _seconds(attributes: Mapping[str, Any], key: str) -> float | None:
     value = attributes.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise UsageError(f"{key}: expected a duration in seconds")
     return float(value)
 

@@ -1,7 +1,7 @@
 """REST bulk ingest of request records, with the real captures as the records."""
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -10,12 +10,13 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.api import intake
+from app.api.ingest import admission
 from app.api.models import IngestToken
 from app.api.services import create_ingest_token
 from app.domain.blockhash import block_hash_chain, signed_to_wire
 from app.fleet.models import Server
-from app.traffic.models import RequestRecord
+from app.traffic.models import RejectedInput, RequestRecord
+from collectors.records import canonical_request_id
 from tests.fixtures import load_json
 
 pytestmark = pytest.mark.django_db
@@ -80,7 +81,7 @@ def test_captured_requests_are_stored_with_their_hash_chain(
     assert (status, answer) == (200, {"stored": 4, "rejected": []})
     for name in CAPTURES:
         capture = load_json(f"{name}.json")
-        stored = RequestRecord.objects.get(request_id=capture["response"]["id"])
+        stored = RequestRecord.objects.get(request_id=canonical_request_id(capture["response"]["id"]))
         assert stored.cached_tokens == capture["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert stored.prompt_tokens == capture["response"]["usage"]["prompt_tokens"]
         salt = capture["request"].get("cache_salt")
@@ -96,11 +97,11 @@ def test_redelivery_and_a_second_source_merge_into_one_record(
     first = record(CAPTURES[0])
     post(client, token, [first])
     post(client, token, [first])
-    later = {k: first[k] for k in ("server", "request_id", "arrived_at")} | {"ttft_seconds": 0.0129}
+    later = {k: first[k] for k in ("server", "request_id", "arrived_at")} | {"server_ttft_seconds": 0.0129}
     assert post(client, token, [later])[0] == 200
 
     stored = RequestRecord.objects.get()
-    assert (stored.cached_tokens, stored.ttft_seconds) == (160, 0.0129)
+    assert (stored.cached_tokens, stored.server_ttft_seconds) == (160, 0.0129)
     assert stored.token_ids and stored.block_hashes  # not erased by the record that lacked them
 
 
@@ -125,15 +126,126 @@ def test_json_lines_keep_the_good_records_and_name_the_bad_field(
     assert RequestRecord.objects.count() == 1
 
 
-def test_records_outside_the_kept_window_are_rejected_not_fatal(
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        pytest.param({"tenant": "acme\u0000"}, "tenant: contains a NUL character", id="nul"),
+        pytest.param({"model": "tiny\ud800"}, "model: not valid Unicode (a lone surrogate)", id="surrogate"),
+        pytest.param(
+            {"cached_tokens": 500, "prompt_tokens": 191},
+            "cached_tokens: more than prompt_tokens",
+            id="cached",
+        ),
+        pytest.param(
+            {"usage": {"prompt_tokens": 191, "prompt_tokens_details": {"cached_tokens": 425}}},
+            "cached_tokens: more than prompt_tokens",
+            id="cached-in-usage",
+        ),
+    ],
+)
+def test_a_record_the_database_cannot_take_is_rejected_alone_and_counted(
+    client: Client, token: str, server: Server, fields: dict[str, object], reason: str
+) -> None:
+    bad = json.dumps(record(CAPTURES[1], **fields))  # NUL and the surrogate sent as \\u escapes
+    body = f"[{json.dumps(record(CAPTURES[0]))}, {bad}, {json.dumps(record(CAPTURES[2]))}]"
+
+    status, answer = post(client, token, body)
+
+    assert (status, answer) == (400, {"stored": 2, "rejected": [{"index": 1, "error": reason}]})
+    assert RejectedInput.objects.get(server=server, source="rest").reason == reason
+    assert RequestRecord.objects.count() == 2
+
+
+def test_a_json_line_that_is_not_json_is_rejected_alone(client: Client, token: str, server: Server) -> None:
+    lines = [
+        json.dumps(record(CAPTURES[0])),
+        '{"server": "vllm-cpu", "request',
+        json.dumps(record(CAPTURES[1])),
+    ]
+    status, answer = post(client, token, "\n".join(lines), "application/x-ndjson")
+    assert (status, answer) == (
+        400,
+        {"stored": 2, "rejected": [{"index": 1, "error": "record: not JSON (or not UTF-8)"}]},
+    )
+
+
+def test_duplicates_within_one_batch_merge_as_across_batches(
     client: Client, token: str, server: Server
 ) -> None:
-    old = record(CAPTURES[0], arrived_at=(timezone.now() - timedelta(days=400)).isoformat())
-    status, answer = post(client, token, [old, record(CAPTURES[1])])
+    first = record(CAPTURES[0], arrived_at=timezone.now().isoformat(), server_ttft_seconds=0.0129)
+    again = {"server": "vllm-cpu", "request_id": first["request_id"], "client_ttft_seconds": 0.0187,
+             "arrived_at": (timezone.now() + timedelta(seconds=1)).isoformat()}  # fmt: skip
+    assert post(client, token, [first, again]) == (200, {"stored": 2, "rejected": []})
+    stored = RequestRecord.objects.get()  # one row, as when the two came in two batches
+    assert (stored.server_ttft_seconds, stored.client_ttft_seconds, stored.cached_tokens) == (
+        0.0129,
+        0.0187,
+        160,
+    )
+    assert stored.arrived_at == datetime.fromisoformat(first["arrived_at"])  # type: ignore[arg-type]
+
+
+def test_records_of_different_requests_never_merge_whatever_their_times(
+    client: Client, token: str, server: Server
+) -> None:
+    now = timezone.now().isoformat()
+    body = [
+        record(CAPTURES[0], request_id="h2-0002", arrived_at=now),
+        record(CAPTURES[1], request_id="h2-0003", arrived_at=now),
+    ]
+    assert post(client, token, body)[0] == 200
+    assert sorted(RequestRecord.objects.values_list("request_id", flat=True)) == ["h2-0002", "h2-0003"]
+
+
+def test_the_clients_id_and_vllms_answer_id_name_one_request(
+    client: Client, token: str, server: Server
+) -> None:
+    # An application that sent X-Request-Id: ho-0000 reports its id; the gateway (or a second
+    # application span) reports vLLM's answer id, cmpl-ho-0000. One request, one row.
+    now = timezone.now()
+    mine = record(CAPTURES[0], request_id="ho-0000", arrived_at=now.isoformat(), usage=None)
+    vllms = record(
+        CAPTURES[0], request_id="cmpl-ho-0000", arrived_at=(now + timedelta(seconds=2)).isoformat()
+    )
+    assert post(client, token, [mine])[0] == 200
+    assert post(client, token, [vllms])[0] == 200
+    stored = RequestRecord.objects.get()
+    assert (stored.request_id, stored.cached_tokens) == ("ho-0000", 160)
+
+
+def test_records_past_retention_or_too_far_ahead_are_rejected_counted_and_not_fatal(
+    client: Client, token: str, server: Server
+) -> None:
+    old = record(CAPTURES[0], arrived_at=(timezone.now() - timedelta(days=31)).isoformat())
+    ahead = record(CAPTURES[2], arrived_at=(timezone.now() + timedelta(days=30)).isoformat())
+    status, answer = post(client, token, [old, record(CAPTURES[1]), ahead])
     assert status == 400 and answer["stored"] == 1
     assert answer["rejected"] == [
-        {"index": 0, "error": "arrived_at: outside the kept window of request records"}
+        {"index": 0, "error": "arrived_at: older than the request records' retention (30 days)"},
+        {"index": 2, "error": "arrived_at: further ahead than the request records' partitions"},
     ]
+    counted = RejectedInput.objects.filter(server=server, source="rest").values_list("reason", "count")
+    assert sorted(counted) == [
+        ("arrived_at: further ahead than the request records' partitions", 1),
+        ("arrived_at: older than the request records' retention (30 days)", 1),
+    ]
+
+
+def test_history_inside_its_retention_is_stored_in_a_partition_made_for_it(
+    client: Client, token: str, server: Server
+) -> None:
+    # A fresh install has partitions from yesterday on; a capture 42 hours old (and one 29 days old)
+    # is inside the 30 days of retention and is stored.
+    arrivals = [timezone.now() - timedelta(hours=42), timezone.now() - timedelta(days=29)]
+    body = [record(name, arrived_at=at.isoformat()) for name, at in zip(CAPTURES, arrivals, strict=False)]
+
+    status, answer = post(client, token, body)
+
+    assert (status, answer) == (200, {"stored": 2, "rejected": []})
+    stored = RequestRecord.objects.order_by("arrived_at").values_list("arrived_at", flat=True)
+    assert list(stored) == sorted(arrivals)
+    assert post(client, token, body) == (200, {"stored": 2, "rejected": []})  # redelivered: merged
+    assert RequestRecord.objects.count() == 2
 
 
 def test_an_unknown_server_is_kept_as_a_proposal(client: Client, token: str) -> None:
@@ -172,7 +284,14 @@ def test_the_openapi_schema_documents_the_endpoint(client: Client) -> None:
     assert "application/x-ndjson" in operation["requestBody"]["content"]
     record_schema = operation["requestBody"]["content"]["application/json"]["schema"]["items"]
     assert record_schema["required"] == ["server", "request_id", "arrived_at"]
-    assert set(record_schema["properties"]) >= {"usage", "prompt_token_ids", "cache_salt", "ttft_seconds"}
+    assert set(record_schema["properties"]) >= {
+        "usage",
+        "prompt_token_ids",
+        "cache_salt",
+        "client_ttft_seconds",
+        "server_ttft_seconds",
+    }
+    assert "X-Request-Id" in record_schema["properties"]["request_id"]["description"]
     assert set(operation["responses"]) == {"200", "400", "401", "413", "429", "503"}
     assert "Retry-After" in operation["description"]
     assert client.get("/api/docs").status_code == 200
@@ -203,7 +322,7 @@ def test_a_bad_record_in_an_array_is_rejected_by_field_and_the_others_stored(
 def test_a_body_over_the_limit_is_a_413_and_nothing_is_stored(
     client: Client, token: str, server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(intake, "MAX_BODY_BYTES", 1000)  # the captures' token ids make the batch larger
+    monkeypatch.setattr(admission, "MAX_BODY_BYTES", 1000)  # the captures' token ids make the batch larger
     status, answer = post(client, token, [record(name) for name in CAPTURES])
     assert status == 413 and "smaller batches" in answer["error"]
     assert not RequestRecord.objects.exists()

@@ -13,10 +13,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from app.api import intake
+from app.api.ingest import admission
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
+from collectors.records import canonical_request_id
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 pytestmark = pytest.mark.django_db
@@ -56,9 +57,10 @@ def test_vllm_spans_become_request_records_of_the_tokens_server(client: Client, 
     assert not ExportTraceServiceResponse.FromString(response.content).HasField("partial_success")
     assert RequestRecord.objects.filter(server__name="vllm-cpu", source="otlp").count() == 18
     evict = load_json("completion-evict-2.json")["response"]
-    stored = RequestRecord.objects.get(request_id=evict["id"])
+    stored = RequestRecord.objects.get(request_id=canonical_request_id(evict["id"]))
     assert (stored.prompt_tokens, stored.completion_tokens) == (283, evict["usage"]["completion_tokens"])
-    assert stored.ttft_seconds and stored.ttft_seconds < 1 and stored.cached_tokens is None
+    assert stored.server_ttft_seconds and stored.server_ttft_seconds < 1 and stored.cached_tokens is None
+    assert stored.client_ttft_seconds is None
 
 
 def test_gzip_json_exports_are_read_too(client: Client, token: str) -> None:
@@ -77,16 +79,20 @@ def test_a_span_joins_the_record_the_gateway_stored_moments_earlier(client: Clie
     )  # fmt: skip
     seen_by_gateway = datetime.fromtimestamp(span.start_time_unix_nano / 1e9, tz=UTC)
     seen_by_gateway -= timedelta(milliseconds=3)
+    request_id = canonical_request_id(capture["id"])
     RequestRecord.objects.create(
-        server=Server.objects.get(), request_id=capture["id"], arrived_at=seen_by_gateway, source="gateway",
-        cached_tokens=capture["usage"]["prompt_tokens_details"]["cached_tokens"],
+        server=Server.objects.get(), request_id=request_id, arrived_at=seen_by_gateway, source="gateway",
+        cached_tokens=capture["usage"]["prompt_tokens_details"]["cached_tokens"], client_ttft_seconds=0.0187,
     )  # fmt: skip
 
     post(client, token, export.SerializeToString())
 
-    joined = RequestRecord.objects.get(request_id=capture["id"])
+    joined = RequestRecord.objects.get(request_id=request_id)
     assert (joined.arrived_at, joined.source, joined.cached_tokens) == (seen_by_gateway, "gateway", 160)
-    assert joined.ttft_seconds is not None and joined.prompt_tokens == capture["usage"]["prompt_tokens"]
+    assert joined.prompt_tokens == capture["usage"]["prompt_tokens"]
+    # Both TTFTs kept: the span's (vLLM's measure) no longer overwrites the client's.
+    assert joined.client_ttft_seconds == 0.0187
+    assert joined.server_ttft_seconds is not None and joined.server_ttft_seconds != 0.0187
 
 
 def test_a_malformed_span_is_counted_and_the_others_kept(client: Client, token: str) -> None:
@@ -114,7 +120,7 @@ def test_an_export_over_the_limit_once_decompressed_is_a_413(
     client: Client, token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     body = captured_export().SerializeToString()
-    monkeypatch.setattr(intake, "MAX_BODY_BYTES", len(body) - 1)  # the gzip body itself is smaller
+    monkeypatch.setattr(admission, "MAX_BODY_BYTES", len(body) - 1)  # the gzip body itself is smaller
     response = post(client, token, gzip.compress(body), PROTOBUF, **{"Content-Encoding": "gzip"})
     assert response.status_code == 413
     assert not RequestRecord.objects.exists()
@@ -136,3 +142,32 @@ def test_malformed_spans_are_counted_per_server_and_reason(client: Client, token
     reason = "gen_ai.latency.time_to_first_token: expected a duration in seconds"
     assert set(counted) == {("vllm-cpu", reason, 2), (None, reason, 1)}
     assert RequestRecord.objects.count() == 15
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("gen_ai.request.id", "cmpl-" + "r" * 300 + "-0", "request_id: longer than 255 characters"),
+        ("gen_ai.response.model", "m" * 300, "model: longer than 255 characters"),
+        ("prefixscope.tenant", "t" * 101, "tenant: longer than 100 characters"),
+        ("prefixscope.tenant", "acme\x00", "tenant: contains a NUL character"),
+        ("gen_ai.usage.cache_read.input_tokens", 10_000, "cached_tokens: more than prompt_tokens"),
+    ],
+)
+def test_a_span_the_database_cannot_take_is_rejected_alone_and_counted(
+    client: Client, token: str, key: str, value: object, reason: str
+) -> None:
+    export = captured_export()
+    attribute = export.resource_spans[0].scope_spans[0].spans[0].attributes.add(key=key)
+    if isinstance(value, int):
+        attribute.value.int_value = value
+    else:
+        attribute.value.string_value = str(value)
+
+    response = post(client, token, export.SerializeToString())
+
+    assert response.status_code == 200
+    answer = ExportTraceServiceResponse.FromString(response.content)
+    assert (answer.partial_success.rejected_spans, answer.partial_success.error_message) == (1, reason)
+    assert RejectedInput.objects.get(source="otlp").reason == reason
+    assert RequestRecord.objects.count() == 17

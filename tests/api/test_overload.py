@@ -17,11 +17,12 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from pytest_django.live_server_helper import LiveServer
 
-from app.api import intake
+from app.api.ingest import admission
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from collectors.otlp.parse import decode_export, span_request
+from collectors.records import canonical_request_id
 from tests.api.test_ingest import CAPTURES
 from tests.api.test_otlp import captured_export
 from tests.fixtures import load_json
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def token() -> Iterator[str]:
     Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
-    intake._refused.clear()  # refusals other tests left in this process's memory
+    admission._refused.clear()  # refusals other tests left in this process's memory
     yield create_ingest_token(name="vllm-cpu")
 
 
@@ -46,7 +47,7 @@ def batch(*names: str) -> list[dict[str, object]]:
         records.append(
             {
                 "server": "vllm-cpu",
-                "request_id": response["id"],
+                "request_id": canonical_request_id(response["id"]),
                 "arrived_at": now,
                 "usage": response["usage"],
             }
@@ -84,7 +85,7 @@ def refusals(server: LiveServer) -> dict[str, float]:
 
 @override_settings(PREFIXSCOPE_INGEST_CONCURRENCY=1, PREFIXSCOPE_INGEST_WAIT_SECONDS=10)
 def test_a_batch_beyond_the_bound_waits_for_a_slot_and_is_stored(live_server: LiveServer, token: str) -> None:
-    slot = intake._slots(1)  # the live server runs in this process: the test holds its only slot
+    slot = admission._slots(1)  # the live server runs in this process: the test holds its only slot
     records = batch(*CAPTURES)
     with ThreadPoolExecutor(1) as pool:
         assert slot.acquire(timeout=5)

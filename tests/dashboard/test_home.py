@@ -6,7 +6,7 @@ from django.test import Client
 from django.utils import timezone
 
 from app.fleet.models import Server
-from app.traffic.models import MetricSeries, MinuteRollup, ScrapeSample
+from app.traffic.models import MetricSeries, MinuteRollup, RequestRecord, ScrapeSample
 
 pytestmark = pytest.mark.django_db
 
@@ -32,13 +32,11 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
     for offset, (prompt, cached) in enumerate([(400, 320), (600, 0)]):
         MinuteRollup.objects.create(
             server=busy, minute=minute - timedelta(minutes=offset), requests=2, prompt_tokens=prompt + 500,
-            cache_known_prompt_tokens=prompt, cached_tokens=cached, ttft_count=0, ttft_sum_seconds=0,
-            ttft_buckets=[0] * 23,
+            cache_known_prompt_tokens=prompt, cached_tokens=cached,
         )  # fmt: skip
     MinuteRollup.objects.create(  # older than the window: not counted
         server=busy, minute=minute - timedelta(hours=2), requests=50, prompt_tokens=1000,
-        cache_known_prompt_tokens=1000, cached_tokens=1000, ttft_count=0, ttft_sum_seconds=0,
-        ttft_buckets=[0] * 23,
+        cache_known_prompt_tokens=1000, cached_tokens=1000,
     )  # fmt: skip
 
     html = signed_in.get("/").content.decode()
@@ -77,3 +75,91 @@ def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signe
 
     row = html[html.index("vllm-counted") : html.index("</tr>", html.index("vllm-counted"))]
     assert "40.0 %" in row  # 640 / 1,600
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    client.force_login(User.objects.create_user("operator", is_staff=True))
+    return client
+
+
+def section(html: str, dom_id: str) -> str:
+    start = html.index(f'<section id="{dom_id}"')
+    return html[start : html.index("</section>", start)]
+
+
+def test_proposed_servers_are_shown_apart_from_the_fleet(signed_in: Client) -> None:
+    Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
+
+    html = signed_in.get("/").content.decode()
+
+    assert "vllm-0-typo" not in section(html, "fleet-table")
+    proposed = section(html, "proposed-servers")
+    assert "vllm-0-typo" in proposed and "Proposed servers" in proposed
+    assert "<form" not in proposed  # deciding is for staff
+
+
+def test_staff_accept_a_proposed_server_and_it_joins_the_fleet(staff: Client) -> None:
+    typo = Server.objects.create(name="vllm-9", base_url="", state=Server.State.PROPOSED)
+    page = staff.get("/").content.decode()
+    assert f'action="/proposed/{typo.pk}/"' in section(page, "proposed-servers")
+
+    response = staff.post(f"/proposed/{typo.pk}/", {"action": "accept", "base_url": "http://vllm-9:8000"})
+
+    assert response.status_code == 302 and response["Location"] == "/"
+    html = staff.get("/").content.decode()
+    assert "vllm-9" in section(html, "fleet-table")
+    assert "vllm-9 is registered" in section(html, "proposed-servers")
+    typo.refresh_from_db()
+    assert (typo.state, typo.base_url) == (Server.State.ACTIVE, "http://vllm-9:8000")
+
+
+def test_an_htmx_merge_answers_with_the_proposed_list_and_refreshes_the_fleet_table(staff: Client) -> None:
+    real = Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    typo = Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
+    RequestRecord.objects.create(server=typo, request_id="r1", arrived_at=timezone.now(), source="otlp")
+
+    response = staff.post(
+        f"/proposed/{typo.pk}/", {"action": "merge", "into": real.pk}, headers={"HX-Request": "true"}
+    )
+
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="proposed-servers"') and "<html" not in html
+    assert "Merged into vllm-0: 1 request records moved, 0 joined" in html
+    assert response["HX-Trigger"] == "fleet-changed"
+    assert 'hx-trigger="every 30s, fleet-changed from:body"' in staff.get("/").content.decode()
+    assert RequestRecord.objects.get().server_id == real.pk
+    assert not Server.objects.filter(pk=typo.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"action": "accept", "base_url": ""}, "Accepting needs the server&#x27;s base URL"),
+        ({"action": "accept", "base_url": "vllm-0:8000"}, "Enter an http:// or https:// URL with a host"),
+        ({"action": "merge"}, "Choose the registered server to merge into."),
+    ],
+)
+def test_an_incomplete_decision_shows_its_error_and_changes_nothing(
+    staff: Client, data: dict[str, str], error: str
+) -> None:
+    typo = Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
+    for headers in ({}, {"HX-Request": "true"}):
+        response = staff.post(f"/proposed/{typo.pk}/", data, headers=headers)
+        assert response.status_code == 200
+        assert error in section(response.content.decode(), "proposed-servers")
+    typo.refresh_from_db()
+    assert typo.state == Server.State.PROPOSED
+
+
+def test_only_staff_decide_and_only_with_a_csrf_token(signed_in: Client) -> None:
+    typo = Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
+    accept = {"action": "accept", "base_url": "http://a:8000"}
+    assert signed_in.post(f"/proposed/{typo.pk}/", accept).status_code == 403
+    assert signed_in.get(f"/proposed/{typo.pk}/").status_code == 405
+    no_token = Client(enforce_csrf_checks=True)
+    no_token.force_login(User.objects.create_user("operator", is_staff=True))
+    assert no_token.post(f"/proposed/{typo.pk}/", accept).status_code == 403
+    typo.refresh_from_db()
+    assert typo.state == Server.State.PROPOSED

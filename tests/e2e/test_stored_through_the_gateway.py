@@ -3,7 +3,7 @@ up to the growth of the server's own hit counter between two stored scrapes.
 
 Runs twice: against a simulated fleet of two servers, and against the session's real vLLM CPU server
 (the `vllm` marker; skipped with the reason when vLLM is unavailable here). The gateway is
-`manage.py gateway`, one process per server, as deployed; the scrapes are `fleet.scrape_server`.
+`manage.py gateway`, one process per server, as deployed; the scrapes are `traffic.scrape_server`.
 The real server is the session's, shared with test_real_vllm.py, whose checks need its cache cold
 (pytest-django runs this module first: database tests go before the others). So every request here
 carries a cache salt of this run's own: no other request can hit the blocks it leaves, and vLLM evicts
@@ -23,8 +23,9 @@ from django.db.models import Sum
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.fleet.tasks import scrape_server
 from app.traffic.models import RequestRecord, Scrape, ScrapeSample
+from app.traffic.tasks import scrape_server
+from collectors.records import canonical_request_id
 from tests.collectors.gateway.running import call
 from tests.fixtures import captured_traffic
 from tests.simulator.running import free_ports, local_config, running_fleet
@@ -94,14 +95,14 @@ def scrape_when_settled(server: Server) -> dict[str, float]:
 
 def send(gateway: str, body: dict[str, Any], *, stream: bool, salt: str) -> str:
     """One completion through the gateway, as an application sends it, its cache salt prefixed with
-    `salt` (see the module's docstring); the id its answer carries."""
+    `salt` (see the module's docstring); the canonical id of the one its answer names."""
     body = {k: v for k, v in body.items() if k not in ("return_token_ids", "stream", "stream_options")}
     body["cache_salt"] = f"{salt}-{body.get('cache_salt', '')}"
     answer = call("POST", f"{gateway}/v1/completions", {**body, "stream": stream},
                   {"Content-Type": "application/json"})  # fmt: skip
     assert answer.status == 200, answer.body
     first = answer.body.removeprefix(b"data: ").split(b"\n", 1)[0] if stream else answer.body
-    return str(json.loads(first)["id"])
+    return canonical_request_id(str(json.loads(first)["id"]))
 
 
 def test_every_request_is_stored_and_cached_tokens_add_up_to_the_hit_counter(
@@ -121,7 +122,7 @@ def test_every_request_is_stored_and_cached_tokens_add_up_to_the_hit_counter(
         records = {r.request_id: r for r in RequestRecord.objects.filter(server=server)}
         assert sorted(records) == sorted(sent[name]), name  # each request once, nothing else
         assert all(r.cached_tokens is not None and r.prompt_tokens for r in records.values())
-        assert all(r.ttft_seconds is not None and r.ttft_seconds > 0 for r in records.values())
+        assert all(r.client_ttft_seconds is not None and r.client_ttft_seconds > 0 for r in records.values())
         cached = sum(r.cached_tokens or 0 for r in records.values())
         assert cached == after[name][HITS] - before[name][HITS] > 0, name
         prompt = sum(r.prompt_tokens or 0 for r in records.values())

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from collectors.records import canonical_request_id
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -143,7 +145,8 @@ def prompt(number: int) -> str:
 class Load:
     """Completions sent one after another from a background thread until `stop`.
 
-    `answered` holds the id of every completion a client got (status 200); `failed` the rest.
+    `answered` holds the canonical id of every completion a client got (status 200); `failed` the
+    rest.
     """
 
     def __init__(self, base_url: str, *, pause_seconds: float = 0.01) -> None:
@@ -176,7 +179,7 @@ class Load:
                     self.failed.append(repr(exc))
                 else:
                     if answer.status_code == 200:
-                        self.answered.append(answer.json()["id"])
+                        self.answered.append(canonical_request_id(answer.json()["id"]))
                     else:
                         self.failed.append(f"{answer.status_code}: {answer.text[:200]}")
                 number += 1

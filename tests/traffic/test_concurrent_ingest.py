@@ -10,16 +10,17 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
+from app.traffic.services.requests import IngestOutcome, ingest_request_records
+from collectors.records import RequestFacts, canonical_request_id
 from tests.fixtures import load_json
 from tests.sessions import session, wait_for_a_blocked_insert, wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def ingest_in_a_thread(item: RequestIn, now: datetime) -> IngestOutcome:
+def ingest_in_a_thread(item: RequestFacts, source: str, now: datetime) -> IngestOutcome:
     try:
-        return ingest_request_records([item], now=now)
+        return ingest_request_records([item], source=source, now=now)
     finally:
         connection.close()  # the thread's own connection
 
@@ -28,46 +29,53 @@ def test_a_record_stored_by_a_concurrent_batch_after_the_check_is_merged_not_dup
     server = Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
     response = load_json("completion-salt-a-2.json")["response"]
     now = timezone.now()
-    span = RequestIn(
-        server="vllm-cpu", request_id=response["id"], arrived_at=now, source="otlp", ttft_seconds=0.0129,
+    request_id = canonical_request_id(response["id"])
+    span = RequestFacts(
+        server="vllm-cpu",
+        request_id=request_id,
+        arrived_at=now,
+        server_ttft_seconds=0.0129,
         prompt_tokens=response["usage"]["prompt_tokens"],
-    )  # fmt: skip
+    )
     with session() as gateway, ThreadPoolExecutor(1) as pool:
         # The gateway's batch has inserted the request but not committed when the span's batch looks.
         gateway.execute(
             "INSERT INTO traffic_requestrecord (server_id, request_id, arrived_at, source, cached_tokens, "
             "trace_id, model, tenant, salt_hash, block_hashes) "
             "VALUES (%s, %s, %s, 'gateway', %s, '', '', '', '', '{}')",
-            [server.pk, response["id"], now, response["usage"]["prompt_tokens_details"]["cached_tokens"]],
+            [server.pk, request_id, now, response["usage"]["prompt_tokens_details"]["cached_tokens"]],
         )
-        outcome = pool.submit(ingest_in_a_thread, span, now)
+        outcome = pool.submit(ingest_in_a_thread, span, "otlp", now)
         wait_for_a_blocked_insert()  # the span's INSERT waits on the gateway's uncommitted key
         gateway.commit()
         assert outcome.result().stored == 1
 
-    record = RequestRecord.objects.get(request_id=response["id"])
+    record = RequestRecord.objects.get(request_id=request_id)
     assert (record.source, record.cached_tokens) == ("gateway", 160)
-    assert (record.ttft_seconds, record.prompt_tokens) == (0.0129, response["usage"]["prompt_tokens"])
+    assert (record.server_ttft_seconds, record.prompt_tokens) == (0.0129, response["usage"]["prompt_tokens"])
 
 
 def test_two_batches_about_one_request_arriving_seconds_apart_leave_one_record() -> None:
     Server.objects.create(name="vllm-cpu", base_url="http://127.0.0.1:18000", block_size=32)
     now = timezone.now()
-    gateway = RequestIn(
-        server="vllm-cpu", request_id="cmpl-race", arrived_at=now, source="gateway", cached_tokens=160
+    gateway = RequestFacts(server="vllm-cpu", request_id="race", arrived_at=now, cached_tokens=160)
+    span = RequestFacts(
+        server="vllm-cpu",
+        request_id="race",
+        arrived_at=now + timedelta(seconds=3),
+        server_ttft_seconds=0.0129,
     )
-    span = RequestIn(
-        server="vllm-cpu", request_id="cmpl-race", arrived_at=now + timedelta(seconds=3), source="otlp",
-        ttft_seconds=0.0129,
-    )  # fmt: skip
     with session() as blocker, ThreadPoolExecutor(2) as pool:
         # Both batches held at once: without a lock per server, each would find nothing stored
         # near its key and insert, and the request would be stored twice.
         blocker.execute("LOCK TABLE traffic_requestrecord IN SHARE MODE")
-        outcomes = [pool.submit(ingest_in_a_thread, item, now) for item in (gateway, span)]
+        outcomes = [
+            pool.submit(ingest_in_a_thread, item, source, now)
+            for item, source in ((gateway, "gateway"), (span, "otlp"))
+        ]
         wait_for_lock_waits(2)  # one on the table lock, one on the ingest lock
         blocker.rollback()
         assert [outcome.result().stored for outcome in outcomes] == [1, 1]
 
-    record = RequestRecord.objects.get(request_id="cmpl-race")
-    assert (record.cached_tokens, record.ttft_seconds) == (160, 0.0129)
+    record = RequestRecord.objects.get(request_id="race")
+    assert (record.cached_tokens, record.server_ttft_seconds) == (160, 0.0129)

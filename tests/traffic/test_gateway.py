@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -31,8 +30,8 @@ from app.fleet.models import Server
 from app.prompts.models import TemplateVersion
 from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, read_spill
 from app.traffic.models import RejectedInput, RequestRecord
-from app.traffic.services.requests import IngestOutcome, RequestIn, ingest_request_records
-from collectors.gateway.proxy import Observed
+from app.traffic.services.requests import IngestOutcome, ingest_request_records
+from collectors.records import RequestFacts, canonical_request_id
 from simulator.server import ServerConfig
 from tests.collectors.gateway.running import call, running_gateway, wait_for
 from tests.fixtures import captured_traffic
@@ -63,14 +62,17 @@ def writer_for(server: str, spill: Path, **options: Any) -> GatewayWriter:
 
 
 def complete(gateway: str, body: dict[str, Any], **headers: str) -> dict[str, Any]:
-    """Send one completion through the gateway; the answer the client saw (a stream's usage chunk)."""
+    """Send one completion through the gateway; the answer the client saw (a stream's usage chunk),
+    with `request_id`, the canonical id its record is stored under."""
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     answer = call("POST", gateway + path, body, {"Content-Type": "application/json", **headers})
     assert answer.status == 200, answer.body
     if not body.get("stream"):
-        return dict(json.loads(answer.body))
-    chunks = [json.loads(e[6:]) for e in answer.body.split(b"\n\n") if e.startswith(b"data: {")]
-    return {"id": chunks[0]["id"], "usage": next((c["usage"] for c in chunks if c.get("usage")), None)}
+        found = dict(json.loads(answer.body))
+    else:
+        chunks = [json.loads(e[6:]) for e in answer.body.split(b"\n\n") if e.startswith(b"data: {")]
+        found = {"id": chunks[0]["id"], "usage": next((c["usage"] for c in chunks if c.get("usage")), None)}
+    return found | {"request_id": canonical_request_id(found["id"])}
 
 
 def as_an_application_sends_it(body: dict[str, object]) -> dict[str, object]:
@@ -87,7 +89,7 @@ def test_captured_traffic_is_stored_with_the_cached_tokens_its_clients_saw(
         for body, cached in captured_traffic():
             answer = complete(gateway, as_an_application_sends_it(body))
             assert answer["usage"]["prompt_tokens_details"]["cached_tokens"] == cached  # as vLLM reported
-            seen[answer["id"]] = (answer["usage"], body)
+            seen[answer["request_id"]] = (answer["usage"], body)
     writer.stop()
     records = {r.request_id: r for r in RequestRecord.objects.filter(server=server)}
     assert records.keys() == seen.keys() and len(records) == len(captured_traffic())
@@ -98,7 +100,7 @@ def test_captured_traffic_is_stored_with_the_cached_tokens_its_clients_saw(
             usage["prompt_tokens"],
             usage["completion_tokens"],
         )
-        assert record.source == RequestRecord.Source.GATEWAY and record.ttft_seconds is not None
+        assert record.source == RequestRecord.Source.GATEWAY and record.client_ttft_seconds is not None
         assert record.token_ids is not None and len(record.token_ids) == usage["prompt_tokens"]
         salt = body.get("cache_salt")
         chain = block_hash_chain(record.token_ids, 32, cache_salt=salt if isinstance(salt, str) else None)
@@ -125,11 +127,17 @@ def test_the_headers_name_tenant_template_version_and_trace(
     with running_gateway(upstream.base_url, writer) as gateway:
         answer = complete(gateway, {**body, "stream": True}, **headers)
     writer.stop()
-    record = RequestRecord.objects.select_related("template", "template_version").get(request_id=answer["id"])
+    record = RequestRecord.objects.select_related("template", "template_version").get(
+        request_id=answer["request_id"]
+    )
     assert (record.tenant, record.trace_id) == ("acme", "4bf92f3577b34da6a3ce929d0e0e4736")
     assert record.template is not None and record.template.name == "support-bot"
     assert record.template_version == TemplateVersion.objects.get(commit_sha="9b1c2d3e4f")
-    assert record.cached_tokens == 0 and record.ttft_seconds is not None and record.ttft_seconds > 0
+    assert (
+        record.cached_tokens == 0
+        and record.client_ttft_seconds is not None
+        and record.client_ttft_seconds > 0
+    )
 
 
 def test_an_unregistered_upstream_is_proposed_as_a_server(upstream: ServerConfig, spill: Path) -> None:
@@ -138,7 +146,7 @@ def test_an_unregistered_upstream_is_proposed_as_a_server(upstream: ServerConfig
     with running_gateway(upstream.base_url, writer) as gateway:
         answer = complete(gateway, {"model": "tiny", "prompt": "hello", "max_tokens": 1})
     writer.stop()
-    record = RequestRecord.objects.select_related("server").get(request_id=answer["id"])
+    record = RequestRecord.objects.select_related("server").get(request_id=answer["request_id"])
     assert record.server.state == Server.State.PROPOSED and record.server.base_url == upstream.base_url
 
 
@@ -148,7 +156,7 @@ def test_a_full_queue_drops_and_counts_records_and_never_holds_a_request_back(
     writer = writer_for("sim-0", spill, capacity=2)  # not started yet: nothing takes records off the queue
     with running_gateway(upstream.base_url, writer) as gateway:
         ids = [
-            complete(gateway, {"model": "tiny", "prompt": f"request {i}", "max_tokens": 1})["id"]
+            complete(gateway, {"model": "tiny", "prompt": f"request {i}", "max_tokens": 1})["request_id"]
             for i in range(5)
         ]
         wait_for(lambda: writer.dropped == 3)
@@ -169,7 +177,7 @@ class Outage:
         self.original: dict[str, Any] | None = None
         self.refused = 0
 
-    def store(self, items: Sequence[RequestIn], *, now: datetime) -> IngestOutcome:
+    def store(self, items: Sequence[RequestFacts], **options: Any) -> IngestOutcome:
         if self.original is None:
             self.original = connection.settings_dict
         wanted = (
@@ -179,7 +187,7 @@ class Outage:
             connection.close()
             connection.settings_dict = wanted
         try:
-            return ingest_request_records(items, now=now)
+            return ingest_request_records(items, **options)
         except Exception:
             self.refused += 1
             raise
@@ -193,10 +201,12 @@ def test_records_spill_while_postgresql_is_down_and_are_replayed_once_it_is_back
     writer.start()
     body = {"model": "tiny", "prompt": "Follow the policies below exactly.", "max_tokens": 2}
     with running_gateway(upstream.base_url, writer) as gateway:
-        before = complete(gateway, body)["id"]
+        before = complete(gateway, body)["request_id"]
         wait_for(lambda: writer.stored == 1)
         outage.down.set()
-        during = [complete(gateway, {**body, "stream": i % 2 == 1})["id"] for i in range(12)]  # all answered
+        during = [
+            complete(gateway, {**body, "stream": i % 2 == 1})["request_id"] for i in range(12)
+        ]  # all answered
         wait_for(lambda: writer.spilled == 12)
         assert outage.refused >= 1 and RequestRecord.objects.count() == 1
         spilled, unreadable = read_spill(spill)
@@ -204,7 +214,7 @@ def test_records_spill_while_postgresql_is_down_and_are_replayed_once_it_is_back
         assert stat.S_IMODE(spill.stat().st_mode) == 0o600  # it holds salts and prompt token ids
         outage.down.clear()
         wait_for(lambda: not spill.exists())
-        after = complete(gateway, body)["id"]
+        after = complete(gateway, body)["request_id"]
     writer.stop()
     stored = set(RequestRecord.objects.values_list("request_id", flat=True))
     assert stored == {before, *during, after}
@@ -220,7 +230,8 @@ def test_what_a_stopped_gateway_spilled_is_replayed_by_the_next_one(
     first.start()
     with running_gateway(upstream.base_url, first) as gateway:
         ids = [
-            complete(gateway, {"model": "tiny", "prompt": f"p {i}", "max_tokens": 1})["id"] for i in range(5)
+            complete(gateway, {"model": "tiny", "prompt": f"p {i}", "max_tokens": 1})["request_id"]
+            for i in range(5)
         ]
     first.stop()  # drained into the spill file: the database is still down
     assert first.spilled == 5 and len(read_spill(spill)[0]) == 5
@@ -236,10 +247,10 @@ def test_a_line_torn_by_a_crash_costs_that_line_only(server: Server, spill: Path
     outage.down.set()
     writer = writer_for("sim-0", spill, store=outage.store)
     arrived = timezone.now()
-    observed = Observed(request_id="cmpl-2", arrived_at=arrived, ttft_seconds=0.01, cached_tokens=0)
+    observed = RequestFacts(request_id="2", arrived_at=arrived, client_ttft_seconds=0.01, cached_tokens=0)
     spill.parent.mkdir(parents=True)
-    spill.write_text(json.dumps({"server": "sim-0", "request_id": "cmpl-1", "arrived_at": arrived.isoformat(),
-                                 "source": "gateway"}) + "\n" + '{"server": "sim-0", "requ')  # fmt: skip
+    spill.write_text(json.dumps({"server": "sim-0", "request_id": "1", "arrived_at": arrived.isoformat()})
+                     + "\n" + '{"server": "sim-0", "requ')  # fmt: skip
     writer.start()
     writer.record(observed)
     wait_for(lambda: writer.spilled == 1)
@@ -247,7 +258,7 @@ def test_a_line_torn_by_a_crash_costs_that_line_only(server: Server, spill: Path
     outage.down.clear()
     wait_for(lambda: not spill.exists())
     writer.stop()
-    assert set(RequestRecord.objects.values_list("request_id", flat=True)) == {"cmpl-1", "cmpl-2"}
+    assert set(RequestRecord.objects.values_list("request_id", flat=True)) == {"1", "2"}
     assert RejectedInput.objects.get(reason="spill file: unreadable line").count == 1
 
 
@@ -278,7 +289,9 @@ def test_the_command_proxies_records_and_drains_on_sigterm(
     try:
         wait_for(lambda: _listening(port), timeout=30)
         ids = [
-            complete(f"http://127.0.0.1:{port}", {"model": "tiny", "prompt": f"p {i}", "max_tokens": 1})["id"]
+            complete(f"http://127.0.0.1:{port}", {"model": "tiny", "prompt": f"p {i}", "max_tokens": 1})[
+                "request_id"
+            ]
             for i in range(3)
         ]
     finally:

@@ -14,7 +14,8 @@ from django.db import connection
 from django.utils import timezone
 
 from app.fleet.models import Server
-from app.traffic.services.requests import RequestIn, ingest_request_records, stored_near_probe
+from app.traffic.services.requests import ingest_request_records, stored_near_probe
+from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db
 
@@ -24,10 +25,8 @@ def test_the_probe_looks_each_request_id_up_in_the_primary_key_before_any_statis
     # The day after tomorrow: a partition no other test writes to. Batches of requests that
     # arrived within the same second, as a gateway's are.
     day = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0) + timedelta(days=2)
-    stored = [
-        RequestIn(server="vllm-0", request_id=f"cmpl-{n}", arrived_at=day, source="rest") for n in range(3000)
-    ]
-    assert ingest_request_records(stored, now=timezone.now()).stored == 3000
+    stored = [RequestFacts(server="vllm-0", request_id=f"cmpl-{n}", arrived_at=day) for n in range(3000)]
+    assert ingest_request_records(stored, source="rest", now=timezone.now()).stored == 3000
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.relname FROM traffic_requestrecord r JOIN pg_class c ON c.oid = r.tableoid "
@@ -40,7 +39,7 @@ def test_the_probe_looks_each_request_id_up_in_the_primary_key_before_any_statis
             "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
             [partition, partition],
         )
-        new = [(server.pk, f"cmpl-new-{n}", day) for n in range(1000)]
+        new = [(f"cmpl-new-{n}", day) for n in range(1000)]
         probe, parameters = stored_near_probe({server.pk: new})
         cursor.execute(f"EXPLAIN {probe}", parameters)
         plan = "\n".join(line for (line,) in cursor.fetchall())

@@ -7,11 +7,11 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from app.core.services import maintain_partitions
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import KVEvent, MinuteRollup, RequestRecord
+from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import expire_token_ids
 from app.traffic.services.rollups import refresh_minute_rollups
 
@@ -137,9 +137,10 @@ def test_rollups_sum_tokens_and_bucket_ttft_per_server_template_and_minute(serve
     RequestRecord.objects.bulk_create(
         [
             make_request(server, "a", minute + timedelta(seconds=1), template=template,
-                         prompt_tokens=191, cached_tokens=160, ttft_seconds=0.03),
+                         prompt_tokens=191, cached_tokens=160, client_ttft_seconds=0.03,
+                         server_ttft_seconds=0.015),
             make_request(server, "b", minute + timedelta(seconds=30), template=template,
-                         prompt_tokens=191, cached_tokens=0, ttft_seconds=0.3),
+                         prompt_tokens=191, cached_tokens=0, client_ttft_seconds=0.3),
             make_request(server, "c", minute + timedelta(seconds=59), prompt_tokens=50, cached_tokens=32),
             # A span's record: its cached tokens are unknown.
             make_request(server, "d", minute + timedelta(seconds=59), prompt_tokens=70),
@@ -151,13 +152,18 @@ def test_rollups_sum_tokens_and_bucket_ttft_per_server_template_and_minute(serve
 
     by_template = MinuteRollup.objects.get(server=server, template=template, minute=minute)
     assert (by_template.requests, by_template.prompt_tokens, by_template.cached_tokens) == (2, 382, 160)
-    assert by_template.ttft_count == 2
-    assert by_template.ttft_sum_seconds == pytest.approx(0.33)
-    buckets = dict(zip(TTFT_BUCKETS_SECONDS, by_template.ttft_buckets, strict=False))
+    assert by_template.client_ttft_count == 2
+    assert by_template.client_ttft_sum_seconds == pytest.approx(0.33)
+    buckets = dict(zip(TTFT_BUCKETS_SECONDS, by_template.client_ttft_buckets, strict=False))
     assert (buckets[0.02], buckets[0.04], buckets[0.25], buckets[0.5]) == (0, 1, 1, 2)
-    assert by_template.ttft_buckets[-1] == 2  # the +Inf bucket is the count
+    assert by_template.client_ttft_buckets[-1] == 2  # the +Inf bucket is the count
+    # vLLM's measure has its own histogram: one record carried it.
+    assert by_template.server_ttft_count == 1
+    assert by_template.server_ttft_sum_seconds == pytest.approx(0.015)
+    server_buckets = dict(zip(TTFT_BUCKETS_SECONDS, by_template.server_ttft_buckets, strict=False))
+    assert (server_buckets[0.01], server_buckets[0.02]) == (0, 1)
     untemplated = MinuteRollup.objects.get(server=server, template=None, minute=minute)
-    assert (untemplated.requests, untemplated.cached_tokens, untemplated.ttft_count) == (2, 32, 0)
+    assert (untemplated.requests, untemplated.cached_tokens, untemplated.client_ttft_count) == (2, 32, 0)
     assert (untemplated.prompt_tokens, untemplated.cache_known_prompt_tokens) == (120, 50)
     assert by_template.cache_known_prompt_tokens == 382
 

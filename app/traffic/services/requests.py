@@ -1,9 +1,11 @@
 """The writer of request records: ingested in batches, merged by key, prompt tokens under retention.
 
-A record's key is (server, request id, arrival time). Delivering the same record twice, or
-two sources delivering parts of it (the gateway's cached tokens, a span's TTFT) under the same
-key, leaves one row whose fields are the union of what arrived: a later value fills a gap,
-it never erases a known one.
+Every source hands in `RequestFacts` (collectors/records.py) under its canonical request id. A
+record's key is (server, request id, arrival time); sources see a request arrive moments apart (the
+gateway before vLLM's span starts), so facts of one server and request id that arrive within
+JOIN_WINDOW of a stored record take its arrival time and merge into it, in one batch as across
+batches. Records with different request ids never merge. A merge is the union of what arrived: a
+later value fills a gap, it never erases a known one with nothing.
 """
 
 import hashlib
@@ -13,52 +15,35 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, NamedTuple
 
 import msgspec
 from cachetools import TTLCache
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
-from django.utils.text import slugify
 from psycopg.errors import CheckViolation, ForeignKeyViolation, UniqueViolation
 
-from app.core.partitioning import forget_partition_ranges, recent_partition_ranges
 from app.domain.blockhash import block_hash_chain, wire_to_signed
+from app.domain.retention import keeps_token_ids, token_ids_cutoff
 from app.fleet.models import Server
+from app.fleet.selectors import UNKNOWN_MODEL_REASON, UnknownModel, request_lora
+from app.fleet.services import servers_named
 from app.prompts.models import Template, TemplateVersion
+from app.prompts.services import template_version_seen
 from app.traffic.models import RequestRecord
-from app.traffic.services.kv_events import count_rejected_input
+from app.traffic.services.copy_rows import write_rows
+from app.traffic.services.partitions import (
+    create_day_partitions,
+    day_of,
+    forget_partition_ranges,
+    recent_partition_ranges,
+)
+from app.traffic.services.rejections import count_rejected_input
+from collectors.records import SERVER_MAX, RequestFacts, problem
 
 logger = logging.getLogger(__name__)
 
 JOIN_WINDOW = timedelta(minutes=10)
-
-
-class RequestIn(msgspec.Struct, frozen=True, kw_only=True):
-    """One request record as a source reports it, validated but not yet resolved."""
-
-    # A frozen msgspec Struct rather than a frozen dataclass: a batch builds thousands, and a
-    # Struct is built several times faster (the REST endpoint spent more on these than on JSON).
-
-    server: str  # a registered server's name, or its base URL
-    request_id: str
-    arrived_at: datetime
-    source: str
-    trace_id: str = ""
-    model: str = ""
-    tenant: str = ""
-    template: str = ""
-    template_version: str = ""  # the template repository's commit sha
-    ttft_seconds: float | None = None
-    queue_seconds: float | None = None
-    prefill_seconds: float | None = None
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    cache_salt: str | None = None  # hashed here; the salt itself is never stored
-    prompt_token_ids: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,27 +61,49 @@ class IngestOutcome:
     rejected: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
 
 
-# The staged columns and their types (binary COPY needs them). Counts and token ids are bigint
-# while staged: a value beyond PostgreSQL's integer then fails loudly at the INSERT into the record
-# table, where binary COPY straight into an integer column would wrap it round without a word.
-_STAGED = (
-    ("server_id", "int8"), ("request_id", "varchar"), ("arrived_at", "timestamptz"), ("trace_id", "varchar"),
-    ("model", "varchar"), ("tenant", "varchar"), ("template_id", "int8"), ("template_version_id", "int8"),
-    ("source", "varchar"), ("ttft_seconds", "float8"), ("queue_seconds", "float8"),
-    ("prefill_seconds", "float8"), ("prompt_tokens", "int8"), ("cached_tokens", "int8"),
-    ("completion_tokens", "int8"), ("salt_hash", "varchar"), ("block_hashes", "int8[]"),
-    ("token_ids", "int8[]"),
-)  # fmt: skip
-_COLUMNS = tuple(column for column, _ in _STAGED)
-_TYPES = tuple(kind for _, kind in _STAGED)
-# The record table's own types, for binary COPY straight into it. Counts and token ids are int4
-# there: every source checks them against PostgreSQL's integer first (app/api/schemas.py,
-# collectors/usage), and psycopg refuses to dump a larger one as int4 rather than wrap it round.
+class RecordRow(NamedTuple):
+    """One request record as it is written: the table's columns, in COPY order."""
+
+    server_id: int
+    request_id: str
+    arrived_at: datetime
+    trace_id: str
+    model: str
+    tenant: str
+    template_id: int | None
+    template_version_id: int | None
+    source: str
+    client_ttft_seconds: float | None
+    server_ttft_seconds: float | None
+    queue_seconds: float | None
+    prefill_seconds: float | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+    salt_hash: str
+    block_hashes: list[int]
+    token_ids: list[int] | None
+
+
+# Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
+# value beyond PostgreSQL's integer then fails at the INSERT) and into the record table itself
+# (copy_rows.write_rows refuses an integer its column cannot hold: psycopg's binary dumpers would
+# wrap an int4 round).
+_STAGED_TYPES = {
+    "server_id": "int8", "request_id": "varchar", "arrived_at": "timestamptz", "trace_id": "varchar",
+    "model": "varchar", "tenant": "varchar", "template_id": "int8", "template_version_id": "int8",
+    "source": "varchar", "client_ttft_seconds": "float8", "server_ttft_seconds": "float8",
+    "queue_seconds": "float8", "prefill_seconds": "float8", "prompt_tokens": "int8",
+    "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
+    "block_hashes": "int8[]", "token_ids": "int8[]",
+}  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
-_TABLE_TYPES = tuple(_INT4.get(column, kind) for column, kind in _STAGED)
+_COLUMNS = RecordRow._fields
+_TYPES = tuple(_STAGED_TYPES[column] for column in _COLUMNS)
+_TABLE_TYPES = tuple(_INT4.get(column, _STAGED_TYPES[column]) for column in _COLUMNS)
 _CREATE_STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS request_record_batch "
-    f"({', '.join(f'{column} {kind}' for column, kind in _STAGED)}) ON COMMIT DELETE ROWS"
+    f"({', '.join(f'{column} {_STAGED_TYPES[column]}' for column in _COLUMNS)}) ON COMMIT DELETE ROWS"
 )
 _KEY = ("server_id", "request_id", "arrived_at")
 _MERGE = ", ".join(
@@ -110,21 +117,15 @@ _MERGE = ", ".join(
 # batches cannot deadlock): a batch then sees every record stored before it, and two batches about
 # one request (arrivals seconds apart, from two sources) cannot both find nothing and both insert.
 INGEST_LOCK_SPACE = 0x5245_5131  # pg_advisory_xact_lock's first key: request records' ingest
-# Sources see a request arrive at slightly different moments (the gateway before vLLM's span
-# starts): a record stored within JOIN_WINDOW under the same server and request id lends its
-# arrival time, so that what arrives later merges into it.
 _WINDOW = f"interval '{JOIN_WINDOW.total_seconds():.0f} seconds'"
 _STORED_NEAR = f"""r.server_id = s.server_id AND r.request_id = s.request_id
   AND r.arrived_at BETWEEN s.arrived_at - {_WINDOW} AND s.arrived_at + {_WINDOW}"""
 # Is a record of one server stored with one of these request ids, between the batch's earliest
-# arrival less the window and its latest plus it? One descent of the primary key's index per id,
-# and only the partitions of those days. A LATERAL with LIMIT, rather than `request_id = ANY (...)`:
-# a day's partition has no statistics until autovacuum analyzes it, and the planner then scans the
-# whole window of every server testing each row against the array (25 ms for 3,000 rows, growing),
-# where this form can only look each id up (1.4 ms for a thousand ids, analyzed or not). The ids
-# come as a JSON array: psycopg dumps a list as an array one element at a time (6 ms for a thousand
-# ids). It can find a record near another key's time than its own: the batch is then merged, right
-# either way.
+# arrival less the window and its latest plus it? One descent of the primary key's index per id, in
+# the partitions of those days only. LATERAL ... LIMIT 1, not `request_id = ANY (...)`: a new day's
+# partition has no statistics, and the planner then scans the whole window of every server
+# (bench/bench_rest_ingest.py). The ids come as one JSON array (psycopg dumps a list element by
+# element). A record near another key's time sends the batch to merge, which is right either way.
 _PROBE_SERVER = """EXISTS (SELECT FROM json_array_elements_text(%s::json) AS k (request_id)
   CROSS JOIN LATERAL (SELECT FROM traffic_requestrecord r WHERE r.server_id = %s
     AND r.request_id = k.request_id AND r.arrived_at BETWEEN %s AND %s LIMIT 1) AS stored)"""
@@ -142,54 +143,126 @@ ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE},
 
 
 def ingest_request_records(
-    items: Sequence[RequestIn], *, now: datetime, malformed: Sequence[Malformed] = ()
+    facts: Sequence[RequestFacts],
+    *,
+    source: str,
+    now: datetime,
+    default_server: str = "",
+    malformed: Sequence[Malformed] = (),
 ) -> IngestOutcome:
-    """Store a batch in one transaction; items that cannot be stored are returned with the reason.
+    """Store a batch from one source in one transaction; facts that cannot be stored are returned
+    with the reason (the field at fault), and counted as rejected input with `malformed`.
 
-    Unknown servers are kept, as proposed servers for a person to register. Arrival times with no
-    partition (past retention, or too far ahead) are rejected rather than failing the batch.
-    `malformed` input is added to the tally of rejected input in the same transaction, under the
-    server it names when that one is registered.
+    A record names its server (a name or base URL), else `default_server`; unknown servers are kept
+    as proposed servers for a person to accept. A record inside the request retention whose day
+    has no partition yet gets one; older ones, and ones too far ahead, are rejected.
     OperationalError when PostgreSQL is away, or when the batch waits longer than
     PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS for a lock (its cause then LockNotAvailable).
     """
-    try:
-        return _ingest(items, now=now, malformed=malformed, merge=False)
-    except IntegrityError as exc:
-        if isinstance(exc.__cause__, UniqueViolation):
-            # A writer outside this function stored one of these keys after they were looked for.
-            return _ingest(items, now=now, malformed=malformed, merge=True)
-        if isinstance(exc.__cause__, ForeignKeyViolation | CheckViolation):
-            # A server deleted, or a partition dropped, since this process looked them up.
-            forget_servers()
-            forget_partition_ranges()
-            return _ingest(items, now=now, malformed=malformed, merge=False)
-        raise
+    items, rejected = _checked(facts, default_server=default_server, now=now)
+    refused = [*malformed, *(Malformed(source, reason, server) for _, reason, server in rejected)]
+    merge = False
+    for retry in (False, True):
+        _make_partitions(items)
+        try:
+            stored = _ingest(items, source=source, now=now, malformed=refused, merge=merge)
+            break
+        except IntegrityError as exc:
+            if retry:
+                raise
+            if isinstance(exc.__cause__, UniqueViolation):
+                merge = True  # a writer outside this function stored one of the keys after the probe
+            elif isinstance(exc.__cause__, ForeignKeyViolation | CheckViolation):
+                # A server deleted, or a partition dropped, since this process looked them up.
+                forget_servers()
+                forget_partition_ranges()
+            else:
+                raise
+    return IngestOutcome(stored=stored, rejected=[(index, reason) for index, reason, _ in rejected])
+
+
+def _checked(
+    facts: Sequence[RequestFacts], *, default_server: str, now: datetime
+) -> tuple[list[RequestFacts], list[tuple[int, str, str]]]:
+    """The facts that can be stored (their server filled in), and the others: (index, reason, server)."""
+    oldest = now - timedelta(days=settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS)
+    newest = day_of(now) + timedelta(days=settings.PREFIXSCOPE_PARTITIONS_AHEAD_DAYS + 1)
+    items, rejected = [], []
+    for index, item in enumerate(facts):
+        if not item.server:
+            item = msgspec.structs.replace(item, server=default_server)
+        reason = problem(item) or _outside_retention(item.arrived_at, oldest=oldest, newest=newest)
+        if reason:
+            rejected.append((index, reason, item.server if len(item.server) <= SERVER_MAX else ""))
+        else:
+            items.append(item)
+    return items, rejected
+
+
+def _outside_retention(arrived_at: datetime, *, oldest: datetime, newest: datetime) -> str | None:
+    if arrived_at < oldest:
+        days = settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS
+        return f"arrived_at: older than the request records' retention ({days} days)"
+    if arrived_at >= newest:
+        return "arrived_at: further ahead than the request records' partitions"
+    return None
+
+
+def _make_partitions(items: Iterable[RequestFacts]) -> None:
+    """Create the daily partitions the items need and do not have (history arriving late)."""
+    spans = _contiguous_ranges(recent_partition_ranges(RequestRecord._meta.db_table).values())
+    arrivals = [item.arrived_at for item in items]
+    if not arrivals or (spans and spans[0][0] <= min(arrivals) and max(arrivals) < spans[0][1]):
+        return  # the usual batch, all in the first unbroken span: no test item by item
+    missing = {
+        day_of(arrived_at)
+        for arrived_at in arrivals
+        if not any(lower <= arrived_at < upper for lower, upper in spans)
+    }
+    if missing and (created := create_day_partitions(RequestRecord, missing)):
+        logger.info("partitions created for late request records", extra={"partitions_created": created})
+
+
+def _contiguous_ranges(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """Partition ranges joined where one ends as the next begins: one range, unless days are missing."""
+    joined: list[tuple[datetime, datetime]] = []
+    for lower, upper in sorted(ranges):
+        if joined and joined[-1][1] == lower:
+            joined[-1] = (joined[-1][0], upper)
+        else:
+            joined.append((lower, upper))
+    return joined
 
 
 def _ingest(
-    items: Sequence[RequestIn], *, now: datetime, malformed: Sequence[Malformed], merge: bool
-) -> IngestOutcome:
-    """One try at the batch; `merge` sends every record through alignment and merge."""
-    outcome = IngestOutcome()
+    items: Sequence[RequestFacts],
+    *,
+    source: str,
+    now: datetime,
+    malformed: Sequence[Malformed],
+    merge: bool,
+) -> int:
+    """One try at the batch; `merge` sends every record through alignment and merge. Returns rows."""
     with transaction.atomic():
         servers = _servers(items, named_by=malformed)
-        spans = _spans(recent_partition_ranges(RequestRecord._meta.db_table).values())
-        keep_since = _token_ids_kept_since(now)
+        cutoff = token_ids_cutoff(
+            now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
+        )
         templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
-        rows = []
-        unkept = _without_partition(items, spans)
-        for index, item in enumerate(items):
-            if index in unkept:
-                outcome.rejected.append((index, "arrived_at: outside the kept window of request records"))
-                continue
+        rows, unhashed = [], []
+        for item in items:
             server = servers[item.server]
             assert server is not None  # the items' servers are proposed when unknown
-            rows.append(_row(item, server, keep_tokens_since=keep_since, templates=templates))
+            hashes = _block_hashes(item, server)
+            if hashes is None:  # stored without block hashes, rather than with a chain matching none
+                unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
+            row = _row(
+                item, server, hashes or [], source=source, token_ids_cutoff=cutoff, templates=templates
+            )
+            rows.append(row)
         _store(_deduplicated(rows), merge=merge)
-        _count_malformed(malformed, servers, now=now)
-    outcome.stored = len(rows)
-    return outcome
+        _count_malformed([*malformed, *unhashed], servers, now=now)
+    return len(rows)
 
 
 def _count_malformed(
@@ -200,29 +273,6 @@ def _count_malformed(
         count_rejected_input(
             server_id=server.pk if server else None, source=source, reason=reason, count=count, now=now
         )
-
-
-def _spans(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
-    """Partition ranges joined where one ends as the next begins: one span, unless days are missing."""
-    spans: list[tuple[datetime, datetime]] = []
-    for lower, upper in sorted(ranges):
-        if spans and spans[-1][1] == lower:
-            spans[-1] = (spans[-1][0], upper)
-        else:
-            spans.append((lower, upper))
-    return spans
-
-
-def _without_partition(items: Sequence[RequestIn], spans: list[tuple[datetime, datetime]]) -> set[int]:
-    """Indexes of the items whose arrival time no partition holds (past retention, too far ahead)."""
-    arrivals = [item.arrived_at for item in items]
-    if arrivals and spans and spans[0][0] <= min(arrivals) and max(arrivals) < spans[0][1]:
-        return set()  # the usual batch, all in the first unbroken span: no test item by item
-    return {
-        index
-        for index, arrived_at in enumerate(arrivals)
-        if not any(lower <= arrived_at < upper for lower, upper in spans)
-    }
 
 
 # The server each reference (name or base URL) names, remembered by a process for this long: a
@@ -240,7 +290,9 @@ def forget_servers() -> None:
         _known_servers.clear()
 
 
-def _servers(items: Sequence[RequestIn], *, named_by: Sequence[Malformed] = ()) -> dict[str, Server | None]:
+def _servers(
+    items: Sequence[RequestFacts], *, named_by: Sequence[Malformed] = ()
+) -> dict[str, Server | None]:
     """The server each item (and each malformed input) names; a name or URL nobody registered
     becomes a proposed server for an item, and None for malformed input (no proposal from it).
 
@@ -252,103 +304,88 @@ def _servers(items: Sequence[RequestIn], *, named_by: Sequence[Malformed] = ()) 
         known = {ref: server for ref in references | named if (server := _known_servers.get(ref))}
     if len(known) == len(references | named):
         return dict(known)
-    found = _look_up_servers(references - known.keys(), named - known.keys())
+    found = servers_named(references - known.keys(), propose_unknown=True)
+    found |= servers_named(named - known.keys(), propose_unknown=False)
     with _known_servers_lock:
         _known_servers.update((ref, s) for ref, s in found.items() if s is not None and s.block_size)
     return known | found
 
 
-def _look_up_servers(references: set[str], named: set[str]) -> dict[str, Server | None]:
-    by_name: dict[str, Server] = {}
-    by_url: dict[str, Server] = {}
-    wanted = references | named
-    for server in Server.objects.filter(Q(name__in=wanted) | Q(base_url__in=wanted)).order_by("name"):
-        by_name[server.name] = server
-        by_url.setdefault(server.base_url, server)
-    found: dict[str, Server | None] = {ref: by_name.get(ref) or by_url.get(ref) for ref in named}
-    return found | {ref: by_name.get(ref) or by_url.get(ref) or _propose(ref) for ref in references}
-
-
-def _propose(reference: str) -> Server:
-    is_url = "://" in reference
-    name = slugify(urlsplit(reference).netloc if is_url else reference)[:100] or "unnamed"
-    server, created = Server.objects.get_or_create(
-        name=name, defaults={"base_url": reference if is_url else "", "state": Server.State.PROPOSED}
-    )
-    if created:
-        logger.info("proposed server %s, seen in ingested requests", name)
-    return server
+def _block_hashes(item: RequestFacts, server: Server) -> list[int] | None:
+    """The prompt's block hashes as its server computed them (its block size, the request's salt
+    and LoRA adapter), as signed bigints; [] without token ids or a known block size, None when the
+    server serves no model of the request's name."""
+    if not item.prompt_token_ids or not server.block_size:
+        return []
+    try:
+        lora = request_lora(server, item.model)
+    except UnknownModel:
+        return None
+    chain = block_hash_chain(item.prompt_token_ids, server.block_size, cache_salt=item.cache_salt, lora=lora)
+    return [wire_to_signed(h.wire) for h in chain]
 
 
 def _row(
-    item: RequestIn,
+    item: RequestFacts,
     server: Server,
+    block_hashes: list[int],
     *,
-    keep_tokens_since: datetime | None,
+    source: str,
+    token_ids_cutoff: datetime | None,
     templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]],
-) -> tuple[Any, ...]:
+) -> RecordRow:
     # One lookup per template and version in a batch, not per record.
     key = (item.template, item.template_version)
     if key not in templates:
-        templates[key] = _template(item)
+        templates[key] = template_version_seen(
+            template=item.template, version=item.template_version, tenant=item.tenant, seen_at=item.arrived_at
+        )
     template, version = templates[key]
     tokens = list(item.prompt_token_ids) if item.prompt_token_ids is not None else None
-    hashes: list[int] = []
-    if tokens and server.block_size:
-        hashes = [
-            wire_to_signed(h.wire)
-            for h in block_hash_chain(tokens, server.block_size, cache_salt=item.cache_salt)
-        ]
-    if keep_tokens_since is None or item.arrived_at < keep_tokens_since:
-        tokens = None
-    salt_hash = hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else ""
-    return (
-        server.pk, item.request_id, item.arrived_at, item.trace_id, item.model, item.tenant,
-        template.pk if template else None, version.pk if version else None, item.source,
-        item.ttft_seconds, item.queue_seconds, item.prefill_seconds, item.prompt_tokens,
-        item.cached_tokens, item.completion_tokens, salt_hash, hashes, tokens,
-    )  # fmt: skip
-
-
-def _token_ids_kept_since(now: datetime) -> datetime | None:
-    """Token ids of requests that arrived since then are kept; None in hash-only mode."""
-    if settings.PREFIXSCOPE_HASH_ONLY:
-        return None
-    return now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
-
-
-def _template(item: RequestIn) -> tuple[Template | None, TemplateVersion | None]:
-    """The named template and version; a commit not imported yet is recorded as first seen now."""
-    if not item.template:
-        return None, None
-    template, _ = Template.objects.get_or_create(name=item.template, defaults={"tenant": item.tenant})
-    if not item.template_version:
-        return template, None
-    version, _ = TemplateVersion.objects.get_or_create(
-        template=template,
-        commit_sha=item.template_version,
-        defaults={
-            "committed_at": item.arrived_at,
-            "message": "seen in traffic before its commit was imported",
-        },
+    return RecordRow(
+        server_id=server.pk,
+        request_id=item.request_id,
+        arrived_at=item.arrived_at,
+        trace_id=item.trace_id,
+        model=item.model,
+        tenant=item.tenant,
+        template_id=template.pk if template else None,
+        template_version_id=version.pk if version else None,
+        source=source,
+        client_ttft_seconds=item.client_ttft_seconds,
+        server_ttft_seconds=item.server_ttft_seconds,
+        queue_seconds=item.queue_seconds,
+        prefill_seconds=item.prefill_seconds,
+        prompt_tokens=item.prompt_tokens,
+        cached_tokens=item.cached_tokens,
+        completion_tokens=item.completion_tokens,
+        salt_hash=hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else "",
+        block_hashes=block_hashes,
+        token_ids=tokens if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
     )
-    return template, version
 
 
-def _deduplicated(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    # ON CONFLICT cannot touch one row twice in a statement: merge repeats inside a batch first.
-    merged: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+def _deduplicated(rows: list[RecordRow]) -> list[RecordRow]:
+    """Rows of one server and request id arriving within JOIN_WINDOW of the first of them merged
+    into it (as a later batch's would be): ON CONFLICT cannot touch one row twice in a statement."""
+    kept: dict[tuple[int, str], list[RecordRow]] = {}
     for row in rows:
-        earlier = merged.get(row[:3])
-        merged[row[:3]] = row if earlier is None else tuple(map(_known, earlier, row))
-    return list(merged.values())
+        earlier = kept.setdefault((row.server_id, row.request_id), [])
+        for position, first in enumerate(earlier):
+            if abs(row.arrived_at - first.arrived_at) <= JOIN_WINDOW:
+                merged = map(_known, first, row._replace(arrived_at=first.arrived_at))
+                earlier[position] = RecordRow._make(merged)
+                break
+        else:
+            earlier.append(row)
+    return [row for rows_of_request in kept.values() for row in rows_of_request]
 
 
 def _known(earlier: Any, later: Any) -> Any:
     return earlier if later is None or later == "" or later == [] else later
 
 
-def _store(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
+def _store(rows: list[RecordRow], *, merge: bool) -> None:
     """COPY the rows straight into the table when none has a record stored near its key (the usual
     case), else stage them, align them to the stored arrival times and merge them.
 
@@ -359,9 +396,9 @@ def _store(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
     if not rows:
         return
     with connection.cursor() as cursor:
-        by_server: dict[int, list[tuple[Any, ...]]] = {}
+        by_server: dict[int, list[tuple[str, datetime]]] = {}
         for row in rows:
-            by_server.setdefault(row[0], []).append(row)
+            by_server.setdefault(row.server_id, []).append((row.request_id, row.arrived_at))
         # One round trip: the lock timeout (waiting longer for a lock, here or on a key the COPY
         # meets, raises LockNotAvailable), the locks, then the probe in a statement of its own (its
         # snapshot is taken after the locks are held, so it sees what the batches before this one
@@ -380,18 +417,18 @@ def _store(rows: list[tuple[Any, ...]], *, merge: bool) -> None:
         _copy(cursor, "traffic_requestrecord", _TABLE_TYPES, rows)
 
 
-def stored_near_probe(by_server: dict[int, list[tuple[Any, ...]]]) -> tuple[str, list[Any]]:
+def stored_near_probe(by_server: dict[int, list[tuple[str, datetime]]]) -> tuple[str, list[Any]]:
     """The statement (and its parameters) answering whether a record is stored near any of the
-    rows' keys, for rows grouped by server id."""
+    keys, (request id, arrival time) grouped by server id."""
     parameters: list[Any] = []
-    for server_id, rows in sorted(by_server.items()):
-        times = [row[2] for row in rows]
-        ids = msgspec.json.encode([row[1] for row in rows]).decode()
+    for server_id, keys in sorted(by_server.items()):
+        times = [arrived_at for _, arrived_at in keys]
+        ids = msgspec.json.encode([request_id for request_id, _ in keys]).decode()
         parameters += [ids, server_id, min(times) - JOIN_WINDOW, max(times) + JOIN_WINDOW]
     return "SELECT " + " OR ".join([_PROBE_SERVER] * len(by_server)), parameters
 
 
-def _merge(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
+def _merge(cursor: Any, rows: list[RecordRow]) -> None:
     # Emptied at commit; DELETE (not TRUNCATE: no new file each time) for a caller's outer
     # transaction that has not committed yet.
     cursor.execute(f"{_CREATE_STAGING}; DELETE FROM request_record_batch")
@@ -400,17 +437,16 @@ def _merge(cursor: Any, rows: list[tuple[Any, ...]]) -> None:
     cursor.execute(_UPSERT_SQL)
 
 
-def _copy(cursor: Any, table: str, types: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
+def _copy(cursor: Any, table: str, types: Sequence[str], rows: list[RecordRow]) -> None:
     # Through psycopg's own cursor: its errors wrapped as Django's (IntegrityError, OperationalError)
     # by hand, as Django's cursor does for the statements it runs.
+    # The arrays (token ids, block hashes) are encoded whole by copy_rows, not element by element.
     columns = ", ".join(_COLUMNS)
     with (
         connection.wrap_database_errors,
         cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
     ):
-        copy.set_types(types)
-        for row in rows:
-            copy.write_row(row)
+        write_rows(copy, rows, columns=_COLUMNS, types=types)
 
 
 def expire_token_ids(*, now: datetime) -> int:
@@ -418,9 +454,11 @@ def expire_token_ids(*, now: datetime) -> int:
 
     Block hashes stay: divergence still works to block precision. Returns rows changed.
     """
+    cutoff = token_ids_cutoff(
+        now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
+    )
     records = RequestRecord.objects.filter(token_ids__isnull=False)
-    if not settings.PREFIXSCOPE_HASH_ONLY:
-        cutoff = now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+    if cutoff is not None:
         records = records.filter(arrived_at__lt=cutoff)
     changed = records.update(token_ids=None)
     if changed:

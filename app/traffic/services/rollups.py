@@ -9,29 +9,37 @@ from app.domain.histogram import TTFT_BUCKETS_SECONDS
 
 logger = logging.getLogger(__name__)
 
-_BUCKET_COUNTS = ", ".join(
-    f"count(*) FILTER (WHERE r.ttft_seconds <= {bound!r})" for bound in TTFT_BUCKETS_SECONDS
-)
+
+def _histogram(column: str) -> str:
+    """count, sum and cumulative bucket counts (the last: all) of one TTFT column, as SQL."""
+    buckets = ", ".join(f"count(*) FILTER (WHERE r.{column} <= {bound!r})" for bound in TTFT_BUCKETS_SECONDS)
+    return f"count(r.{column}), coalesce(sum(r.{column}), 0), ARRAY[{buckets}, count(r.{column})]"
+
+
 # Recomputes whole minutes from raw records, so running it twice (or concurrently with
 # late arrivals, then again) converges on the same rows.
 _REFRESH_SQL = f"""
 INSERT INTO traffic_minuterollup AS m (
     server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
-    ttft_count, ttft_sum_seconds, ttft_buckets
+    client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
+    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets
 )
 SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
        coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
-       count(r.ttft_seconds), coalesce(sum(r.ttft_seconds), 0),
-       ARRAY[{_BUCKET_COUNTS}, count(r.ttft_seconds)]
+       {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")}
 FROM traffic_requestrecord r
 WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
 GROUP BY 1, 2, 3
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
     cached_tokens = EXCLUDED.cached_tokens, cache_known_prompt_tokens = EXCLUDED.cache_known_prompt_tokens,
-    ttft_count = EXCLUDED.ttft_count,
-    ttft_sum_seconds = EXCLUDED.ttft_sum_seconds, ttft_buckets = EXCLUDED.ttft_buckets
+    client_ttft_count = EXCLUDED.client_ttft_count,
+    client_ttft_sum_seconds = EXCLUDED.client_ttft_sum_seconds,
+    client_ttft_buckets = EXCLUDED.client_ttft_buckets,
+    server_ttft_count = EXCLUDED.server_ttft_count,
+    server_ttft_sum_seconds = EXCLUDED.server_ttft_sum_seconds,
+    server_ttft_buckets = EXCLUDED.server_ttft_buckets
 """
 
 

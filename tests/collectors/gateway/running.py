@@ -13,7 +13,8 @@ from typing import Any
 
 import aiohttp
 
-from collectors.gateway.proxy import Observed, Recorder, serve
+from collectors.gateway.proxy import Recorder, serve
+from collectors.records import RequestFacts
 from tests.simulator.running import free_ports
 
 # Fields that differ from call to call (a fresh id, the second of the answer), masked for comparing.
@@ -54,10 +55,10 @@ class KeptRecords:
     """A recorder that keeps everything."""
 
     def __init__(self) -> None:
-        self.records: list[Observed] = []
+        self.records: list[RequestFacts] = []
         self.rejected: list[str] = []
 
-    def record(self, observed: Observed) -> None:
+    def record(self, observed: RequestFacts) -> None:
         self.records.append(observed)
 
     def reject(self, reason: str) -> None:

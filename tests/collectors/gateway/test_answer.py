@@ -131,7 +131,7 @@ def test_a_chat_stream_loses_its_prompt_token_ids_and_the_chunks_sent_only_for_t
     editor = StreamEditor(plan(ids=True, chat=True))
     out = editor.feed(sse(role, quiet, content)) + editor.close()
     assert out == sse({**role, "prompt_token_ids": None}, without_ids(content))
-    assert editor.facts.prompt_token_ids == [1, 2, 3] and editor.facts.content_seen
+    assert editor.facts.token_ids == [1, 2, 3] and editor.facts.content_seen
 
 
 def test_a_role_chunk_is_not_content() -> None:
@@ -164,9 +164,16 @@ def test_the_facts_of_a_captured_answer() -> None:
 
 def test_a_batch_of_prompts_has_no_one_prompt() -> None:
     answer = {"id": "c", "choices": [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]}
-    assert read_answer(vllm_json(answer)).token_ids is None
-    same = {"id": "c", "choices": [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, 2]}]}  # n=2
-    assert read_answer(vllm_json(same)).token_ids == [1, 2]
+    facts = read_answer(vllm_json(answer))
+    assert facts.token_ids is None and facts.prompts == {0: [1, 2], 1: [3]}
+    # n = 2: vLLM numbers prompt p's choices p * 2 and p * 2 + 1.
+    choices = [{"index": i, "prompt_token_ids": ids} for i, ids in enumerate([[1, 2], [1, 2], [3], [3]])]
+    assert read_answer(vllm_json({"id": "c", "choices": choices}), samples=2).prompts == {0: [1, 2], 1: [3]}
+    one = {
+        "id": "c",
+        "choices": [{"index": 0, "prompt_token_ids": [1, 2]}, {"index": 1, "prompt_token_ids": [1, 2]}],
+    }
+    assert read_answer(vllm_json(one), samples=2).token_ids == [1, 2]
 
 
 @pytest.mark.parametrize("body", [b"", b"[1]", b"<html>"])

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from collectors.records import canonical_request_id
 from simulator.server import ServerConfig
 from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
 from tests.fixtures import load_json
@@ -169,7 +170,7 @@ def test_a_record_holds_what_the_client_saw_and_the_headers_it_sent(
     wait_for(lambda: len(recorder.records) == 2)
     for answer, record in zip(answers, recorder.records, strict=True):
         seen = json.loads(answer.body)
-        assert record.request_id == seen["id"] and record.model == "tiny"
+        assert record.request_id == canonical_request_id(seen["id"]) and record.model == "tiny"
         assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (
             seen["usage"]["prompt_tokens"],
             seen["usage"]["prompt_tokens_details"]["cached_tokens"],
@@ -178,7 +179,7 @@ def test_a_record_holds_what_the_client_saw_and_the_headers_it_sent(
         assert record.prompt_token_ids == tokens and seen["choices"][0]["prompt_token_ids"] is None
         assert (record.tenant, record.template, record.template_version) == ("acme", "support", "4f2a9c1")
         assert record.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and record.cache_salt == "s1"
-        assert 0 < record.ttft_seconds < elapsed
+        assert record.client_ttft_seconds is not None and 0 < record.client_ttft_seconds < elapsed
     assert [r.cached_tokens for r in recorder.records] == [0, 160]
 
 
@@ -192,7 +193,8 @@ def test_a_stream_records_its_usage_and_prompt_and_the_client_sees_neither(
     (record,) = recorder.records
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (191, 0, 4)
     assert record.prompt_token_ids is not None and len(record.prompt_token_ids) == 191
-    assert record.request_id == json.loads(answer.body.split(b"\n\n")[0].removeprefix(b"data: "))["id"]
+    first_chunk = json.loads(answer.body.split(b"\n\n")[0].removeprefix(b"data: "))
+    assert record.request_id == canonical_request_id(first_chunk["id"])
 
 
 def test_a_request_id_header_names_the_request(
@@ -200,7 +202,7 @@ def test_a_request_id_header_names_the_request(
 ) -> None:
     call("POST", gateway + "/v1/completions", completion(), {"X-Request-Id": "req-0001"})
     wait_for(lambda: len(recorder.records) == 1)
-    assert recorder.records[0].request_id == "cmpl-req-0001"  # vLLM's id is built on it
+    assert recorder.records[0].request_id == "req-0001"  # vLLM's id (cmpl-req-0001) is built on it
 
 
 def test_an_unreachable_upstream_is_a_bad_gateway_and_no_record() -> None:
@@ -263,4 +265,5 @@ def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_up
     assert first_at < 0.5 < 1.0 <= last_at
     assert body.count(b"data: ") == 3
     (record,) = recorder.records
-    assert record.ttft_seconds < 0.5 and record.cached_tokens == 0 and record.request_id == "cmpl-slow"
+    assert record.client_ttft_seconds is not None and record.client_ttft_seconds < 0.5
+    assert record.cached_tokens == 0 and record.request_id == "slow"

@@ -7,7 +7,8 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, decode_export, span_request
-from collectors.usage.parse import Usage, UsageError
+from collectors.records import canonical_request_id
+from collectors.usage.parse import UsageError
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 CAPTURE = (VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes()
@@ -25,12 +26,12 @@ def test_every_captured_llm_request_span_becomes_a_request_with_the_response_id(
     by_id = {r.request_id: r for r in requests}
     for name in RESPONSES:
         response = load_json(f"{name}.json")["response"]
-        found = by_id[response["id"]]  # the engine's "-0" suffix is gone
-        assert found.usage == Usage(
-            response["usage"]["prompt_tokens"], None, response["usage"]["completion_tokens"]
-        )
-        assert found.ttft_seconds and found.queue_seconds is not None and found.prefill_seconds
-        assert found.server is None and len(found.trace_id) == 32
+        found = by_id[canonical_request_id(response["id"])]  # the engine's "-0" suffix is gone
+        usage = (found.prompt_tokens, found.cached_tokens, found.completion_tokens)
+        assert usage == (response["usage"]["prompt_tokens"], None, response["usage"]["completion_tokens"])
+        assert found.server_ttft_seconds and found.queue_seconds is not None and found.prefill_seconds
+        assert found.client_ttft_seconds is None  # vLLM's measure is not the client's
+        assert found.server == "" and len(found.trace_id) == 32
 
 
 def attributes_by_opentelemetry_proto(body: bytes) -> list[dict[str, object]]:
@@ -88,12 +89,12 @@ def test_a_genai_application_span_carries_cached_tokens_and_prefixscope_attribut
     request = span_request(decoded)
     assert request is not None
     assert (request.request_id, request.server, request.template, request.tenant) == (
-        "chatcmpl-42",
+        "42",  # the answer id chatcmpl-42, canonical
         "vllm-0",
         "support",
         "acme",
     )
-    assert request.usage == Usage(1941, 1800, None)
+    assert (request.prompt_tokens, request.cached_tokens, request.completion_tokens) == (1941, 1800, None)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 
     manage.py gateway --listen 127.0.0.1:9000 --upstream http://vllm:8000 [--server NAME]
 
+One process may front several servers: give --listen, --upstream (and --server) once per server,
+in the same order (the demo of `make run` fronts its four simulated servers so).
+
 Every request and answer passes unchanged, streams chunk by chunk. On /v1/completions and
 /v1/chat/completions the gateway asks vLLM for the prompt token ids (and, for a stream, its usage)
 and takes them out of the answer again, so clients get what vLLM would have sent them. Each
@@ -28,6 +31,7 @@ import asyncio
 import gc
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,7 +42,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import InterfaceError, OperationalError
 from django.utils.text import slugify
 
-from app.env import env_str
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
 from app.traffic.gateway_writer import GatewayWriter
@@ -56,13 +59,17 @@ class Command(BaseCommand):
         return super().create_parser(prog_name, subcommand, formatter_class=_HelpFormatter, **kwargs)
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--listen", required=True, help="host:port to accept applications' requests on")
-        parser.add_argument("--upstream", required=True, help="the vLLM server's base URL")
-        parser.add_argument("--server", default="", help="the registered server's name (default: --upstream)")
+        parser.add_argument(
+            "--listen", action="append", required=True, help="host:port to accept applications' requests on"
+        )
+        parser.add_argument("--upstream", action="append", required=True, help="the vLLM server's base URL")
+        parser.add_argument(
+            "--server", action="append", default=[], help="the registered server's name (default: --upstream)"
+        )
         parser.add_argument(
             "--spill-file",
             default="",
-            help="where records wait while PostgreSQL is down (default: "
+            help="where records wait while PostgreSQL is down, with one server only (default: "
             "$PREFIXSCOPE_DATA_DIR/gateway/<server>.jsonl, PREFIXSCOPE_DATA_DIR defaulting to .data/)",
         )
         parser.add_argument("--queue-size", type=int, default=10_000, help="records waiting, at most")
@@ -70,33 +77,53 @@ class Command(BaseCommand):
         parser.add_argument("--flush-seconds", type=float, default=0.5, help="longest wait before a write")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        host, port = _address(options["listen"])
-        upstream = options["upstream"].rstrip("/")
-        if urlsplit(upstream).scheme not in ("http", "https"):
-            raise CommandError(f"--upstream {upstream!r}: expected an http:// or https:// URL")
-        server = options["server"] or upstream
-        if options["server"]:
-            self._check_registered(options["server"])
-        writer = GatewayWriter(
-            server=server,
-            spill_path=Path(options["spill_file"]) if options["spill_file"] else _default_spill(server),
-            capacity=options["queue_size"],
-            batch_size=options["batch_size"],
-            flush_seconds=options["flush_seconds"],
-        )
+        routes = self._routes(options["listen"], options["upstream"], options["server"])
+        if options["spill_file"] and len(routes) > 1:
+            raise CommandError(
+                "--spill-file: one server only (each server's records spill to a file of its own)"
+            )
+        writers = [
+            GatewayWriter(
+                server=route.server,
+                spill_path=Path(options["spill_file"])
+                if options["spill_file"]
+                else _default_spill(route.server),
+                capacity=options["queue_size"],
+                batch_size=options["batch_size"],
+                flush_seconds=options["flush_seconds"],
+            )
+            for route in routes
+        ]
         configure_tracing("prefixscope-gateway")
         _keep_pauses_short()
-        writer.start()
+        for writer in writers:
+            writer.start()
         try:
             # libuv's loop: the proxy's own CPU per request is what a client waits for.
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                runner.run(_serve_until_signalled(host, port, upstream, writer))
+                runner.run(_serve_until_signalled(list(zip(routes, writers, strict=True))))
         finally:
-            writer.stop()
-        self.stdout.write(
-            f"gateway stopped: {writer.stored} records stored, {writer.spilled} spilled, "
-            f"{writer.dropped} dropped (queue full)"
-        )
+            for writer in writers:
+                writer.stop()
+        for writer in writers:
+            self.stdout.write(
+                f"gateway of {writer.server} stopped: {writer.stored} records stored, {writer.spilled} "
+                f"spilled, {writer.dropped} dropped (queue full)"
+            )
+
+    def _routes(self, listens: list[str], upstreams: list[str], servers: list[str]) -> list["Route"]:
+        if len(listens) != len(upstreams) or (servers and len(servers) != len(listens)):
+            raise CommandError("give --listen and --upstream (and --server, if any) once per server")
+        routes = []
+        for index, (listen, upstream) in enumerate(zip(listens, upstreams, strict=True)):
+            host, port = _address(listen)
+            upstream = upstream.rstrip("/")
+            if urlsplit(upstream).scheme not in ("http", "https"):
+                raise CommandError(f"--upstream {upstream!r}: expected an http:// or https:// URL")
+            if servers:
+                self._check_registered(servers[index])
+            routes.append(Route(host, port, upstream, servers[index] if servers else upstream))
+        return routes
 
     def _check_registered(self, name: str) -> None:
         try:
@@ -108,12 +135,24 @@ class Command(BaseCommand):
             raise CommandError(f"--server {name!r}: no server has this name (register it, or leave it out)")
 
 
-async def _serve_until_signalled(host: str, port: int, upstream: str, writer: GatewayWriter) -> None:
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where the gateway listens, the vLLM server behind it, and the server its records are of."""
+
+    host: str
+    port: int
+    upstream: str
+    server: str
+
+
+async def _serve_until_signalled(routes: list[tuple[Route, GatewayWriter]]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await serve(host, port, upstream, writer, stop)
+    await asyncio.gather(
+        *(serve(route.host, route.port, route.upstream, writer, stop) for route, writer in routes)
+    )
 
 
 def _keep_pauses_short() -> None:
@@ -132,6 +171,6 @@ def _address(listen: str) -> tuple[str, int]:
 
 
 def _default_spill(server: str) -> Path:
-    data = Path(env_str("PREFIXSCOPE_DATA_DIR", str(settings.BASE_DIR / ".data")))
+    data = settings.PREFIXSCOPE_DATA_DIR
     name = slugify(urlsplit(server).netloc if "://" in server else server) or "gateway"
     return data / "gateway" / f"{name}.jsonl"

@@ -1,0 +1,266 @@
+"""REST bulk ingest of request records: a JSON array or JSON lines, optionally gzip (`Content-Encoding:
+gzip`), authenticated by ingest token.
+
+Good records are stored even when others in the batch are bad; the answer lists every bad one
+by position with the field at fault (and is a 400 when there is any). 2xx only after commit.
+"""
+
+import json
+import re
+from typing import Any, NamedTuple
+
+import msgspec
+from django.http import HttpRequest
+from ninja import Router, Status
+from ninja.security import HttpBearer
+
+from app.api.ingest.admission import (
+    BodyTooLarge,
+    NotStored,
+    admitted,
+    bearer_token,
+    read_body,
+    retry_later,
+    store_batch,
+)
+from app.api.models import IngestToken
+from app.api.schemas import (
+    ErrorAnswer,
+    IngestAnswer,
+    RequestRecordIn,
+    Unauthorized,
+    request_record_json_schema,
+)
+from app.traffic.models import RequestRecord
+from app.traffic.services.requests import Malformed
+from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
+from collectors.usage.parse import UsageError, usage_from
+
+router = Router(tags=["ingest"])
+
+SOURCE = RequestRecord.Source.REST.value
+MAX_RECORDS = 10_000
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+class IngestTokenAuth(HttpBearer):
+    """The ingest token (admission.bearer_token), for django-ninja and its OpenAPI schema.
+
+    HttpBearer's own `__call__` logs a header of another scheme whole, at ERROR, when DEBUG is on: a
+    token sent without `Bearer ` went to the log. So the header is read by admission.
+    """
+
+    def __call__(self, request: HttpRequest) -> IngestToken | None:
+        return bearer_token(request)
+
+    def authenticate(self, request: HttpRequest, token: str) -> IngestToken | None:
+        raise AssertionError("unused: __call__ reads the header")  # HttpBearer declares it abstract
+
+
+BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "array", "items": request_record_json_schema()}},
+            "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON record per line"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/requests",
+    auth=IngestTokenAuth(),
+    response={
+        200: IngestAnswer, 400: IngestAnswer | ErrorAnswer, 401: Unauthorized, 413: ErrorAnswer,
+        429: ErrorAnswer, 503: ErrorAnswer,
+    },
+    summary="Ingest request records",
+    description=(
+        "200: every record stored. 400: the records listed were rejected, the others stored (or the body is "
+        "not JSON or not valid gzip: nothing stored). 401: no live ingest token. 413: more than 10,000 "
+        "records or 32 MiB (a `Content-Encoding: gzip` body: once inflated). "
+        "429: busy (too many batches at once, or the database did not take this one in time): nothing "
+        "stored, send it again after Retry-After seconds. 503: the database is unavailable: nothing stored, "
+        "send it again after Retry-After seconds. Sending a batch again is safe: records merge by key."
+    ),
+    openapi_extra=BODY_DOC,
+)  # fmt: skip
+def ingest_requests(request: HttpRequest) -> Any:
+    with admitted(SOURCE) as admission:
+        if not admission:
+            return retry_later(429, "this process is ingesting as many batches as it may; retry later")
+        return _ingest(request)
+
+
+def _ingest(request: HttpRequest) -> Any:
+    try:
+        records, rejected = decode_records(read_body(request), request.content_type or "")
+    except BodyTooLarge as exc:
+        return Status(413, {"error": str(exc)})
+    except ValueError as exc:
+        return Status(400, {"error": str(exc)})
+    if len(records) + len(rejected) > MAX_RECORDS:
+        return Status(413, {"error": f"at most {MAX_RECORDS} records per request; send smaller batches"})
+    malformed = [
+        Malformed(source=SOURCE, reason=_INDEX.sub("[]", bad.reason), server=bad.server) for bad in rejected
+    ]
+    try:
+        outcome = store_batch([record for _, record in records], source=SOURCE, malformed=malformed)
+    except NotStored as exc:
+        return retry_later(exc.status, exc.reason, retry_after=exc.retry_after)
+    answered = [(bad.position, bad.reason) for bad in rejected] + [
+        (records[i][0], e) for i, e in outcome.rejected
+    ]
+    answer = {"stored": outcome.stored, "rejected": [{"index": i, "error": e} for i, e in sorted(answered)]}
+    return Status(400 if answered else 200, answer)
+
+
+class Rejected(NamedTuple):
+    """A bad record: its position in the batch, the field at fault, and the server it names."""
+
+    position: int
+    reason: str
+    server: str  # "" when it names none
+
+
+class Decoded(NamedTuple):
+    """A batch's good records with their positions, and its bad ones."""
+
+    records: list[tuple[int, RequestFacts]]
+    rejected: list[Rejected]
+
+
+_batch = msgspec.json.Decoder(list[RequestRecordIn], strict=False)
+_items = msgspec.json.Decoder(list[msgspec.Raw])
+_record = msgspec.json.Decoder(RequestRecordIn, strict=False)
+_any = msgspec.json.Decoder()
+NOT_JSON = "record: not JSON (or not UTF-8)"
+# Positions in a field's path (prompt_token_ids[7]) are dropped from the tally's reasons: one
+# reason per field and fault, not one per token.
+_INDEX = re.compile(r"\[\d+\]")
+
+
+def decode_records(body: bytes, content_type: str) -> Decoded:
+    """Valid records with their batch position, and the rest with the field at fault.
+
+    A JSON array, or JSON lines (blank lines skipped; a line that is not JSON is rejected alone).
+    ValueError when the body is not JSON, or not an array. `strict=False`: numbers may come as
+    strings and arrival times as Unix seconds, as pydantic allowed.
+    """
+    if "ndjson" in content_type or "jsonl" in content_type:
+        return _validated([line for line in body.splitlines() if line.strip()])
+    try:
+        return _validated_records(list(enumerate(_batch.decode(body))), [])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass  # some record is bad, or the body is not an array (or not JSON): one record at a time
+    try:
+        items: list[Any] = _items.decode(body)
+    except msgspec.ValidationError:
+        raise ValueError("body: expected a JSON array of records (or JSON lines)") from None
+    except msgspec.DecodeError as exc:
+        items = _read_by_python(body, exc)
+    return _validated(items)
+
+
+def _read_by_python(body: bytes, exc: msgspec.DecodeError) -> list[Any]:
+    """The array as Python's own JSON reader reads it: it keeps a lone surrogate escape (`\\ud800`),
+    which msgspec refuses for the whole body, so that only the record holding one is rejected."""
+    try:
+        found = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ValueError(f"body: not JSON ({exc})") from None
+    if not isinstance(found, list):
+        raise ValueError("body: expected a JSON array of records (or JSON lines)")
+    return found
+
+
+def _validated(items: list[Any]) -> Decoded:
+    """Decoded one by one (JSON text, or what Python's reader made of it); a bad record rejected."""
+    records: list[tuple[int, RequestRecordIn]] = []
+    rejected: list[Rejected] = []
+    for index, item in enumerate(items):
+        try:
+            records.append((index, _record_of(item)))
+        except msgspec.ValidationError as exc:
+            rejected.append(Rejected(index, field_error(exc), _server_named(item)))
+        except msgspec.DecodeError:
+            rejected.append(Rejected(index, NOT_JSON, ""))
+    return _validated_records(records, rejected)
+
+
+def _record_of(item: Any) -> RequestRecordIn:
+    if not isinstance(item, bytes | msgspec.Raw):
+        return msgspec.convert(item, RequestRecordIn, strict=False)
+    try:
+        return _record.decode(item)
+    except msgspec.DecodeError as exc:
+        not_json = exc
+    try:
+        found = json.loads(bytes(item))  # a lone surrogate escape, as above
+    except (ValueError, RecursionError):
+        raise not_json from None  # not JSON, or not UTF-8
+    return msgspec.convert(found, RequestRecordIn, strict=False)
+
+
+def _validated_records(records: list[tuple[int, RequestRecordIn]], rejected: list[Rejected]) -> Decoded:
+    requests = []
+    for index, record in records:
+        try:
+            requests.append((index, to_facts(record)))
+        except UsageError as exc:
+            rejected.append(Rejected(index, str(exc), record.server))
+    return Decoded(requests, rejected)
+
+
+def _server_named(item: Any) -> str:
+    """The server a record that is not valid names, when it names one as a string."""
+    if isinstance(item, bytes | msgspec.Raw):
+        try:
+            item = _any.decode(item)
+        except msgspec.DecodeError:
+            item = json.loads(bytes(item))  # _record_of read it so
+    server = item.get("server") if isinstance(item, dict) else None
+    return server if isinstance(server, str) and len(server) <= SERVER_MAX else ""
+
+
+def field_error(exc: msgspec.ValidationError) -> str:
+    """msgspec's message led by the field at fault: `prompt_tokens: Expected `int | null`, got `str``."""
+    message, _, path = str(exc).partition(" - at `$")
+    field = path.rstrip("`").lstrip(".")
+    if not field:
+        missing = _MISSING.search(message)
+        field = missing.group(1) if missing else "record"
+    return f"{field}: {message}"
+
+
+def to_facts(record: RequestRecordIn) -> RequestFacts:
+    """The record's facts under its canonical request id; fields given explicitly win over `usage`."""
+    prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
+    if record.usage:
+        usage = usage_from(record.usage)
+        prompt = prompt if prompt is not None else usage.prompt_tokens
+        cached = cached if cached is not None else usage.cached_tokens
+        completion = completion if completion is not None else usage.completion_tokens
+    client_ttft = (
+        record.client_ttft_seconds if record.client_ttft_seconds is not None else record.ttft_seconds
+    )
+    return RequestFacts(
+        server=record.server,
+        request_id=canonical_request_id(record.request_id),
+        arrived_at=record.arrived_at,
+        trace_id=record.trace_id,
+        model=record.model,
+        tenant=record.tenant,
+        template=record.template,
+        template_version=record.template_version,
+        client_ttft_seconds=client_ttft,
+        server_ttft_seconds=record.server_ttft_seconds,
+        queue_seconds=record.queue_seconds,
+        prefill_seconds=record.prefill_seconds,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        cache_salt=record.cache_salt,
+        prompt_token_ids=record.prompt_token_ids,
+    )

@@ -1,0 +1,126 @@
+"""What one source saw of one inference request: the shape every collector produces. Pure.
+
+The gateway, vLLM's and applications' OTLP spans and REST bulk ingest each fill a `RequestFacts`;
+the ingest service stores them, merging the facts of one request from several sources into one row.
+A request is known by its canonical request id (`canonical_request_id`), whichever source saw it.
+
+`problem` says why facts cannot be stored (a field too long for its column, a character PostgreSQL
+refuses, cached tokens above prompt tokens): such a record is rejected alone, with the field named.
+"""
+
+import re
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+
+# The lengths of the request record's text columns (app/traffic/models.py reads them from here).
+REQUEST_ID_MAX = 255
+TRACE_ID_MAX = 32
+MODEL_MAX = 255
+TENANT_MAX = 100
+TEMPLATE_MAX = 200
+TEMPLATE_VERSION_MAX = 40
+SERVER_MAX = 500  # a registered server's name, or its base URL
+SALT_MAX = 1024  # vLLM's own bound on cache_salt
+
+
+class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What one source saw of one request; None or "" where it did not say.
+
+    Two TTFTs, never mixed: `client_ttft_seconds` as the client saw it (the gateway measures it, an
+    application may report it), `server_ttft_seconds` as vLLM measured it (its `llm_request` span:
+    from the request's arrival in vLLM to its first token, queueing and prefill included).
+    """
+
+    # A frozen msgspec Struct rather than a frozen dataclass: a batch builds thousands, and a
+    # Struct is built several times faster (the REST endpoint spent more on these than on JSON).
+
+    request_id: str  # canonical: see canonical_request_id
+    arrived_at: datetime
+    server: str = ""  # a registered server's name or base URL; "" means the sender's own
+    trace_id: str = ""
+    model: str = ""
+    tenant: str = ""
+    template: str = ""
+    template_version: str = ""  # the template repository's commit sha (or a tag)
+    client_ttft_seconds: float | None = None
+    server_ttft_seconds: float | None = None
+    queue_seconds: float | None = None
+    prefill_seconds: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    cache_salt: str | None = None  # hashed by the ingest; the salt itself is never stored
+    prompt_token_ids: Sequence[int] | None = None
+
+
+# vLLM 0.32 (vllm/entrypoints/openai/*/serving.py) names a request after the client's X-Request-Id
+# header, or a random id when there is none (`_base_request_id`), and prefixes it per endpoint:
+# `cmpl-<id>` for completions, `chatcmpl-<id>` for chat. The answer's `id` is that name. The engine
+# request (the one vLLM's span names) of a completion's prompt i is `cmpl-<id>-<i>`; a chat has one
+# prompt and its engine request is `chatcmpl-<id>` itself.
+_PREFIXES = ("chatcmpl-", "cmpl-")
+_PROMPT_INDEX = re.compile(r"-(\d+)$")
+
+
+def canonical_request_id(found: str) -> str:
+    """The canonical id of a request named by the client's id or by vLLM's answer id.
+
+    vLLM's endpoint prefix is taken off once (`cmpl-abc` and `chatcmpl-abc` are `abc`, the id the
+    client sent or vLLM made up); an id without one is the client's own and is kept as it is.
+    """
+    for prefix in _PREFIXES:
+        if found.startswith(prefix) and len(found) > len(prefix):
+            return found[len(prefix) :]
+    return found
+
+
+def canonical_engine_request_id(engine_id: str) -> str:
+    """The canonical id of the request an engine request (vLLM's span `gen_ai.request.id`) served.
+
+    `chatcmpl-<id>` is `<id>`; `cmpl-<id>-0` is `<id>` (the first or only prompt of a completion),
+    and `cmpl-<id>-<i>` for i > 0 is `<id>#<i>`: prompt i of a call that sent several, which no
+    other source records on its own (the gateway records such a call once, under `<id>`).
+    """
+    if engine_id.startswith("cmpl-") and (index := _PROMPT_INDEX.search(engine_id)):
+        base = canonical_request_id(engine_id[: index.start()])
+        return base if index.group(1) == "0" else f"{base}#{index.group(1)}"
+    return canonical_request_id(engine_id)
+
+
+_TEXT_LIMITS = (
+    ("request_id", REQUEST_ID_MAX), ("server", SERVER_MAX), ("trace_id", TRACE_ID_MAX),
+    ("model", MODEL_MAX), ("tenant", TENANT_MAX), ("template", TEMPLATE_MAX),
+    ("template_version", TEMPLATE_VERSION_MAX), ("cache_salt", SALT_MAX),
+)  # fmt: skip
+
+
+def problem(facts: RequestFacts) -> str | None:
+    """Why `facts` cannot be stored, led by the field at fault; None when they can."""
+    if not facts.request_id:
+        return "request_id: empty"
+    for name, limit in _TEXT_LIMITS:
+        value = getattr(facts, name)
+        if value and (fault := _text_fault(value, limit)):
+            return f"{name}: {fault}"
+    if facts.arrived_at.tzinfo is None:
+        return "arrived_at: no time zone"
+    prompt, cached = facts.prompt_tokens, facts.cached_tokens
+    if prompt is not None and cached is not None and cached > prompt:
+        return "cached_tokens: more than prompt_tokens"
+    return None
+
+
+def _text_fault(value: str, limit: int) -> str | None:
+    if len(value) > limit:
+        return f"longer than {limit} characters"
+    if value.isascii():
+        return "contains a NUL character" if "\x00" in value else None
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not valid Unicode (a lone surrogate)"
+    return None
