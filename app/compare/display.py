@@ -61,11 +61,12 @@ def readable(token_str: str) -> str:
 def chip_text(text: str) -> tuple[str, bool]:
     """How a token's text shows in a chip, and whether a line break follows it.
 
-    Newlines and tabs become visible marks; a token of spaces alone shows them as dots.
+    Newlines and tabs become visible marks; a token of whitespace alone shows its spaces as dots
+    and other whitespace as code points (``⟨U+00A0⟩``): the page drops whitespace between tags.
     """
     shown = text.replace("\r", "␍").replace("\n", "↵").replace("\t", "⇥")
-    if shown and not shown.strip(" "):
-        shown = shown.replace(" ", "·")
+    if shown.isspace():
+        shown = "".join("·" if char == " " else f"⟨U+{ord(char):04X}⟩" for char in shown)
     return shown or "∅", text.endswith("\n")
 
 
@@ -104,6 +105,11 @@ class Fold:
     @property
     def last(self) -> int:
         return self.end - 1
+
+    @property
+    def query(self) -> str:
+        """The permalink query that opens this fold."""
+        return f"side={self.side}&start={self.start}&end={self.end}"
 
 
 Piece = Chip | Fold

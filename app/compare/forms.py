@@ -4,7 +4,7 @@ from typing import Any
 
 from django import forms
 
-from app.compare.selectors import RecordKey, previous_request, request_record
+from app.compare.selectors import RecordKey, previous_request_key
 from app.compare.services import MAX_BLOCK_SIZE, SideInput
 from app.compare.tokenization import PromptError, parse_prompt
 from app.fleet.models import Server
@@ -24,8 +24,12 @@ class RecordKeyField(forms.CharField):
             raise forms.ValidationError("not a recorded request") from None
 
 
+NO_PREVIOUS = "there is no earlier request on its server under its cache salt and model to compare it with"
+
+
 class RecordPairForm(forms.Form):
-    """Two recorded requests (a cached first, b later), or one request and the one before it."""
+    """Two recorded requests (a cached first, b later), or one request and the earlier one it
+    could best have reused from (selectors.previous_request_key)."""
 
     mode = forms.CharField(widget=forms.HiddenInput, initial="records")
     a = RecordKeyField(required=False)
@@ -35,13 +39,10 @@ class RecordPairForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if data.get("b_previous"):
-            record = request_record(data["b_previous"])
-            previous = previous_request(record) if record is not None else None
+            previous = previous_request_key(data["b_previous"])
             if previous is None:
-                raise forms.ValidationError(
-                    "there is no earlier request of the same template to compare it with"
-                )
-            data["a"], data["b"] = RecordKey.of(previous), data["b_previous"]
+                raise forms.ValidationError(NO_PREVIOUS)
+            data["a"], data["b"] = previous, data["b_previous"]
         elif not data.get("a") or not data.get("b"):
             raise forms.ValidationError("pick a request as A (cached first) and one as B (later)")
         return data
@@ -51,7 +52,12 @@ class RecordPairForm(forms.Form):
 
 
 class PromptPairForm(forms.Form):
-    """Two prompts as text, chat JSON or token ids, and the server or model that would serve them."""
+    """Two prompts as text, chat JSON or token ids, and the server or model that would serve them.
+
+    Browsers send a textarea's line breaks as CRLF, whatever the pasted text had: text and chat
+    JSON are read with ``\n`` line breaks, as the prompt was most likely sent to vLLM (each ``\r``
+    would be a token of its own). Token ids are taken as given.
+    """
 
     FORMATS = [("auto", "Detect"), ("text", "Text"), ("chat", "Chat JSON"), ("token_ids", "Token ids")]
 
@@ -85,8 +91,9 @@ class PromptPairForm(forms.Form):
         data = super().clean() or {}
         for field in ("a_prompt", "b_prompt"):
             if field in data:
+                text = data[field].replace("\r\n", "\n").replace("\r", "\n")
                 try:
-                    data[field] = parse_prompt(data[field], data.get("prompt_format", "auto"))
+                    data[field] = parse_prompt(text, data.get("prompt_format", "auto"))
                 except PromptError as exc:
                     self.add_error(field, str(exc))
         return data

@@ -9,31 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from app.compare.display import Layout, readable
 from app.compare.models import Comparison, ComparisonSide
-from app.compare.selectors import (
-    RecordKey,
-    prefill_seconds_per_token,
-    record_compatibility,
-    request_record,
-    tokens_kept,
-)
-from app.compare.summary import (
-    BlockMatch,
-    CompatibilityRow,
-    Estimate,
-    compatibility_rows,
-    estimate,
-    match_block_hashes,
-)
+from app.compare.selectors import RecordKey, record_compatibility, request_record, tokens_kept
+from app.compare.summary import CompatibilityRow, Estimate, PrefillSlope, compatibility_rows, estimate
 from app.compare.tokenization import vocabulary_strs
-from app.domain.blockhash import block_hash_chain, signed_to_wire
-from app.domain.divergence import Block, BlockStatus, Compatibility, Divergence, compare_prompts
+from app.domain.blockhash import LoraKey, block_hash_chain, signed_to_wire
+from app.domain.divergence import (
+    Block,
+    BlockMatch,
+    Compatibility,
+    Divergence,
+    Side,
+    compare_prompts,
+    match_block_hashes,
+    side_blocks,
+)
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 
@@ -78,12 +74,14 @@ class SideView:
         hashes = self.block_hashes
         if hashes is not None and self.server is not None and self.server.block_size == block_size:
             return [signed_to_wire(hashes[i]) if i < len(hashes) else None for i in range(full)]
-        if self.token_ids is None or self.record is not None or self.compatibility.tenant_salt:
+        adapter, path = self.compatibility.lora_adapter, self.compatibility.lora_path
+        unknown = self.compatibility.tenant_salt or (adapter and not path)  # vLLM hashes both
+        if self.token_ids is None or self.record is not None or unknown:
             return [None] * full
         chain = block_hash_chain(
             self.token_ids[: full * block_size].tolist(),
             block_size,
-            lora_name=self.compatibility.lora_adapter,
+            lora=LoraKey(adapter, path or "") if adapter else None,
         )
         return [block.wire for block in chain]
 
@@ -142,7 +140,8 @@ def record_view(
 
 @dataclass(frozen=True, slots=True)
 class BlockRow:
-    """One block of both sides: its token range, each side's wire hash and its status for b."""
+    """One block of both sides: its token range, each side's wire hash and b's status ("" when b
+    has no such block)."""
 
     index: int
     start: int
@@ -152,10 +151,73 @@ class BlockRow:
     status: str
 
 
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The summary of a comparison at either precision: token (a Divergence) or block (the stored
+    hashes of hash-only records). ``first_divergence`` is the token, None at block precision or
+    for identical token ids; the two labels read the same way at both precisions."""
+
+    precision: Literal["token", "block"]
+    reusable_tokens: int
+    reusable_blocks: int
+    b_length: int
+    wasted_prefill_tokens: int
+    blocked_by: tuple[str, ...]
+    shared_blocks: int
+    first_divergence: int | None
+    first_divergent_block: int | None
+    first_divergence_label: str  # "token 7", "block 5" or "none"
+    first_divergence_detail: str  # where it lies, or why there is none
+
+
+def token_figures(d: Divergence) -> Figures:
+    """A Divergence's figures, to the token."""
+    at = d.first_divergence
+    block = None if at is None else at // d.block_size
+    edits = len(d.edits)
+    return Figures(
+        precision="token",
+        reusable_tokens=d.reusable_tokens,
+        reusable_blocks=d.reusable_tokens // d.block_size,
+        b_length=d.b_length,
+        wasted_prefill_tokens=d.wasted_prefill_tokens,
+        blocked_by=d.blocked_by,
+        shared_blocks=d.shared_blocks,
+        first_divergence=at,
+        first_divergent_block=block,
+        first_divergence_label="none" if at is None else f"token {at:,}",
+        first_divergence_detail="identical token ids"
+        if block is None
+        else f"in block {block:,} · {edits:,} edit{_s(edits)}",
+    )
+
+
+def block_figures(m: BlockMatch) -> Figures:
+    """A BlockMatch's figures, to the block."""
+    block, matching = m.first_divergent_block, m.matching_blocks
+    return Figures(
+        precision="block",
+        reusable_tokens=m.reusable_tokens,
+        reusable_blocks=m.reusable_tokens // m.block_size,
+        b_length=m.b_length,
+        wasted_prefill_tokens=m.wasted_prefill_tokens,
+        blocked_by=m.blocked_by,
+        shared_blocks=0 if m.blocked_by else matching,
+        first_divergence=None,
+        first_divergent_block=block,
+        first_divergence_label="none" if block is None else f"block {block:,}",
+        first_divergence_detail=f"block precision: {matching:,} leading block{_s(matching)} match",
+    )
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"
+
+
 @dataclass(frozen=True)
 class Result:
     """A comparison computed: the divergence (token precision) or a block match (hash-only
-    records), or ``problem`` when neither can be had. Figures that need more reads are lazy."""
+    records), or ``problem`` when neither can be had. No reads: the page's layout is lazy."""
 
     slug: str
     block_size: int
@@ -165,7 +227,6 @@ class Result:
     block_match: BlockMatch | None
     problem: str
     created_at: datetime
-    now: datetime
 
     @cached_property
     def layout(self) -> Layout:
@@ -177,39 +238,24 @@ class Result:
         )
 
     @cached_property
-    def estimate(self) -> Estimate | None:
-        """The cost of the wasted prefill tokens at b's server's measured TTFT slope, or assumed."""
-        figures = self.divergence or self.block_match
-        if figures is None:
-            return None
-        server = self.b.server or self.a.server
-        if server is None:
-            return estimate(figures.wasted_prefill_tokens, None, "", 0)
-        slope, samples = prefill_seconds_per_token(server, now=self.now)
-        return estimate(figures.wasted_prefill_tokens, slope, server.name, samples)
+    def figures(self) -> Figures | None:
+        """The summary figures, to the token or to the block; None when nothing was compared."""
+        if self.divergence is not None:
+            return token_figures(self.divergence)
+        return None if self.block_match is None else block_figures(self.block_match)
+
+    @property
+    def cost_server(self) -> Server | None:
+        """The server whose TTFT slope prices the wasted prefill: b's, else a's."""
+        return self.b.server or self.a.server
+
+    def estimate(self, slope: PrefillSlope) -> Estimate | None:
+        """The cost of the wasted prefill tokens at ``slope`` (see selectors.prefill_slope)."""
+        return None if self.figures is None else estimate(self.figures.wasted_prefill_tokens, slope)
 
     @property
     def sides(self) -> tuple[SideView, SideView]:
         return (self.a, self.b)
-
-    @property
-    def first_divergence_block(self) -> int | None:
-        """The block holding the first differing token (to the block when only hashes are kept)."""
-        if self.block_match is not None:
-            return self.block_match.first_divergent_block
-        d = self.divergence
-        return None if d is None or d.first_divergence is None else d.first_divergence // self.block_size
-
-    @property
-    def shared_blocks(self) -> int | None:
-        if self.block_match is not None:
-            return 0 if self.block_match.blocked_by else self.block_match.matching_blocks
-        return None if self.divergence is None else self.divergence.shared_blocks
-
-    @property
-    def reusable_blocks(self) -> int:
-        figures = self.divergence or self.block_match
-        return 0 if figures is None else figures.reusable_tokens // self.block_size
 
     @property
     def compatibility_rows(self) -> list[CompatibilityRow]:
@@ -223,6 +269,14 @@ class Result:
             return f"the servers use different block sizes ({listed}): compared with b's"
         return ""
 
+    def blocks(self, side: Side) -> tuple[Block, ...]:
+        """Every block of one side with its wire hash (SideView.wire_hashes) and status; () at
+        block precision."""
+        view, d = (self.a if side == "a" else self.b), self.divergence
+        if d is None or view.length is None:
+            return ()
+        return side_blocks(d, side, view.wire_hashes(view.length // self.block_size, self.block_size))
+
     @cached_property
     def divergence_blocks(self) -> list[BlockRow]:
         """The last shared block and the block where the prompts part (or, for identical prompts
@@ -232,41 +286,23 @@ class Result:
             return []
         size = self.block_size
         at = 0 if d.first_divergence is None else d.first_divergence // size
-        a_hashes, b_hashes = self.a.wire_hashes(at + 1, size), self.b.wire_hashes(at + 1, size)
-        return [
-            BlockRow(
-                index=index,
-                start=index * size,
-                end=(index + 1) * size,
-                a_hash=a_hashes[index] if index < len(a_hashes) else None,
-                b_hash=b_hashes[index] if index < len(b_hashes) else None,
-                status=_status(index, (index + 1) * size <= d.b_length, d.shared_blocks),
+        a_blocks = side_blocks(d, "a", self.a.wire_hashes(at + 1, size))
+        b_blocks = side_blocks(d, "b", self.b.wire_hashes(at + 1, size))
+        rows = []
+        for index in range(max(at - 1, 0), at + 1):
+            a_block = a_blocks[index] if index < len(a_blocks) else None
+            b_block = b_blocks[index] if index < len(b_blocks) else None
+            rows.append(
+                BlockRow(
+                    index=index,
+                    start=index * size,
+                    end=(index + 1) * size,
+                    a_hash=a_block.wire_hash if a_block else None,
+                    b_hash=b_block.wire_hash if b_block else None,
+                    status=str(b_block.status) if b_block else "",
+                )
             )
-            for index in range(max(at - 1, 0), at + 1)
-        ]
-
-    def blocks(self, side: str) -> list[Block]:
-        """Every block of one side with its hash (see SideView.wire_hashes) and status; for the API."""
-        view, d, size = (self.a if side == "a" else self.b), self.divergence, self.block_size
-        if d is None or view.length is None:
-            return []
-        hashes = view.wire_hashes(view.length // size, size)
-        return [
-            Block(
-                index=index,
-                start=start,
-                end=min(start + size, view.length),
-                wire_hash=hashes[index] if index < len(hashes) else None,
-                status=BlockStatus(_status(index, start + size <= view.length, d.shared_blocks)),
-            )
-            for index, start in enumerate(range(0, view.length, size))
-        ]
-
-
-def _status(index: int, full: bool, shared_blocks: int) -> str:
-    if not full:
-        return str(BlockStatus.PARTIAL_TAIL)
-    return str(BlockStatus.SHARED if index < shared_blocks else BlockStatus.DIVERGED)
+        return rows
 
 
 def comparison_result(
@@ -296,5 +332,4 @@ def comparison_result(
         block_match=block_match,
         problem=problem,
         created_at=comparison.created_at,
-        now=now,
     )

@@ -7,19 +7,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from django.conf import settings
 from django.contrib.postgres.aggregates import RegrCount, RegrSlope
 from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 
 from app.compare.models import Comparison, ComparisonSide
-from app.domain.divergence import Compatibility
+from app.compare.summary import PrefillSlope
+from app.core.retention import kept_token_ids_since
+from app.domain.divergence import Compatibility, shared_leading_blocks
+from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
+from app.fleet.selectors import UnknownModel, request_lora
 from app.traffic.models import RequestRecord
 
 DEFAULT_BLOCK_SIZE: Final = 16  # vLLM's default on GPUs, when no server says otherwise
 SLOPE_WINDOW: Final = timedelta(hours=1)
 SLOPE_MIN_SAMPLES: Final = 20
+PREVIOUS_LOOKBACK: Final = timedelta(days=1)
+PREVIOUS_CANDIDATES: Final = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,20 +64,43 @@ def request_record(key: RecordKey) -> RequestRecord | None:
     )
 
 
-def previous_request(record: RequestRecord) -> RequestRecord | None:
-    """The request of the same template that arrived last before ``record`` (same server and model
-    when the record has no template), its token ids loaded; None when there is none."""
-    same = (
-        Q(template_id=record.template_id)
-        if record.template_id
-        else Q(template__isnull=True, server_id=record.server_id, model=record.model)
-    )
-    return (
-        RequestRecord.objects.select_related("server", "template", "template_version")
-        .filter(same, arrived_at__lt=record.arrived_at)
-        .order_by("-arrived_at")
+def previous_request_key(key: RecordKey) -> RecordKey | None:
+    """The earlier request vLLM could best have reused from when it served ``key``'s request.
+
+    vLLM reuses a cached block only on the server that holds it, and only for a request under
+    the same cache salt and the same model name (the base model, or one LoRA adapter). Of the
+    requests that arrived strictly before it on its server under its salt and model, this is the
+    one whose block hashes share the longest leading run with its own, and the latest of those
+    that share as much (the latest of all when no hashes are recorded). It looks back
+    PREVIOUS_LOOKBACK and at the latest PREVIOUS_CANDIDATES requests, so that a busy server's
+    history is not read whole. None when there is none, or no record with that key.
+    """
+    record = (
+        RequestRecord.objects.filter(
+            server_id=key.server_id, request_id=key.request_id, arrived_at=key.arrived_at
+        )
+        .only("model", "salt_hash", "block_hashes")
         .first()
     )
+    if record is None:
+        return None
+    candidates = (
+        RequestRecord.objects.filter(
+            server_id=key.server_id,
+            model=record.model,
+            salt_hash=record.salt_hash,
+            arrived_at__lt=key.arrived_at,
+            arrived_at__gte=key.arrived_at - PREVIOUS_LOOKBACK,
+        )
+        .order_by("-arrived_at", "-request_id")
+        .values_list("request_id", "arrived_at", "block_hashes")[:PREVIOUS_CANDIDATES]
+    )
+    best = max(
+        candidates,
+        key=lambda row: (shared_leading_blocks(row[2], record.block_hashes), row[1]),
+        default=None,
+    )
+    return None if best is None else RecordKey(key.server_id, best[0], best[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +130,22 @@ def recent_requests(
 def record_compatibility(record: RequestRecord) -> Compatibility:
     """What, besides its tokens, decided a recorded request's cache reuse.
 
-    A request naming a model other than its server's base model asked for a LoRA adapter
-    (vLLM serves adapters under their own model names). The tokenizer is the model's own.
+    A request naming one of the LoRA adapters its server lists asked for that adapter (vLLM
+    serves adapters under their own model names), loaded from the path the server says; a model
+    its server does not list is taken as another model. The tokenizer is the base model's own.
     The KV-cache dtype is not recorded.
     """
-    base = record.server.model or record.model
-    adapter = record.model if record.model and record.server.model and record.model != base else None
+    server = record.server
+    try:
+        lora = request_lora(server, record.model)
+        base = server.model or record.model
+    except UnknownModel:  # not a model the server lists: taken as a model of its own
+        lora, base = None, record.model
     return Compatibility(
         model=base,
         tokenizer=base or None,
-        lora_adapter=adapter,
+        lora_adapter=lora.name if lora else None,
+        lora_path=lora.path if lora else None,
         template=record.template.name if record.template else None,
         template_version=record.template_version.commit_sha if record.template_version else None,
         tenant_salt=record.salt_hash or None,
@@ -120,22 +154,27 @@ def record_compatibility(record: RequestRecord) -> Compatibility:
     )
 
 
-def prefill_seconds_per_token(server: Server, *, now: datetime) -> tuple[float | None, int]:
+def prefill_slope(server: Server | None, *, now: datetime) -> PrefillSlope:
     """The slope of TTFT over uncached prompt tokens on ``server`` in the last hour, and the
-    number of requests behind it; None when fewer than SLOPE_MIN_SAMPLES requests had a TTFT."""
+    number of requests behind it; unmeasured (None) without a server, or when fewer than
+    SLOPE_MIN_SAMPLES requests had a TTFT.
+
+    Each request's TTFT is vLLM's own where its span gave it, else the client's: the two differ
+    by the network and the gateway, about the same for every request, which the slope leaves out.
+    """
+    if server is None:
+        return PrefillSlope(server_name="", seconds_per_token=None, samples=0)
     figures = (
-        RequestRecord.objects.filter(
-            server=server,
-            arrived_at__gte=now - SLOPE_WINDOW,
-            arrived_at__lte=now,
-            ttft_seconds__isnull=False,
-            prompt_tokens__isnull=False,
+        RequestRecord.objects.filter(server=server, arrived_at__gte=now - SLOPE_WINDOW, arrived_at__lte=now)
+        .annotate(
+            ttft=Coalesce("server_ttft_seconds", "client_ttft_seconds"),
+            uncached=F("prompt_tokens") - Coalesce("cached_tokens", 0),
         )
-        .annotate(uncached=F("prompt_tokens") - Coalesce("cached_tokens", 0))
-        .aggregate(slope=RegrSlope("ttft_seconds", "uncached"), samples=RegrCount("ttft_seconds", "uncached"))
+        .aggregate(slope=RegrSlope("ttft", "uncached"), samples=RegrCount("ttft", "uncached"))
     )
     samples = int(figures["samples"] or 0)
-    return (figures["slope"] if samples >= SLOPE_MIN_SAMPLES else None), samples
+    slope = figures["slope"] if samples >= SLOPE_MIN_SAMPLES else None
+    return PrefillSlope(server_name=server.name, seconds_per_token=slope, samples=samples)
 
 
 # --- comparisons -------------------------------------------------------------------------------
@@ -158,9 +197,7 @@ def recent_comparisons(*, limit: int = 10) -> QuerySet[Comparison]:
 
 def tokens_kept(created_at: datetime, *, now: datetime) -> bool:
     """Whether a pasted prompt's token ids stored at ``created_at`` may still be read."""
-    if settings.PREFIXSCOPE_HASH_ONLY:
-        return False
-    return created_at >= now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+    return keeps_token_ids(created_at, kept_token_ids_since(now))
 
 
 def block_size_for(*servers: Server | None) -> int:

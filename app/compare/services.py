@@ -9,15 +9,15 @@ import hashlib
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, User
 from django.db import transaction
 
 from app.compare.models import Comparison, ComparisonSide
 from app.compare.selectors import RecordKey, block_size_for, record_compatibility, request_record
 from app.compare.tokenization import Prompt, Tokenized, tokenize_prompts
+from app.core.retention import kept_token_ids_since
 from app.domain.divergence import Compatibility
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
@@ -90,7 +90,7 @@ def create_comparison(
         else _prompt_side(name, side, tokenized[name], host, model)
         for name, side in (("a", a), ("b", b))
     )  # fmt: skip
-    if prompts and not _may_keep_tokens():
+    if prompts and kept_token_ids_since(now) is None:  # pasted prompts are kept only with their tokens
         return Compared(comparison, (sides[0], sides[1]), saved=False)
     with transaction.atomic():
         comparison.save()
@@ -142,10 +142,6 @@ def _as_json(compatibility: Compatibility) -> dict[str, str | None]:
     return {name: getattr(compatibility, name) for name in Compatibility.__dataclass_fields__}
 
 
-def _may_keep_tokens() -> bool:
-    return not settings.PREFIXSCOPE_HASH_ONLY and settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS > 0
-
-
 SLUG_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: read aloud or typed
 SLUG_LENGTH = 10  # 50 random bits
 
@@ -165,8 +161,7 @@ def expire_token_ids(*, now: datetime) -> int:
     """Clear pasted prompts' token ids past PREFIXSCOPE_TOKEN_RETENTION_DAYS (all of them in
     hash-only mode); return how many sides were cleared. Their permalinks then say so."""
     sides = ComparisonSide.objects.filter(token_ids__isnull=False)
-    if not settings.PREFIXSCOPE_HASH_ONLY:
-        cutoff = now - timedelta(days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS)
+    if (cutoff := kept_token_ids_since(now)) is not None:
         sides = sides.filter(comparison__created_at__lt=cutoff)
     cleared = sides.update(token_ids=None, token_strs=None)
     if cleared:

@@ -5,7 +5,7 @@ model (vLLM applies the model's own chat template there), trying a few of them w
 timeout; when none answers, the local tokenizer tokenizes them and the result carries a warning
 that says so: the file named by PREFIXSCOPE_TOKENIZER_FILE (a Hugging Face ``tokenizer.json``, or
 a tiktoken BPE file split by PREFIXSCOPE_TOKENIZER_PATTERN), else the bundled GPT-2 tokenizer
-(``simulator.tokenizer``, offline). Token ids pass through as given.
+(``app.domain.gpt2``, offline). Token ids pass through as given.
 Never logs prompt text.
 """
 
@@ -25,8 +25,9 @@ import tiktoken
 from django.conf import settings
 from tokenizers import Tokenizer
 
+from app.domain import gpt2 as bundled
 from app.fleet.models import Server
-from simulator import tokenizer as bundled
+from collectors.tokenize.client import TokenizeFailed, fetch_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +80,6 @@ class Tokenized:
     tokenizer: str | None
     server: Server | None
     warning: str = ""
-
-
-class TokenizeFailed(Exception):
-    """A server's /tokenize gave no usable answer; ``retryable`` says whether later may help."""
-
-    def __init__(self, *, retryable: bool, reason: str) -> None:
-        super().__init__(reason)
-        self.retryable = retryable
-        self.reason = reason
 
 
 def parse_prompt(raw: str, prompt_format: PromptFormat = "auto") -> Prompt:
@@ -144,39 +136,6 @@ def _token_ids(data: Any) -> tuple[int, ...]:
     if any(not 0 <= item <= MAX_TOKEN_ID for item in data):
         raise PromptError(f"token ids are between 0 and {MAX_TOKEN_ID}")
     return tuple(data)
-
-
-def fetch_tokens(
-    client: httpx.Client, base_url: str, body: Mapping[str, Any], *, timeout_seconds: float
-) -> tuple[list[int], list[str] | None]:
-    """POST ``body`` to ``<base_url>/tokenize``; return the token ids and token strings (or None).
-
-    Raises TokenizeFailed for network errors, non-200 answers and answers without a list of ids.
-    """
-    url = base_url.rstrip("/") + "/tokenize"
-    try:
-        response = client.post(url, json=dict(body), timeout=timeout_seconds)
-    except httpx.TimeoutException:
-        raise TokenizeFailed(retryable=True, reason=f"timed out after {timeout_seconds} s") from None
-    except httpx.TransportError as exc:
-        raise TokenizeFailed(retryable=True, reason=f"{exc.__class__.__name__}: {exc}") from None
-    if response.status_code != 200:
-        raise TokenizeFailed(retryable=response.status_code >= 500, reason=f"HTTP {response.status_code}")
-    try:
-        answer = response.json()
-    except ValueError:
-        raise TokenizeFailed(retryable=False, reason="the answer is not JSON") from None
-    tokens, strs = answer.get("tokens") if isinstance(answer, dict) else None, None
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise TokenizeFailed(retryable=False, reason="the answer has no list of token ids")
-    raw_strs = answer.get("token_strs")
-    if (
-        isinstance(raw_strs, list)
-        and len(raw_strs) == len(tokens)
-        and all(isinstance(s, str) for s in raw_strs)
-    ):
-        strs = list(raw_strs)
-    return list(tokens), strs
 
 
 def tokenizing_servers(*, server: Server | None, model: str) -> list[Server]:

@@ -1,11 +1,11 @@
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_http_methods
-from django_htmx.middleware import HtmxDetails
+from django.views.decorators.http import require_GET, require_http_methods
 
 from app.compare import selectors
 from app.compare.display import Reveal
@@ -14,10 +14,7 @@ from app.compare.models import Comparison
 from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, create_comparison
 from app.compare.summary import GPU_HOUR_USD
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
+from app.core.http import HtmxHttpRequest
 
 
 @login_required
@@ -27,23 +24,23 @@ def start(request: HtmxHttpRequest) -> HttpResponse:
     to its permalink, or shows it at once when the prompts' tokens may not be kept."""
     form = pair_form(request.POST) if request.method == "POST" else None
     if form is not None and form.is_valid():
+        now = timezone.now()
         try:
-            compared = create_comparison(
-                **form.comparison_args(), created_by=request.user, now=timezone.now()
-            )
+            compared = create_comparison(**form.comparison_args(), created_by=request.user, now=now)
         except ComparisonError as exc:
             form.add_error(None, str(exc))
         else:
             if compared.saved:
                 return redirect(compared.comparison)
-            result = comparison_result(compared.comparison, compared.sides, now=timezone.now())
-            return render(request, "compare/result.html", _result_context(result, None))
-    explorer = ExplorerFilter(request.GET or None)
+            result = comparison_result(compared.comparison, compared.sides, now=now)
+            return render(request, "compare/result.html", _result_context(result, None, now=now))
+    explorer = ExplorerFilter(request.GET or None, auto_id="id_explorer_%s")  # the paste form has "server"
     template = "compare/compare.html" + ("#request-list" if request.htmx else "")
     return render(request, template, _start_context(form, explorer))
 
 
 @login_required
+@require_GET
 def detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     """A comparison's permalink. ``side``, ``start`` and ``end`` open a fold: htmx gets the opened
     stretch alone (#token-run), a plain request the page with that stretch open."""
@@ -51,12 +48,13 @@ def detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
         comparison = selectors.comparison(slug)
     except Comparison.DoesNotExist:
         raise Http404("no such comparison") from None
-    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=timezone.now())
+    now = timezone.now()
+    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=now)
     reveal = _reveal(request.GET, result)
     if request.htmx and reveal is not None:
         run = result.layout.expand(reveal.side, reveal.start, reveal.end)
         return render(request, "compare/result.html#token-run", {"run": run, "result": result})
-    return render(request, "compare/result.html", _result_context(result, reveal))
+    return render(request, "compare/result.html", _result_context(result, reveal, now=now))
 
 
 def _reveal(query: QueryDict, result: Result) -> Reveal | None:
@@ -69,10 +67,18 @@ def _reveal(query: QueryDict, result: Result) -> Reveal | None:
     return reveal
 
 
-def _result_context(result: Result, reveal: Reveal | None) -> dict[str, Any]:
+def _result_context(result: Result, reveal: Reveal | None, *, now: datetime) -> dict[str, Any]:
     segments = result.layout.segments(reveal) if result.divergence is not None else []
     bar = result.layout.bar() if result.divergence is not None else []
-    return {"result": result, "segments": segments, "bar": bar, "gpu_hour_usd": GPU_HOUR_USD}
+    slope = selectors.prefill_slope(result.cost_server, now=now)
+    return {
+        "result": result,
+        "figures": result.figures,
+        "estimate": result.estimate(slope),
+        "segments": segments,
+        "bar": bar,
+        "gpu_hour_usd": GPU_HOUR_USD,
+    }
 
 
 def _start_context(form: RecordPairForm | PromptPairForm | None, explorer: ExplorerFilter) -> dict[str, Any]:

@@ -8,7 +8,8 @@ prefill tokens wasted relative to a perfect match, and the edit between the two
 (``app.domain.divergence_edits``). The block hash chain of each side is computed apart,
 on demand, by ``block_statuses``: hashing 128K tokens costs 20 to 70 ms (blocks of 128
 down to 16 tokens), while ``compare_prompts`` takes a few milliseconds
-(bench/bench_divergence.py).
+(bench/bench_divergence.py). Prompts kept as block hashes only (hash-only retention) compare
+to the block: ``match_block_hashes``.
 
 Only the prompts count: the tokens a server generated after ``a`` (which vLLM caches
 too) are not known here. Multimodal inputs and prompt embeddings are not modelled.
@@ -25,7 +26,7 @@ from typing import Any, Final, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.domain.blockhash import block_hash_chain
+from app.domain.blockhash import LoraKey, block_hash_chain
 from app.domain.blocks import full_blocks, reusable_tokens
 from app.domain.divergence_edits import (
     MAX_EDIT_DISTANCE,
@@ -41,6 +42,7 @@ __all__ = [
     "NOTED_FIELDS",
     "REUSE_FIELDS",
     "Block",
+    "BlockMatch",
     "BlockStatus",
     "Compatibility",
     "Divergence",
@@ -49,7 +51,11 @@ __all__ = [
     "Side",
     "TokenIds",
     "block_statuses",
+    "blocked_by",
     "compare_prompts",
+    "match_block_hashes",
+    "shared_leading_blocks",
+    "side_blocks",
 ]
 
 TokenIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -58,7 +64,7 @@ TokenIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer[Any]]
 Side: TypeAlias = Literal["a", "b"]
 """Which prompt of a comparison: ``a``, cached first, or ``b``, the later one."""
 
-REUSE_FIELDS: Final = ("model", "lora_adapter", "tenant_salt", "kv_cache_dtype", "hash_algo")
+REUSE_FIELDS: Final = ("model", "lora_adapter", "lora_path", "tenant_salt", "kv_cache_dtype", "hash_algo")
 """Compatibility fields that change the cached activations or their hashes: any difference
 means nothing is reused."""
 
@@ -84,6 +90,7 @@ class Compatibility:
     model: str
     tokenizer: str | None = None
     lora_adapter: str | None = None
+    lora_path: str | None = None  # where the server loaded the adapter from: vLLM hashes it too
     template: str | None = None
     template_version: str | None = None
     tenant_salt: str | None = None
@@ -182,7 +189,7 @@ def compare_prompts(
         raise ValueError(f"block_size must be positive, got {block_size}")
     a_tokens, b_tokens = _as_array(a), _as_array(b)
     prefix = common_prefix_length(a_tokens, b_tokens)
-    blocked = _blocked_by(a_compatibility, b_compatibility)
+    blocked = blocked_by(a_compatibility, b_compatibility)
     reusable = 0 if blocked else reusable_tokens(prefix, len(b_tokens), block_size)
     ideal = reusable_tokens(min(len(a_tokens), len(b_tokens)), len(b_tokens), block_size)
     script = edit_script(a_tokens, b_tokens, max_distance=max_edit_distance)
@@ -206,12 +213,9 @@ def compare_prompts(
 def block_statuses(divergence: Divergence, side: Side, token_ids: TokenIds) -> tuple[Block, ...]:
     """Return the blocks of one side of a comparison, with their wire hashes and statuses.
 
-    ``token_ids`` are that side's tokens, as given to ``compare_prompts``. A block is
-    SHARED when it lies within the common prefix and the records allow reuse (vLLM still
-    recomputes ``b``'s last token, so ``b``'s last shared block may not all count as
-    reusable), DIVERGED otherwise; a trailing block shorter than the block size is a
-    PARTIAL_TAIL. Hashes use the side's ``tenant_salt`` and ``lora_adapter``; 20 to 70 ms
-    for 128K tokens, which is why ``compare_prompts`` leaves it out.
+    ``token_ids`` are that side's tokens, as given to ``compare_prompts``. Hashes use the
+    side's ``tenant_salt`` and ``lora_adapter``; 20 to 70 ms for 128K tokens, which is why
+    ``compare_prompts`` leaves it out. Statuses as ``side_blocks`` gives them.
     Raises ValueError when ``token_ids`` do not have that side's length.
     """
     compatibility = divergence.a_compatibility if side == "a" else divergence.b_compatibility
@@ -219,14 +223,27 @@ def block_statuses(divergence: Divergence, side: Side, token_ids: TokenIds) -> t
     tokens = _as_array(token_ids)
     if len(tokens) != length:
         raise ValueError(f"side {side} has {length} tokens, got {len(tokens)}")
-    wires = _wire_hashes(tokens, divergence.block_size, compatibility)
+    return side_blocks(divergence, side, _wire_hashes(tokens, divergence.block_size, compatibility))
+
+
+def side_blocks(divergence: Divergence, side: Side, wire_hashes: Sequence[int | None]) -> tuple[Block, ...]:
+    """Return every block of one side with the given wire hashes and its status.
+
+    ``wire_hashes``: one per full block, from the first; blocks beyond the list get None
+    (a recorded request's stored chain, or hashes that cannot be reproduced). A block is
+    SHARED when it lies within the common prefix and the records allow reuse (vLLM still
+    recomputes ``b``'s last token, so ``b``'s last shared block may not all count as
+    reusable), DIVERGED otherwise; a trailing block shorter than the block size is a
+    PARTIAL_TAIL, never hashed.
+    """
+    length = divergence.a_length if side == "a" else divergence.b_length
     size = divergence.block_size
     return tuple(
         Block(
             index=index,
             start=start,
             end=min(start + size, length),
-            wire_hash=wires[index] if index < len(wires) else None,
+            wire_hash=wire_hashes[index] if start + size <= length and index < len(wire_hashes) else None,
             status=_status(index, start + size <= length, divergence.shared_blocks),
         )
         for index, start in enumerate(range(0, length, size))
@@ -240,14 +257,16 @@ def _status(index: int, full: bool, shared_blocks: int) -> BlockStatus:
 
 
 def _wire_hashes(tokens: TokenArray, block_size: int, compatibility: Compatibility) -> list[int | None]:
-    """The wire hash of every full block, or Nones when the hash algorithm is not reproducible."""
-    if compatibility.hash_algo not in (None, HASHED_ALGO):
+    """The wire hash of every full block, or Nones when it cannot be reproduced: another hash
+    algorithm, or a LoRA adapter whose path is not known (vLLM hashes the adapter's name and path)."""
+    adapter = compatibility.lora_adapter
+    if compatibility.hash_algo not in (None, HASHED_ALGO) or (adapter and not compatibility.lora_path):
         return [None] * (len(tokens) // block_size)
     chain = block_hash_chain(
         tokens.tolist(),
         block_size,
         cache_salt=compatibility.tenant_salt or None,
-        lora_name=compatibility.lora_adapter,
+        lora=LoraKey(adapter, compatibility.lora_path or "") if adapter else None,
     )
     return [block.wire for block in chain]
 
@@ -271,8 +290,9 @@ def _as_array(token_ids: TokenIds) -> TokenArray:
     return token_ids
 
 
-def _blocked_by(a: Compatibility, b: Compatibility) -> tuple[str, ...]:
-    """The fields of REUSE_FIELDS on which the records differ (salt "" counting as None)."""
+def blocked_by(a: Compatibility, b: Compatibility) -> tuple[str, ...]:
+    """Return the fields of REUSE_FIELDS on which two records differ, in that order: any of them
+    means nothing is reused, whatever the tokens. An empty salt counts as no salt."""
     differ = [name for name in REUSE_FIELDS if getattr(a, name) != getattr(b, name)]
     if "tenant_salt" in differ and (a.tenant_salt or None) == (b.tenant_salt or None):
         differ.remove("tenant_salt")
@@ -292,3 +312,76 @@ def _notes(a: Compatibility, b: Compatibility, edits_exact: bool, max_edit_dista
             "after the first divergence: the edit is shown as one span"
         )
     return tuple(notes)
+
+
+# -- hash-only records -------------------------------------------------------------------
+
+
+def shared_leading_blocks(a_hashes: Sequence[int], b_hashes: Sequence[int]) -> int:
+    """Return how many leading blocks two block hash chains share (equal hashes, in order).
+
+    Each hash covers every token before it, and the salt and LoRA adapter too, so this is the
+    prefix vLLM could reuse between the two prompts, to the block. 0 when either is empty.
+    """
+    shared = 0
+    for a_hash, b_hash in zip(a_hashes, b_hashes, strict=False):
+        if a_hash != b_hash:
+            break
+        shared += 1
+    return shared
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMatch:
+    """Two recorded prompts compared by their stored block hashes alone: exact to the block.
+
+    ``matching_blocks``: leading blocks with equal hashes (the salt is inside the hashes).
+    The first differing token lies in block ``matching_blocks`` (unless all blocks match).
+    ``reusable_tokens``, ``wasted_prefill_tokens`` and ``blocked_by`` as in a Divergence.
+    """
+
+    block_size: int
+    a_length: int
+    b_length: int
+    a_blocks: int
+    b_blocks: int
+    matching_blocks: int
+    reusable_tokens: int
+    wasted_prefill_tokens: int
+    blocked_by: tuple[str, ...]
+
+    @property
+    def first_divergent_block(self) -> int | None:
+        """The block holding the first differing token; None when every block matches."""
+        if self.matching_blocks == self.a_blocks == self.b_blocks:
+            return None
+        return self.matching_blocks
+
+
+def match_block_hashes(
+    a_hashes: Sequence[int],
+    b_hashes: Sequence[int],
+    *,
+    a_length: int,
+    b_length: int,
+    block_size: int,
+    a_compatibility: Compatibility,
+    b_compatibility: Compatibility,
+) -> BlockMatch:
+    """Compare a later prompt ``b`` with a cached prompt ``a`` by their block hash chains
+    (hash-only retention): the same verdict as ``compare_prompts``, to the block."""
+    blocked = blocked_by(a_compatibility, b_compatibility)
+    matching = shared_leading_blocks(a_hashes, b_hashes)
+    reusable = 0 if blocked else reusable_tokens(matching * block_size, b_length, block_size)
+    ideal = reusable_tokens(min(a_length, b_length), b_length, block_size)
+    return BlockMatch(
+        block_size=block_size,
+        a_length=a_length,
+        b_length=b_length,
+        a_blocks=len(a_hashes),
+        b_blocks=len(b_hashes),
+        matching_blocks=matching,
+        reusable_tokens=reusable,
+        wasted_prefill_tokens=max(ideal - reusable, 0),
+        blocked_by=blocked,
+    )

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from app.compare.selectors import RecordKey
 from app.fleet.models import Server
-from app.traffic.services.requests import RequestIn, ingest_request_records
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
 from tests.fixtures import load_json
 
 BLOCK_SIZE = 32  # the captured server's --block-size
@@ -38,12 +39,22 @@ def captured_server(db: None) -> Server:
     )
 
 
+@pytest.fixture
+def other_server(captured_server: Server) -> Server:
+    """A second server of the same model and block size."""
+    return Server.objects.create(
+        name="vllm-cpu-2", base_url="http://127.0.0.1:9", model="tiny", block_size=BLOCK_SIZE,
+        hash_algo="sha256_cbor",
+    )  # fmt: skip
+
+
 Record = Callable[..., RecordKey]
 
 
 @pytest.fixture
 def record(captured_server: Server) -> Record:
-    """Store one capture as a request record (arriving `offset` seconds from now); return its key."""
+    """Store one capture as a request record (arriving `offset` seconds from now, on the captured
+    server unless `server` names another); return its key."""
     start = timezone.now()
 
     def make(
@@ -52,20 +63,21 @@ def record(captured_server: Server) -> Record:
         offset: float = 0,
         template: str = "support-bot",
         token_ids: list[int] | None = None,
+        server: Server = captured_server,
         **fields: Any,
     ) -> RecordKey:
         body, usage = capture(name)["request"], capture(name)["response"]["usage"]
         arrived_at: datetime = start + timedelta(seconds=offset)
-        item = RequestIn(
-            server=captured_server.name, request_id=f"{name}-{offset}", arrived_at=arrived_at,
-            source="rest", model=body["model"], template=template, template_version="1a2b3c4d5e6f",
-            cache_salt=body.get("cache_salt"), prompt_tokens=usage["prompt_tokens"],
-            cached_tokens=usage["prompt_tokens_details"]["cached_tokens"], ttft_seconds=0.02,
-            prompt_token_ids=prompt_ids(name) if token_ids is None else token_ids, **fields,
-        )  # fmt: skip
-        outcome = ingest_request_records([item], now=timezone.now())
+        item = RequestFacts(**{
+            "server": server.name, "request_id": f"{name}-{offset}", "arrived_at": arrived_at,
+            "model": body["model"], "template": template, "template_version": "1a2b3c4d5e6f",
+            "cache_salt": body.get("cache_salt"), "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "client_ttft_seconds": 0.02,
+            "prompt_token_ids": prompt_ids(name) if token_ids is None else token_ids, **fields,
+        })  # fmt: skip
+        outcome = ingest_request_records([item], source="rest", now=timezone.now())
         assert outcome.rejected == []
-        return RecordKey(captured_server.pk, item.request_id, arrived_at)
+        return RecordKey(server.pk, item.request_id, arrived_at)
 
     return make
 

@@ -59,17 +59,56 @@ def test_different_salts_are_named_and_the_blocks_carry_the_hashes_vllm_publishe
     assert {block["status"] for block in answer["blocks"]["b"]} == {"diverged", "partial_tail"}
 
 
-def test_previous_compares_a_request_with_the_one_before_it(record: Record, signed_in: Client) -> None:
-    record("shared-prefix-the", offset=1)
-    later = record("shared-prefix-I", offset=2)
+@pytest.mark.parametrize(
+    ("earlier", "later", "picked"),
+    [
+        # shared-prefix-I shares its 5 system-text blocks with both; the latest request, whose
+        # time line changes block 0, shares none.
+        (
+            [("shared-prefix-the", {}), ("with-request-id", {}), ("timestamp-top-1", {})],
+            "shared-prefix-I",
+            "with-request-id-2",
+        ),
+        # A repeat of shared-prefix-the shares all 6 of its blocks with it, 5 with shared-prefix-I.
+        ([("shared-prefix-the", {}), ("shared-prefix-I", {})], "shared-prefix-the", "shared-prefix-the-1"),
+        # Nothing shares a block: the latest under the same model (not the LoRA adapter's).
+        (
+            [("shared-prefix-the", {}), ("timestamp-top-1", {}), ("timestamp-top-1", {"model": "tiny-lora"})],
+            "timestamp-top-2",
+            "timestamp-top-1-2",
+        ),
+    ],
+    ids=["most blocks, latest of equals", "all blocks", "none shared"],
+)
+def test_previous_is_the_earlier_request_sharing_the_most_blocks_with_b(
+    record: Record, signed_in: Client, earlier: list[tuple[str, dict[str, Any]]], later: str, picked: str
+) -> None:
+    for offset, (name, fields) in enumerate(earlier, start=1):
+        record(name, offset=offset, **fields)
+    b = record(later, offset=len(earlier) + 1)
 
-    answer = _post(signed_in, {"a": {"previous": True}, "b": {"request": _request(later)}}).json()
+    answer = _post(signed_in, {"a": {"previous": True}, "b": {"request": _request(b)}}).json()
 
-    assert (
-        answer["reusable_tokens"]
-        == capture("shared-prefix-I")["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
-    )
-    assert answer["a"]["label"].startswith("request shared-prefix-the-1 on vllm-cpu")
+    reported = capture(later)["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert answer["a"]["label"].startswith(f"request {picked} on vllm-cpu,")
+    assert (answer["reusable_tokens"], answer["blocked_by"]) == (reported, [])
+
+
+def test_the_estimate_uses_the_servers_measured_ttft_slope(record: Record, signed_in: Client) -> None:
+    # 24 captured requests of the last hour, each 1 ms plus 0.1 ms per uncached prompt token.
+    for offset in range(-24, 0):
+        name = ("salt-a-1", "salt-a-2", "evict-0")[offset % 3]
+        usage = capture(name)["response"]["usage"]
+        uncached = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+        record(name, offset=offset, client_ttft_seconds=0.001 + uncached * 1e-4)
+    a = record("timestamp-top-1", offset=-30, client_ttft_seconds=None)
+    b = record("timestamp-top-2", offset=-29, client_ttft_seconds=None)
+
+    answer = _post(signed_in, {"a": {"request": _request(a)}, "b": {"request": _request(b)}}).json()
+
+    assert answer["estimate"]["seconds_per_token"] == pytest.approx(1e-4)
+    assert answer["estimate"]["basis"].startswith("measured on vllm-cpu")
+    assert answer["estimate"]["ttft_seconds"] == pytest.approx(192 * 1e-4)  # the wasted prefill
 
 
 def test_token_ids_and_text_compare_without_a_server_and_say_so(signed_in: Client) -> None:

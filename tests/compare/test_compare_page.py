@@ -12,7 +12,8 @@ from app.compare.models import Comparison, ComparisonSide
 from app.compare.results import comparison_result
 from app.compare.services import SideInput, create_comparison, expire_token_ids
 from app.compare.tokenization import Prompt, Tokenized
-from tests.compare.conftest import Record, prompt_ids
+from app.fleet.models import Server
+from tests.compare.conftest import Record, capture, prompt_ids
 
 pytestmark = pytest.mark.django_db
 
@@ -143,6 +144,67 @@ def test_a_pasted_pair_round_trips_through_its_permalink(signed_in: Client) -> N
     assert result.divergence is not None and result.divergence.first_divergence == 7
     assert re.search(r'data-first-divergence="7"', first)
     assert 'id="permalink"' in first
+
+
+@pytest.mark.parametrize("prompt_format", ["auto", "text"])
+def test_pasted_text_with_the_browsers_crlf_line_breaks_has_the_tokens_vllm_counted(
+    signed_in: Client, captured_server: Server, prompt_format: str
+) -> None:
+    # A textarea's line breaks reach the server as CRLF: the timestamp prompts have two each.
+    a, b = (
+        capture(name)["request"]["prompt"].replace("\n", "\r\n")
+        for name in ("timestamp-top-1", "timestamp-top-2")
+    )
+    form = {
+        "mode": "prompts",
+        "a_prompt": a,
+        "b_prompt": b,
+        "prompt_format": prompt_format,
+        "server": "vllm-cpu",
+    }
+
+    response = signed_in.post("/compare/", form)
+
+    assert response.status_code == 302
+    sides = {side.side: side for side in Comparison.objects.get().sides.all()}
+    assert sides["a"].tokenizer_used == "bundled GPT-2 (offline)"  # the captured server's own BPE
+    a_ids, b_ids = sides["a"].token_ids or [], sides["b"].token_ids or []
+    assert (len(a_ids), len(b_ids)) == (208, 207)  # as vLLM counted them
+    assert (a_ids, b_ids) == (prompt_ids("timestamp-top-1"), prompt_ids("timestamp-top-2"))
+    assert (
+        "browsers send a text box's line breaks as <code>\\r\\n</code>"
+        in signed_in.get("/compare/").content.decode()
+    )
+
+
+def test_token_ids_pasted_over_several_lines_are_taken_as_given(signed_in: Client) -> None:
+    ids = prompt_ids("timestamp-top-1")
+    pasted = "\r\n".join(" ".join(map(str, ids[i : i + 16])) for i in range(0, len(ids), 16))
+    form = {"mode": "prompts", "a_prompt": pasted, "b_prompt": str(ids), "prompt_format": "token_ids"}
+
+    assert signed_in.post("/compare/", form).status_code == 302
+    assert [side.token_ids for side in Comparison.objects.get().sides.all()] == [ids, ids]
+
+
+def test_a_permalink_answers_get_only(signed_in: Client) -> None:
+    comparison = _ids([1, 2], [1, 3])
+
+    assert signed_in.post(comparison.get_absolute_url()).status_code == 405
+
+
+def test_a_token_of_other_whitespace_keeps_a_visible_chip(signed_in: Client) -> None:
+    tokenized = Tokenized([1, 2, 3], ["Ġa", "\u00a0", "Ġc"], "server vllm-0 /tokenize", "tiny", None)
+    comparison = Comparison.objects.create(slug="nbsp2345", block_size=16, created_at=timezone.now())
+    for side in ("a", "b"):
+        ComparisonSide.objects.create(
+            comparison=comparison, side=side, source="text", token_ids=tokenized.token_ids,
+            token_strs=tokenized.token_strs, tokenizer_used=tokenized.tokenizer_used,
+            compatibility={"model": "tiny"},
+        )  # fmt: skip
+
+    html = signed_in.get(comparison.get_absolute_url()).content.decode()
+
+    assert re.search(r'title="b 1 · id 2">⟨U\+00A0⟩</span>', html)
 
 
 def test_an_unreadable_prompt_is_sent_back_with_the_reason(signed_in: Client) -> None:

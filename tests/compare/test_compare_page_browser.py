@@ -15,7 +15,8 @@ from pytest_django.live_server_helper import LiveServer
 
 from app.compare.services import SideInput, create_comparison
 from app.compare.tokenization import Prompt
-from tests.compare.conftest import Record, prompt_ids
+from app.fleet.models import Server
+from tests.compare.conftest import Record, capture, prompt_ids
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -111,9 +112,49 @@ def test_n_scrolls_to_an_edit_far_down_and_a_fold_opens_in_place(
     expect(page.locator("#edit-12")).to_be_focused()
 
     fold = page.locator("a.fold").first
+    fold.scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOT.with_name("compare-folds.png")))
     fold_id = fold.get_attribute("id")
     chips_before = page.locator(".t").count()
     fold.click()
     expect(page.locator(f"a#{fold_id}")).to_have_count(0)
     assert page.locator(".t").count() > chips_before
     expect(page.locator(f"span#{fold_id}")).to_be_visible()  # the opened stretch's first token
+
+
+def test_a_prompt_pasted_in_the_browser_has_the_tokens_vllm_counted(
+    browser: Browser, live_server: LiveServer, captured_server: Server
+) -> None:
+    # The browser itself turns the text box's line breaks into CRLF when it submits the form.
+    page = _signed_in_page(browser, live_server.url)
+    page.goto(f"{live_server.url}/compare/")
+    page.locator("#id_a_prompt").fill(capture("timestamp-top-1")["request"]["prompt"])
+    page.locator("#id_b_prompt").fill(capture("timestamp-top-2")["request"]["prompt"])
+    page.locator("#id_server").select_option("vllm-cpu")
+    page.screenshot(path=str(SCREENSHOT.with_name("compare-start.png")), full_page=True)
+
+    page.get_by_role("button", name="Compare", exact=True).click()
+
+    expect(page.locator(".side-a .muted").first).to_contain_text("208 tokens")  # as vLLM counted them
+    expect(page.locator(".side-b .muted").first).to_contain_text("207 tokens")
+    expect(page.locator("#first-divergence")).to_have_attribute("data-first-divergence", "7")
+
+
+def test_compare_with_previous_in_the_explorer_reuses_what_vllm_reported(
+    browser: Browser, live_server: LiveServer, record: Record, other_server: Server
+) -> None:
+    record("salt-a-1", offset=1)
+    record("salt-b-1", offset=2)  # another tenant, later: not what salt-a-2 reused
+    record("salt-a-1", offset=3, server=other_server)  # another server
+    later = record("salt-a-2", offset=4)
+    for scheme in ("light", "dark"):
+        page = _signed_in_page(browser, live_server.url, color_scheme=scheme)
+        page.goto(f"{live_server.url}/compare/")
+        page.screenshot(path=str(SCREENSHOT.with_name(f"compare-explorer-{scheme}.png")), full_page=True)
+
+        page.locator(f'button[name="b_previous"][value="{later}"]').click()
+
+        expect(page.locator("#reusable-tokens")).to_have_text("160")  # vLLM's cached_tokens for salt-a-2
+        expect(page.locator("#blocked-by")).to_have_count(0)
+        expect(page.locator(".side-a .side-label")).to_contain_text("request salt-a-1-1 on vllm-cpu,")
+        page.screenshot(path=str(SCREENSHOT.with_name(f"compare-previous-{scheme}.png")), full_page=True)

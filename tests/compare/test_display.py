@@ -5,9 +5,9 @@ from itertools import pairwise
 import pytest
 
 from app.compare.display import CHUNK, Chip, Fold, Layout, Reveal, TextsOf, chip_text, readable
-from app.compare.summary import compatibility_rows, estimate, match_block_hashes
+from app.compare.summary import PrefillSlope, compatibility_rows, estimate
+from app.domain import gpt2
 from app.domain.divergence import Compatibility, compare_prompts
-from simulator import tokenizer
 from tests.compare.conftest import prompt_ids
 
 RECORD = Compatibility(model="tiny", hash_algo="sha256_cbor")
@@ -83,8 +83,8 @@ def test_a_revealed_fold_is_open_on_the_page_without_htmx() -> None:
 
 
 def test_an_inserted_timestamp_is_one_edit_with_b_tokens_marked_and_the_first_divergence_chip() -> None:
-    a = tokenizer.encode("You are the support assistant. " * 20)
-    header = tokenizer.encode("Current time: 10:21:32\n")
+    a = gpt2.encode("You are the support assistant. " * 20)
+    header = gpt2.encode("Current time: 10:21:32\n")
     b = header + a
 
     segments = _layout(a, b).segments()
@@ -127,7 +127,15 @@ def test_vocabulary_strings_read_as_the_text_they_stand_for(token_str: str, text
 
 @pytest.mark.parametrize(
     ("text", "shown", "newline"),
-    [(" the", " the", False), ("\n", "↵", True), ("  ", "··", False), ("\t", "⇥", False), ("", "∅", False)],
+    [
+        (" the", " the", False),
+        ("\n", "↵", True),
+        ("  ", "··", False),
+        ("\t", "⇥", False),
+        ("", "∅", False),
+        ("\u00a0", "⟨U+00A0⟩", False),  # the page drops whitespace between tags: it must not vanish
+        (" \u3000", "·⟨U+3000⟩", False),
+    ],
 )
 def test_chips_show_whitespace_visibly(text: str, shown: str, newline: bool) -> None:
     assert chip_text(text) == (shown, newline)
@@ -147,19 +155,10 @@ def test_compatibility_rows_mark_a_salt_difference_as_blocking_and_a_template_on
 
 
 def test_the_estimate_uses_a_measured_slope_or_says_it_is_assumed() -> None:
-    measured = estimate(1_000, 0.0002, "vllm-0", 120)
-    assumed = estimate(1_000, None, "", 0)
+    measured = estimate(1_000, PrefillSlope("vllm-0", 0.0002, 120))
+    assumed = estimate(1_000, PrefillSlope("", None, 0))
 
     assert measured.measured and measured.ttft_seconds == pytest.approx(0.2)
     assert "vllm-0" in measured.basis and "120 requests" in measured.basis
     assert not assumed.measured and assumed.basis.startswith("assumed 10,000 prefill tokens/s")
     assert assumed.usd_per_1000 == pytest.approx(1000 * 0.1 / 3600 * 2.5)
-
-
-def test_block_hashes_alone_give_the_reuse_to_the_block() -> None:
-    match = match_block_hashes(
-        [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], a_length=192, b_length=191, block_size=32,
-        a_compatibility=RECORD, b_compatibility=RECORD,
-    )  # fmt: skip
-
-    assert (match.matching_blocks, match.reusable_tokens, match.first_divergent_block) == (5, 160, 5)

@@ -9,6 +9,7 @@ from django.utils import timezone
 from app.compare import selectors
 from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, SideInput, create_comparison
+from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from tests.compare.conftest import Record, capture
 from tests.fixtures import CAPTURED_PAIRS
@@ -80,30 +81,39 @@ def test_different_salts_block_all_reuse_and_show_the_salt_row_in_red(
     assert len(hashes) == 2 and hashes[0] != hashes[1]
 
 
-def test_compare_with_previous_picks_the_earlier_request_of_the_template(
-    record: Record, signed_in: Client
+@pytest.mark.parametrize(
+    ("between", "server"),
+    [("salt-b-1", "vllm-cpu"), ("salt-a-1", "vllm-cpu-2")],
+    ids=["another tenant", "another server"],
+)
+def test_compare_with_previous_takes_the_request_vllm_could_reuse_from(
+    record: Record, other_server: Server, signed_in: Client, between: str, server: str
 ) -> None:
-    record("salt-a-1", offset=1, template="other-bot")
-    first = record("shared-prefix-the", offset=2)
-    later = record("shared-prefix-I", offset=3)
+    """salt-a-2 reused 160 tokens of salt-a-1 (tenant-a, on the same server). A request of the same
+    template that arrived in between, of another tenant or on another server, is not what it reused."""
+    first = record("salt-a-1", offset=1)
+    record(between, offset=2, server=Server.objects.get(name=server))
+    later = record("salt-a-2", offset=3)
 
-    response = signed_in.post("/compare/", {"mode": "records", "b_previous": str(later)})
+    response = signed_in.post("/compare/", {"mode": "records", "b_previous": str(later)}, follow=True)
 
-    assert response.status_code == 302
-    slug = response["Location"].rstrip("/").rsplit("/", 1)[-1]
-    comparison = selectors.comparison(slug)
-    a, b = sorted(comparison.sides.all(), key=lambda side: side.side)
-    assert (a.request_id, b.request_id) == (first.request_id, later.request_id)
+    html = response.content.decode()
+    reported = capture("salt-a-2")["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert re.search(r'id="reusable-tokens">([\d,]+)<', html)[1] == str(reported)  # type: ignore[index]
+    assert 'id="blocked-by"' not in html
+    assert f"request {first.request_id} on vllm-cpu," in html
 
 
-def test_the_first_request_of_a_template_has_no_previous_to_compare_with(
-    record: Record, signed_in: Client
+def test_compare_with_previous_says_when_nothing_came_before_on_the_server_under_the_salt(
+    record: Record, other_server: Server, signed_in: Client
 ) -> None:
-    only = record("shared-prefix-the", offset=1)
+    record("salt-a-1", offset=1, server=other_server)
+    record("salt-b-1", offset=2)
+    only = record("salt-a-2", offset=3)
 
     html = signed_in.post("/compare/", {"mode": "records", "b_previous": str(only)}).content.decode()
 
-    assert "no earlier request of the same template" in html
+    assert "no earlier request on its server under its cache salt and model" in html
 
 
 def test_two_picked_requests_make_a_comparison(record: Record, signed_in: Client) -> None:

@@ -19,8 +19,8 @@ from app.compare.tokenization import (
     tokenize_prompts,
     tokenizing_servers,
 )
+from app.domain import gpt2
 from app.fleet.models import Server
-from simulator import tokenizer
 from tests.compare.conftest import capture
 from tests.fixtures import load_json
 from tests.simulator.running import local_config, running_fleet
@@ -64,7 +64,7 @@ def test_text_goes_to_the_tokenize_of_a_server_of_the_model(simulated_server: Se
 def test_chat_messages_get_the_servers_chat_template(simulated_server: Server) -> None:
     (tokenized,) = tokenize_prompts([Prompt(messages=MESSAGES)], server=simulated_server, model="")
 
-    assert tokenized.token_ids == tokenizer.encode(tokenizer.render_chat(MESSAGES))
+    assert tokenized.token_ids == gpt2.encode(gpt2.render_chat(MESSAGES))
     assert tokenized.tokenizer_used == "server sim-0 /tokenize"
 
 
@@ -93,7 +93,7 @@ def test_without_a_server_the_bundled_tokenizer_says_why(model: str, warning: st
 
     assert a.warning.startswith(warning) and a.tokenizer_used == BUNDLED_TOKENIZER
     assert "bundled ChatML template" in b.warning  # both sides carry the same warning
-    assert a.token_ids == tokenizer.encode("Hello")
+    assert a.token_ids == gpt2.encode("Hello")
 
 
 def test_token_ids_pass_through_without_asking_a_server(silent_server: Server) -> None:
@@ -166,7 +166,7 @@ def test_the_page_warns_when_the_tokenizer_is_not_the_servers(
 def test_a_configured_tokenizer_file_replaces_the_bundled_one(tmp_path: Path) -> None:
     # The GPT-2 tokenizer saved as a Hugging Face tokenizer.json, as an operator would configure one.
     path = tmp_path / "tokenizer.json"
-    tokenizer._tokenizer().save(str(path))
+    gpt2._tokenizer().save(str(path))
     prompt = load_json("completion-timestamp-top-1.json")
 
     with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(path)):

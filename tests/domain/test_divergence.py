@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.domain.blockhash import block_hash_chain
 from app.domain.blocks import cached_tokens_for_full_match
 from app.domain.divergence import (
     NOTED_FIELDS,
@@ -20,7 +21,11 @@ from app.domain.divergence import (
     Edit,
     EditKind,
     block_statuses,
+    blocked_by,
     compare_prompts,
+    match_block_hashes,
+    shared_leading_blocks,
+    side_blocks,
 )
 from app.domain.divergence_edits import edit_script
 from tests.fixtures import CAPTURED_PAIRS, load_json, stored_block_hashes
@@ -169,6 +174,64 @@ def test_blocks_of_another_salt_are_all_diverged_with_other_hashes() -> None:
     assert not {block.wire_hash for block in a_blocks} & {block.wire_hash for block in b_blocks[:-1]}
 
 
+def test_side_blocks_carry_the_given_hashes_and_the_statuses_block_statuses_gives() -> None:
+    b = [*range(70), -1, *range(71, 100)]
+    divergence = _compare(list(range(100)), b)
+
+    blocks = side_blocks(divergence, "b", [11, 22])
+
+    assert [block.wire_hash for block in blocks] == [11, 22, None, None]  # none given, and the tail
+    assert [block.status for block in blocks] == [
+        block.status for block in block_statuses(divergence, "b", b)
+    ]
+
+
+# -- hash-only records -------------------------------------------------------------------
+
+
+def _chain(name: str) -> list[int]:
+    salt = _capture(name)["request"].get("cache_salt")
+    return [block.wire for block in block_hash_chain(_prompt_ids(name), BLOCK_SIZE, cache_salt=salt)]
+
+
+@pytest.mark.parametrize(("first", "later", "blocked"), CAPTURED_PAIRS)
+def test_block_hashes_alone_give_the_reuse_vllm_reported(
+    first: str, later: str, blocked: tuple[str, ...]
+) -> None:
+    reported = _capture(later)["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    match = match_block_hashes(
+        _chain(first), _chain(later), a_length=len(_prompt_ids(first)), b_length=len(_prompt_ids(later)),
+        block_size=BLOCK_SIZE, a_compatibility=_record(first), b_compatibility=_record(later),
+    )  # fmt: skip
+
+    assert match.reusable_tokens == reported
+    assert match.blocked_by == blocked
+
+
+def test_block_hashes_alone_place_the_divergence_in_its_block() -> None:
+    match = match_block_hashes(
+        [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], a_length=192, b_length=191, block_size=32,
+        a_compatibility=RECORD, b_compatibility=RECORD,
+    )  # fmt: skip
+
+    assert (match.matching_blocks, match.reusable_tokens, match.first_divergent_block) == (5, 160, 5)
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "shared"),
+    [
+        ("shared-prefix-the", "shared-prefix-I", 5),  # the system text, then the question
+        ("salt-a-1", "salt-a-2", 5),
+        ("salt-a-1", "salt-b-1", 0),  # the same tokens: the salt is in every hash
+        ("timestamp-top-1", "timestamp-top-2", 0),  # the time is in block 0
+    ],
+)
+def test_leading_blocks_are_shared_while_the_chains_agree(first: str, later: str, shared: int) -> None:
+    assert shared_leading_blocks(_chain(first), _chain(later)) == shared
+    assert shared_leading_blocks(_chain(first), []) == 0
+
+
 # -- compatibility records ---------------------------------------------------------------
 
 
@@ -218,6 +281,7 @@ def test_an_empty_salt_is_no_salt() -> None:
     divergence = compare_prompts(ids, ids, BLOCK_SIZE, RECORD, replace(RECORD, tenant_salt=""))
 
     assert divergence.blocked_by == ()
+    assert blocked_by(replace(RECORD, tenant_salt=None), replace(RECORD, tenant_salt="")) == ()
 
 
 def test_all_differing_activation_fields_are_named_in_order() -> None:
@@ -230,7 +294,7 @@ def test_all_differing_activation_fields_are_named_in_order() -> None:
 
 def test_a_lora_adapter_changes_every_block_hash() -> None:
     ids = _prompt_ids("shared-prefix-the")
-    adapted = replace(RECORD, lora_adapter="support-lora")
+    adapted = replace(RECORD, lora_adapter="support-lora", lora_path="lora-adapter")
     divergence = compare_prompts(ids, ids, BLOCK_SIZE, RECORD, adapted)
 
     a_blocks = block_statuses(divergence, "a", ids)
@@ -469,3 +533,11 @@ def test_block_statuses_refuse_tokens_of_another_length() -> None:
 
     with pytest.raises(ValueError, match="side b has 2 tokens"):
         block_statuses(divergence, "b", [1, 2, 3])
+
+
+def test_an_adapter_whose_path_is_unknown_has_no_wire_hash() -> None:
+    # vLLM hashes the adapter's name and path: without the path no block hash can be reproduced.
+    named = replace(RECORD, lora_adapter="support-lora")
+    divergence = compare_prompts(list(range(64)), list(range(64)), BLOCK_SIZE, named, named)
+
+    assert [block.wire_hash for block in block_statuses(divergence, "a", list(range(64)))] == [None, None]
