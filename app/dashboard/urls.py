@@ -6,4 +6,5 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("collection/", views.collection, name="collection"),
+    path("proposed/<int:server_id>/", views.proposed_server, name="proposed-server"),
 ]

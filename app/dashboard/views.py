@@ -1,14 +1,32 @@
+from typing import Any
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
+from django.shortcuts import redirect, render
 from django.utils import timezone
-from django_htmx.middleware import HtmxDetails
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.dashboard.selectors import collection_health, fleet_overview
+from app.core.http import HtmxHttpRequest
+from app.dashboard.forms import ProposedServerForm
+from app.dashboard.metrics import PrefixscopeCollector
+from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
+from app.fleet.models import Server
+from app.fleet.services import ServerStateError, accept_server
+from app.traffic.services.servers import merge_server
+
+_registry = CollectorRegistry()
+_registry.register(PrefixscopeCollector())
 
 
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
+@require_GET
+@never_cache
+def metrics(request: HtmxHttpRequest) -> HttpResponse:
+    """Prometheus text exposition of Prefixscope's own state (see app/dashboard/metrics.py)."""
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
 
 
 @login_required
@@ -17,7 +35,54 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     template = "dashboard/home.html"
     if request.htmx:
         template += "#fleet-table"
-    return render(request, template, {"rows": fleet_overview(now=timezone.now())})
+    return render(request, template, _fleet())
+
+
+@login_required
+@require_POST
+def proposed_server(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
+    """Staff accept a proposed server or merge it into a registered one. Answers with the page
+    (a redirect to it, or the page with the form's errors), or for htmx the #proposed-servers
+    partial, and an event that refreshes the fleet table once the fleet changed."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    form = ProposedServerForm(request.POST, auto_id=f"proposed-{server_id}-%s")
+    if not form.is_valid():
+        template = "dashboard/home.html" + ("#proposed-servers" if request.htmx else "")
+        return render(request, template, _fleet(invalid={server_id: form}))
+    try:
+        messages.success(request, _decide(server_id, form.cleaned_data))
+    except ServerStateError as exc:  # accepted, merged or deleted by someone else meanwhile
+        messages.error(request, str(exc))
+    if not request.htmx:
+        return redirect("dashboard:home")
+    response = render(request, "dashboard/home.html#proposed-servers", _fleet())
+    response["HX-Trigger"] = "fleet-changed"
+    return response
+
+
+def _decide(server_id: int, data: dict[str, Any]) -> str:
+    if data["action"] == "accept":
+        server = accept_server(server_id=server_id, base_url=data["base_url"])
+        return f"{server.name} is registered: its /metrics pulls begin."
+    merged = merge_server(server_id=server_id, into_id=data["into"].pk)
+    moved, joined = merged.moved, merged.joined
+    return f"Merged into {data['into']}: {moved} request records moved, {joined} joined to its own."
+
+
+def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None) -> dict[str, object]:
+    """The Fleet page: registered servers, and the proposed ones each with its form (a posted
+    invalid one with its errors)."""
+    now = timezone.now()
+    proposed = [
+        (row, (invalid or {}).get(row.server.pk) or _form_for(row.server))
+        for row in proposed_servers(now=now)
+    ]
+    return {"rows": fleet_overview(now=now), "proposed": proposed}
+
+
+def _form_for(server: Server) -> ProposedServerForm:
+    return ProposedServerForm(initial={"base_url": server.base_url}, auto_id=f"proposed-{server.pk}-%s")
 
 
 @login_required

@@ -1,19 +1,32 @@
 """The README's run command: the UI comes up, Ctrl-C stops everything, a second start keeps the data."""
 
 import contextlib
+import http.cookiejar
 import os
 import random
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 from django.contrib.auth.hashers import check_password
+
+from app import devstack
+from collectors.metrics.parse import cache_config, parse_metrics
+from simulator.fleet import configs_from_args, parse_args
+from simulator.scenario import load_scenario, resolve_scenario
+from tests.simulator.running import free_ports, running_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,13 +38,14 @@ def free_port() -> int:
 
 
 def free_demo_ports() -> int:
-    """A base port P with P..P+3, P+10..P+13 and P+20..P+23 free (the demo fleet's ports)."""
+    """A base port P with P..P+3, P+10..P+13, P+20..P+23 and P+30..P+33 free (the demo
+    fleet and its gateways)."""
     rng = random.Random()
     for _ in range(100):
         base = rng.randrange(20000, 60000)
         try:
             with contextlib.ExitStack() as stack:
-                for offset in (0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23):
+                for offset in (0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33):
                     sock = stack.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", base + offset))
             return base
@@ -88,13 +102,23 @@ def database(data_dir: Path) -> psycopg.Connection:
     return psycopg.connect(host=str(data_dir / "postgres"), dbname="prefixscope", user="postgres")
 
 
-def wait_for_demo_data(data_dir: Path, timeout: float = 120) -> None:
+# A demo request as a real deployment records it: the gateway's record (cached tokens, token ids,
+# block hashes, template, tenant, the client's TTFT) joined by the fleet's span (vLLM's TTFT).
+RECORDED_IN_FULL = """SELECT count(*) FROM traffic_requestrecord WHERE source = 'gateway'
+  AND cached_tokens IS NOT NULL AND cardinality(block_hashes) > 0 AND token_ids IS NOT NULL
+  AND template_id IS NOT NULL AND template_version_id IS NOT NULL AND tenant <> ''
+  AND client_ttft_seconds IS NOT NULL AND server_ttft_seconds IS NOT NULL"""
+
+
+def wait_for_demo_data(data_dir: Path, timeout: float = 120, **more: str) -> None:
     """The demo fleet's traffic reaches PostgreSQL: KV events through the collector, /metrics
-    through beat and the worker, request records from the fleet's spans through /v1/traces."""
+    through beat and the worker, request records through the gateway and the fleet's spans
+    through /v1/traces (and whatever `more` counts)."""
     queries = {
         "KV events": "SELECT count(*) FROM traffic_kvevent",
         "good scrapes": "SELECT count(*) FROM traffic_scrape WHERE ok",
-        "request records": "SELECT count(*) FROM traffic_requestrecord WHERE source = 'otlp'",
+        "request records": RECORDED_IN_FULL,
+        **more,
     }
     deadline = time.monotonic() + timeout
     counts: dict[str, int] = {}
@@ -122,15 +146,20 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as login_page:
             assert b"Log in" in login_page.read()
-        wait_for_demo_data(tmp_path)  # the demo fleet's spans among it: its ingest token was taken
+        browser = assert_production_like(f"http://127.0.0.1:{port}", password="-starts-like-an-option")
+        # The demo fleet's spans among it (its ingest token was taken), and within a rollup's
+        # minute the Fleet page's hit rate of recorded requests.
+        wait_for_demo_data(tmp_path, timeout=180, rollups=ROLLED_UP)
+        assert_fleet_shows_request_hit_rates(browser, f"http://127.0.0.1:{port}")
         with database(tmp_path) as conn:
             admin = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
             assert admin is not None and check_password("-starts-like-an-option", admin[0])
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
                 " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
-                " scrape_interval_seconds, created_at)"
-                " VALUES ('kept', 'http://x:8000', '', '', '', '', 'tiny', '', '', 'active', 15, now())"
+                " scrape_interval_seconds, created_at, base_models, lora_adapters)"
+                " VALUES ('kept', 'http://x:8000', '', '', '', '', 'tiny', '', '', 'active', 15, now(),"
+                " '[]', '{}')"
             )
     finally:
         exit_code = press_ctrl_c(first)
@@ -153,3 +182,124 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             assert names == {"kept", "sim-0", "sim-1", "sim-2", "sim-3"}
     finally:
         assert press_ctrl_c(second) == 0, log_tail(tmp_path)
+
+
+def kv_collector_of(run: subprocess.Popen[bytes], timeout: float = 60, other_than: int = 0) -> psutil.Process:
+    """The `manage.py collect_kv_events` process (not its shell) that this run started, once it runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert run.poll() is None, f"the run command exited with {run.returncode}"
+        for child in psutil.Process(run.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+                if child.cmdline()[1:3] == ["manage.py", "collect_kv_events"] and child.pid != other_than:
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no KV-event collector (other than pid {other_than}) within {timeout} s")
+
+
+def kv_events(data_dir: Path) -> int:
+    with database(data_dir) as conn:
+        return int((conn.execute("SELECT count(*) FROM traffic_kvevent").fetchone() or (0,))[0])
+
+
+def wait_for_kv_events(data_dir: Path, more_than: int, timeout: float = 120) -> None:
+    """The collector stores the demo fleet's KV events: more than `more_than` rows."""
+    deadline = time.monotonic() + timeout
+    while kv_events(data_dir) <= more_than and time.monotonic() < deadline:
+        time.sleep(1)
+    assert kv_events(data_dir) > more_than, f"no more than {more_than} KV events\n{log_tail(data_dir)}"
+
+
+@pytest.mark.parametrize(
+    ("previous", "ran_seconds", "delay"),
+    [(None, 0.2, 1), (1, 0.2, 2), (2, 5, 4), (16, 5, 30), (30, 5, 30), (30, 60, 1)],
+)
+def test_a_process_that_keeps_dying_waits_longer_each_time_until_it_has_run_a_while(
+    previous: float | None, ran_seconds: float, delay: float
+) -> None:
+    assert devstack.restart_delay(previous, ran_seconds) == delay
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_collector_is_started_again_while_the_rest_keep_running(tmp_path: Path) -> None:
+    port, demo_port = free_port(), free_demo_ports()
+    run = start(tmp_path, port, demo_port)
+    try:
+        try:
+            wait_until_ready(f"http://127.0.0.1:{port}/readyz", run)
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n{log_tail(tmp_path)}") from None
+        wait_for_kv_events(tmp_path, more_than=0)
+        killed = kv_collector_of(run)
+        killed.kill()  # SIGKILL: no handler, no flush
+        stored_when_killed = kv_events(tmp_path)
+        restarted = kv_collector_of(run, other_than=killed.pid)
+        wait_for_kv_events(tmp_path, more_than=stored_when_killed)  # the new one collects
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as ready:
+            assert ready.status == 200
+    finally:
+        exit_code = press_ctrl_c(run)
+    assert exit_code == 0, log_tail(tmp_path)
+    log = (tmp_path / "run.log").read_text(errors="replace")
+    before_ctrl_c = log[: log.rindex("SIGINT received")]
+    assert "collectors stopped on its own after" in before_ctrl_c, before_ctrl_c[-4000:]
+    assert before_ctrl_c.count("stopped (rc=") == 1, before_ctrl_c[-4000:]  # the others kept running
+    stopping = stop_output(tmp_path)
+    assert "ERROR" not in stopping and "Traceback" not in stopping, stopping
+    assert not (tmp_path / "postgres" / "postmaster.pid").exists(), "PostgreSQL was left running"
+    assert not restarted.is_running(), "the restarted collector was left running"
+
+
+def test_the_demo_fleet_runs_the_servers_its_scenario_describes() -> None:
+    scenario = load_scenario(resolve_scenario("demo"))
+    argv = shlex.split(devstack.processes(port=8000)["fleet"])
+    assert argv[1:3] == ["-m", "simulator.fleet"]
+    configs = configs_from_args(parse_args(argv[3:]))
+    assert len(configs) == devstack.DEMO_SERVERS == scenario.servers.count  # the load generator's URLs
+    http, kv, replay = free_ports(3)
+    served = replace(configs[0], http_port=http, kv_port=kv, replay_port=replay, otlp_endpoint=None)
+    with running_fleet([served]), urllib.request.urlopen(f"{served.base_url}/metrics", timeout=5) as page:
+        config = cache_config(parse_metrics(page.read().decode()))
+    assert config is not None
+    assert (served.model, config.block_size) == (scenario.model, scenario.servers.block_size)
+    assert served.num_blocks == scenario.servers.num_blocks
+
+
+ROLLED_UP = "SELECT count(*) FROM traffic_minuterollup WHERE cached_tokens > 0"
+
+
+def assert_fleet_shows_request_hit_rates(browser: urllib.request.OpenerDirector, base: str) -> None:
+    """Every demo server's row on the Fleet page has a hit rate of its recorded requests."""
+    page = browser.open(f"{base}/", timeout=5).read().decode()
+    table = page[page.index('id="fleet-table"') : page.index("</section>", page.index('id="fleet-table"'))]
+    rows = re.findall(r"<tr>\s*<td>(sim-\d)</td>(.*?)</tr>", table, re.S)
+    rates = {name: re.findall(r'<td class="num">([^<]*)</td>', cells)[-1].strip() for name, cells in rows}
+    assert sorted(rates) == ["sim-0", "sim-1", "sim-2", "sim-3"], table
+    assert all(re.fullmatch(r"\d+\.\d %", rate) for rate in rates.values()), rates
+
+
+def assert_production_like(base: str, *, password: str) -> urllib.request.OpenerDirector:
+    """What `make run` serves with DJANGO_DEBUG unset: no debug pages, collected static files, a
+    favicon, and a login that works over plain HTTP (its cookies are not HTTPS-only). Returns the
+    signed-in browser."""
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{base}/no-such-page/", timeout=5)
+    page = missing.value.read().decode()
+    assert missing.value.code == 404 and "Page not found" in page
+    assert "URLconf" not in page and "DEBUG = True" not in page, page  # Django's debug page lists them
+    stylesheet = re.search(r'href="(/static/css/app\.[0-9a-f]{12}\.css)"', page)  # manifest storage
+    assert stylesheet, page
+    docs = urllib.request.urlopen(f"{base}/api/docs", timeout=5).read().decode()
+    bundle = re.search(r'src="(/static/ninja/swagger-ui-bundle\.[0-9a-f]{12}\.js)"', docs)
+    assert bundle, docs  # served from the package, not a CDN
+    for path, kind in [(stylesheet[1], "text/css"), (bundle[1], "javascript"), ("/favicon.ico", "image/svg")]:
+        with urllib.request.urlopen(f"{base}{path}", timeout=5) as response:
+            assert response.status == 200 and kind in response.headers["Content-Type"], path
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    browser.open(f"{base}/login/", timeout=5).read()
+    token = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
+    form = urllib.parse.urlencode({"username": "admin", "password": password, "csrfmiddlewaretoken": token})
+    with browser.open(f"{base}/login/", data=form.encode(), timeout=5) as signed_in:
+        assert signed_in.url == f"{base}/" and b"Log out admin" in signed_in.read()
+    return browser

@@ -1,5 +1,6 @@
 """deploy/prometheus passes promtool's checks, and its unit tests cover every alert both ways."""
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -7,6 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
+from django.test import Client
+
+from app.core.views import RUNBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -90,7 +94,25 @@ def test_every_alert_says_where_how_bad_and_what_to_do(alert: dict[str, Any]) ->
     assert "$labels.instance" in annotations["summary"]
     assert "$labels.instance" in annotations["description"]
     assert "model" in annotations["description"]
-    assert annotations["runbook_url"].startswith("/docs/runbooks#")
+    assert annotations["runbook_url"].startswith("/docs/runbooks/")
+
+
+@pytest.mark.parametrize("alert", alert_rules(), ids=lambda rule: rule["alert"])
+def test_every_alerts_runbook_is_a_page_of_prefixscope(alert: dict[str, Any], client: Client) -> None:
+    response = client.get(alert["annotations"]["runbook_url"])
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f"<h1>{alert['alert']}</h1>" in html
+    assert {"What it means", "How to check it in Prefixscope", "What to do"} <= set(
+        re.findall(r"<h2>(.*?)</h2>", html)
+    )
+
+
+def test_every_runbook_belongs_to_an_alert(client: Client) -> None:
+    linked = {rule["annotations"]["runbook_url"] for rule in alert_rules()}
+    assert {f"/docs/runbooks/{slug}/" for slug in RUNBOOKS} == linked
+    index = client.get("/docs/runbooks/").content.decode()
+    assert all(f'href="{url}"' in index for url in linked)
 
 
 @pytest.mark.parametrize("alert", [rule["alert"] for rule in alert_rules()])

@@ -1,0 +1,98 @@
+"""Moving a proposed server's traffic into the registered server it stands for."""
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import connection, transaction
+from django.db.models import CharField
+
+from app.fleet.models import Server
+from app.fleet.services import ServerStateError, locked_server
+from app.traffic.models import RequestRecord
+from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW
+from app.traffic.services.rollups import refresh_minute_rollups
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    moved: int  # request records now under the registered server
+    joined: int  # records of requests it already had, merged into its own
+
+
+def merge_server(*, server_id: int, into_id: int) -> Merged:
+    """Merge a proposed server into a registered one, and delete it.
+
+    Its request records move to `into`, except those of a request `into` already recorded (same
+    request id, arrivals within the ingest's JOIN_WINDOW): they fill that record's gaps, as a second
+    source does on ingest, and `into`'s known values stay. Its tallies of refused input add to
+    `into`'s, and the minute rollups of the time its records span are recomputed. Holds both servers'
+    ingest locks, so no batch about either is stored halfway through. ServerStateError when the
+    first is no longer proposed, or `into` is proposed or the same server.
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        for pk in sorted({server_id, into_id}):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [INGEST_LOCK_SPACE, pk % 2**31])
+        proposed, into = locked_server(server_id), locked_server(into_id)
+        if proposed.state != Server.State.PROPOSED:
+            raise ServerStateError(f"{proposed.name} is not proposed")
+        if into.state == Server.State.PROPOSED or into.pk == proposed.pk:
+            raise ServerStateError(f"{into.name} is not a registered server")
+        ids = {"proposed": proposed.pk, "into": into.pk, "window": JOIN_WINDOW.total_seconds()}
+        cursor.execute(_SPAN_SQL, ids)
+        since, until = cursor.fetchone()
+        cursor.execute(_JOIN_SQL, ids)
+        cursor.execute(_DROP_JOINED_SQL, ids)
+        joined = cursor.rowcount
+        cursor.execute(_MOVE_SQL, ids)
+        moved = cursor.rowcount
+        cursor.execute(_MOVE_REJECTIONS_SQL, ids)
+        if since is not None:
+            refresh_minute_rollups(since=since, until=until + timedelta(minutes=1))
+        proposed.delete()
+    logger.info(
+        "merged proposed server %s into %s: %d records moved, %d joined", proposed, into, moved, joined
+    )
+    return Merged(moved=moved, joined=joined)
+
+
+def _gap_filling() -> str:
+    """SET clauses: each column of `into`'s record (r) keeps its value, or takes the moved one's (p)
+    where it has none. Built from the model, so a new field of request records is merged too."""
+    fills = []
+    for field in RequestRecord._meta.concrete_fields:
+        column = field.column
+        if column in ("server_id", "request_id", "arrived_at", "source"):
+            continue
+        if isinstance(field, ArrayField):
+            fills.append(
+                f"{column} = CASE WHEN cardinality(r.{column}) > 0 THEN r.{column} ELSE p.{column} END"
+            )
+        elif field.null:
+            fills.append(f"{column} = COALESCE(r.{column}, p.{column})")
+        elif isinstance(field, CharField):  # blank, not null: "" is unknown
+            fills.append(f"{column} = COALESCE(NULLIF(r.{column}, ''), p.{column})")
+    return ", ".join(fills)
+
+
+_SAME_REQUEST = """r.server_id = %(into)s AND p.server_id = %(proposed)s AND r.request_id = p.request_id
+  AND r.arrived_at BETWEEN p.arrived_at - make_interval(secs => %(window)s)
+  AND p.arrived_at + make_interval(secs => %(window)s)"""
+_SPAN_SQL = (
+    "SELECT min(arrived_at), max(arrived_at) FROM traffic_requestrecord WHERE server_id = %(proposed)s"
+)
+_JOIN_SQL = f"""UPDATE traffic_requestrecord r SET {_gap_filling()}
+FROM traffic_requestrecord p WHERE {_SAME_REQUEST}"""
+_DROP_JOINED_SQL = f"""DELETE FROM traffic_requestrecord p WHERE p.server_id = %(proposed)s
+  AND EXISTS (SELECT FROM traffic_requestrecord r WHERE {_SAME_REQUEST})"""
+_MOVE_SQL = "UPDATE traffic_requestrecord SET server_id = %(into)s WHERE server_id = %(proposed)s"
+_MOVE_REJECTIONS_SQL = """INSERT INTO traffic_rejectedinput AS r
+  (server_id, source, reason, count, first_seen_at, last_seen_at)
+SELECT %(into)s, source, reason, count, first_seen_at, last_seen_at
+FROM traffic_rejectedinput WHERE server_id = %(proposed)s
+ON CONFLICT ON CONSTRAINT rejected_input_identity DO UPDATE SET count = r.count + EXCLUDED.count,
+  first_seen_at = LEAST(r.first_seen_at, EXCLUDED.first_seen_at),
+  last_seen_at = GREATEST(r.last_seen_at, EXCLUDED.last_seen_at)"""
