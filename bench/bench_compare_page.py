@@ -32,9 +32,10 @@ from django.utils import timezone  # noqa: E402
 
 from app.compare.selectors import RecordKey  # noqa: E402
 from app.compare.services import SideInput, create_comparison  # noqa: E402
-from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
-from app.traffic.services.requests import RequestIn, ingest_request_records  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
+from app.traffic.services.requests import ingest_request_records  # noqa: E402
+from collectors.records import RequestFacts  # noqa: E402
 from tests.fixtures import load_json  # noqa: E402
 
 
@@ -73,11 +74,11 @@ def main() -> None:
         )  # fmt: skip
         now, keys = timezone.now(), []
         for offset, ids in enumerate(prompts(args.tokens)):
-            item = RequestIn(
+            item = RequestFacts(
                 server="bench", request_id=f"bench-{offset}", arrived_at=now + timedelta(seconds=offset),
-                source="rest", model="tiny", prompt_tokens=len(ids), prompt_token_ids=ids,
+                model="tiny", prompt_tokens=len(ids), prompt_token_ids=ids,
             )  # fmt: skip
-            ingest_request_records([item], now=now)
+            ingest_request_records([item], source="rest", now=now)
             keys.append(RecordKey(server.pk, item.request_id, item.arrived_at))
         comparison = create_comparison(
             a=SideInput(record=keys[0]), b=SideInput(record=keys[1]), now=now

@@ -40,7 +40,7 @@ import aiohttp
 import psutil
 from aiohttp import web
 
-from simulator import tokenizer
+from app.domain import gpt2
 from tests.simulator.running import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def bodies(count: int, seed: int = 0) -> list[dict[str, object]]:
     return [
         {
             "model": "tiny",
-            "prompt": tokenizer.encode(f"{rng.choice(templates)}Question {rng.randrange(10**6)}: light {i}?"),
+            "prompt": gpt2.encode(f"{rng.choice(templates)}Question {rng.randrange(10**6)}: light {i}?"),
             "max_tokens": 4,
             "stream": i % 2 == 1,
         }
@@ -145,8 +145,8 @@ def throwaway_database() -> tuple[str, Callable[[], int]]:
     from django.db import connection
     from django.utils import timezone
 
-    from app.core.services import maintain_partitions
     from app.fleet.models import Server
+    from app.traffic.services.partitions import maintain_partitions
 
     connection.settings_dict["TEST"]["NAME"] = f"bench_gateway_{os.getpid()}"
     name = connection.creation.create_test_db(verbosity=0, autoclobber=True)

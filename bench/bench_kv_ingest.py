@@ -28,11 +28,11 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from app.core.services import maintain_partitions  # noqa: E402
 from app.domain.blockhash import wire_to_signed  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.traffic.kv_collector import event_rows  # noqa: E402
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from collectors.kv_events.parse import decode_sub_message  # noqa: E402
 from tests.fixtures import load_json  # noqa: E402
 

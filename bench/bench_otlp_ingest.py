@@ -1,7 +1,7 @@
 """Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
-        [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 4] \
+        [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 2 4] \
         [--table-rows 0 1000000]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). Two kinds of
@@ -13,14 +13,16 @@ BatchSpanProcessor default):
   with cached tokens and Prefixscope's template and tenant attributes.
 Each export comes from one of --servers servers, taking turns (vLLM's exporter sends with its
 server's ingest token, which names the server; the application's spans name theirs).
-The baseline is psycopg COPY of the rows those spans stand for straight into traffic_requestrecord,
-measured in the same run; the endpoint is gunicorn serving Prefixscope as in production
-(bench/served.py), posted to over HTTP by 1 and by several senders at once. Both sides' inputs are
-built before their clocks start, and each is warmed up once (a first request pays for lazy imports
-and connection set-up). The machine may be shared: each round times the baseline (one COPY of
---spans rows; and, printed beside it, the same rows in committed COPYs of --batch rows, the
-durable work the endpoint does per export) and then the endpoint (--spans spans per number of
-senders), and the rates are over all rounds, so that all see the same load. Every timed run
+The baseline is the server's limit (bench/baseline.py): a pre-built binary COPY stream of the rows
+those spans stand for, sent straight into traffic_requestrecord in the same run; the endpoint is
+gunicorn serving Prefixscope as in production (bench/served.py), posted to over HTTP by 1 and by
+several senders at once. Both sides' inputs are built before their clocks start, and each is
+warmed up once (a first request pays for lazy imports and connection set-up). The machine may be
+shared: each round times the limit (one COPY of --spans rows; and, printed beside it, the same rows
+in committed COPYs of --batch rows, the durable work the endpoint does per export) and then the
+endpoint (--spans spans per number of senders), and the rates are over all rounds, so that all see
+the same load. Spans carry no prompt token ids, so there are no block hashes to compute here:
+bench/bench_rest_ingest.py and bench/bench_gateway_writer.py measure prompts of real sizes. Every timed run
 starts from the same table: holding each of --table-rows records in turn (bench/baseline.py says
 why that matters).
 """
@@ -47,25 +49,21 @@ from opentelemetry.proto.common.v1.common_pb2 import KeyValue  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
 
 from app.api.services import create_ingest_token  # noqa: E402
-from app.core.services import maintain_partitions  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
+from app.traffic.services.requests import RecordRow  # noqa: E402
 from bench.baseline import (  # noqa: E402
     Rates,
-    copy_seconds,
     fill_request_records,
     print_rates,
+    recorded_streams,
     reset_request_records,
+    stream_seconds,
     timed_rounds,
 )
 from bench.served import Batch, Posted, post_all, served  # noqa: E402
 from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
-
-COLUMNS = (
-    "server_id", "template_id", "request_id", "arrived_at", "trace_id", "model", "tenant", "source",
-    "ttft_seconds", "queue_seconds", "prefill_seconds", "prompt_tokens", "cached_tokens", "completion_tokens",
-    "salt_hash", "block_hashes",
-)  # fmt: skip
 
 
 def captured() -> ExportTraceServiceRequest:
@@ -148,32 +146,29 @@ def _kv(key: str, value: str | int | list[str]) -> KeyValue:
     return pair
 
 
-def vllm_row(server_id: int, template_id: int, now: datetime) -> tuple[object, ...]:
+def vllm_row(server_id: int, template_id: int, now: datetime) -> RecordRow:
     """The row an llm_request span gives (the capture's figures; no template, cached tokens unknown)."""
-    request_id, trace = f"copy-{uuid.uuid4().hex}", uuid.uuid4().hex
-    return (
-        server_id, None, request_id, now, trace, "", "", "otlp", 0.0129, 4.8e-05, 0.0067, 191, None, 4, "", []
+    return RecordRow(
+        server_id=server_id, request_id=f"copy-{uuid.uuid4().hex}", arrived_at=now, trace_id=uuid.uuid4().hex,
+        model="", tenant="", template_id=None, template_version_id=None, source="otlp",
+        client_ttft_seconds=None, server_ttft_seconds=0.0129, queue_seconds=4.8e-05, prefill_seconds=0.0067,
+        prompt_tokens=191, cached_tokens=None, completion_tokens=4, salt_hash="", block_hashes=[],
+        token_ids=None,
     )  # fmt: skip
 
 
-def genai_row(server_id: int, template_id: int, now: datetime) -> tuple[object, ...]:
+def genai_row(server_id: int, template_id: int, now: datetime) -> RecordRow:
     """The row a GenAI chat span gives, its template resolved."""
-    request_id, trace = f"copy-{uuid.uuid4().hex}", uuid.uuid4().hex
-    return (
-        server_id, template_id, request_id, now, trace, "tiny", "acme", "otlp", None, None, None, 2048, 1536,
-        16, "", [],
+    return RecordRow(
+        server_id=server_id, request_id=f"copy-{uuid.uuid4().hex}", arrived_at=now, trace_id=uuid.uuid4().hex,
+        model="tiny", tenant="acme", template_id=template_id, template_version_id=None, source="otlp",
+        client_ttft_seconds=None, server_ttft_seconds=None, queue_seconds=None, prefill_seconds=None,
+        prompt_tokens=2048, cached_tokens=1536, completion_tokens=16, salt_hash="", block_hashes=[],
+        token_ids=None,
     )  # fmt: skip
 
 
-Row = Callable[[int, int, datetime], tuple[object, ...]]
-
-
-def copy_baseline(count: int, row: Row, server_id: int, *, batch: int) -> float:
-    """Seconds for psycopg COPY of `count` rows like those the spans give (built before the clock
-    starts), `batch` rows per COPY, each committed on its own."""
-    now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
-    rows = [row(server_id, template.pk, now) for _ in range(count)]
-    return copy_seconds(COLUMNS, rows, batch=batch)
+Row = Callable[[int, int, datetime], RecordRow]
 
 
 Exports = Callable[[int, int, list[str]], list[bytes]]
@@ -196,12 +191,13 @@ class Endpoint:
 
 
 def measure(
-    args: argparse.Namespace, server_id: int, endpoint: Endpoint, table_rows: int, exports: Exports, row: Row
+    args: argparse.Namespace, server_id: int, endpoint: Endpoint, exports: Exports, row: Row
 ) -> Rates:
-    """One kind of span's rates over all rounds, after one untimed warm-up; every timed run starts
-    from the table holding `table_rows` records."""
-    fill_request_records(server_id, table_rows)
-    copy_baseline(args.batch, row, server_id, batch=args.batch)
+    """One kind of span's rates over all rounds, after one untimed warm-up of each side."""
+    now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
+    rows = [row(server_id, template.pk, now) for _ in range(args.spans)]
+    streams = recorded_streams(rows, batch=args.batch)
+    stream_seconds(streams.batches[:1])
     endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
 
     def post(senders: int) -> Posted:
@@ -209,12 +205,7 @@ def measure(
         reset_request_records()
         return endpoint.post(bodies, senders)
 
-    return timed_rounds(
-        args.spans, args.rounds, args.senders,
-        one_copy=lambda: copy_baseline(args.spans, row, server_id, batch=args.spans),
-        batched_copy=lambda: copy_baseline(args.spans, row, server_id, batch=args.batch),
-        post=post,
-    )  # fmt: skip
+    return timed_rounds(args.spans, args.rounds, args.senders, streams=streams, post=post)
 
 
 def main() -> None:
@@ -223,7 +214,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--senders", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args()
     setup_test_environment()
@@ -238,18 +229,18 @@ def main() -> None:
         connection.close()  # gunicorn's workers connect to the database on their own
         with served(test_database) as address:
             endpoint = Endpoint(address, names, tokens)
-            results = {
-                (rows, kind): measure(args, server.pk, endpoint, rows, exports, row)
-                for rows in args.table_rows
-                for kind, exports, row in KINDS
-            }
+            results = {}
+            for table_rows in args.table_rows:
+                fill_request_records(server.pk, table_rows)
+                for kind, exports, row in KINDS:
+                    results[table_rows, kind] = measure(args, server.pk, endpoint, exports, row)
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(
             rates,
-            copied=f"{kind} spans, raw COPY of their rows {into} ({args.spans} rows)",
+            copied=f"{kind} spans, their {args.spans} rows {into}",
             batch=args.batch,
             posted=f"{kind} spans, POST {PATH} {into} ({args.batch} per export)",
         )

@@ -1,0 +1,116 @@
+"""Request records per second through the gateway's writer (GatewayWriter -> ingest_request_records),
+against the server's limit for the same rows.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_gateway_writer \
+        [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--batch 500] [--table-rows 0 1000000]
+
+Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The records
+are those of the REST bench (bench/records.py: small ones, and prompts of 2K and 8K token ids whose
+block hashes the writer's ingest computes), as the gateway's proxy hands them to its writer
+(RequestFacts with the prompt's token ids). Each timed run queues a round's records in a new
+GatewayWriter (untimed: the proxy's side only appends to a deque), then times the writer thread
+from its start until it has stored them all, in batches of --batch (the gateway's default, 500).
+This is the writer's path only; bench/bench_gateway.py measures the latency the proxy adds.
+
+The baseline is the server's limit (bench/baseline.py): a pre-built binary COPY stream of exactly
+the rows the writer stores, in one COPY and in committed COPYs of --batch rows, timed in the same
+rounds. Every timed run starts from the same table: holding each of --table-rows records in turn.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+
+import django
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.fleet.models import Server  # noqa: E402
+from app.traffic.gateway_writer import SOURCE, GatewayWriter  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
+from bench.baseline import (  # noqa: E402
+    Rates,
+    fill_request_records,
+    print_rates,
+    recorded_streams,
+    reset_request_records,
+    stream_seconds,
+    timed_rounds,
+)
+from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records  # noqa: E402
+from bench.served import Posted  # noqa: E402
+from collectors.records import RequestFacts  # noqa: E402
+
+SERVER = "bench-gateway"
+
+
+def written(facts: list[RequestFacts], *, batch: int, spill: Path) -> Posted:
+    """Seconds for a new writer to store `facts`, queued before its thread starts."""
+    reset_request_records()
+    writer = GatewayWriter(server=SERVER, spill_path=spill, capacity=len(facts), batch_size=batch)
+    for item in facts:
+        writer.record(item)
+    started = time.perf_counter()
+    writer.start()
+    writer.stop()  # drains the queue into the database, then ends the thread
+    seconds = time.perf_counter() - started
+    assert writer.stored == len(facts) and not writer.spilled and not writer.dropped, (
+        writer.stored, writer.spilled, writer.dropped,
+    )  # fmt: skip
+    return Posted(seconds, throttled=0)
+
+
+def measure(args: argparse.Namespace, server_id: int, kind: Kind, spill: Path) -> Rates:
+    """One kind's rates over all rounds, after one untimed warm-up of each side."""
+    found = records(kind, [SERVER], timezone.now())
+    streams = recorded_streams([r.row(server_id, source=SOURCE) for r in found], batch=args.batch)
+    facts = [r.facts() for r in found]
+    stream_seconds(streams.batches[:1])  # warm-up: lazy imports and set-up
+    written(facts[: args.batch], batch=args.batch, spill=spill)
+    return timed_rounds(
+        len(facts), args.rounds, [1], streams=streams,
+        post=lambda _: written(facts, batch=args.batch, spill=spill),
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies each kind's records per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=500, help="the writer's batch size")
+    parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
+    args = parser.parse_args()
+    kinds = kinds_scaled(args.kinds, args.scale)
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    spill = Path(tempfile.mkdtemp()) / "spill.jsonl"
+    try:
+        maintain_partitions(now=timezone.now())
+        server = Server.objects.create(name=SERVER, base_url=f"http://{SERVER}:8000", block_size=BLOCK_SIZE)
+        results = {}
+        for table_rows in args.table_rows:
+            fill_request_records(server.pk, table_rows)
+            for kind in kinds:
+                results[table_rows, kind] = measure(args, server.pk, kind, spill)
+    finally:
+        connection.close()
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    for (table_rows, kind), rates in results.items():
+        into = f"into a table of {table_rows:,} records"
+        print_rates(
+            rates, copied=f"{kind.name}, {kind.records} rows {into}", batch=args.batch,
+            posted=f"{kind.name}, GatewayWriter {into} ({args.rounds} rounds)", by="writer",
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
