@@ -1,14 +1,22 @@
-# The two commands of the README: `make run` and `make test`.
+# The two commands of the README: `make run` and `make test`. For the inner loop: `make lint` runs
+# the quality gates alone (no database, no tests), `make fmt` formats and fixes what ruff can.
 PYTHON ?= python3.11
 VENV := .venv
 
-.PHONY: run test
+.PHONY: run test lint fmt
 
 run: $(VENV)/.installed
 	$(VENV)/bin/python -m app.devstack run
 
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m app.devstack test
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/python -m app.devstack lint
+
+fmt: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 # Pinned dependencies (requirements.lock), re-installed when they change.
 $(VENV)/.installed: requirements.lock pyproject.toml

@@ -16,7 +16,7 @@ reasoning (their fields stay null, and every answer runs to its max_tokens).
 import time
 from typing import TYPE_CHECKING, Any
 
-from simulator import tokenizer
+from app.domain import gpt2
 
 if TYPE_CHECKING:
     from simulator.server import Completion
@@ -48,7 +48,7 @@ class CompletionShape:
         ids = bool(body.get("return_token_ids"))
         choice = {
             "index": 0,
-            "text": tokenizer.decode(done.output_ids),
+            "text": gpt2.decode(done.output_ids),
             "logprobs": None,
             "finish_reason": FINISH_REASON,
             "stop_reason": None,
@@ -78,7 +78,7 @@ class CompletionShape:
             terminal = i == len(done.output_ids) - 1
             choice = {
                 "index": 0,
-                "text": tokenizer.decode([token]),
+                "text": gpt2.decode([token]),
                 "logprobs": None,
                 "finish_reason": FINISH_REASON if terminal else None,
                 "stop_reason": None,
@@ -139,7 +139,7 @@ class ChatShape(CompletionShape):
     def full(self, model: str, done: "Completion", body: Json) -> Json:
         message = {
             "role": "assistant",
-            "content": tokenizer.decode(done.output_ids),
+            "content": gpt2.decode(done.output_ids),
             "refusal": None,
             "annotations": None,
             "audio": None,
@@ -204,7 +204,7 @@ class ChatShape(CompletionShape):
         return chunk
 
     def delta_choice(self, token: int, body: Json, *, terminal: bool) -> Json:
-        choice: Json = {"index": 0, "delta": {"content": tokenizer.decode([token])}, "logprobs": None}
+        choice: Json = {"index": 0, "delta": {"content": gpt2.decode([token])}, "logprobs": None}
         if terminal:
             choice.update(finish_reason=FINISH_REASON, stop_reason=None)
         else:
@@ -228,4 +228,4 @@ def prompt_text(body: Json) -> str | None:
     """The rendered chat prompt when the request asks for it (``return_prompt_text``), else None."""
     if not body.get("return_prompt_text"):
         return None
-    return tokenizer.render_chat(body["messages"])
+    return gpt2.render_chat(body["messages"])

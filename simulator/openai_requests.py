@@ -8,7 +8,7 @@ and value at fault), `OpenAIServing._check_model`, `TokenizeParams` (renderers/p
 
 from typing import Any
 
-from simulator import tokenizer
+from app.domain import gpt2
 
 
 class Refused(Exception):
@@ -55,7 +55,7 @@ def prompt_ids(body: dict[str, Any]) -> list[int]:
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         return list(prompt)
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return gpt2.encode(prompt)
     raise Refused("prompt: expected a string or a list of token ids", param="prompt")
 
 
@@ -68,7 +68,7 @@ def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
         message = "Cannot apply chat template to an empty conversation. Provide at least one message."
         raise Refused(message, param=None)
     try:
-        return tokenizer.encode(tokenizer.render_chat(messages))
+        return gpt2.encode(gpt2.render_chat(messages))
     except ValueError as exc:
         raise Refused(f"messages: {exc}", param="messages") from None
 

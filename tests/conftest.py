@@ -11,7 +11,7 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     """The test database, with today's and the coming days' partitions, as `make run` makes them."""
     from django.utils import timezone
 
-    from app.core.services import maintain_partitions
+    from app.traffic.services.partitions import maintain_partitions
 
     with django_db_blocker.unblock():
         maintain_partitions(now=timezone.now())
@@ -23,7 +23,7 @@ def _forget_what_processes_remember() -> None:
     """Ingest tokens, servers and partition ranges a process remembers between batches: a test's
     rows are rolled back after it, so what an earlier test left in memory may name rows gone."""
     from app.api.services import forget_ingest_tokens
-    from app.core.partitioning import forget_partition_ranges
+    from app.traffic.services.partitions import forget_partition_ranges
     from app.traffic.services.requests import forget_servers
 
     forget_ingest_tokens()

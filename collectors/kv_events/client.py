@@ -12,6 +12,7 @@ import time
 
 import zmq
 
+from collectors.errors import CollectorError
 from collectors.kv_events.parse import END_SEQ, KVDecodeError, ReplayReply, decode_replay_reply
 
 logger = logging.getLogger(__name__)
@@ -21,13 +22,8 @@ DEFAULT_RCVHWM = 10_000
 (``buffer_steps``), and a bound on memory (a batch of long prompts is tens of kilobytes)."""
 
 
-class KVTransportError(Exception):
+class KVTransportError(CollectorError):
     """A ZMQ exchange with a KV event publisher failed; ``retryable`` says whether trying again can help."""
-
-    def __init__(self, *, retryable: bool, reason: str) -> None:
-        super().__init__(reason)
-        self.retryable = retryable
-        self.reason = reason
 
 
 class SubscribeFailed(KVTransportError):

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import zmq
 
+from app.domain import gpt2
 from app.domain.blockhash import block_hash_chain
 from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import KVMessage
-from simulator import tokenizer
 from tests.e2e.otlp_receiver import OTLPReceiver, attributes
 from tests.e2e.probes import (
     COLLECTOR_SAMPLES,
@@ -265,6 +265,6 @@ def test_chat_prompt_is_the_simulator_template_rendered_and_tokenized(server: VL
     ]
     body = {"model": server.model, "messages": messages, "max_tokens": 2, "return_token_ids": True}
     response = post_json(f"{server.base_url}/v1/chat/completions", body)
-    expected = tokenizer.encode(tokenizer.render_chat(messages))
+    expected = gpt2.encode(gpt2.render_chat(messages))
     assert response["usage"]["prompt_tokens"] == len(expected)
     assert response["prompt_token_ids"] == expected

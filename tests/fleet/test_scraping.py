@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import claim_due_scrapes
-from app.fleet.tasks import scrape_server
 from app.traffic.models import MetricSeries, Scrape, ScrapeSample
+from app.traffic.tasks import scrape_server
 from collectors.metrics.parse import parse_metrics
 from tests.fixtures import VLLM_CPU_FIXTURES
 

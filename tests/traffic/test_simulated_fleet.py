@@ -8,9 +8,9 @@ import zmq
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.fleet.tasks import scrape_server
 from app.traffic.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock, ScrapeSample
+from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from tests.fixtures import captured_traffic
 from tests.simulator.running import local_config, running_fleet

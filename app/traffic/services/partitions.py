@@ -4,18 +4,24 @@ django-postgres-extra creates the partitions due ahead (`manager`). Dropping is 
 stops at the first missing day, so after a few days without maintenance old partitions, token
 ids included, would outlive their retention. We drop by each partition's upper bound instead.
 Creation starts a day back, so a fresh install accepts late records of the day before (a record
-that arrives at 00:05 about a request at 23:59). Rows newer than the newest partition, or older
-than the oldest, have nowhere to go: ingestion rejects them.
+that arrives at 00:05 about a request at 23:59). Older history inside its retention (a capture
+replayed, a sender catching up) gets its day's partition when it arrives (`create_day_partitions`):
+partitions are created and dropped under one advisory lock, so the upkeep task and a batch never
+race on the same day. Rows past their retention, or too far ahead, have nowhere to go: ingestion
+rejects them.
 """
 
+import logging
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from cachetools import TTLCache, cached
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
+from psqlextra.backend.schema import PostgresSchemaEditor
 from psqlextra.models import PostgresPartitionedModel
 from psqlextra.partitioning import (
     PostgresCurrentTimePartitioningStrategy,
@@ -23,8 +29,11 @@ from psqlextra.partitioning import (
     PostgresPartitioningManager,
     PostgresTimePartitionSize,
 )
+from psqlextra.partitioning.time_partition import PostgresTimePartition
 
 from app.traffic.models import KVEvent, RequestRecord, Scrape, ScrapeSample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,48 @@ def partitioned_tables() -> list[PartitionedTable]:
         PartitionedTable(Scrape, settings.PREFIXSCOPE_SCRAPE_RETENTION_DAYS),
         PartitionedTable(ScrapeSample, settings.PREFIXSCOPE_SCRAPE_RETENTION_DAYS),
     ]
+
+
+# pg_advisory_xact_lock's key for creating or dropping partitions (maintain_partitions, and
+# create_day_partitions for history that arrives late).
+PARTITIONS_LOCK = 0x5041_5254
+_DAY = PostgresTimePartitionSize(days=1)
+
+
+def lock_partitions() -> None:
+    """Hold the partitions' lock until the transaction ends (creating or dropping partitions)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [PARTITIONS_LOCK])
+
+
+def day_of(moment: datetime) -> datetime:
+    """The start (UTC midnight) of the daily partition that holds `moment`."""
+    return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def create_day_partitions(model: type[PostgresPartitionedModel], days: Iterable[datetime]) -> list[str]:
+    """Create the daily partitions of `model` starting at `days` (UTC midnights) that do not exist.
+
+    In a transaction of its own, under the partitions' lock and PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS
+    (creating a partition waits for the batches writing the table): OperationalError when the wait
+    is longer. Returns the partitions created; this process forgets the ranges it remembered.
+    """
+    table = model._meta.db_table
+    created = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{settings.PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS}s'")
+        lock_partitions()
+        ranges = partition_ranges(table).values()  # read under the lock: what the upkeep made counts
+        for day in sorted(set(days)):
+            if not any(lower <= day < upper for lower, upper in ranges):
+                partition = PostgresTimePartition(size=_DAY, start_datetime=day)
+                with connection.schema_editor() as editor:
+                    assert isinstance(editor, PostgresSchemaEditor)  # psqlextra's database backend
+                    partition.create(model, editor, comment="created for late history")
+                created.append(f"{table}_{partition.name()}")
+    forget_partition_ranges()
+    return created
 
 
 class _DailyFromYesterday(PostgresCurrentTimePartitioningStrategy):
@@ -110,3 +161,39 @@ def expired_partitions(table: str, *, now: datetime, retention_days: int) -> lis
     """Partitions of `table` whose every row is older than the retention (upper bound <= cutoff)."""
     cutoff = now - timedelta(days=retention_days)
     return sorted(name for name, (_, upper) in partition_ranges(table).items() if upper <= cutoff)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChanges:
+    created: list[str]
+    dropped: list[str]
+
+
+def maintain_partitions(*, now: datetime) -> PartitionChanges:
+    """Create the partitions due ahead and drop those past retention, in one transaction."""
+    created = []
+    with transaction.atomic():
+        lock_partitions()  # a batch with late history may be creating one of these days' partitions
+        plan = creation_manager(now=now).plan(skip_delete=True)
+        for model_plan in plan.model_plans:
+            table = model_plan.config.model._meta.db_table
+            created += [f"{table}_{p.name()}" for p in model_plan.creations]
+        plan.apply(using="default")
+        dropped = _drop_expired_partitions(now)
+    forget_partition_ranges()
+    if created or dropped:
+        logger.info(
+            "partitions changed", extra={"partitions_created": created, "partitions_dropped": dropped}
+        )
+    return PartitionChanges(created=created, dropped=dropped)
+
+
+def _drop_expired_partitions(now: datetime) -> list[str]:
+    dropped = []
+    with connection.cursor() as cursor:
+        for table in partitioned_tables():
+            db_table = table.model._meta.db_table
+            for name in expired_partitions(db_table, now=now, retention_days=table.retention_days):
+                cursor.execute(f"DROP TABLE {connection.ops.quote_name(name)}")
+                dropped.append(name)
+    return dropped

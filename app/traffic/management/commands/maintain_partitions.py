@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from app.core.services import maintain_partitions
+from app.traffic.services.partitions import maintain_partitions
 
 
 class Command(BaseCommand):

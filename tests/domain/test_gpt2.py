@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from simulator.tokenizer import CHAT_TEMPLATE, decode, encode, render_chat, token_strs, vocab_size
+from app.domain.gpt2 import CHAT_TEMPLATE, decode, encode, render_chat, token_strs, vocab_size
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json
 
 COMPLETIONS = [
