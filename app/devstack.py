@@ -119,8 +119,8 @@ def processes(port: int) -> dict[str, str]:
         "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
     if env_bool("PREFIXSCOPE_DEMO", True):
-        # 4 simulated vLLM servers and the demo scenario's traffic, round after round, through a
-        # gateway in front of each server, as a real deployment records its requests.
+        # 4 simulated vLLM servers and the demo scenario's traffic, round after round, through the
+        # gateway (one process fronting the four), as a real deployment records its requests.
         http, kv, replay = demo_ports()
         gateway = demo_gateway_port()
         urls = " ".join(f"--base-url http://127.0.0.1:{gateway + i}" for i in range(DEMO_SERVERS))
