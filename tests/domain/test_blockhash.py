@@ -275,7 +275,7 @@ def test_a_lora_request_hashes_the_adapter_name_and_path_as_the_real_server_did(
 
 
 def test_one_adapter_name_at_another_path_shares_no_block() -> None:
-    moved = LoraKey(SERVED_LORA.name, "/work/adapters/support-lora")
+    moved = LoraKey(SERVED_LORA.name, "/srv/adapters/support-lora")
     chain = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, lora=moved)
     served = block_hash_chain(LORA_PROMPT, BLOCK_SIZE, lora=SERVED_LORA)
     assert not set(_wires(chain)) & set(_wires(served))
