@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from app.domain.blockhash import block_hash_chain, wire_to_signed
+from app.domain.blockhash import signed_block_hashes
 from app.traffic.services.requests import RecordRow
 from collectors.records import RequestFacts
 
@@ -74,8 +74,7 @@ class Record:
         """The row the ingest stores for this record (token ids kept, as by default)."""
         hashes = []
         if self.token_ids:
-            chain = block_hash_chain(self.token_ids, BLOCK_SIZE, cache_salt=self.cache_salt)
-            hashes = [wire_to_signed(block.wire) for block in chain]
+            hashes = signed_block_hashes(self.token_ids, BLOCK_SIZE, cache_salt=self.cache_salt)
         salt_hash = hashlib.sha256(self.cache_salt.encode()).hexdigest() if self.cache_salt else ""
         return RecordRow(
             server_id=server_id, request_id=self.request_id, arrived_at=self.arrived_at, trace_id="",

@@ -19,6 +19,8 @@ from app.domain.blockhash import (
     block_extra_keys,
     block_hash_chain,
     hash_block,
+    int64_ids,
+    signed_block_hashes,
     signed_to_wire,
     to_wire,
     wire_to_signed,
@@ -336,7 +338,7 @@ def test_an_empty_salt_is_no_salt() -> None:
 
 def test_token_ids_may_be_numpy_integers() -> None:
     tokens = np.arange(64, dtype=np.int64)
-    assert block_hash_chain(tokens, 32) == block_hash_chain(list(range(64)), 32)  # type: ignore[arg-type]
+    assert block_hash_chain(tokens, 32) == block_hash_chain(list(range(64)), 32)
     assert hash_block(None, tokens[:32]) == hash_block(None, range(32))  # type: ignore[arg-type]
 
 
@@ -442,3 +444,28 @@ def test_numpy_token_ids_beyond_int64_hash_as_python_ints() -> None:
 def test_a_long_prompt_with_a_non_integer_token_id_is_refused(tokens: Any) -> None:
     with pytest.raises(TypeError):
         block_hash_chain(tokens, BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("length", [0, 31, 32, 100, 512, 2048])
+@pytest.mark.parametrize("largest", [23, 255, 65_535, 151_935, 2**32 - 1, 2**40])
+def test_signed_block_hashes_are_the_chains_wire_hashes_as_stored(length: int, largest: int) -> None:
+    # The ingest's fast path: whatever the ids' CBOR sizes (numpy's encoding, or cbor2's beyond
+    # 2**32), from a list or from int64, salted or not, with an adapter or not.
+    rng = random.Random(length * largest)
+    tokens = [rng.randrange(largest + 1) for _ in range(length)]
+    lora = LoraKey("adapter", "/adapters/a")
+    for salt, adapter in [(None, None), ("tenant-a", None), (None, lora), ("tenant-a", lora)]:
+        chain = block_hash_chain(tokens, 16, cache_salt=salt, lora=adapter)
+        stored = [wire_to_signed(block.wire) for block in chain]
+        assert signed_block_hashes(tokens, 16, cache_salt=salt, lora=adapter) == stored
+        assert signed_block_hashes(int64_ids(tokens), 16, cache_salt=salt, lora=adapter) == stored
+
+
+def test_int64_ids_refuse_what_is_not_an_integer_or_beyond_int64() -> None:
+    assert int64_ids([1, 2**63 - 1]).tolist() == [1, 2**63 - 1]
+    with pytest.raises(TypeError):
+        int64_ids([1, 2.0])  # type: ignore[list-item]
+    with pytest.raises(OverflowError):
+        int64_ids([2**63])
+    with pytest.raises(OverflowError):
+        int64_ids(np.array([2**63], dtype=np.uint64))

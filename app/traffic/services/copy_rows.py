@@ -20,11 +20,12 @@ PostgreSQL does; the message names the column, never the value (token ids are pr
 
 import array
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from psycopg import Copy
 from psycopg.errors import NumericValueOutOfRange
 
@@ -53,17 +54,26 @@ _ARRAYS = {
 assert all(array.array(e.typecode).itemsize == e.size for e in _ARRAYS.values())
 
 
-def integer_array(values: Sequence[int] | None, elements: _Elements) -> bytes | None:
+def integer_array(
+    values: Sequence[int] | npt.NDArray[np.integer] | None, elements: _Elements
+) -> bytes | None:
     """`values` as PostgreSQL's binary one-dimensional array without NULLs; None stays None (NULL).
 
+    `values` may be a numpy integer array (token ids converted once, app.domain.blockhash.int64_ids).
     OverflowError when a value does not fit the element type, TypeError when one is not an integer
     (None included: these arrays hold no NULLs).
     """
     if values is None:
         return None
-    if not values:
+    if not len(values):
         return _NO_DIMENSION.pack(0, 0, elements.oid)
-    items = np.frombuffer(array.array(elements.typecode, values), f"=i{elements.size}")
+    if isinstance(values, np.ndarray):
+        limit = 1 << (8 * elements.size - 1)
+        if values.dtype.kind not in "iu" or not -limit <= int(values.min()) <= int(values.max()) < limit:
+            raise OverflowError(f"a value does not fit int{8 * elements.size}")
+        items = values
+    else:
+        items = np.frombuffer(array.array(elements.typecode, values), f"=i{elements.size}")
     encoded = np.empty(len(items), elements.encoded)
     encoded["length"] = elements.size
     encoded["value"] = items
@@ -71,35 +81,42 @@ def integer_array(values: Sequence[int] | None, elements: _Elements) -> bytes | 
 
 
 def write_rows(
-    copy: Copy, rows: Sequence[Sequence[Any]], *, columns: Sequence[str], types: Sequence[str]
+    copy: Copy, rows: Iterable[Sequence[Any]], *, columns: Sequence[str], types: Sequence[str]
 ) -> None:
     """Write `rows` to a binary COPY of `columns`, whose PostgreSQL types are `types` ("int8",
     "varchar", "int4[]" ...); the COPY's types are set here.
 
-    NumericValueOutOfRange, before anything is written, when an integer does not fit its column.
+    `rows` may be a generator: each row is encoded as it comes. NumericValueOutOfRange, before
+    the row is written, when an integer does not fit its column; the caller's COPY then fails whole.
     """
-    _check_ranges(rows, columns=columns, types=types)
-    arrays = [(index, _ARRAYS[kind]) for index, kind in enumerate(types) if kind in _ARRAYS]
-    copy.set_types(["bytea" if kind in _ARRAYS else kind for kind in types])
+    encode = _RowEncoder(columns, types)
+    copy.set_types(encode.copy_types)
     for row in rows:
+        copy.write_row(encode(row))
+
+
+class _RowEncoder:
+    """A row's values as write_row takes them: integers checked against their columns, integer
+    arrays encoded whole (the COPY's type for them is bytea)."""
+
+    def __init__(self, columns: Sequence[str], types: Sequence[str]) -> None:
+        self.columns, self.types = columns, types
+        self.scalars = [(index, 1 << (_BITS[kind] - 1)) for index, kind in enumerate(types) if kind in _BITS]
+        self.arrays = [(index, _ARRAYS[kind]) for index, kind in enumerate(types) if kind in _ARRAYS]
+        self.copy_types = ["bytea" if kind in _ARRAYS else kind for kind in types]
+
+    def __call__(self, row: Sequence[Any]) -> list[Any]:
         values = list(row)
-        for index, elements in arrays:
+        for index, limit in self.scalars:
+            value = values[index]
+            if value is not None and not -limit <= value < limit:
+                raise _out_of_range(self.columns[index], self.types[index])
+        for index, elements in self.arrays:
             try:
                 values[index] = integer_array(values[index], elements)
             except OverflowError:
-                raise _out_of_range(columns[index], types[index]) from None
-        copy.write_row(values)
-
-
-def _check_ranges(rows: Sequence[Sequence[Any]], *, columns: Sequence[str], types: Sequence[str]) -> None:
-    # Column by column over the distinct values: a batch repeats most of them.
-    for index, kind in enumerate(types):
-        if kind in _BITS:
-            limit = 1 << (_BITS[kind] - 1)
-            values = {row[index] for row in rows}
-            values.discard(None)
-            if values and not -limit <= min(values) <= max(values) < limit:
-                raise _out_of_range(columns[index], kind)
+                raise _out_of_range(self.columns[index], self.types[index]) from None
+        return values
 
 
 def _out_of_range(column: str, kind: str) -> NumericValueOutOfRange:

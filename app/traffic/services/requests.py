@@ -12,18 +12,20 @@ import hashlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 from cachetools import TTLCache
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from psycopg.errors import CheckViolation, ForeignKeyViolation, UniqueViolation
 
-from app.domain.blockhash import block_hash_chain, wire_to_signed
+from app.domain.blockhash import TokenIds, int64_ids, signed_block_hashes
 from app.domain.retention import keeps_token_ids, token_ids_cutoff
 from app.fleet.models import Server
 from app.fleet.selectors import UNKNOWN_MODEL_REASON, UnknownModel, request_lora
@@ -82,7 +84,7 @@ class RecordRow(NamedTuple):
     completion_tokens: int | None
     salt_hash: str
     block_hashes: list[int]
-    token_ids: list[int] | None
+    token_ids: TokenIds | None  # numpy int64 from the ingest (its token id lists converted once)
 
 
 # Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
@@ -242,27 +244,60 @@ def _ingest(
     malformed: Sequence[Malformed],
     merge: bool,
 ) -> int:
-    """One try at the batch; `merge` sends every record through alignment and merge. Returns rows."""
+    """One try at the batch; `merge` sends every record through alignment and merge. Returns rows.
+
+    The rows are built (their block hashes computed) as the COPY takes them, each token id list
+    converted once, so everything else that asks the database comes first.
+    """
     with transaction.atomic():
         servers = _servers(items, named_by=malformed)
         cutoff = token_ids_cutoff(
             now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
         )
-        templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
-        rows, unhashed = [], []
-        for item in items:
-            server = servers[item.server]
-            assert server is not None  # the items' servers are proposed when unknown
-            hashes = _block_hashes(item, server)
-            if hashes is None:  # stored without block hashes, rather than with a chain matching none
-                unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
-            row = _row(
-                item, server, hashes or [], source=source, token_ids_cutoff=cutoff, templates=templates
-            )
-            rows.append(row)
-        _store(_deduplicated(rows), merge=merge)
+        located = _deduplicated([(_known_server(servers, item), item) for item in items])
+        templates = _templates(item for _, item in located)
+        unhashed: list[Malformed] = []
+
+        def rows() -> Iterator[RecordRow]:
+            for server, item in located:
+                ids = int64_ids(item.prompt_token_ids) if item.prompt_token_ids is not None else None
+                hashes = _block_hashes(item, ids, server)
+                if hashes is None:  # stored without block hashes, rather than with a chain matching none
+                    unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
+                template, version = templates[item.template, item.template_version]
+                yield _row(
+                    item, server, hashes or [], ids, source=source, token_ids_cutoff=cutoff,
+                    template_id=template.pk if template else None,
+                    template_version_id=version.pk if version else None,
+                )  # fmt: skip
+
+        keys = [(server.pk, item.request_id, item.arrived_at) for server, item in located]
+        _store(keys, rows(), merge=merge)
         _count_malformed([*malformed, *unhashed], servers, now=now)
-    return len(rows)
+    return len(items)
+
+
+def _known_server(servers: dict[str, Server | None], item: RequestFacts) -> Server:
+    server = servers[item.server]
+    assert server is not None  # the items' servers are proposed when unknown
+    return server
+
+
+def _templates(
+    items: Iterable[RequestFacts],
+) -> dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]]:
+    """The template and version each (template, version) named in the batch is: one lookup each."""
+    found: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
+    for item in items:
+        key = (item.template, item.template_version)
+        if key not in found:
+            found[key] = template_version_seen(
+                template=item.template,
+                version=item.template_version,
+                tenant=item.tenant,
+                seen_at=item.arrived_at,
+            )
+    return found
 
 
 def _count_malformed(
@@ -311,37 +346,30 @@ def _servers(
     return known | found
 
 
-def _block_hashes(item: RequestFacts, server: Server) -> list[int] | None:
+def _block_hashes(item: RequestFacts, ids: npt.NDArray[np.int64] | None, server: Server) -> list[int] | None:
     """The prompt's block hashes as its server computed them (its block size, the request's salt
-    and LoRA adapter), as signed bigints; [] without token ids or a known block size, None when the
-    server serves no model of the request's name."""
-    if not item.prompt_token_ids or not server.block_size:
+    and LoRA adapter), as signed bigints; [] without token ids (`ids`, the prompt's as int64) or a
+    known block size, None when the server serves no model of the request's name."""
+    if ids is None or not len(ids) or not server.block_size:
         return []
     try:
         lora = request_lora(server, item.model)
     except UnknownModel:
         return None
-    chain = block_hash_chain(item.prompt_token_ids, server.block_size, cache_salt=item.cache_salt, lora=lora)
-    return [wire_to_signed(h.wire) for h in chain]
+    return signed_block_hashes(ids, server.block_size, cache_salt=item.cache_salt, lora=lora)
 
 
 def _row(
     item: RequestFacts,
     server: Server,
     block_hashes: list[int],
+    token_ids: npt.NDArray[np.int64] | None,
     *,
     source: str,
     token_ids_cutoff: datetime | None,
-    templates: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]],
+    template_id: int | None,
+    template_version_id: int | None,
 ) -> RecordRow:
-    # One lookup per template and version in a batch, not per record.
-    key = (item.template, item.template_version)
-    if key not in templates:
-        templates[key] = template_version_seen(
-            template=item.template, version=item.template_version, tenant=item.tenant, seen_at=item.arrived_at
-        )
-    template, version = templates[key]
-    tokens = list(item.prompt_token_ids) if item.prompt_token_ids is not None else None
     return RecordRow(
         server_id=server.pk,
         request_id=item.request_id,
@@ -349,8 +377,8 @@ def _row(
         trace_id=item.trace_id,
         model=item.model,
         tenant=item.tenant,
-        template_id=template.pk if template else None,
-        template_version_id=version.pk if version else None,
+        template_id=template_id,
+        template_version_id=template_version_id,
         source=source,
         client_ttft_seconds=item.client_ttft_seconds,
         server_ttft_seconds=item.server_ttft_seconds,
@@ -361,31 +389,41 @@ def _row(
         completion_tokens=item.completion_tokens,
         salt_hash=hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else "",
         block_hashes=block_hashes,
-        token_ids=tokens if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
+        token_ids=token_ids if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
     )
 
 
-def _deduplicated(rows: list[RecordRow]) -> list[RecordRow]:
-    """Rows of one server and request id arriving within JOIN_WINDOW of the first of them merged
+def _deduplicated(located: list[tuple[Server, RequestFacts]]) -> list[tuple[Server, RequestFacts]]:
+    """Facts of one server and request id arriving within JOIN_WINDOW of the first of them merged
     into it (as a later batch's would be): ON CONFLICT cannot touch one row twice in a statement."""
-    kept: dict[tuple[int, str], list[RecordRow]] = {}
-    for row in rows:
-        earlier = kept.setdefault((row.server_id, row.request_id), [])
-        for position, first in enumerate(earlier):
-            if abs(row.arrived_at - first.arrived_at) <= JOIN_WINDOW:
-                merged = map(_known, first, row._replace(arrived_at=first.arrived_at))
-                earlier[position] = RecordRow._make(merged)
+    kept: dict[tuple[int, str], list[tuple[Server, RequestFacts]]] = {}
+    for server, item in located:
+        earlier = kept.setdefault((server.pk, item.request_id), [])
+        for position, (_, first) in enumerate(earlier):
+            if abs(item.arrived_at - first.arrived_at) <= JOIN_WINDOW:
+                earlier[position] = (server, _merged(first, item))
                 break
         else:
-            earlier.append(row)
-    return [row for rows_of_request in kept.values() for row in rows_of_request]
+            earlier.append((server, item))
+    return [pair for pairs in kept.values() for pair in pairs]
 
 
-def _known(earlier: Any, later: Any) -> Any:
-    return earlier if later is None or later == "" or later == [] else later
+def _merged(first: RequestFacts, later: RequestFacts) -> RequestFacts:
+    """The union of two sources' facts of one request, at the first's arrival: a later value fills
+    a gap, it never erases a known one with nothing."""
+    given = {
+        name: value
+        for name in RequestFacts.__struct_fields__
+        if name != "arrived_at" and _given(value := getattr(later, name))
+    }
+    return msgspec.structs.replace(first, **given)
 
 
-def _store(rows: list[RecordRow], *, merge: bool) -> None:
+def _given(value: Any) -> bool:
+    return value is not None and value != "" and not (isinstance(value, list | tuple) and not value)
+
+
+def _store(keys: Sequence[tuple[int, str, datetime]], rows: Iterable[RecordRow], *, merge: bool) -> None:
     """COPY the rows straight into the table when none has a record stored near its key (the usual
     case), else stage them, align them to the stored arrival times and merge them.
 
@@ -393,12 +431,12 @@ def _store(rows: list[RecordRow], *, merge: bool) -> None:
     `merge`, a writer that bypasses them and stores one of the keys after the probe makes the COPY
     raise IntegrityError (UniqueViolation): the caller then runs again with `merge`.
     """
-    if not rows:
+    if not keys:
         return
     with connection.cursor() as cursor:
         by_server: dict[int, list[tuple[str, datetime]]] = {}
-        for row in rows:
-            by_server.setdefault(row.server_id, []).append((row.request_id, row.arrived_at))
+        for server_id, request_id, arrived_at in keys:
+            by_server.setdefault(server_id, []).append((request_id, arrived_at))
         # One round trip: the lock timeout (waiting longer for a lock, here or on a key the COPY
         # meets, raises LockNotAvailable), the locks, then the probe in a statement of its own (its
         # snapshot is taken after the locks are held, so it sees what the batches before this one
@@ -428,7 +466,7 @@ def stored_near_probe(by_server: dict[int, list[tuple[str, datetime]]]) -> tuple
     return "SELECT " + " OR ".join([_PROBE_SERVER] * len(by_server)), parameters
 
 
-def _merge(cursor: Any, rows: list[RecordRow]) -> None:
+def _merge(cursor: Any, rows: Iterable[RecordRow]) -> None:
     # Emptied at commit; DELETE (not TRUNCATE: no new file each time) for a caller's outer
     # transaction that has not committed yet.
     cursor.execute(f"{_CREATE_STAGING}; DELETE FROM request_record_batch")
@@ -437,7 +475,7 @@ def _merge(cursor: Any, rows: list[RecordRow]) -> None:
     cursor.execute(_UPSERT_SQL)
 
 
-def _copy(cursor: Any, table: str, types: Sequence[str], rows: list[RecordRow]) -> None:
+def _copy(cursor: Any, table: str, types: Sequence[str], rows: Iterable[RecordRow]) -> None:
     # Through psycopg's own cursor: its errors wrapped as Django's (IntegrityError, OperationalError)
     # by hand, as Django's cursor does for the statements it runs.
     # The arrays (token ids, block hashes) are encoded whole by copy_rows, not element by element.
