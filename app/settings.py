@@ -156,6 +156,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": crontab(minute=27),
         "options": {"expires": 3600},
     },
+    "diagnose-requests": {
+        "task": "traffic.diagnose_requests",
+        "schedule": 30.0,
+        "options": {"expires": 30},
+    },
     "refresh-rollups": {
         "task": "traffic.refresh_rollups",
         "schedule": 60.0,
@@ -180,6 +185,12 @@ PREFIXSCOPE_TOKENIZER_PATTERN = env_str(
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
 )
 PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS", 3, minimum=1)
+
+# Miss diagnosis: a record is diagnosed once, this long after it arrived (KV events and spans
+# arrive late), against the KV events and records of the LOOKBACK before it; records arriving
+# later than LOOKBACK are left undiagnosed.
+PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = env_int("PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS", 30, minimum=0)
+PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = env_int("PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES", 60, minimum=1)
 
 # Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process
 # (threaded workers, WEB_THREADS > 1; a sync worker takes one request at a time anyway);

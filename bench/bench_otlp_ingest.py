@@ -153,6 +153,7 @@ def vllm_row(server_id: int, template_id: int, now: datetime) -> RecordRow:
         model="", tenant="", template_id=None, template_version_id=None, source="otlp",
         client_ttft_seconds=None, server_ttft_seconds=0.0129, queue_seconds=4.8e-05, prefill_seconds=0.0067,
         prompt_tokens=191, cached_tokens=None, completion_tokens=4, salt_hash="", block_hashes=[],
+        neutral_hashes=[],
         token_ids=None,
     )  # fmt: skip
 
@@ -164,6 +165,7 @@ def genai_row(server_id: int, template_id: int, now: datetime) -> RecordRow:
         model="tiny", tenant="acme", template_id=template_id, template_version_id=None, source="otlp",
         client_ttft_seconds=None, server_ttft_seconds=None, queue_seconds=None, prefill_seconds=None,
         prompt_tokens=2048, cached_tokens=1536, completion_tokens=16, salt_hash="", block_hashes=[],
+        neutral_hashes=[],
         token_ids=None,
     )  # fmt: skip
 

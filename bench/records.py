@@ -72,16 +72,18 @@ class Record:
 
     def row(self, server_id: int, *, source: str) -> RecordRow:
         """The row the ingest stores for this record (token ids kept, as by default)."""
-        hashes = []
+        hashes, neutral = [], []
         if self.token_ids:
             hashes = signed_block_hashes(self.token_ids, BLOCK_SIZE, cache_salt=self.cache_salt)
+            if self.cache_salt:
+                neutral = signed_block_hashes(self.token_ids, BLOCK_SIZE)
         salt_hash = hashlib.sha256(self.cache_salt.encode()).hexdigest() if self.cache_salt else ""
         return RecordRow(
             server_id=server_id, request_id=self.request_id, arrived_at=self.arrived_at, trace_id="",
             model="tiny", tenant="acme", template_id=None, template_version_id=None, source=source,
             client_ttft_seconds=0.05, server_ttft_seconds=None, queue_seconds=None, prefill_seconds=None,
             prompt_tokens=2048, cached_tokens=1536, completion_tokens=16, salt_hash=salt_hash,
-            block_hashes=hashes, token_ids=self.token_ids,
+            block_hashes=hashes, neutral_hashes=neutral, token_ids=self.token_ids,
         )  # fmt: skip
 
 

@@ -7,4 +7,5 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("collection/", views.collection, name="collection"),
     path("proposed/<int:server_id>/", views.proposed_server, name="proposed-server"),
+    path("requests/<str:server>/<path:request_id>/", views.request_detail, name="request-detail"),
 ]

@@ -1,3 +1,4 @@
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -16,6 +17,8 @@ from app.dashboard.metrics import PrefixscopeCollector
 from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
+from app.traffic.models import RequestDiagnosis
+from app.traffic.selectors import diagnosed_requests, lost_tokens_by_cause, recent_misses
 from app.traffic.services.servers import merge_server
 
 _registry = CollectorRegistry()
@@ -78,7 +81,15 @@ def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None) -> dict[str,
         (row, (invalid or {}).get(row.server.pk) or _form_for(row.server))
         for row in proposed_servers(now=now)
     ]
-    return {"rows": fleet_overview(now=now), "proposed": proposed}
+    hour_ago = now - timedelta(hours=1)
+    labels = dict(RequestDiagnosis.Cause.choices)
+    lost = lost_tokens_by_cause(since=hour_ago, until=now)
+    return {
+        "rows": fleet_overview(now=now),
+        "proposed": proposed,
+        "lost": sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1]),
+        "misses": recent_misses(since=hour_ago),
+    }
 
 
 def _form_for(server: Server) -> ProposedServerForm:
@@ -90,3 +101,38 @@ def collection(request: HtmxHttpRequest) -> HttpResponse:
     """Whether every server is heard: pulls, KV event streams, gaps and refused input."""
     rows, reasons, gaps = collection_health()
     return render(request, "dashboard/collection.html", {"rows": rows, "reasons": reasons, "gaps": gaps})
+
+
+@login_required
+def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> HttpResponse:
+    """One request's records (one per arrival) with why their prompt tokens were not reused."""
+    found = diagnosed_requests(server_name=server, request_id=request_id)
+    names = dict(Server.objects.values_list("pk", "name"))
+    items = [
+        {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names)}
+        for i in found
+    ]
+    return render(
+        request, "dashboard/request.html", {"server": server, "request_id": request_id, "found": items}
+    )
+
+
+def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> list[dict[str, object]]:
+    labels = dict(RequestDiagnosis.Cause.choices)
+    shown = []
+    for loss in diagnosis.losses if diagnosis else []:
+        detail = ""
+        if loss["cause"] == "routed_elsewhere":
+            detail = (
+                f"resident on {names.get(loss['server_id'], '?')}: its first {loss['server_tokens']} tokens"
+            )
+        elif loss["cause"] == "evicted":
+            where = names.get(loss.get("server_id"), "?")
+            stored = loss.get("stored_at", "before the events kept")
+            detail = f"on {where}: stored {stored}, removed {loss['removed_at']}"
+        first = loss["first_token"]
+        shown.append(
+            {"first_token": first, "last_token": first + loss["tokens"] - 1, "tokens": loss["tokens"],
+             "label": labels.get(loss["cause"], loss["cause"]), "detail": detail}
+        )  # fmt: skip
+    return shown

@@ -154,6 +154,9 @@ class RequestRecord(PostgresPartitionedModel):
     salt_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the cache salt, hex")
     # uint64 wire hashes stored as two's-complement bigints (see UInt64Field).
     block_hashes = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    # A salted prompt's chain without its salt, computed at ingest while its token ids are in hand:
+    # the same tokens under another salt are then told from cold even in hash-only mode. [] unsalted.
+    neutral_hashes = ArrayField(models.BigIntegerField(), default=list, blank=True)
     # Prompt text in token form: null once PREFIXSCOPE_TOKEN_RETENTION_DAYS has passed or in hash-only mode.
     token_ids = ArrayField(models.IntegerField(), null=True, blank=True)
 
@@ -284,3 +287,71 @@ class RejectedInput(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}: {self.reason} x{self.count}"
+
+
+class RequestDiagnosis(PostgresPartitionedModel):
+    """Why one request record's prompt tokens were not reused (app/domain/misscauses.py), and its
+    funnel; keyed as its record. Derived: written once per record by the diagnosis task."""
+
+    class Cause(models.TextChoices):
+        PROMPT_CHANGED = "prompt_changed", "Prompt changed"
+        EVICTED = "evicted", "Evicted"
+        ROUTED_ELSEWHERE = "routed_elsewhere", "Routed elsewhere"
+        SALT = "salt", "Tenant salt"
+        RESTARTED = "restarted", "Server restarted"
+        BELOW_BLOCK = "below_block", "Shorter than one block"
+        COLD = "cold", "Cold (never seen)"
+        UNEXPLAINED = "unexplained", "Unexplained (resident, still missed)"
+        NO_KV_EVENTS = "no_kv_events", "No KV events from this server"
+
+    class Unknown(models.TextChoices):
+        NO_PROMPT = "no_prompt", "No prompt token ids (a span alone)"
+        NO_CACHED_TOKENS = "no_cached_tokens", "Cached tokens not reported"
+        NO_BLOCK_SIZE = "no_block_size", "Block size of the server unknown"
+
+    pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
+    request_id = models.CharField(max_length=records.REQUEST_ID_MAX)
+    arrived_at = models.DateTimeField()
+    diagnosed_at = models.DateTimeField()
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
+    tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
+    # The cause that lost the most reusable tokens ("" when none was lost); or why no diagnosis.
+    cause = models.CharField(max_length=20, choices=Cause.choices, blank=True)
+    unknown = models.CharField(max_length=20, choices=Unknown.choices, blank=True)
+    diverged_at = models.PositiveIntegerField(null=True, blank=True, help_text="prompt_changed: first token")
+    unexpected_hit = models.BooleanField(default=False)
+    # The funnel, in leading prompt tokens.
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    seen_before_tokens = models.PositiveIntegerField(default=0)
+    resident_anywhere_tokens = models.PositiveIntegerField(default=0)
+    resident_here_tokens = models.PositiveIntegerField(default=0)
+    reused_tokens = models.PositiveIntegerField(default=0)
+    # Lost tokens by cause: one column each, so that rollups are sums.
+    prompt_changed_tokens = models.PositiveIntegerField(default=0)
+    evicted_tokens = models.PositiveIntegerField(default=0)
+    routed_elsewhere_tokens = models.PositiveIntegerField(default=0)
+    salt_tokens = models.PositiveIntegerField(default=0)
+    restarted_tokens = models.PositiveIntegerField(default=0)
+    below_block_tokens = models.PositiveIntegerField(default=0)
+    cold_tokens = models.PositiveIntegerField(default=0)
+    unexplained_tokens = models.PositiveIntegerField(default=0)
+    no_kv_events_tokens = models.PositiveIntegerField(default=0)
+    # Each run of blocks lost to one cause: first token, tokens, and where it applies the server,
+    # the tokens that server held, when the block was stored and removed.
+    losses = models.JSONField(default=list, blank=True)
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["arrived_at"]
+
+    class Meta:
+        indexes = [models.Index(fields=["template", "arrived_at"], name="diagnosis_template_time")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"

@@ -272,18 +272,25 @@ async def _stream(
     editor = StreamEditor(plan)
     first_sent: float | None = None
     ttft: float | None = None
+    ended = False  # the upstream's whole answer read and passed on
     try:
         async for chunk, last in _chunks(upstream):
             out = editor.feed(chunk) + (editor.close() if last else b"")
+            ended = last
             await (response.write_eof(out) if last else response.write(out))
             if out:
                 first_sent = first_sent or time.perf_counter()
                 if ttft is None and editor.facts.content_seen:
                     ttft = time.perf_counter() - started
+        ended = True
         await response.write_eof(editor.close())
     except ConnectionResetError:
-        logger.debug("client went away in the middle of a stream")
-        editor.facts.error = True  # the answer was not seen to its end
+        # A client that closes as soon as it has read `[DONE]` (many do) lost nothing: only one that
+        # went away before the end makes the answer unseen, and its record unknown.
+        logger.debug(
+            "client went away %s", "after the end of a stream" if ended else "in the middle of a stream"
+        )
+        editor.facts.error = not ended
     if ttft is None:
         ttft = (first_sent or time.perf_counter()) - started
     return response, editor.facts, ttft

@@ -38,6 +38,7 @@ def row(**fields: Any) -> RecordRow:
         "prefill_seconds": 0.0067, "prompt_tokens": 2048, "cached_tokens": 1536, "completion_tokens": 16,
         "salt_hash": "5" * 64, "token_ids": tokens,
         "block_hashes": [wire_to_signed(block.wire) for block in block_hash_chain(tokens, 32)],
+        "neutral_hashes": [wire_to_signed(block.wire) for block in block_hash_chain(tokens, 32)][::-1],
     }  # fmt: skip
     return RecordRow(**(values | fields))
 
@@ -46,7 +47,7 @@ NO_VALUES: dict[str, Any] = {
     "trace_id": "", "model": "", "tenant": "", "template_id": None, "template_version_id": None,
     "client_ttft_seconds": None, "server_ttft_seconds": None, "queue_seconds": None, "prefill_seconds": None,
     "prompt_tokens": None, "cached_tokens": None, "completion_tokens": None, "salt_hash": "",
-    "block_hashes": [], "token_ids": None,
+    "block_hashes": [], "neutral_hashes": [], "token_ids": None,
 }  # fmt: skip
 AT_LIMITS: dict[str, Any] = {
     "server_id": INT8 - 1, "template_id": -INT8, "prompt_tokens": INT4 - 1, "cached_tokens": 0,

@@ -14,7 +14,7 @@ rejects them.
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -31,7 +31,7 @@ from psqlextra.partitioning import (
 )
 from psqlextra.partitioning.time_partition import PostgresTimePartition
 
-from app.traffic.models import KVEvent, RequestRecord, Scrape, ScrapeSample
+from app.traffic.models import KVEvent, RequestDiagnosis, RequestRecord, Scrape, ScrapeSample
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ def partitioned_tables() -> list[PartitionedTable]:
     """The partitioned tables with the retention setting of each, read when called."""
     return [
         PartitionedTable(RequestRecord, settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS),
+        PartitionedTable(RequestDiagnosis, settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS),
         PartitionedTable(KVEvent, settings.PREFIXSCOPE_KV_EVENT_RETENTION_DAYS),
         PartitionedTable(Scrape, settings.PREFIXSCOPE_SCRAPE_RETENTION_DAYS),
         PartitionedTable(ScrapeSample, settings.PREFIXSCOPE_SCRAPE_RETENTION_DAYS),
@@ -92,6 +93,31 @@ def create_day_partitions(model: type[PostgresPartitionedModel], days: Iterable[
                 created.append(f"{table}_{partition.name()}")
     forget_partition_ranges()
     return created
+
+
+def ensure_day_partitions(model: type[PostgresPartitionedModel], moments: Sequence[datetime]) -> None:
+    """Create the daily partitions rows at `moments` need and do not have (history arriving late).
+
+    The usual batch, all inside the first unbroken span of partitions, is answered from this
+    process's memory of their ranges, without a test moment by moment.
+    """
+    spans = _contiguous_ranges(recent_partition_ranges(model._meta.db_table).values())
+    if not moments or (spans and spans[0][0] <= min(moments) and max(moments) < spans[0][1]):
+        return
+    missing = {day_of(moment) for moment in moments if not any(low <= moment < up for low, up in spans)}
+    if missing and (created := create_day_partitions(model, missing)):
+        logger.info("partitions created for late rows", extra={"partitions_created": created})
+
+
+def _contiguous_ranges(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """Partition ranges joined where one ends as the next begins: one range, unless days are missing."""
+    joined: list[tuple[datetime, datetime]] = []
+    for lower, upper in sorted(ranges):
+        if joined and joined[-1][1] == lower:
+            joined[-1] = (joined[-1][0], upper)
+        else:
+            joined.append((lower, upper))
+    return joined
 
 
 class _DailyFromYesterday(PostgresCurrentTimePartitioningStrategy):

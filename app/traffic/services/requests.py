@@ -34,12 +34,7 @@ from app.prompts.models import Template, TemplateVersion
 from app.prompts.services import template_version_seen
 from app.traffic.models import RequestRecord
 from app.traffic.services.copy_rows import write_rows
-from app.traffic.services.partitions import (
-    create_day_partitions,
-    day_of,
-    forget_partition_ranges,
-    recent_partition_ranges,
-)
+from app.traffic.services.partitions import day_of, ensure_day_partitions, forget_partition_ranges
 from app.traffic.services.rejections import count_rejected_input
 from collectors.records import SERVER_MAX, RequestFacts, problem
 
@@ -84,6 +79,7 @@ class RecordRow(NamedTuple):
     completion_tokens: int | None
     salt_hash: str
     block_hashes: list[int]
+    neutral_hashes: list[int]  # the chain without the salt; [] when unsalted (the same chain)
     token_ids: TokenIds | None  # numpy int64 from the ingest (its token id lists converted once)
 
 
@@ -97,7 +93,7 @@ _STAGED_TYPES = {
     "source": "varchar", "client_ttft_seconds": "float8", "server_ttft_seconds": "float8",
     "queue_seconds": "float8", "prefill_seconds": "float8", "prompt_tokens": "int8",
     "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
-    "block_hashes": "int8[]", "token_ids": "int8[]",
+    "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]",
 }  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
 _COLUMNS = RecordRow._fields
@@ -108,12 +104,13 @@ _CREATE_STAGING = (
     f"({', '.join(f'{column} {_STAGED_TYPES[column]}' for column in _COLUMNS)}) ON COMMIT DELETE ROWS"
 )
 _KEY = ("server_id", "request_id", "arrived_at")
+_CHAINS = ("block_hashes", "neutral_hashes")  # a later source's chain replaces one only when it has one
 _MERGE = ", ".join(
     f"{c} = COALESCE(NULLIF(EXCLUDED.{c}, ''), r.{c})"
     if c in ("trace_id", "model", "tenant", "salt_hash")
     else f"{c} = COALESCE(EXCLUDED.{c}, r.{c})"
     for c in _COLUMNS
-    if c not in _KEY and c not in ("block_hashes", "source")
+    if c not in _KEY and c not in (*_CHAINS, "source")
 )
 # Batches about one server take this transaction-level lock first (in server-id order, so two
 # batches cannot deadlock): a batch then sees every record stored before it, and two batches about
@@ -135,12 +132,13 @@ _ALIGN_SQL = f"""
 UPDATE request_record_batch s SET arrived_at = r.arrived_at
 FROM traffic_requestrecord r WHERE {_STORED_NEAR} AND r.arrived_at <> s.arrived_at
 """
+_CHAIN_MERGE = ", ".join(
+    f"{c} = CASE WHEN cardinality(EXCLUDED.{c}) > 0 THEN EXCLUDED.{c} ELSE r.{c} END" for c in _CHAINS
+)
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
 SELECT DISTINCT ON ({", ".join(_KEY)}) {", ".join(_COLUMNS)} FROM request_record_batch
-ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE},
-    block_hashes = CASE WHEN cardinality(EXCLUDED.block_hashes) > 0
-                        THEN EXCLUDED.block_hashes ELSE r.block_hashes END
+ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}, {_CHAIN_MERGE}
 """
 
 
@@ -165,7 +163,7 @@ def ingest_request_records(
     refused = [*malformed, *(Malformed(source, reason, server) for _, reason, server in rejected)]
     merge = False
     for retry in (False, True):
-        _make_partitions(items)
+        ensure_day_partitions(RequestRecord, [item.arrived_at for item in items])
         try:
             stored = _ingest(items, source=source, now=now, malformed=refused, merge=merge)
             break
@@ -210,32 +208,6 @@ def _outside_retention(arrived_at: datetime, *, oldest: datetime, newest: dateti
     return None
 
 
-def _make_partitions(items: Iterable[RequestFacts]) -> None:
-    """Create the daily partitions the items need and do not have (history arriving late)."""
-    spans = _contiguous_ranges(recent_partition_ranges(RequestRecord._meta.db_table).values())
-    arrivals = [item.arrived_at for item in items]
-    if not arrivals or (spans and spans[0][0] <= min(arrivals) and max(arrivals) < spans[0][1]):
-        return  # the usual batch, all in the first unbroken span: no test item by item
-    missing = {
-        day_of(arrived_at)
-        for arrived_at in arrivals
-        if not any(lower <= arrived_at < upper for lower, upper in spans)
-    }
-    if missing and (created := create_day_partitions(RequestRecord, missing)):
-        logger.info("partitions created for late request records", extra={"partitions_created": created})
-
-
-def _contiguous_ranges(ranges: Iterable[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
-    """Partition ranges joined where one ends as the next begins: one range, unless days are missing."""
-    joined: list[tuple[datetime, datetime]] = []
-    for lower, upper in sorted(ranges):
-        if joined and joined[-1][1] == lower:
-            joined[-1] = (joined[-1][0], upper)
-        else:
-            joined.append((lower, upper))
-    return joined
-
-
 def _ingest(
     items: Sequence[RequestFacts],
     *,
@@ -247,26 +219,29 @@ def _ingest(
     """One try at the batch; `merge` sends every record through alignment and merge. Returns rows.
 
     The rows are built (their block hashes computed) as the COPY takes them, each token id list
-    converted once, so everything else that asks the database comes first.
+    converted once, so everything else that asks the database comes first. Templates and versions
+    are looked up (made when new) before the batch's transaction, each in its own: two batches
+    naming the same new templates in their own orders deadlocked on them (a gateway in front of
+    several servers runs one writer per server).
     """
+    templates = _templates(items)
     with transaction.atomic():
         servers = _servers(items, named_by=malformed)
         cutoff = token_ids_cutoff(
             now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
         )
         located = _deduplicated([(_known_server(servers, item), item) for item in items])
-        templates = _templates(item for _, item in located)
         unhashed: list[Malformed] = []
 
         def rows() -> Iterator[RecordRow]:
             for server, item in located:
                 ids = int64_ids(item.prompt_token_ids) if item.prompt_token_ids is not None else None
-                hashes = _block_hashes(item, ids, server)
-                if hashes is None:  # stored without block hashes, rather than with a chain matching none
+                chains = _chains(item, ids, server)
+                if chains is None:  # stored without block hashes, rather than with a chain matching none
                     unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
                 template, version = templates[item.template, item.template_version]
                 yield _row(
-                    item, server, hashes or [], ids, source=source, token_ids_cutoff=cutoff,
+                    item, server, chains or ([], []), ids, source=source, token_ids_cutoff=cutoff,
                     template_id=template.pk if template else None,
                     template_version_id=version.pk if version else None,
                 )  # fmt: skip
@@ -286,17 +261,15 @@ def _known_server(servers: dict[str, Server | None], item: RequestFacts) -> Serv
 def _templates(
     items: Iterable[RequestFacts],
 ) -> dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]]:
-    """The template and version each (template, version) named in the batch is: one lookup each."""
+    """The template and version each (template, version) named in the batch is: one lookup each, in
+    sorted order (so that writers making the same new ones wait for each other, never deadlock)."""
+    first = {(item.template, item.template_version): item for item in reversed(list(items))}
     found: dict[tuple[str, str], tuple[Template | None, TemplateVersion | None]] = {}
-    for item in items:
-        key = (item.template, item.template_version)
-        if key not in found:
-            found[key] = template_version_seen(
-                template=item.template,
-                version=item.template_version,
-                tenant=item.tenant,
-                seen_at=item.arrived_at,
-            )
+    for key in sorted(first):
+        item = first[key]
+        found[key] = template_version_seen(
+            template=item.template, version=item.template_version, tenant=item.tenant, seen_at=item.arrived_at
+        )
     return found
 
 
@@ -346,23 +319,29 @@ def _servers(
     return known | found
 
 
-def _block_hashes(item: RequestFacts, ids: npt.NDArray[np.int64] | None, server: Server) -> list[int] | None:
+def _chains(
+    item: RequestFacts, ids: npt.NDArray[np.int64] | None, server: Server
+) -> tuple[list[int], list[int]] | None:
     """The prompt's block hashes as its server computed them (its block size, the request's salt
-    and LoRA adapter), as signed bigints; [] without token ids (`ids`, the prompt's as int64) or a
-    known block size, None when the server serves no model of the request's name."""
+    and LoRA adapter), and for a salted prompt the same chain without its salt (so that, token ids
+    gone, a salt's misses can still be told from cold ones), as signed bigints. Both [] without
+    token ids (`ids`, the prompt's as int64) or a known block size; None when the server serves no
+    model of the request's name."""
     if ids is None or not len(ids) or not server.block_size:
-        return []
+        return [], []
     try:
         lora = request_lora(server, item.model)
     except UnknownModel:
         return None
-    return signed_block_hashes(ids, server.block_size, cache_salt=item.cache_salt, lora=lora)
+    hashes = signed_block_hashes(ids, server.block_size, cache_salt=item.cache_salt, lora=lora)
+    neutral = signed_block_hashes(ids, server.block_size, lora=lora) if item.cache_salt else []
+    return hashes, neutral
 
 
 def _row(
     item: RequestFacts,
     server: Server,
-    block_hashes: list[int],
+    chains: tuple[list[int], list[int]],
     token_ids: npt.NDArray[np.int64] | None,
     *,
     source: str,
@@ -388,7 +367,8 @@ def _row(
         cached_tokens=item.cached_tokens,
         completion_tokens=item.completion_tokens,
         salt_hash=hashlib.sha256(item.cache_salt.encode()).hexdigest() if item.cache_salt else "",
-        block_hashes=block_hashes,
+        block_hashes=chains[0],
+        neutral_hashes=chains[1],
         token_ids=token_ids if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
     )
 

@@ -1,0 +1,443 @@
+"""Why a request's prompt tokens were not reused: its miss causes, block by block, and its funnel.
+
+The fleet's KV events and the requests are replayed in time order (`FleetHistory`): events move
+blocks in and out of each server's resident set, and each request is diagnosed against the fleet as
+it was at its arrival, then adds its own chain to what the fleet has seen. Pure: the caller reads
+events and records from wherever they are kept and feeds them in order of time.
+
+vLLM reuses a request's longest run of resident leading full blocks, never its last prompt token, so
+of `prompt_tokens` at most `(prompt_tokens - 1) // block_size` blocks can be reused; the tokens past
+them are `below_block`. Each block that was not reused has its cause (a prompt can be evicted up to
+token 512 and changed from there on), except that one still resident here was lost only because the
+chain broke before it: it takes the cause of the block before it. The request's cause is the one that
+lost it the most reusable tokens, the earlier of equal ones: a timestamp at the top whose first block
+a request of another tenant happened to share is lost mostly to the prompt change, not to the salt.
+
+A block that was not reused is, in this order of checks:
+- `unexplained`: resident on this server at arrival, the first block lost: the engine had it and did
+  not reuse it (event lag, engine behaviour); counted on its own, never folded into another cause;
+- `no_kv_events`: the server's KV events are not collected, so eviction, routing and residency cannot
+  be told apart (only what needs no events is said: salt, prompt changed, cold);
+- `evicted`: stored on this server in its current epoch and removed before the request (when, and
+  how long it had lived);
+- `routed_elsewhere`: resident at that moment on another server of the same compatibility group
+  (which one, and how many of the prompt's leading tokens it held);
+- `restarted`: held by this server in an earlier epoch (a restart emptied it);
+- `evicted` too when it was stored elsewhere and is gone everywhere (the fleet computed it once);
+- `salt`: never seen under the request's salt, but the same tokens were seen under another salt
+  (the salt-neutral chain, computed at ingest while the token ids were in hand);
+- `prompt_changed`: never seen, and the prompt's template (or prefix family) had earlier requests
+  under this salt: the prompt departs from their longest prefix at token `diverged_at`;
+- `cold`: never seen anywhere, the first of its kind.
+An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
+had resident on its server (salts are known to be dropped on some cache paths).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum, StrEnum
+
+
+class Cause(StrEnum):
+    PROMPT_CHANGED = "prompt_changed"
+    EVICTED = "evicted"
+    ROUTED_ELSEWHERE = "routed_elsewhere"
+    SALT = "salt"
+    RESTARTED = "restarted"
+    BELOW_BLOCK = "below_block"
+    COLD = "cold"
+    UNEXPLAINED = "unexplained"
+    NO_KV_EVENTS = "no_kv_events"
+
+
+class Unknown(StrEnum):
+    """Why a request has no diagnosis: what its record lacks."""
+
+    NO_PROMPT = "no_prompt"  # no token ids, so no block hashes (a span alone, or hash-less ingest)
+    NO_CACHED_TOKENS = "no_cached_tokens"  # the source did not say what was reused
+    NO_BLOCK_SIZE = "no_block_size"  # the server's block size is not known yet
+
+
+class EventKind(IntEnum):
+    """As app.traffic.models.KVEvent.Kind."""
+
+    STORED = 1
+    REMOVED = 2
+    CLEARED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """One block of one KV event (block_hash None for AllBlocksCleared)."""
+
+    server: int
+    rank: int
+    epoch: int
+    at: datetime
+    kind: EventKind
+    block_hash: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPrompt:
+    """What the diagnosis needs of one request record. Hashes are the stored (signed) values."""
+
+    server: int
+    arrived_at: datetime
+    block_size: int | None
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    block_hashes: Sequence[int]
+    salt: str = ""  # the salt's hash, "" for none
+    neutral_hashes: Sequence[int] = ()  # the chain without the salt; () when unsalted (the same)
+    family: Hashable = None  # the template, or the prefix family; None: neither
+    token_ids: Sequence[int] | None = None  # for a token-exact divergence; None in hash-only mode
+    kv_events: bool = True  # whether the server's KV events are collected
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """A run of consecutive blocks lost to one cause (or the tail below one block)."""
+
+    cause: Cause
+    first_token: int
+    tokens: int
+    server: int | None = None  # routed_elsewhere: the server holding it; evicted: where it lived
+    server_tokens: int | None = None  # routed_elsewhere: the prompt's leading tokens that server held
+    stored_at: datetime | None = None  # evicted: when the block had been stored
+    removed_at: datetime | None = None  # evicted: when it was removed
+
+
+@dataclass(frozen=True, slots=True)
+class Funnel:
+    """The prompt's tokens at each step to reuse; each step's tokens are leading tokens."""
+
+    prompt_tokens: int
+    seen_before: int  # under its salt anywhere before (an unlimited cache with ideal routing)
+    resident_anywhere: int  # on the compatible server holding most of it at arrival
+    resident_here: int  # on the server it was routed to, at arrival
+    reused: int  # what vLLM reported (cached tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    cause: Cause | None  # the one that lost the most reusable tokens; None when all that could be was
+    diverged_at: int | None  # prompt_changed: the first token that departs from the family's prefix
+    losses: tuple[Loss, ...]
+    funnel: Funnel
+    unexpected_hit: bool
+
+    def tokens_by_cause(self) -> dict[Cause, int]:
+        found: dict[Cause, int] = {}
+        for loss in self.losses:
+            found[loss.cause] = found.get(loss.cause, 0) + loss.tokens
+        return found
+
+
+@dataclass(slots=True)
+class _Family:
+    """What earlier requests of one template (or family) and salt had: their blocks, and for each
+    block the tokens of the block that followed it (the latest request's), for a token-exact
+    divergence. Bounded: the oldest blocks are forgotten first."""
+
+    blocks: OrderedDict[int | None, tuple[int, ...]] = field(default_factory=OrderedDict)
+
+
+FAMILY_MEMORY_BLOCKS = 65_536  # blocks remembered per template and salt
+
+
+def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
+    """Blocks vLLM may reuse of a prompt: never its last token, so never a block holding it."""
+    return max(prompt_tokens - 1, 0) // block_size
+
+
+class FleetHistory:
+    """The fleet's resident blocks and what it has seen, replayed in time order.
+
+    `apply` each event and `diagnose` each request in order of time (events at or before a request's
+    arrival first). Servers are compared only within their compatibility group (`groups`: server ->
+    any key; servers not listed form a group of their own).
+    """
+
+    def __init__(self, groups: dict[int, Hashable] | None = None) -> None:
+        self._groups = dict(groups or {})
+        self._resident: dict[int, dict[int, datetime]] = {}  # server -> block -> stored at
+        self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
+        self._epochs: dict[tuple[int, int], int] = {}
+        self._where: dict[int, set[int]] = {}  # block -> servers holding it
+        self._evicted: dict[int, dict[int, _Eviction]] = {}  # server -> block -> its last eviction
+        self._earlier_epochs: dict[int, set[int]] = {}  # server -> blocks held before a restart
+        self._last_removed: dict[int, _Eviction] = {}  # block -> its last eviction anywhere
+        self._seen: set[int] = set()  # every block stored, or in a diagnosed request's chain
+        self._neutral_salts: dict[int, str] = {}  # neutral block -> a salt it was seen under
+        self._families: dict[tuple[Hashable, str], _Family] = {}
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def apply(self, event: BlockEvent) -> None:
+        """One block of a KV event. A new epoch of a (server, rank) empties what it held."""
+        stream = (event.server, event.rank)
+        if event.epoch != self._epochs.setdefault(stream, event.epoch):
+            self._epochs[stream] = event.epoch
+            self._restart(event.server, event.rank)
+        if event.kind == EventKind.CLEARED:
+            for block in list(self._held(event.server, event.rank)):
+                self._remove(event.server, event.rank, block, at=event.at)
+        elif event.block_hash is not None and event.kind == EventKind.STORED:
+            self._store(event.server, event.rank, event.block_hash, at=event.at)
+        elif event.block_hash is not None:
+            self._remove(event.server, event.rank, event.block_hash, at=event.at)
+
+    def _held(self, server: int, rank: int) -> set[int]:
+        return self._ranks.setdefault(server, {}).setdefault(rank, set())
+
+    def _store(self, server: int, rank: int, block: int, *, at: datetime) -> None:
+        self._resident.setdefault(server, {}).setdefault(block, at)
+        self._held(server, rank).add(block)
+        self._where.setdefault(block, set()).add(server)
+        self._seen.add(block)
+
+    def _remove(self, server: int, rank: int, block: int, *, at: datetime) -> None:
+        """A block removed; one stored before the replayed events began is evicted all the same
+        (when it was stored is then unknown)."""
+        self._held(server, rank).discard(block)
+        if any(block in held for held in self._ranks[server].values()):
+            return  # another rank of the server still holds a copy
+        eviction = _Eviction(server, self._resident.get(server, {}).pop(block, None), at)
+        self._evicted.setdefault(server, {})[block] = eviction
+        self._last_removed[block] = eviction
+        self._seen.add(block)
+        if servers := self._where.get(block):
+            servers.discard(server)
+
+    def _restart(self, server: int, rank: int) -> None:
+        """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
+        earlier = self._earlier_epochs.setdefault(server, set())
+        earlier.update(self._evicted.pop(server, {}))
+        resident = self._resident.get(server, {})
+        for block in self._ranks.get(server, {}).pop(rank, set()):
+            earlier.add(block)
+            resident.pop(block, None)
+            if servers := self._where.get(block):
+                servers.discard(server)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def diagnose(self, request: RequestPrompt) -> Diagnosis | Unknown:
+        """Why the request's prompt tokens were not reused, against the fleet at its arrival; then
+        its chain joins what the fleet has seen (the request computed and stored it)."""
+        unknown = _unknown(request)
+        if unknown is not None:
+            return unknown
+        assert request.block_size is not None and request.prompt_tokens is not None
+        assert request.cached_tokens is not None
+        diagnosis = self._diagnosed(request, request.block_size, request.prompt_tokens, request.cached_tokens)
+        self.remember(request)
+        return diagnosis
+
+    def _diagnosed(self, request: RequestPrompt, size: int, prompt: int, cached: int) -> Diagnosis:
+        chain = list(request.block_hashes)
+        reusable = min(reusable_blocks(prompt, size), len(chain))
+        reused = min(cached // size, reusable)
+        here = self._resident.get(request.server, {})
+        resident_here = _leading(chain[:reusable], here)
+        funnel = Funnel(
+            prompt_tokens=prompt,
+            seen_before=_leading(chain[:reusable], self._seen) * size,
+            resident_anywhere=self._best_server(request, chain[:reusable])[1] * size,
+            resident_here=resident_here * size,
+            reused=cached,
+        )
+        causes = [self._block_cause(request, chain, index, size) for index in range(reused, reusable)]
+        losses = _runs(causes, first_block=reused, size=size)
+        tail = prompt - max(reusable, reused) * size
+        if tail > 0:
+            losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
+        diverged = next((c.diverged_at for c in causes if c.cause == Cause.PROMPT_CHANGED), None)
+        return Diagnosis(
+            cause=_cause(losses, reusable=reusable),
+            diverged_at=diverged,
+            losses=tuple(losses),
+            funnel=funnel,
+            unexpected_hit=request.kv_events and reused > resident_here,
+        )
+
+    def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
+        block = chain[index]
+        server = request.server
+        if block in self._resident.get(server, {}):
+            return _BlockCause(Cause.UNEXPLAINED, here=True)
+        if block not in self._seen:
+            return self._never_seen(request, chain, index, size)
+        if not request.kv_events:
+            return _BlockCause(Cause.NO_KV_EVENTS)
+        if evicted := self._evicted.get(server, {}).get(block):
+            return _BlockCause.evicted(evicted)
+        other, held = self._best_server(request, chain, exclude=server)
+        if other is not None and held > index:
+            return _BlockCause(Cause.ROUTED_ELSEWHERE, server=other, server_tokens=held * size)
+        if block in self._earlier_epochs.get(server, ()):
+            return _BlockCause(Cause.RESTARTED)
+        if last := self._last_removed.get(block):
+            return _BlockCause.evicted(last)
+        if self._where.get(block):
+            return _BlockCause(Cause.COLD)  # only servers of another compatibility group hold it
+        return _BlockCause(Cause.NO_KV_EVENTS)  # seen in a record of a server whose events are not collected
+
+    def _never_seen(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
+        neutral = (
+            request.neutral_hashes[index] if request.salt and index < len(request.neutral_hashes) else None
+        )
+        if neutral is None and not request.salt:
+            neutral = chain[index]
+        other_salt = self._neutral_salts.get(neutral) if neutral is not None else None
+        if other_salt is not None and other_salt != request.salt:
+            return _BlockCause(Cause.SALT)
+        family = self._families.get((request.family, request.salt))
+        if family is None:
+            return _BlockCause(Cause.COLD)
+        return _BlockCause(Cause.PROMPT_CHANGED, diverged_at=_divergence(request, chain, family, size))
+
+    def _best_server(
+        self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
+    ) -> tuple[int | None, int]:
+        """The compatible server holding the longest run of the chain's leading blocks, and the run."""
+        if not chain:
+            return None, 0
+        group = self._groups.get(request.server, ("alone", request.server))
+        best: tuple[int | None, int] = (None, 0)
+        for server in self._where.get(chain[0], ()):
+            if server == exclude or self._groups.get(server, ("alone", server)) != group:
+                continue
+            run = _leading(chain, self._resident.get(server, {}))
+            if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
+                best = (server, run)
+        return best
+
+    def remember(self, request: RequestPrompt) -> None:
+        """Add a request's chain to what the fleet has seen, without diagnosing it (one diagnosed
+        before, replayed for the history it leaves)."""
+        chain = list(request.block_hashes)
+        self._seen.update(chain)
+        neutral = list(request.neutral_hashes) if request.salt else chain
+        for block in neutral:
+            self._neutral_salts.setdefault(block, request.salt)
+        family = self._families.setdefault((request.family, request.salt), _Family())
+        tokens, size = request.token_ids, request.block_size or 0
+        for index, parent in enumerate([None, *chain]):
+            if index > len(chain):
+                break
+            following = tuple(tokens[index * size : (index + 1) * size]) if tokens is not None else ()
+            family.blocks[parent] = following
+            family.blocks.move_to_end(parent)
+        while len(family.blocks) > FAMILY_MEMORY_BLOCKS:
+            family.blocks.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Eviction:
+    server: int
+    stored_at: datetime | None  # None: stored before the replayed events began
+    removed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockCause:
+    cause: Cause
+    here: bool = False  # resident on the request's own server: lost only if the chain broke before
+    diverged_at: int | None = None
+    server: int | None = None
+    server_tokens: int | None = None
+    stored_at: datetime | None = None
+    removed_at: datetime | None = None
+
+    @classmethod
+    def evicted(cls, eviction: _Eviction) -> _BlockCause:
+        return cls(
+            Cause.EVICTED,
+            server=eviction.server,
+            stored_at=eviction.stored_at,
+            removed_at=eviction.removed_at,
+        )
+
+
+def _unknown(request: RequestPrompt) -> Unknown | None:
+    if not request.block_size:
+        return Unknown.NO_BLOCK_SIZE
+    if request.cached_tokens is None:
+        return Unknown.NO_CACHED_TOKENS
+    if request.prompt_tokens is None or (
+        not request.block_hashes and request.prompt_tokens >= request.block_size
+    ):
+        return Unknown.NO_PROMPT
+    return None
+
+
+def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:
+    """The cause that lost the most reusable tokens (the earlier of equal ones); below_block only
+    when not one block could be reused."""
+    lost: dict[Cause, int] = {}
+    for loss in losses:
+        if loss.cause != Cause.BELOW_BLOCK:
+            lost[loss.cause] = lost.get(loss.cause, 0) + loss.tokens
+    if lost:
+        return max(lost, key=lambda cause: lost[cause])  # dicts keep order: max keeps the first of ties
+    return Cause.BELOW_BLOCK if losses and not reusable else None
+
+
+def _leading(chain: Sequence[int], holding: set[int] | dict[int, datetime]) -> int:
+    """How many of the chain's leading blocks `holding` has, one after the other."""
+    for index, block in enumerate(chain):
+        if block not in holding:
+            return index
+    return len(chain)
+
+
+def _divergence(request: RequestPrompt, chain: list[int], family: _Family, size: int) -> int:
+    """The first token where the prompt departs from the longest prefix its family had: block-exact
+    from the chain, token-exact within the block when both sides' token ids are known."""
+    shared = 0
+    while shared < len(chain) and chain[shared] in family.blocks:
+        shared += 1
+    parent = chain[shared - 1] if shared else None
+    theirs = family.blocks.get(parent, ())
+    if request.token_ids is None or not theirs:
+        return shared * size
+    ours = request.token_ids[shared * size : (shared + 1) * size]
+    same = next(
+        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
+    )
+    return shared * size + same
+
+
+def _runs(causes: list[_BlockCause], *, first_block: int, size: int) -> list[Loss]:
+    """Consecutive blocks of one cause as one loss; a block resident here after a broken one takes
+    the cause before it (the first lost block resident here stays unexplained)."""
+    losses: list[Loss] = []
+    for offset, found in enumerate(causes):
+        if found.here and losses:
+            found = _BlockCause(losses[-1].cause, server=losses[-1].server)
+        start = (first_block + offset) * size
+        last = losses[-1] if losses else None
+        if last is not None and last.cause == found.cause and last.server == found.server:
+            losses[-1] = Loss(
+                last.cause, last.first_token, last.tokens + size, last.server, last.server_tokens,
+                last.stored_at, last.removed_at,
+            )  # fmt: skip
+        else:
+            losses.append(
+                Loss(
+                    found.cause,
+                    start,
+                    size,
+                    found.server,
+                    found.server_tokens,
+                    found.stored_at,
+                    found.removed_at,
+                )
+            )
+    return losses

@@ -1,0 +1,232 @@
+"""Miss causes block by block, on real sha256_cbor chains of prompts of real shape."""
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.domain.blockhash import signed_block_hashes
+from app.domain.misscauses import (
+    BlockEvent,
+    Cause,
+    Diagnosis,
+    EventKind,
+    FleetHistory,
+    Loss,
+    RequestPrompt,
+    Unknown,
+    reusable_blocks,
+)
+
+SIZE = 16
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+rng = random.Random(7)
+SYSTEM = [rng.randrange(50_000) for _ in range(160)]  # ten blocks of a shared system prompt
+
+
+def prompt(tail: int = 40, *, seed: int = 0, changed_at: int | None = None) -> list[int]:
+    """The shared system prompt, then a tail of its own; `changed_at`: one token there differs."""
+    own = random.Random(seed)
+    tokens = SYSTEM + [own.randrange(50_000) for _ in range(tail)]
+    if changed_at is not None:
+        tokens[changed_at] = (tokens[changed_at] + 1 + seed) % 50_000  # each seed its own change
+    return tokens
+
+
+def chain(tokens: list[int], salt: str | None = None) -> list[int]:
+    return signed_block_hashes(tokens, SIZE, cache_salt=salt)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def stored(history: FleetHistory, server: int, hashes: list[int], seconds: float, *, epoch: int = 0) -> None:
+    for block in hashes:
+        history.apply(BlockEvent(server, 0, epoch, at(seconds), EventKind.STORED, block))
+
+
+def removed(history: FleetHistory, server: int, hashes: list[int], seconds: float) -> None:
+    for block in hashes:
+        history.apply(BlockEvent(server, 0, 0, at(seconds), EventKind.REMOVED, block))
+
+
+def request(
+    tokens: list[int], *, server: int = 1, seconds: float = 100, cached: int = 0, salt: str | None = None,
+    family: str = "support", kv_events: bool = True, hash_only: bool = False,
+) -> RequestPrompt:  # fmt: skip
+    return RequestPrompt(
+        server=server, arrived_at=at(seconds), block_size=SIZE, prompt_tokens=len(tokens),
+        cached_tokens=cached,
+        block_hashes=chain(tokens, salt), salt=salt or "", neutral_hashes=chain(tokens) if salt else (),
+        family=family, token_ids=None if hash_only else tokens, kv_events=kv_events,
+    )  # fmt: skip
+
+
+def diagnosed(history: FleetHistory, found: RequestPrompt) -> Diagnosis:
+    result = history.diagnose(found)
+    assert isinstance(result, Diagnosis)
+    return result
+
+
+def test_the_first_prompt_of_its_kind_is_cold_and_its_last_partial_block_below_one_block() -> None:
+    tokens = prompt(tail=40)  # 200 tokens: 12 full blocks, 8 tokens in a partial one
+    found = diagnosed(FleetHistory(), request(tokens))
+    assert found.cause == Cause.COLD
+    assert found.losses == (Loss(Cause.COLD, 0, 192), Loss(Cause.BELOW_BLOCK, 192, 8))
+    assert (found.funnel.seen_before, found.funnel.resident_here, found.funnel.reused) == (0, 0, 0)
+
+
+def test_a_prompt_reused_up_to_its_last_full_block_has_no_cause() -> None:
+    history = FleetHistory()
+    tokens = prompt(tail=32)  # 192 tokens, block-aligned: the last block holds the last token
+    stored(history, 1, chain(tokens), 10)
+    found = diagnosed(history, request(tokens, cached=176))
+    assert found.cause is None
+    assert found.losses == (Loss(Cause.BELOW_BLOCK, 176, 16),)
+    assert found.funnel.resident_here == found.funnel.seen_before == 176 == reusable_blocks(192, SIZE) * SIZE
+
+
+def test_blocks_stored_here_and_removed_before_arrival_are_evicted_with_their_times() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    hashes = chain(tokens)
+    stored(history, 1, hashes, 10)
+    removed(history, 1, hashes[4:], 50)  # tails are evicted first
+    found = diagnosed(history, request(tokens, cached=4 * SIZE))
+    assert found.cause == Cause.EVICTED
+    assert found.losses[0] == Loss(Cause.EVICTED, 64, 8 * SIZE, server=1, stored_at=at(10), removed_at=at(50))
+    assert found.funnel.seen_before == 192 and found.funnel.resident_here == 64
+
+
+def test_a_block_evicted_that_was_stored_before_the_replay_began_is_evicted_all_the_same() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    removed(history, 1, chain(tokens), 50)
+    found = diagnosed(history, request(tokens))
+    assert found.cause == Cause.EVICTED and found.losses[0].stored_at is None
+
+
+def test_blocks_resident_on_another_compatible_server_were_routed_elsewhere() -> None:
+    history = FleetHistory(groups={1: "tiny", 2: "tiny", 3: "other-model"})
+    tokens = prompt()
+    stored(history, 2, chain(tokens)[:7], 10)
+    stored(history, 3, chain(tokens), 10)  # holds more, but another model's server
+    found = diagnosed(history, request(tokens, server=1))
+    assert found.cause == Cause.ROUTED_ELSEWHERE
+    assert found.losses[0] == Loss(Cause.ROUTED_ELSEWHERE, 0, 7 * SIZE, server=2, server_tokens=7 * SIZE)
+    assert found.losses[1] == Loss(Cause.COLD, 7 * SIZE, 5 * SIZE)  # only another model's server had them
+    assert found.funnel.resident_anywhere == 7 * SIZE and found.funnel.resident_here == 0
+
+
+def test_a_restart_turns_what_the_old_process_held_into_restarted() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    stored(history, 1, chain(tokens), 10, epoch=0)
+    stored(history, 1, chain(prompt(seed=9))[-1:], 60, epoch=1)  # the new process's first block
+    found = diagnosed(history, request(tokens))
+    assert found.cause == Cause.RESTARTED
+    assert found.losses[0] == Loss(Cause.RESTARTED, 0, 12 * SIZE)
+
+
+def test_the_same_tokens_under_another_salt_are_salt_not_cold_even_in_hash_only_mode() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    first = request(tokens, salt="acme-2026", seconds=10, hash_only=True)
+    history.diagnose(first)
+    stored(history, 1, list(first.block_hashes), 11)
+    found = diagnosed(history, request(tokens, salt="acme-2026-rotated", hash_only=True))
+    assert found.cause == Cause.SALT and found.losses[0] == Loss(Cause.SALT, 0, 12 * SIZE)
+    unsalted = diagnosed(history, request(tokens, seconds=120, hash_only=True))
+    assert unsalted.cause == Cause.SALT  # the same tokens without a salt: seen under another
+
+
+def test_a_changed_prompt_departs_at_the_exact_token_after_what_its_template_shared() -> None:
+    history = FleetHistory()
+    before = prompt(seed=1)
+    history.diagnose(request(before, seconds=10))
+    stored(history, 1, chain(before), 11)
+    after = prompt(seed=2, changed_at=37)  # inside block 2: blocks 0 and 1 still shared
+    found = diagnosed(history, request(after, cached=2 * SIZE))
+    assert found.cause == Cause.PROMPT_CHANGED and found.diverged_at == 37
+    assert found.losses[0] == Loss(Cause.PROMPT_CHANGED, 32, 10 * SIZE)
+    hash_only = diagnosed(history, request(prompt(seed=3, changed_at=37), cached=2 * SIZE, hash_only=True))
+    assert hash_only.diverged_at == 32  # block-exact without token ids
+
+
+def test_another_template_with_the_same_tokens_is_not_a_changed_prompt() -> None:
+    history = FleetHistory()
+    history.diagnose(request(prompt(seed=1), family="billing", seconds=10))
+    found = diagnosed(history, request(prompt(seed=2, changed_at=0), family="support"))
+    assert found.cause == Cause.COLD
+
+
+def test_a_block_resident_here_and_not_reused_is_unexplained_and_later_ones_follow_the_break() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    hashes = chain(tokens)
+    stored(history, 1, hashes, 10)
+    found = diagnosed(history, request(tokens, cached=0))
+    assert found.cause == Cause.UNEXPLAINED and found.losses[0] == Loss(Cause.UNEXPLAINED, 0, 12 * SIZE)
+    removed(history, 1, hashes[3:4], 120)  # block 3 gone, blocks 4.. still resident
+    found = diagnosed(history, request(tokens, seconds=130, cached=3 * SIZE))
+    assert [(loss.cause, loss.tokens) for loss in found.losses] == [
+        (Cause.EVICTED, 9 * SIZE),
+        (Cause.BELOW_BLOCK, 8),
+    ]
+
+
+def test_without_kv_events_residency_is_not_guessed() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    history.diagnose(request(tokens, seconds=10, kv_events=False))
+    found = diagnosed(history, request(tokens, kv_events=False))
+    assert found.cause == Cause.NO_KV_EVENTS
+    changed = diagnosed(history, request(prompt(changed_at=0), seconds=110, kv_events=False))
+    assert changed.cause == Cause.PROMPT_CHANGED  # a new prompt needs no events to be told
+
+
+def test_more_reused_than_its_own_salt_had_resident_is_an_unexpected_hit() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    stored(history, 1, chain(tokens, "globex"), 10)
+    found = diagnosed(history, request(tokens, salt="acme", cached=10 * SIZE))
+    assert found.unexpected_hit
+    assert not diagnosed(history, request(tokens, salt="globex", cached=10 * SIZE)).unexpected_hit
+
+
+@pytest.mark.parametrize(
+    ("change", "unknown"),
+    [
+        ({"cached_tokens": None}, Unknown.NO_CACHED_TOKENS),
+        ({"block_hashes": [], "token_ids": None}, Unknown.NO_PROMPT),
+        ({"block_size": None}, Unknown.NO_BLOCK_SIZE),
+    ],
+)
+def test_a_record_that_cannot_be_diagnosed_says_what_it_lacks(
+    change: dict[str, object], unknown: Unknown
+) -> None:
+    from dataclasses import replace
+
+    assert FleetHistory().diagnose(replace(request(prompt()), **change)) == unknown  # type: ignore[arg-type]
+
+
+def test_a_prompt_shorter_than_one_block_is_below_block_only() -> None:
+    found = diagnosed(FleetHistory(), request(SYSTEM[:10]))
+    assert found.cause == Cause.BELOW_BLOCK and found.losses == (Loss(Cause.BELOW_BLOCK, 0, 10),)
+
+
+def test_the_requests_cause_is_the_one_that_lost_it_the_most_tokens() -> None:
+    # A timestamp at the top: its first block, by chance, was also another tenant's (same second).
+    history = FleetHistory()
+    tokens = prompt()
+    history.diagnose(request(tokens, seconds=10))  # unsalted
+    stored(history, 1, chain(tokens), 11)
+    history.diagnose(request(prompt(seed=5, changed_at=0), salt="acme", seconds=20))  # the template under it
+    changed = prompt(seed=2, changed_at=20)  # block 1 differs
+    found = diagnosed(history, request(changed, salt="acme"))
+    assert [(loss.cause, loss.tokens) for loss in found.losses][:2] == [
+        (Cause.SALT, 16),
+        (Cause.PROMPT_CHANGED, 176),
+    ]
+    assert found.cause == Cause.PROMPT_CHANGED

@@ -1,0 +1,157 @@
+"""Miss causes of real traffic: the simulated fleet serves it, its KV events are collected over ZMQ as
+in production, and every request's cause is checked against what the test made happen to it."""
+
+import random
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+import zmq
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.traffic.kv_collector import KVEventCollector
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.diagnosis import diagnose_requests
+from app.traffic.services.requests import ingest_request_records
+from app.traffic.tasks import scrape_server
+from collectors.records import RequestFacts
+from simulator.fleet import describe
+from tests.simulator.running import local_config, running_fleet
+
+pytestmark = pytest.mark.django_db
+
+rng = random.Random(11)
+SYSTEM = [rng.randrange(1, 50_000) for _ in range(160)]  # five blocks of 32
+
+
+def prompt(seed: int, *, changed_at: int | None = None) -> list[int]:
+    own = random.Random(seed)
+    tokens = SYSTEM + [own.randrange(1, 50_000) for _ in range(40)]
+    if changed_at is not None:
+        tokens[changed_at] = 50_001 + seed
+    return tokens
+
+
+class Fleet:
+    """Two simulated servers (`a` small enough to evict), their KV events collected."""
+
+    def __init__(self, servers: list[Server], collector: KVEventCollector) -> None:
+        self.servers, self.collector = servers, collector
+        self.sent = 0
+
+    def send(
+        self, server: int, tokens: list[int], *, salt: str | None = None, template: str = "support"
+    ) -> str:
+        target = self.servers[server]
+        body: dict[str, object] = {"model": target.model, "prompt": tokens, "max_tokens": 2}
+        if salt:
+            body["cache_salt"] = salt
+        arrived_at = timezone.now()
+        usage = httpx.post(target.base_url + "/v1/completions", json=body, timeout=10).json()["usage"]
+        self.sent += 1
+        request_id = f"req-{self.sent}"
+        ingest_request_records(
+            [
+                RequestFacts(
+                    request_id=request_id, arrived_at=arrived_at, server=target.name, model=target.model,
+                    template=template, prompt_tokens=usage["prompt_tokens"],
+                    cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+                    cache_salt=salt, prompt_token_ids=tokens,
+                )
+            ],
+            source="gateway", now=arrived_at,
+        )  # fmt: skip
+        self.settle()
+        return request_id
+
+    def settle(self) -> None:
+        """Until the servers' events of the request are stored (sent after its answer)."""
+        for _ in range(8):
+            self.collector.poll(timeout_ms=15)
+        self.collector.flush()
+
+
+@pytest.fixture
+def fleet() -> Iterator[Fleet]:
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    configs = [local_config(name="sim-a", num_blocks=20), local_config(name="sim-b")]
+    with running_fleet(configs):
+        servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
+        for server in servers:
+            scrape_server(server.pk)  # block size and model, as the scrape reads them
+        servers = [Server.objects.get(pk=server.pk) for server in servers]
+        collector = KVEventCollector(context, flush_seconds=0)
+        collector.subscribe(servers)
+        time.sleep(0.3)  # let the subscriptions reach the publishers
+        yield Fleet(servers, collector)
+        collector.close()
+    context.destroy(linger=0)
+
+
+@pytest.mark.parametrize("hash_only", [False, True])
+def test_each_request_gets_the_cause_of_what_happened_to_its_prefix(
+    fleet: Fleet, settings: Any, hash_only: bool
+) -> None:
+    settings.PREFIXSCOPE_HASH_ONLY = hash_only  # no token ids kept: the causes hold, to the block
+    expected = {
+        fleet.send(0, prompt(1)): "cold",
+        fleet.send(0, prompt(2)): "prompt_changed",  # the system prompt reused; it departs at its question
+        fleet.send(1, prompt(3)): "routed_elsewhere",  # server a holds the system prompt
+        fleet.send(0, prompt(4, changed_at=70)): "prompt_changed",
+        fleet.send(
+            0, prompt(5), salt="acme-2026"
+        ): "salt",  # from the chain without its salt, stored at ingest
+    }
+    for seed in range(6, 10):  # server a holds 19 blocks: these push the system prompt out
+        fleet.send(0, [random.Random(seed).randrange(1, 50_000) for _ in range(200)], template="other")
+    expected[fleet.send(0, prompt(10))] = "evicted"
+
+    assert diagnose_requests(now=timezone.now() + timedelta(minutes=1)) == fleet.sent
+    found = {d.request_id: d for d in RequestDiagnosis.objects.all()}
+    assert {request_id: found[request_id].cause for request_id in expected} == expected
+    question, changed = (found[r] for r, cause in expected.items() if cause == "prompt_changed")
+    assert (question.diverged_at, question.reused_tokens, question.prompt_changed_tokens) == (160, 160, 32)
+    assert (changed.diverged_at, changed.reused_tokens, changed.prompt_changed_tokens) == (
+        64 if hash_only else 70,
+        64,
+        128,
+    )
+    assert changed.below_block_tokens == 8
+    routed = found[next(r for r, cause in expected.items() if cause == "routed_elsewhere")]
+    assert routed.losses[0]["server_id"] == fleet.servers[0].pk and routed.resident_anywhere_tokens >= 160
+    evicted = found[next(r for r, cause in expected.items() if cause == "evicted")]
+    assert "removed_at" in evicted.losses[0] and evicted.seen_before_tokens >= 160
+    assert diagnose_requests(now=timezone.now() + timedelta(minutes=1)) == 0  # each request once
+
+
+def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: Fleet, client: Client) -> None:
+    fleet.send(0, prompt(1))
+    routed = fleet.send(1, prompt(1))
+    diagnose_requests(now=timezone.now() + timedelta(minutes=1))
+    client.force_login(User.objects.create_user("engineer"))
+
+    answer = client.get(f"/api/v1/requests/sim-b/{routed}/diagnosis")
+    assert answer.status_code == 200
+    (found,) = answer.json()
+    assert (found["cause"], found["template"], found["diagnosed"]) == ("routed_elsewhere", "support", True)
+    assert found["funnel"]["resident_anywhere_tokens"] == 192 and found["funnel"]["reused_tokens"] == 0
+    assert found["lost_tokens"] == {"routed_elsewhere": 192, "below_block": 8}
+    assert found["losses"][0]["server_id"] == fleet.servers[0].pk
+    assert client.get("/api/v1/requests/sim-b/nobody/diagnosis").status_code == 404
+
+    page = client.get(reverse("dashboard:request-detail", args=["sim-b", routed])).content.decode()
+    assert "Routed elsewhere" in page and "resident on sim-a: its first 192 tokens" in page
+    assert client.get("/api/v1/miss-causes").json()["routed_elsewhere"] == 192
+    fleet_page = client.get(reverse("dashboard:home")).content.decode()
+    assert (
+        "Why prompt tokens were lost" in fleet_page
+        and reverse("dashboard:request-detail", args=["sim-b", routed]) in fleet_page
+    )
