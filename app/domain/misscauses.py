@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
 
@@ -97,6 +97,8 @@ class RequestPrompt:
     family: Hashable = None  # the template, or the prefix family; None: neither
     token_ids: Sequence[int] | None = None  # for a token-exact divergence; None in hash-only mode
     kv_events: bool = True  # whether the server's KV events are collected
+    first_token_at: datetime | None = None  # a block removed after arrival but before it was evicted
+    key: Hashable = None  # the caller's name for the request, as `revised` gives it back
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +177,10 @@ class FleetHistory:
         self._seen: set[int] = set()  # every block stored, or in a diagnosed request's chain
         self._neutral_salts: dict[int, str] = {}  # neutral block -> a salt it was seen under
         self._families: dict[tuple[Hashable, str], _Family] = {}
+        # Requests whose first lost block was resident at arrival, until their first token: the
+        # block removed meanwhile (other requests took its place while it waited) was evicted.
+        self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
+        self.revised: dict[Hashable, Diagnosis] = {}  # by request key: diagnoses events changed since
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -208,6 +214,7 @@ class FleetHistory:
         if any(block in held for held in self._ranks[server].values()):
             return  # another rank of the server still holds a copy
         eviction = _Eviction(server, self._resident.get(server, {}).pop(block, None), at)
+        self._revise_waiting(server, block, eviction)
         self._evicted.setdefault(server, {})[block] = eviction
         self._last_removed[block] = eviction
         self._seen.add(block)
@@ -236,8 +243,19 @@ class FleetHistory:
         assert request.block_size is not None and request.prompt_tokens is not None
         assert request.cached_tokens is not None
         diagnosis = self._diagnosed(request, request.block_size, request.prompt_tokens, request.cached_tokens)
+        if diagnosis.losses and diagnosis.losses[0].cause == Cause.UNEXPLAINED and request.first_token_at:
+            block = request.block_hashes[diagnosis.losses[0].first_token // request.block_size]
+            self._waiting.setdefault((request.server, block), []).append((request, diagnosis))
         self.remember(request)
         return diagnosis
+
+    def _revise_waiting(self, server: int, block: int, eviction: _Eviction) -> None:
+        """A block removed while requests that found it resident waited for their first token: it
+        was evicted for them (their `revised` diagnosis), not unexplained."""
+        for request, diagnosis in self._waiting.pop((server, block), []):
+            assert request.first_token_at is not None
+            if eviction.removed_at <= request.first_token_at:
+                self.revised[request.key] = _evicted_while_waiting(diagnosis, eviction)
 
     def _diagnosed(self, request: RequestPrompt, size: int, prompt: int, cached: int) -> Diagnosis:
         chain = list(request.block_hashes)
@@ -375,6 +393,17 @@ def _unknown(request: RequestPrompt) -> Unknown | None:
     ):
         return Unknown.NO_PROMPT
     return None
+
+
+def _evicted_while_waiting(diagnosis: Diagnosis, eviction: _Eviction) -> Diagnosis:
+    """The diagnosis with its first loss (unexplained: resident at arrival) evicted instead."""
+    first = diagnosis.losses[0]
+    evicted = Loss(Cause.EVICTED, first.first_token, first.tokens, eviction.server, None, eviction.stored_at,
+                   eviction.removed_at)  # fmt: skip
+    losses = [evicted, *diagnosis.losses[1:]]
+    return replace(
+        diagnosis, losses=tuple(losses), cause=_cause(losses, reusable=1)
+    )  # a block lost: reusable
 
 
 def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:

@@ -1,6 +1,7 @@
 """Miss causes block by block, on real sha256_cbor chains of prompts of real shape."""
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -206,8 +207,6 @@ def test_more_reused_than_its_own_salt_had_resident_is_an_unexpected_hit() -> No
 def test_a_record_that_cannot_be_diagnosed_says_what_it_lacks(
     change: dict[str, object], unknown: Unknown
 ) -> None:
-    from dataclasses import replace
-
     assert FleetHistory().diagnose(replace(request(prompt()), **change)) == unknown  # type: ignore[arg-type]
 
 
@@ -230,3 +229,17 @@ def test_the_requests_cause_is_the_one_that_lost_it_the_most_tokens() -> None:
         (Cause.PROMPT_CHANGED, 176),
     ]
     assert found.cause == Cause.PROMPT_CHANGED
+
+
+def test_a_block_removed_while_the_request_waited_for_its_first_token_was_evicted() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    hashes = chain(tokens)
+    stored(history, 1, hashes, 10)
+    waiting = replace(request(tokens, cached=0), first_token_at=at(100.5), key="waited")
+    served = replace(request(tokens, cached=0), first_token_at=at(100.1), key="served before it")
+    assert diagnosed(history, waiting).cause == diagnosed(history, served).cause == Cause.UNEXPLAINED
+    removed(history, 1, hashes, 100.2)  # taken by other requests while it was queued
+    assert set(history.revised) == {"waited"}
+    revised = history.revised["waited"]
+    assert revised.cause == Cause.EVICTED and revised.losses[0].removed_at == at(100.2)

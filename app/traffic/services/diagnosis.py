@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 _RECORDS_SQL = """
 SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.template_version_id,
        r.prompt_tokens, r.cached_tokens, r.salt_hash, r.block_hashes, r.neutral_hashes, r.token_ids,
+       COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
@@ -70,7 +71,7 @@ def diagnose_requests(*, now: datetime) -> int:
     history = FleetHistory(groups={pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()})
     events = _events(since=due - lookback, until=until)
     pending = next(events, None)
-    found: list[RequestDiagnosis] = []
+    found: list[tuple[_Record, Diagnosis | Unknown]] = []
     for record in _records(since=due - lookback, until=until, servers=servers, streaming=streaming):
         while pending is not None and pending.at <= record.prompt.arrived_at:
             history.apply(pending)
@@ -78,8 +79,12 @@ def diagnose_requests(*, now: datetime) -> int:
         if record.diagnosed:
             history.remember(record.prompt)
         else:
-            found.append(_stored(record, history.diagnose(record.prompt), now=now))
-    return _store(found)
+            found.append((record, history.diagnose(record.prompt)))
+    while pending is not None:  # the rest, for the requests still waiting for their first token
+        history.apply(pending)
+        pending = next(events, None)
+    # Events after a request's arrival may have revised it (a block evicted while it waited).
+    return _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
 
 
 def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
@@ -116,12 +121,15 @@ def _records(
 
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
-     prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, diagnosed) = row  # fmt: skip
+     prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
+     diagnosed) = row  # fmt: skip
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=block_hashes or (), salt=salt_hash,
         neutral_hashes=neutral or (),
         family=template_id, token_ids=token_ids, kv_events=kv_events,
+        first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
+        key=(server_id, request_id, arrived_at),
     )  # fmt: skip
     return _Record((server_id, request_id, arrived_at), template_id, version_id, tenant, prompt, diagnosed)
 
