@@ -137,7 +137,35 @@ def processes(port: int) -> dict[str, str]:
         found["traffic"] = (
             f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
         )
+        # Each round's template repository is registered and imported as it appears, so the
+        # scenario's commits (its faults too) are template versions.
+        found["templates"] = f"{sys.executable} -m app.devstack demo-templates {repo}"
     return found
+
+
+DEMO_TEMPLATES_POLL_SECONDS = 2.0
+
+
+def follow_demo_templates(folder: Path) -> None:
+    """Register the load generator's newest round repository (`folder`/round-K, one a round) as
+    Prefixscope's `demo-templates` and import it; again whenever its branch moves (a round's
+    commits are made one by one) or a new round begins. Runs until stopped."""
+    done: tuple[Path, str] | None = None
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops it quietly
+        while True:
+            # The branch's loose ref file: the round repositories are fresh and never packed.
+            heads = sorted(folder.glob("round-*/.git/refs/heads/main"), key=_round_number)
+            latest = (heads[-1].parents[3], heads[-1].read_text().strip()) if heads else None
+            if latest is not None and latest != done:
+                args = [str(latest[0]), "--name=demo-templates", "--glob=templates/*.j2", "--branch=main"]
+                with contextlib.suppress(subprocess.CalledProcessError):  # it said why; next poll retries
+                    manage(dict(os.environ), "register_template_repository", *args, "--import-now")
+                    done = latest
+            time.sleep(DEMO_TEMPLATES_POLL_SECONDS)
+
+
+def _round_number(ref: Path) -> int:
+    return int(ref.parents[3].name.removeprefix("round-"))  # <folder>/round-K/.git/refs/heads/main
 
 
 RESTART_FIRST_SECONDS = 1.0
@@ -368,8 +396,13 @@ def main() -> None:
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     commands.add_parser("test", help="run the quality gates and the tests; extra arguments go to pytest")
     commands.add_parser("lint", help="run the quality gates only")
+    follow = commands.add_parser("demo-templates", help="register the demo's template repositories (run)")
+    follow.add_argument("folder", type=Path)
     args, rest = parser.parse_known_args()
     os.chdir(ROOT)
+    if args.command == "demo-templates":
+        follow_demo_templates(args.folder)
+        return
     if args.command == "lint":
         failed = lint()
         print(f"\nFailed: {', '.join(failed)}" if failed else "\nAll checks passed.", flush=True)

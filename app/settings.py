@@ -135,6 +135,12 @@ CELERY_TASK_ACKS_LATE = True  # a task killed mid-way is redelivered, so tasks a
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+# Template repositories: imported on a push webhook, and every this many seconds; the ones given by
+# URL are fetched into bare mirrors in the cache folder.
+PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS = env_int("PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS", 300, minimum=10)
+PREFIXSCOPE_TEMPLATE_CACHE_DIR = Path(
+    env_str("PREFIXSCOPE_TEMPLATE_CACHE_DIR", str(PREFIXSCOPE_DATA_DIR / "template-repositories"))
+).resolve()
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {
         "task": "traffic.maintain_partitions",
@@ -165,6 +171,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "traffic.refresh_rollups",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    "refresh-template-repositories": {
+        "task": "prompts.refresh_template_repositories",
+        "schedule": float(PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS),
+        "options": {"expires": PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS},
     },
 }
 

@@ -20,5 +20,6 @@ urlpatterns = [
     path("api/", api.urls),
     path("v1/traces", otlp.traces, name="otlp-traces"),
     path("compare/", include("app.compare.urls")),
+    path("templates/", include("app.prompts.urls")),
     path("", include("app.dashboard.urls")),
 ]

@@ -1,31 +1,97 @@
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
+from django.db.models import Q
+
+
+class TemplateRepository(models.Model):
+    """A git repository of prompt templates: a local path read in place, or a URL fetched into a cache.
+
+    Its import state says what the last import did (app/prompts/history.py writes it while it runs).
+    """
+
+    class State(models.TextChoices):
+        IDLE = "idle", "Idle"
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Importing"
+        FAILED = "failed", "Failed"
+
+    name = models.CharField(max_length=200, unique=True)
+    location = models.CharField(
+        max_length=1000, unique=True, help_text="An absolute local path, or an http(s):// or file:// URL"
+    )
+    globs = ArrayField(
+        models.CharField(max_length=300), help_text="Template files, git wildmatch patterns: templates/*.j2"
+    )
+    branch = models.CharField(max_length=200, blank=True, help_text="The branch or ref followed; blank: HEAD")
+    # The HMAC key of GitHub's signatures must be kept as it is to check them (a hash would not do):
+    # never shown by the API, the admin or a log line.
+    webhook_secret = models.CharField(max_length=200, blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.IDLE)
+    commits_imported = models.PositiveIntegerField(
+        default=0, help_text="Commits read so far by the last import"
+    )
+    commits_total = models.PositiveIntegerField(default=0, help_text="Commits the last import had to read")
+    last_error = models.TextField(blank=True)
+    last_imported_sha = models.CharField(max_length=40, blank=True)
+    last_imported_at = models.DateTimeField(null=True, blank=True)
+    import_started_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "template repositories"
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Template(models.Model):
-    """A prompt template kept in a git repository."""
+    """A prompt template: one file of a template repository (or, until one is imported, a name that
+    traffic used)."""
 
     name = models.CharField(max_length=200, unique=True)
-    repository_url = models.CharField(max_length=500, blank=True)
+    repository = models.ForeignKey(
+        TemplateRepository, null=True, blank=True, on_delete=models.SET_NULL, related_name="templates"
+    )
     path = models.CharField(max_length=500, blank=True, help_text="File of the template in the repository")
+    removed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a commit deleted its file (or moved it out of the globs)"
+    )
     tenant = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["repository", "path"],
+                condition=Q(repository__isnull=False),
+                name="template_file_identity",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
 
 
 class TemplateVersion(models.Model):
-    """A commit that changed a template."""
+    """A commit that changed a template (or a version named in traffic before its commit was imported:
+    ``imported_at`` is null until the import finds it)."""
 
     template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="versions")
     commit_sha = models.CharField(max_length=40)
     committed_at = models.DateTimeField()
     author = models.CharField(max_length=200, blank=True)
+    author_email = models.CharField(max_length=200, blank=True)
     message = models.TextField(blank=True)
+    path = models.CharField(max_length=500, blank=True, help_text="The template's file at this commit")
     content = models.TextField(blank=True, help_text="The template's text at this commit")
+    diff = models.TextField(
+        blank=True, help_text="Unified diff against the file in the commit's first parent"
+    )
+    tags = ArrayField(models.CharField(max_length=200), default=list, blank=True)
+    imported_at = models.DateTimeField(null=True, blank=True)
+    first_seen_at = models.DateTimeField(null=True, blank=True, help_text="The first request that named it")
 
     class Meta:
         ordering = ["template", "-committed_at"]
@@ -40,14 +106,24 @@ class TemplateVersion(models.Model):
 class DeployMarker(models.Model):
     """When a template version went live (optionally on one server only)."""
 
+    class Source(models.TextChoices):
+        API = "api", "Deploy API"
+        TRAFFIC = "traffic", "First request naming it"
+
     template_version = models.ForeignKey(TemplateVersion, on_delete=models.CASCADE, related_name="deploys")
     server = models.ForeignKey("fleet.Server", null=True, blank=True, on_delete=models.CASCADE)
     deployed_at = models.DateTimeField()
     note = models.CharField(max_length=500, blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.API)
 
     class Meta:
         ordering = ["-deployed_at"]
         indexes = [models.Index(fields=["deployed_at"], name="deploy_marker_time")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["template_version"], condition=Q(source="traffic"), name="deploy_marker_first_seen"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.template_version} live at {self.deployed_at:%Y-%m-%d %H:%M}"

@@ -1,8 +1,29 @@
-"""The writers of templates and their versions."""
+"""The writers of template repositories, templates, their versions and deploy markers.
 
+The import of a repository's history is app/prompts/history.py; this module holds what traffic, the
+API and the import share: a version named in traffic, two versions found to be one, a deploy.
+"""
+
+import logging
 from datetime import datetime
+from pathlib import Path
 
-from app.prompts.models import Template, TemplateVersion
+from django.db import IntegrityError, transaction
+
+from app.prompts import git, selectors
+from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
+
+logger = logging.getLogger(__name__)
+
+SEEN_MESSAGE = "seen in traffic before its commit was imported"
+
+
+class RepositoryConflict(Exception):
+    """Another repository has that name or location."""
+
+
+class VersionNotFound(Exception):
+    """The deploy names a template or version Prefixscope does not know."""
 
 
 def template_version_seen(
@@ -10,17 +31,147 @@ def template_version_seen(
 ) -> tuple[Template | None, TemplateVersion | None]:
     """The template named in traffic, and its version; made when first seen.
 
-    A version (commit) not imported yet is recorded as committed when first seen, until the
-    repository's import gives its real time, author and message.
+    ``version`` may be a full or short sha or a tag: it is the imported version it names when there
+    is one (selectors.find_version). Otherwise a version of that name is recorded as committed when
+    first seen, until the repository's import gives its real time, author and message (and merges it
+    into the imported version, for a short sha or a tag). The first time traffic names a version, a
+    deploy marker at ``seen_at`` is recorded, once per version.
     """
     if not template:
         return None, None
     found, _ = Template.objects.get_or_create(name=template, defaults={"tenant": tenant})
     if not version:
         return found, None
-    seen, _ = TemplateVersion.objects.get_or_create(
-        template=found,
-        commit_sha=version,
-        defaults={"committed_at": seen_at, "message": "seen in traffic before its commit was imported"},
-    )
+    seen = selectors.find_version(found, version)
+    if seen is None:
+        name = version.lower() if selectors.SHORT_SHA.fullmatch(version) else version
+        seen, _ = TemplateVersion.objects.get_or_create(
+            template=found, commit_sha=name, defaults={"committed_at": seen_at, "message": SEEN_MESSAGE}
+        )
+    if seen.first_seen_at is None:
+        _first_seen(seen, seen_at)
     return found, seen
+
+
+def _first_seen(version: TemplateVersion, seen_at: datetime) -> None:
+    # The conditional update takes the row lock: of two batches naming a new version at once, one
+    # records the marker.
+    if TemplateVersion.objects.filter(pk=version.pk, first_seen_at__isnull=True).update(
+        first_seen_at=seen_at
+    ):
+        DeployMarker.objects.create(
+            template_version=version, deployed_at=seen_at, source=DeployMarker.Source.TRAFFIC,
+            note="the first request naming this version",
+        )  # fmt: skip
+    version.first_seen_at = seen_at
+
+
+@transaction.atomic
+def merge_versions(*, source: TemplateVersion, into: TemplateVersion) -> None:
+    """Make ``source`` (a version traffic named by a short sha or a tag) part of ``into`` (the
+    imported version it names), and delete it.
+
+    Everything that points at ``source`` (request records, diagnoses, regressions, deploy markers)
+    then points at ``into``; of the two first-seen deploy markers the earlier is kept.
+    """
+    markers = DeployMarker.objects.filter(
+        template_version__in=[source, into], source=DeployMarker.Source.TRAFFIC
+    )
+    DeployMarker.objects.filter(pk__in=[m.pk for m in markers.order_by("deployed_at")[1:]]).delete()
+    # Through the relations Django knows of, not the models themselves: the apps that point at a
+    # version (traffic, regressions ...) sit above this one and may not be imported here.
+    for relation in TemplateVersion._meta.related_objects:
+        if relation.one_to_many:  # a ForeignKey to TemplateVersion, seen from its end
+            field = relation.field.name
+            relation.related_model._base_manager.filter(**{field: source}).update(**{field: into})
+    seen = [t for t in (source.first_seen_at, into.first_seen_at) if t is not None]
+    into.first_seen_at = min(seen) if seen else None
+    into.save(update_fields=["first_seen_at"])
+    logger.info("merged version %s into %s", source, into)
+    source.delete()
+
+
+def record_deploy(
+    *, template: str, version: str, server_id: int | None = None, deployed_at: datetime, note: str = ""
+) -> DeployMarker:
+    """A deploy marker: ``version`` (full or short sha, or tag) of ``template`` live from ``deployed_at``,
+    on one server only when ``server_id`` is given. A hex sha not imported yet is recorded as seen, to
+    be completed by the import; VersionNotFound for an unknown template or another unknown name."""
+    found = Template.objects.filter(name=template).first()
+    if found is None:
+        raise VersionNotFound(f"no template named {template!r}")
+    live = selectors.find_version(found, version)
+    if live is None and selectors.SHORT_SHA.fullmatch(version):
+        live, _ = TemplateVersion.objects.get_or_create(
+            template=found,
+            commit_sha=version.lower(),
+            defaults={"committed_at": deployed_at, "message": SEEN_MESSAGE},
+        )
+    if live is None:
+        raise VersionNotFound(f"no version {version!r} of {template}")
+    return DeployMarker.objects.create(
+        template_version=live, server_id=server_id, deployed_at=deployed_at, note=note
+    )
+
+
+def register_repository(
+    *, location: str, globs: list[str], branch: str = "", secret: str = "", name: str = ""
+) -> TemplateRepository:
+    """A new template repository (not imported yet). ``name`` defaults to the location's last part.
+    ValueError for a bad location or glob, RepositoryConflict when the name or location is taken."""
+    location = _checked(location, globs)
+    try:
+        with transaction.atomic():
+            return TemplateRepository.objects.create(
+                name=name or default_name(location), location=location, globs=globs, branch=branch,
+                webhook_secret=secret,
+            )  # fmt: skip
+    except IntegrityError:
+        raise RepositoryConflict("a repository with that name or location is registered already") from None
+
+
+def update_repository(
+    repository: TemplateRepository, *, location: str, globs: list[str], branch: str, secret: str | None = None
+) -> TemplateRepository:
+    """Point a repository at another location, globs or branch (its next import reads the new
+    history whole); the secret changes only when one is given. Same errors as register_repository."""
+    location = _checked(location, globs)
+    if (location, branch) != (repository.location, repository.branch):
+        repository.last_imported_sha = ""  # another history: nothing of it is imported yet
+    repository.location, repository.globs, repository.branch = location, globs, branch
+    if secret is not None:
+        repository.webhook_secret = secret
+    try:
+        with transaction.atomic():
+            repository.save()
+    except IntegrityError:
+        raise RepositoryConflict("another repository has that location") from None
+    return repository
+
+
+def mark_import_queued(*, repository_id: int, queued: bool = True) -> None:
+    """Show an import as queued (``queued=False``: not queued after all, the broker being away); a
+    running import's state is left alone."""
+    State = TemplateRepository.State
+    if queued:
+        TemplateRepository.objects.filter(pk=repository_id, state__in=[State.IDLE, State.FAILED]).update(
+            state=State.QUEUED
+        )
+    else:
+        TemplateRepository.objects.filter(pk=repository_id, state=State.QUEUED).update(state=State.IDLE)
+
+
+def default_name(location: str) -> str:
+    """The last part of a path or URL, without ``.git``: /srv/prompts.git -> prompts."""
+    return Path(git.redacted(location).rstrip("/")).name.removesuffix(".git") or "templates"
+
+
+def _checked(location: str, globs: list[str]) -> str:
+    location = location.strip()
+    problem = git.location_problem(location)
+    if problem:
+        raise ValueError(problem)
+    if not globs or any(not g.strip() or g.startswith("/") for g in globs):
+        raise ValueError("give one glob or more, relative to the repository's root (templates/*.j2)")
+    git.path_matcher(globs)  # ValueError for a malformed one
+    return location

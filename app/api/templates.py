@@ -1,0 +1,343 @@
+"""Template repositories, templates and their versions, deploy markers, and the git push webhook.
+
+Reads: a logged-in user's session, or an ingest token. Writes: a staff user's session (with
+Django's CSRF token as X-CSRFToken), or an ingest token; an ingest token registers http(s)
+URLs only, never a path or file:// URL on the server. The webhook is authenticated by the
+repository's shared secret. Webhook secrets are never in an answer.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema, Status
+from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.security import django_auth
+from ninja.security.session import SessionAuthIsStaff
+
+from app.api.ingest.rest import IngestTokenAuth
+from app.api.models import IngestToken
+from app.fleet.models import Server
+from app.prompts import git, selectors, services, tasks, webhooks
+from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
+
+router = Router(tags=["templates"])
+
+READERS = [django_auth, IngestTokenAuth()]
+WRITERS = [SessionAuthIsStaff(), IngestTokenAuth()]
+READ_AUTH = "Authenticated by a logged-in user's session, or an ingest token (Authorization: Bearer)."
+WRITE_AUTH = (
+    "Authenticated by a staff user's session (send Django's CSRF token as X-CSRFToken), or an ingest "
+    "token (Authorization: Bearer)."
+)
+WEBHOOK_MAX_BYTES = 25 * 1024 * 1024  # GitHub's cap on a delivery
+
+
+class ErrorOut(Schema):
+    error: str
+
+
+class RepositoryIn(Schema):
+    location: str = Field(
+        min_length=1, max_length=1000, description="An absolute path, or an http(s)/file URL"
+    )
+    globs: list[str] = Field(min_length=1, description="Template files, git wildmatch: templates/*.j2")
+    branch: str = Field("", max_length=200, description="Branch or ref to follow; blank: HEAD")
+    secret: str = Field("", max_length=200, description="Webhook shared secret; write-only")
+    name: str = Field("", max_length=200, description="Default: the location's last part")
+
+
+class RepositoryOut(Schema):
+    id: int
+    name: str
+    location: str = Field(description="Without the credentials a URL may carry")
+    globs: list[str]
+    branch: str
+    has_webhook_secret: bool
+    state: str = Field(description="idle, running or failed")
+    commits_imported: int = Field(description="Commits read so far by the last (or running) import")
+    commits_total: int = Field(description="Commits that import had to read")
+    last_error: str
+    last_imported_sha: str
+    last_imported_at: datetime | None
+    import_started_at: datetime | None
+
+    @staticmethod
+    def of(repository: TemplateRepository) -> "RepositoryOut":
+        return RepositoryOut(
+            id=repository.pk, name=repository.name, location=git.redacted(repository.location),
+            globs=repository.globs, branch=repository.branch,
+            has_webhook_secret=bool(repository.webhook_secret), state=repository.state,
+            commits_imported=repository.commits_imported, commits_total=repository.commits_total,
+            last_error=repository.last_error,
+            last_imported_sha=repository.last_imported_sha, last_imported_at=repository.last_imported_at,
+            import_started_at=repository.import_started_at,
+        )  # fmt: skip
+
+
+class ImportOut(Schema):
+    repository: int
+    queued: bool
+
+
+class RepositoryRef(Schema):
+    id: int
+    name: str
+
+
+class TemplateOut(Schema):
+    id: int
+    name: str
+    path: str
+    repository: RepositoryRef | None
+    removed_at: datetime | None
+    versions: int
+
+    @staticmethod
+    def of(template: Template) -> "TemplateOut":
+        repository = template.repository
+        return TemplateOut(
+            id=template.pk, name=template.name, path=template.path, removed_at=template.removed_at,
+            repository=RepositoryRef(id=repository.pk, name=repository.name) if repository else None,
+            versions=getattr(template, "version_count", 0),
+        )  # fmt: skip
+
+
+class VersionOut(Schema):
+    sha: str = Field(description="Full sha once imported; until then the name traffic used")
+    author: str
+    author_email: str
+    committed_at: datetime = Field(description="Until imported: when traffic first named it")
+    message: str
+    path: str
+    tags: list[str]
+    imported: bool
+
+    @staticmethod
+    def of(version: TemplateVersion) -> dict[str, Any]:
+        fields = ("author", "author_email", "committed_at", "message", "path", "tags")
+        return {"sha": version.commit_sha, "imported": version.imported_at is not None} | {
+            f: getattr(version, f) for f in fields
+        }
+
+
+class VersionDetailOut(VersionOut):
+    content: str = Field(description="The template's text at this commit")
+    diff: str = Field(description="Unified diff against the file in the commit's first parent")
+
+
+class DeployIn(Schema):
+    template: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=40, description="Full or short (7+ hex) sha, or a tag")
+    server: str | None = Field(None, description="A registered server's name; none: the whole fleet")
+    deployed_at: datetime | None = Field(None, description="Default: now")
+    note: str = Field("", max_length=500)
+
+
+class DeployOut(Schema):
+    id: int
+    template: str
+    version: str
+    server: str | None
+    deployed_at: datetime
+    note: str
+    source: str
+
+
+class HookQuery(Schema):
+    repository: int | None = Field(None, description="The repository's id, when its URL is not the payload's")
+
+
+class HookOut(Schema):
+    repository: int
+    queued: bool
+    detail: str
+
+
+@router.post(
+    "/templates/hooks/git",
+    auth=None,
+    response={200: HookOut, 202: HookOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut,
+              413: ErrorOut, 503: ErrorOut},
+    summary="Git push webhook (GitHub or GitLab)",
+    description="Queues an import of the repository the payload names (repository.clone_url/html_url, "
+    "project.git_http_url/web_url) or ?repository=<id> names. GitHub: X-GitHub-Event and "
+    "X-Hub-Signature-256 (HMAC-SHA256 of the body with the shared secret). GitLab: X-Gitlab-Event and "
+    "X-Gitlab-Token (the secret). 202: queued. 200: an event that is no push (ping): nothing to do. "
+    "400: not such a webhook. 401: no signature or token. 403: a wrong one, or the repository has no "
+    "secret. 404: no such registered repository.",
+    url_name="templates-git-hook",
+)  # fmt: skip
+def git_hook(request: HttpRequest, query: Query[HookQuery]) -> Any:
+    body = request.read(WEBHOOK_MAX_BYTES + 1)
+    if len(body) > WEBHOOK_MAX_BYTES:
+        return Status(413, {"error": f"body larger than {WEBHOOK_MAX_BYTES} bytes"})
+    try:
+        delivery = webhooks.parse_delivery(request.headers, body)
+    except webhooks.MalformedHook as exc:
+        return Status(400, {"error": str(exc)})
+    repository = _hooked_repository(query.repository, delivery)
+    if repository is None:
+        return Status(404, {"error": "no registered repository has the payload's URL (or that id)"})
+    problem = webhooks.secret_problem(delivery, request.headers, body, repository.webhook_secret)
+    if problem is not None:
+        return Status(problem[0], {"error": problem[1]})
+    if not delivery.is_push:
+        return Status(
+            200, {"repository": repository.pk, "queued": False, "detail": f"{delivery.event}: ignored"}
+        )
+    if not tasks.queue_import(repository.pk):
+        return Status(503, {"error": "the task queue is unavailable; retry later"})
+    return Status(202, {"repository": repository.pk, "queued": True, "detail": "import queued"})
+
+
+def _hooked_repository(repository_id: int | None, delivery: webhooks.Delivery) -> TemplateRepository | None:
+    if repository_id is not None:
+        return TemplateRepository.objects.filter(pk=repository_id).first()
+    return next(filter(None, map(selectors.repository_for_url, delivery.urls)), None)
+
+
+@router.post(
+    "/templates/repositories",
+    auth=WRITERS,
+    response={201: RepositoryOut, 400: ErrorOut, 403: ErrorOut, 409: ErrorOut},
+    summary="Register a template repository",
+    description="Registers it and enqueues its first import (or the schedule's, when the task queue is "
+    "away). 400: a bad location or glob. 403: a path or file:// URL with an ingest token. 409: the name "
+    "or location is registered already. " + WRITE_AUTH,
+    url_name="templates-repositories-post",
+)
+def register_repository(request: HttpRequest, body: RepositoryIn) -> Any:
+    by_token = isinstance(getattr(request, "auth", None), IngestToken)
+    if by_token and not body.location.lower().startswith(("http://", "https://")):
+        return Status(403, {"error": "an ingest token registers http(s) URLs only"})
+    try:
+        repository = services.register_repository(
+            location=body.location, globs=body.globs, branch=body.branch, secret=body.secret, name=body.name
+        )
+    except ValueError as exc:
+        return Status(400, {"error": str(exc)})
+    except services.RepositoryConflict as exc:
+        return Status(409, {"error": str(exc)})
+    tasks.queue_import(repository.pk)
+    return Status(201, RepositoryOut.of(repository))
+
+
+@router.get(
+    "/templates/repositories",
+    auth=READERS,
+    response=list[RepositoryOut],
+    summary="Template repositories, with their import progress",
+    description=READ_AUTH,
+    url_name="templates-repositories",
+)
+def list_repositories(request: HttpRequest) -> Any:
+    return [RepositoryOut.of(repository) for repository in selectors.repositories()]
+
+
+@router.get(
+    "/templates/repositories/{repository_id}",
+    auth=READERS,
+    response={200: RepositoryOut, 404: ErrorOut},
+    summary="A template repository, with its import progress",
+    description=READ_AUTH,
+    url_name="templates-repository",
+)
+def get_repository(request: HttpRequest, repository_id: int) -> Any:
+    repository = TemplateRepository.objects.filter(pk=repository_id).first()
+    if repository is None:
+        return Status(404, {"error": "no such repository"})
+    return RepositoryOut.of(repository)
+
+
+@router.post(
+    "/templates/repositories/{repository_id}/import",
+    auth=WRITERS,
+    response={202: ImportOut, 404: ErrorOut, 503: ErrorOut},
+    summary="Import a template repository's new commits now",
+    description="Enqueues the import; its progress is on the repository. " + WRITE_AUTH,
+    url_name="templates-repository-import",
+)
+def import_repository(request: HttpRequest, repository_id: int) -> Any:
+    repository = TemplateRepository.objects.filter(pk=repository_id).first()
+    if repository is None:
+        return Status(404, {"error": "no such repository"})
+    if not tasks.queue_import(repository.pk):
+        return Status(503, {"error": "the task queue is unavailable; retry later"})
+    return Status(202, {"repository": repository.pk, "queued": True})
+
+
+@router.get(
+    "/templates",
+    auth=READERS,
+    response=list[TemplateOut],
+    summary="Templates, with their repository",
+    description=READ_AUTH,
+    url_name="templates",
+)
+def list_templates(request: HttpRequest) -> Any:
+    return [TemplateOut.of(template) for template in selectors.templates()]
+
+
+@router.get(
+    "/templates/{template_id}/versions",
+    auth=READERS,
+    response=list[VersionOut],
+    summary="A template's versions, newest commit first",
+    description="Without content and diff (see the version itself). " + READ_AUTH,
+    url_name="template-versions",
+)
+@paginate(LimitOffsetPagination)
+def list_versions(request: HttpRequest, template_id: int) -> Any:
+    template = get_object_or_404(Template, pk=template_id)
+    return [VersionOut.of(version) for version in selectors.versions(template)]
+
+
+@router.get(
+    "/templates/{template_id}/versions/{name}",
+    auth=READERS,
+    response={200: VersionDetailOut, 404: ErrorOut},
+    summary="One version of a template, with its content and diff",
+    description="`name`: a full or short (7+ hex digits) sha, or a tag. " + READ_AUTH,
+    url_name="template-version",
+)
+def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
+    template = Template.objects.filter(pk=template_id).first()
+    version = selectors.find_version(template, name) if template else None
+    if version is None:
+        return Status(404, {"error": "no such template or version"})
+    return VersionOut.of(version) | {"content": version.content, "diff": version.diff}
+
+
+@router.post(
+    "/deploys",
+    auth=WRITERS,
+    response={201: DeployOut, 404: ErrorOut},
+    summary="Record a deploy marker",
+    description="A template version live from `deployed_at` (default now), on one server or the whole "
+    "fleet. A hex sha not imported yet is kept and completed by the next import. " + WRITE_AUTH,
+    url_name="deploys-post",
+)
+def record_deploy(request: HttpRequest, body: DeployIn) -> Any:
+    server = Server.objects.filter(name=body.server).first() if body.server else None
+    if body.server and server is None:
+        return Status(404, {"error": f"no server named {body.server!r}"})
+    try:
+        marker = services.record_deploy(
+            template=body.template, version=body.version, server_id=server.pk if server else None,
+            deployed_at=body.deployed_at or timezone.now(), note=body.note,
+        )  # fmt: skip
+    except services.VersionNotFound as exc:
+        return Status(404, {"error": str(exc)})
+    return Status(201, _deploy_out(marker, server))
+
+
+def _deploy_out(marker: DeployMarker, server: Server | None) -> DeployOut:
+    version = marker.template_version
+    return DeployOut(
+        id=marker.pk, template=version.template.name, version=version.commit_sha,
+        server=server.name if server else None, deployed_at=marker.deployed_at, note=marker.note,
+        source=marker.source,
+    )  # fmt: skip

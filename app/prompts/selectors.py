@@ -1,0 +1,69 @@
+"""Reads of template repositories, templates and their versions."""
+
+import re
+
+from django.db.models import Count, Q, QuerySet
+
+from app.prompts.models import Template, TemplateRepository, TemplateVersion
+
+SHORT_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
+
+
+def repositories() -> QuerySet[TemplateRepository]:
+    """Every registered repository with its number of templates (``template_count``), by name."""
+    return TemplateRepository.objects.annotate(template_count=Count("templates")).order_by("name")
+
+
+def templates() -> QuerySet[Template]:
+    """Every template with its repository and number of versions (``version_count``), by name."""
+    return Template.objects.select_related("repository").annotate(version_count=Count("versions"))
+
+
+def versions(template: Template) -> QuerySet[TemplateVersion]:
+    """A template's versions, newest commit first, without their content and diff."""
+    return template.versions.defer("content", "diff").order_by("-committed_at", "-pk")
+
+
+def find_version(template: Template, name: str) -> TemplateVersion | None:
+    """The version of ``template`` that ``name`` names: its full sha (or the name traffic used before
+    the import), a tag, or an unambiguous short sha (7 hex digits or more) of an imported version.
+    Tried in that order; None when nothing (or more than one short-sha match) fits."""
+    if not name:
+        return None
+    short = name.lower() if SHORT_SHA.fullmatch(name) else None
+    wanted = Q(commit_sha=name) | Q(tags__contains=[name])
+    if short:
+        wanted |= Q(commit_sha=short) | Q(commit_sha__startswith=short, imported_at__isnull=False)
+    found = list(template.versions.filter(wanted))
+    exact = [v for v in found if v.commit_sha in (name, short)]
+    tagged = [v for v in found if name in v.tags]
+    if exact or tagged:
+        return (exact or tagged)[0]
+    return found[0] if len(found) == 1 else None
+
+
+def version_in_repository(repository: TemplateRepository, sha: str) -> TemplateVersion | None:
+    """Any imported version of the repository's templates at this commit."""
+    return TemplateVersion.objects.filter(
+        template__repository=repository, commit_sha=sha, imported_at__isnull=False
+    ).first()
+
+
+def repository_for_url(url: str) -> TemplateRepository | None:
+    """The registered repository a webhook's URL names: the same host and path, whatever the scheme,
+    credentials, case of the host, trailing slash or ``.git``."""
+    wanted = comparable_url(url)
+    if not wanted:
+        return None
+    return next((r for r in TemplateRepository.objects.all() if comparable_url(r.location) == wanted), None)
+
+
+def comparable_url(url: str) -> str:
+    """host/path of a URL, lower-case host, without credentials, port 443/80, ``.git`` or a trailing
+    slash; "" for what is not an http(s) URL."""
+    match = re.fullmatch(r"(?i)https?://(?:[^@/]*@)?([^/:]+)(?::(\d+))?(/.*)?", url.strip())
+    if not match:
+        return ""
+    host, port, path = match.group(1).lower(), match.group(2), (match.group(3) or "").rstrip("/")
+    path = path.removesuffix(".git").rstrip("/")
+    return f"{host}{':' + port if port and port not in ('80', '443') else ''}{path}"

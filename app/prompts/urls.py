@@ -1,0 +1,9 @@
+from django.urls import path
+
+from app.prompts import views
+
+app_name = "prompts"
+urlpatterns = [
+    path("", views.repositories, name="repositories"),
+    path("repositories/<int:repository_id>/import/", views.import_now, name="import-now"),
+]
