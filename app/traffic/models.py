@@ -156,7 +156,11 @@ class RequestRecord(PostgresPartitionedModel):
     block_hashes = ArrayField(models.BigIntegerField(), default=list, blank=True)
     # A salted prompt's chain without its salt, computed at ingest while its token ids are in hand:
     # the same tokens under another salt are then told from cold even in hash-only mode. [] unsalted.
-    neutral_hashes = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    # A database default too: writers that name no such column (a process of the version before,
+    # during a rolling upgrade) still store their rows.
+    neutral_hashes = ArrayField(
+        models.BigIntegerField(), default=list, blank=True, db_default=models.Value("{}")
+    )
     # Prompt text in token form: null once PREFIXSCOPE_TOKEN_RETENTION_DAYS has passed or in hash-only mode.
     token_ids = ArrayField(models.IntegerField(), null=True, blank=True)
 
