@@ -1,7 +1,8 @@
-"""Why requests missed: each request's diagnosis, and lost tokens by cause."""
+"""Why requests missed: each request's diagnosis; lost tokens by cause, group and minute; routing
+effectiveness; the tenants' salt audit."""
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
@@ -9,7 +10,18 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.security import django_auth
 
 from app.api.schemas import ErrorAnswer
-from app.traffic.selectors import DiagnosedRequest, diagnosed_requests, lost_tokens_by_cause
+from app.traffic.selectors import (
+    LOSS_GROUPS,
+    DiagnosedRequest,
+    LossRow,
+    RoutingGroup,
+    diagnosed_requests,
+    losses,
+    lost_tokens_by_cause,
+    routing_effectiveness,
+    tenant_audit,
+    unexpected_hits,
+)
 
 router = Router(tags=["diagnosis"], auth=django_auth)
 
@@ -65,10 +77,14 @@ def _answer(item: DiagnosedRequest) -> dict[str, Any]:
     }  # fmt: skip
     if diagnosis is not None:
         answer |= {
-            "cause": diagnosis.cause or None, "unknown": diagnosis.unknown or None,
-            "diverged_at": diagnosis.diverged_at, "unexpected_hit": diagnosis.unexpected_hit,
-            "funnel": diagnosis, "lost_tokens": item.lost_tokens(), "losses": diagnosis.losses,
-        }  # fmt: skip
+            "cause": diagnosis.cause or None,
+            "unknown": diagnosis.unknown or None,
+            "diverged_at": diagnosis.diverged_at,
+            "unexpected_hit": diagnosis.unexpected_hit,
+            "funnel": diagnosis,
+            "lost_tokens": item.lost_tokens(),
+            "losses": diagnosis.losses,
+        }
     return answer
 
 
@@ -81,3 +97,107 @@ class CauseWindow(Schema):
 def miss_causes(request: HttpRequest, window: Query[CauseWindow]) -> dict[str, int]:
     until = window.until or timezone.now()
     return lost_tokens_by_cause(since=window.since or until - timedelta(hours=1), until=until)
+
+
+class LossQuery(CauseWindow):
+    by: Literal["server", "template", "template_version", "tenant"] = "template"
+    per_minute: bool = Field(False, description="one row per group and minute, in time order")
+
+
+class LossGroup(Schema):
+    group: dict[str, str | None] = Field(description="the group's names, e.g. {template, template_version}")
+    minute: datetime | None = Field(description="per_minute only")
+    requests: int
+    unexpected_hits: int
+    funnel: dict[str, int] = Field(
+        description="prompt, seen before, resident anywhere, resident here, reused"
+    )
+    lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")
+
+
+@router.get(
+    "/losses",
+    response=list[LossGroup],
+    summary="Lost tokens by cause, per server, template, version or tenant",
+    description="From per-minute rollups of the diagnoses: the groups that lost most first, or per minute.",
+)
+def loss_groups(request: HttpRequest, query: Query[LossQuery]) -> list[dict[str, Any]]:
+    until = query.until or timezone.now()
+    since = query.since or until - timedelta(hours=1)
+    found = losses(since=since, until=until, by=query.by, per_minute=query.per_minute)
+    return [_loss_group(row, LOSS_GROUPS[query.by]) for row in found]
+
+
+def _loss_group(row: LossRow, names: tuple[str, ...]) -> dict[str, Any]:
+    group = {name.split("__")[0]: value for name, value in zip(names, row.group, strict=True)}
+    return {
+        "group": group, "minute": row.minute, "requests": row.requests,
+        "unexpected_hits": row.unexpected_hits, "funnel": row.funnel, "lost_tokens": row.lost,
+    }  # fmt: skip
+
+
+class Routing(Schema):
+    model: str
+    block_size: int | None
+    hash_algo: str
+    servers: list[str]
+    requests: int
+    resident_anywhere_tokens: int
+    reused_tokens: int
+    routed_elsewhere_tokens: int = Field(description="tokens resident on another server of the group")
+    effectiveness: float | None = Field(description="reused / resident anywhere")
+
+
+@router.get(
+    "/routing",
+    response=list[Routing],
+    summary="Routing effectiveness per group of compatible servers",
+)
+def routing(request: HttpRequest, window: Query[CauseWindow]) -> list[RoutingGroup]:
+    until = window.until or timezone.now()
+    return routing_effectiveness(since=window.since or until - timedelta(hours=1), until=until)
+
+
+class Tenant(Schema):
+    tenant: str
+    requests: int
+    prompt_tokens: int
+    reused_tokens: int
+    salt_tokens: int = Field(
+        description="tokens resident under another salt: isolation working, and its cost"
+    )
+    unexpected_hits: int = Field(description="requests that reused more than their own salt had resident")
+
+
+class UnexpectedHit(Schema):
+    server: str
+    request_id: str
+    arrived_at: datetime
+    tenant: str
+    template: str | None
+    reused_tokens: int
+    prompt_tokens: int
+
+
+class Audit(Schema):
+    tenants: list[Tenant]
+    unexpected_hits: list[UnexpectedHit] = Field(description="the latest 50, newest first")
+
+
+@router.get("/tenants/audit", response=Audit, summary="Salt isolation per tenant, and unexpected hits")
+def tenants_audit(request: HttpRequest, window: Query[CauseWindow]) -> dict[str, Any]:
+    until = window.until or timezone.now()
+    since = window.since or until - timedelta(hours=1)
+    hits = [
+        {
+            "server": hit.server.name,
+            "request_id": hit.request_id,
+            "arrived_at": hit.arrived_at,
+            "tenant": hit.tenant,
+            "template": hit.template.name if hit.template else None,
+            "reused_tokens": hit.reused_tokens,
+            "prompt_tokens": hit.prompt_tokens,
+        }
+        for hit in unexpected_hits(since=since)
+    ]
+    return {"tenants": tenant_audit(since=since, until=until), "unexpected_hits": hits}

@@ -18,7 +18,16 @@ from app.dashboard.selectors import collection_health, fleet_overview, proposed_
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.traffic.models import RequestDiagnosis
-from app.traffic.selectors import diagnosed_requests, lost_tokens_by_cause, recent_misses
+from app.traffic.selectors import (
+    LossRow,
+    diagnosed_requests,
+    losses,
+    lost_tokens_by_cause,
+    recent_misses,
+    routing_effectiveness,
+    tenant_audit,
+    unexpected_hits,
+)
 from app.traffic.services.servers import merge_server
 
 _registry = CollectorRegistry()
@@ -89,7 +98,22 @@ def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None) -> dict[str,
         "proposed": proposed,
         "lost": sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago),
+        "by_template": _shown_groups(losses(since=hour_ago, until=now, by="template_version")[:10]),
+        "routing": routing_effectiveness(since=hour_ago, until=now),
     }
+
+
+def _shown_groups(rows: list[LossRow]) -> list[dict[str, object]]:
+    labels = dict(RequestDiagnosis.Cause.choices)
+    return [
+        {
+            "group": row.group,
+            "requests": row.requests,
+            "funnel": row.funnel,
+            "shown_lost": sorted(((labels[c], t) for c, t in row.lost.items()), key=lambda pair: -pair[1]),
+        }
+        for row in rows
+    ]
 
 
 def _form_for(server: Server) -> ProposedServerForm:
@@ -136,3 +160,15 @@ def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> 
              "label": labels.get(loss["cause"], loss["cause"]), "detail": detail}
         )  # fmt: skip
     return shown
+
+
+@login_required
+def tenants(request: HtmxHttpRequest) -> HttpResponse:
+    """The tenants' salt audit: what isolation cost each tenant, and the hits it should not have had."""
+    now = timezone.now()
+    day_ago = now - timedelta(days=1)
+    return render(
+        request,
+        "dashboard/tenants.html",
+        {"tenants": tenant_audit(since=day_ago, until=now), "hits": unexpected_hits(since=day_ago)},
+    )

@@ -214,6 +214,53 @@ class MinuteRollup(models.Model):
         return f"{self.server_id}/{self.template_id} {self.minute:%Y-%m-%d %H:%M}"
 
 
+class LossMinute(models.Model):
+    """Per-minute sums of the diagnoses (app/traffic/services/diagnosis.py) per server, template,
+    template version and tenant: the funnel's steps and the tokens lost per cause.
+
+    Dashboards, the REST API and the tenant audit read these, never raw diagnoses. Routing
+    effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
+    minute = models.DateTimeField()
+    requests = models.PositiveIntegerField()
+    diagnosed = models.PositiveIntegerField(help_text="Requests with a diagnosis (the rest: unknown)")
+    unexpected_hits = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    seen_before_tokens = models.BigIntegerField(default=0)
+    resident_anywhere_tokens = models.BigIntegerField(default=0)
+    resident_here_tokens = models.BigIntegerField(default=0)
+    reused_tokens = models.BigIntegerField(default=0)
+    prompt_changed_tokens = models.BigIntegerField(default=0)
+    evicted_tokens = models.BigIntegerField(default=0)
+    routed_elsewhere_tokens = models.BigIntegerField(default=0)
+    salt_tokens = models.BigIntegerField(default=0)
+    restarted_tokens = models.BigIntegerField(default=0)
+    below_block_tokens = models.BigIntegerField(default=0)
+    cold_tokens = models.BigIntegerField(default=0)
+    unexplained_tokens = models.BigIntegerField(default=0)
+    no_kv_events_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "template_version", "tenant", "minute"],
+                name="loss_minute_identity",
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [models.Index(fields=["minute"], name="loss_minute_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class KVStream(models.Model):
     """Where the KV-event subscriber is in one server's stream (per data-parallel rank).
 
@@ -355,7 +402,15 @@ class RequestDiagnosis(PostgresPartitionedModel):
         key = ["arrived_at"]
 
     class Meta:
-        indexes = [models.Index(fields=["template", "arrived_at"], name="diagnosis_template_time")]
+        indexes = [
+            models.Index(fields=["template", "arrived_at"], name="diagnosis_template_time"),
+            # The tenant audit lists them; they are rare, so a partial index stays small.
+            models.Index(
+                fields=["arrived_at"],
+                condition=models.Q(unexpected_hit=True),
+                name="diagnosis_unexpected_hits",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"

@@ -1,11 +1,13 @@
-"""Reads of request records and their diagnoses."""
+"""Reads of request records, their diagnoses and the diagnoses' per-minute sums."""
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db.models import F, Sum, Value
+from django.db.models import F, QuerySet, Sum, Value
 
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.fleet.models import Server
+from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
 
 LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
 
@@ -43,12 +45,174 @@ def diagnosed_requests(*, server_name: str, request_id: str) -> list[DiagnosedRe
 
 
 def lost_tokens_by_cause(*, since: datetime, until: datetime, server_id: int | None = None) -> dict[str, int]:
-    """Prompt tokens lost per cause by the requests diagnosed that arrived in [since, until)."""
-    diagnoses = RequestDiagnosis.objects.filter(arrived_at__gte=since, arrived_at__lt=until)
+    """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
+    `since` to `until` (per-minute rollups: a minute counts when it starts in the window)."""
+    minutes = _loss_minutes(since=since, until=until)
     if server_id is not None:
-        diagnoses = diagnoses.filter(server_id=server_id)
-    sums = diagnoses.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
+        minutes = minutes.filter(server_id=server_id)
+    sums = minutes.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
     return {cause: tokens or 0 for cause, tokens in sums.items()}
+
+
+def _loss_minutes(*, since: datetime, until: datetime) -> QuerySet[LossMinute]:
+    return LossMinute.objects.filter(minute__gte=since, minute__lt=until)
+
+
+LOSS_GROUPS = {
+    "server": ("server__name",),
+    "template": ("template__name",),
+    "template_version": ("template__name", "template_version__commit_sha"),
+    "tenant": ("tenant",),
+}
+"""What lost tokens can be broken down by, and the columns that name each group."""
+
+
+@dataclass(frozen=True, slots=True)
+class LossRow:
+    """One group's (or one group-minute's) requests, funnel and lost tokens by cause."""
+
+    group: tuple[str | None, ...]
+    minute: datetime | None
+    requests: int
+    unexpected_hits: int
+    funnel: dict[str, int]
+    lost: dict[str, int]
+
+
+def losses(*, since: datetime, until: datetime, by: str, per_minute: bool = False) -> list[LossRow]:
+    """Lost tokens by cause and the funnel, per group of `by` (a LOSS_GROUPS key), per minute or
+    over the whole window; the groups that lost most first (per minute: in time order)."""
+    names = LOSS_GROUPS[by]
+    keys = (*names, "minute") if per_minute else names
+    rows = (
+        _loss_minutes(since=since, until=until)
+        .values(*keys)
+        .annotate(**_SUMS, requests_=Sum("requests"), unexpected_hits_=Sum("unexpected_hits"))
+    )
+    found = [_loss_row(row, names, per_minute=per_minute) for row in rows]
+    if per_minute:
+        return sorted(found, key=lambda row: (row.minute, [str(part) for part in row.group]))
+    return sorted(found, key=lambda row: (-sum(row.lost.values()), [str(part) for part in row.group]))
+
+
+_FUNNEL = (
+    "prompt_tokens",
+    "seen_before_tokens",
+    "resident_anywhere_tokens",
+    "resident_here_tokens",
+    "reused_tokens",
+)
+_SUMS = {f"{column}_": Sum(column) for column in (*_FUNNEL, *LOST_COLUMNS.values())}
+
+
+def _loss_row(row: dict[str, Any], names: tuple[str, ...], *, per_minute: bool) -> LossRow:
+    return LossRow(
+        group=tuple(row[name] for name in names),
+        minute=row["minute"] if per_minute else None,
+        requests=row["requests_"],
+        unexpected_hits=row["unexpected_hits_"],
+        funnel={column: row[f"{column}_"] for column in _FUNNEL},
+        lost={cause: row[f"{column}_"] for cause, column in LOST_COLUMNS.items() if row[f"{column}_"]},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingGroup:
+    """Servers that can serve each other's prefixes (one model, block size and hash algorithm):
+    how much of what was resident somewhere among them the router's choices reused."""
+
+    model: str
+    block_size: int | None
+    hash_algo: str
+    servers: list[str]
+    requests: int
+    resident_anywhere_tokens: int
+    reused_tokens: int
+    routed_elsewhere_tokens: int
+
+    @property
+    def effectiveness(self) -> float | None:
+        """reused / resident anywhere; None before anything was resident."""
+        if not self.resident_anywhere_tokens:
+            return None
+        return self.reused_tokens / self.resident_anywhere_tokens
+
+
+def routing_effectiveness(*, since: datetime, until: datetime) -> list[RoutingGroup]:
+    """Per group of compatible servers with diagnosed requests in the window, the tokens routing
+    lost most first."""
+    per_server = {
+        row["server_id"]: row
+        for row in _loss_minutes(since=since, until=until)
+        .values("server_id")
+        .annotate(
+            requests=Sum("requests"),
+            anywhere=Sum("resident_anywhere_tokens"),
+            reused=Sum("reused_tokens"),
+            routed=Sum("routed_elsewhere_tokens"),
+        )
+    }
+    groups: dict[tuple[str, int | None, str], list[Server]] = {}
+    for server in Server.objects.filter(pk__in=per_server).order_by("name"):
+        groups.setdefault((server.model, server.block_size, server.hash_algo), []).append(server)
+    found = [
+        RoutingGroup(
+            model=model,
+            block_size=block_size,
+            hash_algo=hash_algo,
+            servers=[s.name for s in members],
+            requests=sum(per_server[s.pk]["requests"] for s in members),
+            resident_anywhere_tokens=sum(per_server[s.pk]["anywhere"] for s in members),
+            reused_tokens=sum(per_server[s.pk]["reused"] for s in members),
+            routed_elsewhere_tokens=sum(per_server[s.pk]["routed"] for s in members),
+        )
+        for (model, block_size, hash_algo), members in groups.items()
+    ]
+    return sorted(found, key=lambda group: (-group.routed_elsewhere_tokens, group.model))
+
+
+@dataclass(frozen=True, slots=True)
+class TenantAudit:
+    """One tenant's isolation: what its salt cost (the same tokens were resident under another
+    salt) and its unexpected hits (more cached than its own salt could have had resident)."""
+
+    tenant: str
+    requests: int
+    prompt_tokens: int
+    reused_tokens: int
+    salt_tokens: int
+    unexpected_hits: int
+
+
+def tenant_audit(*, since: datetime, until: datetime) -> list[TenantAudit]:
+    """Every tenant with diagnosed requests in the window, unexpected hits first, then salt cost."""
+    rows = (
+        _loss_minutes(since=since, until=until)
+        .values("tenant")
+        .annotate(
+            requests=Sum("requests"),
+            prompt=Sum("prompt_tokens"),
+            reused=Sum("reused_tokens"),
+            salt=Sum("salt_tokens"),
+            unexpected=Sum("unexpected_hits"),
+        )
+    )
+    found = [
+        TenantAudit(
+            row["tenant"], row["requests"], row["prompt"], row["reused"], row["salt"], row["unexpected"]
+        )
+        for row in rows
+    ]
+    return sorted(found, key=lambda row: (-row.unexpected_hits, -row.salt_tokens, row.tenant))
+
+
+def unexpected_hits(*, since: datetime, tenant: str | None = None, limit: int = 50) -> list[RequestDiagnosis]:
+    """The latest requests since `since` that reused more than their own salt could have had
+    resident (salts are known to be dropped on some cache paths), newest first."""
+    hits = RequestDiagnosis.objects.filter(unexpected_hit=True, arrived_at__gte=since)
+    if tenant is not None:
+        hits = hits.filter(tenant=tenant)
+    return list(hits.select_related("server", "template").order_by("-arrived_at")[:limit])
 
 
 def recent_misses(*, since: datetime, limit: int = 15) -> list[RequestDiagnosis]:

@@ -18,9 +18,10 @@ from django.utils import timezone
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.kv_collector import KVEventCollector
-from app.traffic.models import RequestDiagnosis
+from app.traffic.models import LossMinute, RequestDiagnosis
 from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
+from app.traffic.services.rollups import refresh_loss_minutes
 from app.traffic.tasks import scrape_server
 from collectors.records import RequestFacts
 from simulator.fleet import describe
@@ -48,7 +49,13 @@ class Fleet:
         self.sent = 0
 
     def send(
-        self, server: int, tokens: list[int], *, salt: str | None = None, template: str = "support"
+        self,
+        server: int,
+        tokens: list[int],
+        *,
+        salt: str | None = None,
+        template: str = "support",
+        tenant: str = "",
     ) -> str:
         target = self.servers[server]
         body: dict[str, object] = {"model": target.model, "prompt": tokens, "max_tokens": 2}
@@ -64,7 +71,7 @@ class Fleet:
                     request_id=request_id, arrived_at=arrived_at, server=target.name, model=target.model,
                     template=template, prompt_tokens=usage["prompt_tokens"],
                     cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
-                    cache_salt=salt, prompt_token_ids=tokens,
+                    cache_salt=salt, prompt_token_ids=tokens, tenant=tenant,
                 )
             ],
             source="gateway", now=arrived_at,
@@ -155,3 +162,60 @@ def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: F
         "Why prompt tokens were lost" in fleet_page
         and reverse("dashboard:request-detail", args=["sim-b", routed]) in fleet_page
     )
+
+
+def test_losses_roll_up_per_minute_into_routing_effectiveness_and_the_tenant_audit(
+    fleet: Fleet, client: Client
+) -> None:
+    fleet.send(0, prompt(1), tenant="acme")
+    fleet.send(1, prompt(2), tenant="acme")  # routed away from the system prompt on sim-a
+    fleet.send(0, prompt(3), tenant="globex", salt="globex-2026")  # isolated by its salt
+    fleet.send(0, prompt(4), tenant="acme")  # reused on sim-a
+    # A record reporting more cached tokens than its salt had resident: a salt dropped on the way.
+    arrived_at = timezone.now()
+    ingest_request_records(
+        [
+            RequestFacts(
+                request_id="leak-1", arrived_at=arrived_at, server="sim-a", model=fleet.servers[0].model,
+                template="support", prompt_tokens=200, cached_tokens=160, cache_salt="initech-2026",
+                prompt_token_ids=prompt(5), tenant="initech",
+            )
+        ],
+        source="gateway", now=arrived_at,
+    )  # fmt: skip
+    diagnose_requests(now=timezone.now() + timedelta(minutes=1))
+
+    diagnoses = list(RequestDiagnosis.objects.all())
+    for tenant in ("acme", "globex", "initech"):  # the rollup sums what the diagnoses say
+        mine = [d for d in diagnoses if d.tenant == tenant]
+        rolled = LossMinute.objects.filter(tenant=tenant)
+        assert sum(m.requests for m in rolled) == len(mine)
+        for column in ("reused_tokens", "resident_anywhere_tokens", "routed_elsewhere_tokens", "salt_tokens"):
+            assert sum(getattr(m, column) for m in rolled) == sum(getattr(d, column) for d in mine), column
+    rows_before = sorted(LossMinute.objects.values_list("minute", "tenant", "requests", "reused_tokens"))
+    refresh_loss_minutes(since=arrived_at - timedelta(minutes=5), until=arrived_at + timedelta(minutes=5))
+    assert (
+        sorted(LossMinute.objects.values_list("minute", "tenant", "requests", "reused_tokens")) == rows_before
+    )
+
+    client.force_login(User.objects.create_user("engineer"))
+    (group,) = client.get("/api/v1/routing").json()  # the two servers serve one model
+    assert sorted(group["servers"]) == ["sim-a", "sim-b"] and group["routed_elsewhere_tokens"] == 160
+    reused = sum(d.reused_tokens for d in diagnoses)
+    anywhere = sum(d.resident_anywhere_tokens for d in diagnoses)
+    assert group["effectiveness"] == pytest.approx(reused / anywhere)
+    by_tenant = {row["group"]["tenant"]: row for row in client.get("/api/v1/losses?by=tenant").json()}
+    assert by_tenant["acme"]["requests"] == 3 and by_tenant["acme"]["lost_tokens"]["routed_elsewhere"] == 160
+    assert by_tenant["globex"]["lost_tokens"]["salt"] == 160  # its system prompt
+    per_minute = client.get("/api/v1/losses?by=server&per_minute=true").json()
+    assert all(row["minute"] for row in per_minute)
+    assert sum(row["requests"] for row in per_minute) == len(diagnoses)
+
+    audit = client.get("/api/v1/tenants/audit").json()
+    assert audit["tenants"][0]["tenant"] == "initech" and audit["tenants"][0]["unexpected_hits"] == 1
+    assert [hit["request_id"] for hit in audit["unexpected_hits"]] == ["leak-1"]
+    assert next(t for t in audit["tenants"] if t["tenant"] == "globex")["salt_tokens"] == 160
+    page = client.get(reverse("dashboard:tenants")).content.decode()
+    assert "initech" in page and reverse("dashboard:request-detail", args=["sim-a", "leak-1"]) in page
+    fleet_page = client.get(reverse("dashboard:home")).content.decode()
+    assert "Routing effectiveness" in fleet_page and "sim-a, sim-b" in fleet_page

@@ -5,7 +5,8 @@ _MINUTES, up to PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS ago (KV events and spans arr
 diagnosed once, after they had time to), and replays in time order the fleet's KV events and the
 records from one lookback before the first of them (app/domain/misscauses.py). A record is written
 once (ON CONFLICT DO NOTHING): a redelivered task, or two runs at once, diagnose it the same and
-store it once. Records that arrive later than the lookback are left undiagnosed.
+store it once. Records that arrive later than the lookback are left undiagnosed. The minutes of
+the arrivals diagnosed are then summed again into traffic.LossMinute, for the dashboards.
 
 Servers are compared within compatibility groups (model, block size, hash algorithm): a block of
 one is never "resident elsewhere" on another model's server. A server whose KV events are not
@@ -26,6 +27,7 @@ from app.domain.misscauses import BlockEvent, Diagnosis, EventKind, FleetHistory
 from app.fleet.models import Server
 from app.traffic.models import KVStream, RequestDiagnosis
 from app.traffic.services.partitions import ensure_day_partitions
+from app.traffic.services.rollups import refresh_loss_minutes
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +178,8 @@ def _store(rows: list[RequestDiagnosis]) -> int:
         return 0
     ensure_day_partitions(RequestDiagnosis, [row.arrived_at for row in rows])
     RequestDiagnosis.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
+    arrivals = [row.arrived_at for row in rows]
+    refresh_loss_minutes(since=min(arrivals), until=max(arrivals) + timedelta(microseconds=1))
     counts = Counter(row.cause or row.unknown or "reused" for row in rows)
     logger.info("requests diagnosed", extra={"diagnosed": len(rows), "by_cause": counts})
     return len(rows)

@@ -1,4 +1,4 @@
-"""Per-minute rollups of request records: what dashboards read instead of raw rows."""
+"""Per-minute rollups of request records and of their diagnoses: what dashboards read instead of raw rows."""
 
 import logging
 from datetime import datetime, timedelta
@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
+from app.traffic.models import RequestDiagnosis
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +48,55 @@ def _minute_floor(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
 
 
+def _whole_minutes(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+    """[since, until) widened to whole minutes, so that a minute is never half-counted."""
+    end = _minute_floor(until)
+    return _minute_floor(since), end + timedelta(minutes=1) if until != end else end
+
+
 def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
     """Recompute the rollup rows of every whole minute touching [since, until); returns rows written.
 
     `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
     """
-    start = _minute_floor(since)
-    end = _minute_floor(until) + (timedelta(minutes=1) if until != _minute_floor(until) else timedelta())
+    start, end = _whole_minutes(since, until)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
+        return int(cursor.rowcount)
+
+
+_FUNNEL = (
+    "prompt_tokens",
+    "seen_before_tokens",
+    "resident_anywhere_tokens",
+    "resident_here_tokens",
+    "reused_tokens",
+)
+_LOST = tuple(f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause)
+_SUMMED = _FUNNEL + _LOST
+
+# As _REFRESH_SQL: whole minutes recomputed from the diagnoses, so a rerun converges.
+_LOSS_SQL = f"""
+INSERT INTO traffic_lossminute AS m (
+    server_id, template_id, template_version_id, tenant, minute, requests, diagnosed, unexpected_hits,
+    {", ".join(_SUMMED)}
+)
+SELECT d.server_id, d.template_id, d.template_version_id, d.tenant, date_trunc('minute', d.arrived_at),
+       count(*), count(*) FILTER (WHERE d.unknown = ''), count(*) FILTER (WHERE d.unexpected_hit),
+       {", ".join(f"sum(d.{column})" for column in _SUMMED)}
+FROM traffic_requestdiagnosis d
+WHERE d.arrived_at >= %(since)s AND d.arrived_at < %(until)s
+GROUP BY 1, 2, 3, 4, 5
+ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
+    requests = EXCLUDED.requests, diagnosed = EXCLUDED.diagnosed, unexpected_hits = EXCLUDED.unexpected_hits,
+    {", ".join(f"{column} = EXCLUDED.{column}" for column in _SUMMED)}
+"""
+
+
+def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
+    """Recompute the per-minute loss rows of every whole minute touching [since, until) from the
+    diagnoses; returns rows written. The diagnosis task calls it for the arrivals it just diagnosed."""
+    start, end = _whole_minutes(since, until)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_LOSS_SQL, {"since": start, "until": end})
         return int(cursor.rowcount)
