@@ -20,12 +20,15 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
 
 @pytest.fixture(autouse=True)
 def _forget_what_processes_remember() -> None:
-    """Ingest tokens, servers and partition ranges a process remembers between batches: a test's
-    rows are rolled back after it, so what an earlier test left in memory may name rows gone."""
+    """Ingest tokens, servers, partition ranges and the diagnosis' replay a process remembers
+    between batches and runs: a test's rows are rolled back after it, so what an earlier test left
+    in memory may name rows gone."""
     from app.api.services import forget_ingest_tokens
+    from app.traffic.services.diagnosis import forget_kept_replay
     from app.traffic.services.partitions import forget_partition_ranges
     from app.traffic.services.requests import forget_servers
 
     forget_ingest_tokens()
     forget_partition_ranges()
     forget_servers()
+    forget_kept_replay()

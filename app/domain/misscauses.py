@@ -143,7 +143,7 @@ class Diagnosis:
 @dataclass(slots=True)
 class _Family:
     """What earlier requests of one template (or family) and salt had: their blocks, and for each
-    block the tokens of the block that followed it (the latest request's), for a token-exact
+    block the tokens of a block that followed it (a recent request's), for a token-exact
     divergence. Bounded: the oldest blocks are forgotten first."""
 
     blocks: OrderedDict[int | None, tuple[int, ...]] = field(default_factory=OrderedDict)
@@ -181,6 +181,21 @@ class FleetHistory:
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
         self.revised: dict[Hashable, Diagnosis] = {}  # by request key: diagnoses events changed since
+
+    def regroup(self, groups: dict[int, Hashable]) -> None:
+        """New compatibility groups (a server registered, or its model read), for what follows."""
+        self._groups = dict(groups)
+
+    def forget_settled(self, before: datetime) -> None:
+        """Forget the revisions taken, and the requests waiting for a first token before `before`:
+        a history kept between runs holds only what a later event can still change."""
+        self.revised.clear()
+        for key, waiting in list(self._waiting.items()):
+            kept = [(r, d) for r, d in waiting if r.first_token_at is not None and r.first_token_at >= before]
+            if kept:
+                self._waiting[key] = kept
+            else:
+                del self._waiting[key]
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -275,7 +290,9 @@ class FleetHistory:
         tail = prompt - max(reusable, reused) * size
         if tail > 0:
             losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
-        diverged = next((c.diverged_at for c in causes if c.cause == Cause.PROMPT_CHANGED), None)
+        diverged = None  # the same for every block of the request: computed once
+        if any(c.cause == Cause.PROMPT_CHANGED for c in causes):
+            diverged = _divergence(request, chain, self._families[(request.family, request.salt)], size)
         return Diagnosis(
             cause=_cause(losses, reusable=reusable),
             diverged_at=diverged,
@@ -315,10 +332,9 @@ class FleetHistory:
         other_salt = self._neutral_salts.get(neutral) if neutral is not None else None
         if other_salt is not None and other_salt != request.salt:
             return _BlockCause(Cause.SALT)
-        family = self._families.get((request.family, request.salt))
-        if family is None:
+        if (request.family, request.salt) not in self._families:
             return _BlockCause(Cause.COLD)
-        return _BlockCause(Cause.PROMPT_CHANGED, diverged_at=_divergence(request, chain, family, size))
+        return _BlockCause(Cause.PROMPT_CHANGED)
 
     def _best_server(
         self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
@@ -345,13 +361,15 @@ class FleetHistory:
         for block in neutral:
             self._neutral_salts.setdefault(block, request.salt)
         family = self._families.setdefault((request.family, request.salt), _Family())
-        tokens, size = request.token_ids, request.block_size or 0
+        tokens, size, blocks = request.token_ids, request.block_size or 0, family.blocks
         for index, parent in enumerate([None, *chain]):
-            if index > len(chain):
-                break
-            following = tuple(tokens[index * size : (index + 1) * size]) if tokens is not None else ()
-            family.blocks[parent] = following
-            family.blocks.move_to_end(parent)
+            # A known next block is the same tokens after the same parent (its hash covers both):
+            # only its place in the memory moves, the common case of a shared prefix.
+            if index < len(chain) and chain[index] in blocks and parent in blocks:
+                blocks.move_to_end(parent)
+                continue
+            blocks[parent] = tuple(tokens[index * size : (index + 1) * size]) if tokens is not None else ()
+            blocks.move_to_end(parent)
         while len(family.blocks) > FAMILY_MEMORY_BLOCKS:
             family.blocks.popitem(last=False)
 
@@ -367,7 +385,6 @@ class _Eviction:
 class _BlockCause:
     cause: Cause
     here: bool = False  # resident on the request's own server: lost only if the chain broke before
-    diverged_at: int | None = None
     server: int | None = None
     server_tokens: int | None = None
     stored_at: datetime | None = None

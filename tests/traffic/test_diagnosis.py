@@ -18,7 +18,7 @@ from django.utils import timezone
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.kv_collector import KVEventCollector
-from app.traffic.models import LossMinute, RequestDiagnosis
+from app.traffic.models import KVEvent, LossMinute, RequestDiagnosis
 from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.rollups import refresh_loss_minutes
@@ -219,3 +219,33 @@ def test_losses_roll_up_per_minute_into_routing_effectiveness_and_the_tenant_aud
     assert "initech" in page and reverse("dashboard:request-detail", args=["sim-a", "leak-1"]) in page
     fleet_page = client.get(reverse("dashboard:home")).content.decode()
     assert "Routing effectiveness" in fleet_page and "sim-a, sim-b" in fleet_page
+
+
+def test_a_run_goes_on_from_the_replay_the_last_one_left_and_replays_again_for_a_late_record(
+    fleet: Fleet, settings: Any
+) -> None:
+    settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = 0
+    first = fleet.send(0, prompt(1))
+    assert diagnose_requests(now=timezone.now()) == 1
+    # Without its history the next run could not know that sim-a holds the system prompt: the
+    # events it read are gone from the database (as retention drops raw events), not from its replay.
+    KVEvent.objects.all().delete()
+    routed = fleet.send(1, prompt(2))
+    assert diagnose_requests(now=timezone.now()) == 1
+    assert RequestDiagnosis.objects.get(request_id=routed).cause == "routed_elsewhere"
+
+    # A record older than what the last run applied: replayed again from before it, from the database.
+    late_at = RequestDiagnosis.objects.get(request_id=first).arrived_at + timedelta(milliseconds=1)
+    ingest_request_records(
+        [
+            RequestFacts(
+                request_id="late-1", arrived_at=late_at, server="sim-a", model=fleet.servers[0].model,
+                template="support", prompt_tokens=200, cached_tokens=0, prompt_token_ids=prompt(3),
+            )
+        ],
+        source="gateway", now=timezone.now(),
+    )  # fmt: skip
+    assert diagnose_requests(now=timezone.now()) == 1
+    late = RequestDiagnosis.objects.get(request_id="late-1")
+    assert late.seen_before_tokens == 160  # the first request's system prompt, read again
+    assert RequestDiagnosis.objects.count() == 3  # each once

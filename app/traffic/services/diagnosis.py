@@ -3,10 +3,14 @@
 Each run takes the records not diagnosed yet that arrived in the last PREFIXSCOPE_DIAGNOSIS_LOOKBACK
 _MINUTES, up to PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS ago (KV events and spans arrive late: a record is
 diagnosed once, after they had time to), and replays in time order the fleet's KV events and the
-records from one lookback before the first of them (app/domain/misscauses.py). A record is written
-once (ON CONFLICT DO NOTHING): a redelivered task, or two runs at once, diagnose it the same and
-store it once. Records that arrive later than the lookback are left undiagnosed. The minutes of
-the arrivals diagnosed are then summed again into traffic.LossMinute, for the dashboards.
+records from one lookback before the first of them (app/domain/misscauses.py). The process keeps
+that replay: its next run reads only the events and records since (the online path), unless a
+record came later than that, which replays again from one lookback before it. Events emitted
+before the last run and received after it are not replayed (the delay is there to make them rare).
+A record is written once (ON CONFLICT DO NOTHING): a redelivered task, or two runs at once,
+diagnose it the same and store it once. Records that arrive later than the lookback are left
+undiagnosed. The minutes of the arrivals diagnosed are then summed again into traffic.LossMinute,
+for the dashboards.
 
 Servers are compared within compatibility groups (model, block size, hash algorithm): a block of
 one is never "resident elsewhere" on another model's server. A server whose KV events are not
@@ -15,7 +19,7 @@ collected (no KV stream) gets `no_kv_events` wherever residency would have to be
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -61,20 +65,67 @@ class _Record:
     diagnosed: bool
 
 
+@dataclass(slots=True)
+class _Replay:
+    """A fleet history and the moment up to which events and records were applied to it."""
+
+    history: FleetHistory
+    through: datetime
+    servers: frozenset[int]  # the fleet it was built for: a server added, merged or removed rebuilds it
+
+
+# This process's replay, kept between runs: a run then reads only what came since the last one
+# (the online path). Rebuilt from one lookback of events and records on the first run, after a
+# record arrived too late for it (older than `through`), and when runs stopped for a lookback.
+_kept: _Replay | None = None
+
+
 def diagnose_requests(*, now: datetime) -> int:
     """Diagnose the records due (see the module's docstring); returns how many were stored."""
+    global _kept
     until = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
     lookback = timedelta(minutes=settings.PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES)
     servers = {server.pk: server for server in Server.objects.all()}
     streaming = set(KVStream.objects.values_list("server_id", flat=True))
-    due = _first_undiagnosed(since=until - lookback, until=until)
-    if due is None:
-        return 0
-    history = FleetHistory(groups={pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()})
-    events = _events(since=due - lookback, until=until)
+    groups: dict[int, Hashable] = {pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()}
+    fleet = frozenset(servers)
+    replay = _kept
+    if replay is not None and replay.through >= until - lookback and replay.servers == fleet:
+        late = _first_undiagnosed(since=until - lookback, until=replay.through)
+        if late is not None:  # diagnosed against the fleet as it was: replay from before it
+            replay = _Replay(FleetHistory(groups), through=late - lookback, servers=fleet)
+    else:
+        due = _first_undiagnosed(since=until - lookback, until=until)
+        if due is None:
+            return 0
+        replay = _Replay(FleetHistory(groups), through=due - lookback, servers=fleet)
+    replay.history.regroup(groups)
+    _kept = None  # until this run is stored: a failed run starts over
+    found = _advance(replay, until=until, servers=servers, streaming=streaming)
+    # Events after a request's arrival may have revised it (a block evicted while it waited).
+    history = replay.history
+    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
+    history.forget_settled(until)
+    _kept = replay
+    return stored
+
+
+def forget_kept_replay() -> None:
+    """Drop this process's replay: the next run rebuilds it from the database."""
+    global _kept
+    _kept = None
+
+
+def _advance(
+    replay: _Replay, *, until: datetime, servers: dict[int, Server], streaming: set[int]
+) -> list[tuple[_Record, Diagnosis | Unknown]]:
+    """Apply the events and records of [replay.through, until) in time order; the records not
+    diagnosed yet are diagnosed, the others only remembered."""
+    history = replay.history
+    events = _events(since=replay.through, until=until)
     pending = next(events, None)
     found: list[tuple[_Record, Diagnosis | Unknown]] = []
-    for record in _records(since=due - lookback, until=until, servers=servers, streaming=streaming):
+    for record in _records(since=replay.through, until=until, servers=servers, streaming=streaming):
         while pending is not None and pending.at <= record.prompt.arrived_at:
             history.apply(pending)
             pending = next(events, None)
@@ -85,8 +136,8 @@ def diagnose_requests(*, now: datetime) -> int:
     while pending is not None:  # the rest, for the requests still waiting for their first token
         history.apply(pending)
         pending = next(events, None)
-    # Events after a request's arrival may have revised it (a block evicted while it waited).
-    return _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
+    replay.through = until
+    return found
 
 
 def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
