@@ -41,6 +41,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
 
+import numpy as np
+
+from app.domain.blockhash import TokenIds
+
 
 class Cause(StrEnum):
     PROMPT_CHANGED = "prompt_changed"
@@ -95,7 +99,7 @@ class RequestPrompt:
     salt: str = ""  # the salt's hash, "" for none
     neutral_hashes: Sequence[int] = ()  # the chain without the salt; () when unsalted (the same)
     family: Hashable = None  # the template, or the prefix family; None: neither
-    token_ids: Sequence[int] | None = None  # for a token-exact divergence; None in hash-only mode
+    token_ids: TokenIds | None = None  # for a token-exact divergence; None in hash-only mode
     kv_events: bool = True  # whether the server's KV events are collected
     first_token_at: datetime | None = None  # a block removed after arrival but before it was evicted
     key: Hashable = None  # the caller's name for the request, as `revised` gives it back
@@ -201,35 +205,51 @@ class FleetHistory:
 
     def apply(self, event: BlockEvent) -> None:
         """One block of a KV event. A new epoch of a (server, rank) empties what it held."""
-        stream = (event.server, event.rank)
-        if event.epoch != self._epochs.setdefault(stream, event.epoch):
-            self._epochs[stream] = event.epoch
-            self._restart(event.server, event.rank)
-        if event.kind == EventKind.CLEARED:
-            for block in list(self._held(event.server, event.rank)):
-                self._remove(event.server, event.rank, block, at=event.at)
-        elif event.block_hash is not None and event.kind == EventKind.STORED:
-            self._store(event.server, event.rank, event.block_hash, at=event.at)
-        elif event.block_hash is not None:
-            self._remove(event.server, event.rank, event.block_hash, at=event.at)
+        hashes = (event.block_hash,) if event.block_hash is not None else ()
+        self.apply_blocks(event.server, event.rank, event.epoch, event.at, event.kind, hashes)
+
+    def apply_blocks(
+        self, server: int, rank: int, epoch: int, at: datetime, kind: EventKind, hashes: Sequence[int]
+    ) -> None:
+        """The blocks of one KV event at once (as `apply` each, in order): an event stores or
+        removes dozens, and a call per block cost more than what it does."""
+        stream = (server, rank)
+        if epoch != self._epochs.setdefault(stream, epoch):
+            self._epochs[stream] = epoch
+            self._restart(server, rank)
+        if kind == EventKind.CLEARED:
+            for block in list(self._held(server, rank)):
+                self._remove(server, rank, block, at=at)
+        elif kind == EventKind.STORED:
+            self._store(server, rank, hashes, at=at)
+        else:
+            for block in hashes:
+                self._remove(server, rank, block, at=at)
 
     def _held(self, server: int, rank: int) -> set[int]:
         return self._ranks.setdefault(server, {}).setdefault(rank, set())
 
-    def _store(self, server: int, rank: int, block: int, *, at: datetime) -> None:
-        self._resident.setdefault(server, {}).setdefault(block, at)
-        self._held(server, rank).add(block)
-        self._where.setdefault(block, set()).add(server)
-        self._seen.add(block)
+    def _store(self, server: int, rank: int, blocks: Sequence[int], *, at: datetime) -> None:
+        resident, held, where = self._resident.setdefault(server, {}), self._held(server, rank), self._where
+        for block in blocks:
+            resident.setdefault(block, at)
+            held.add(block)
+            if (servers := where.get(block)) is None:
+                where[block] = {server}
+            else:
+                servers.add(server)
+        self._seen.update(blocks)
 
     def _remove(self, server: int, rank: int, block: int, *, at: datetime) -> None:
         """A block removed; one stored before the replayed events began is evicted all the same
         (when it was stored is then unknown)."""
         self._held(server, rank).discard(block)
-        if any(block in held for held in self._ranks[server].values()):
+        ranks = self._ranks[server]
+        if len(ranks) > 1 and any(block in held for held in ranks.values()):
             return  # another rank of the server still holds a copy
         eviction = _Eviction(server, self._resident.get(server, {}).pop(block, None), at)
-        self._revise_waiting(server, block, eviction)
+        if self._waiting:
+            self._revise_waiting(server, block, eviction)
         self._evicted.setdefault(server, {})[block] = eviction
         self._last_removed[block] = eviction
         self._seen.add(block)
@@ -285,13 +305,13 @@ class FleetHistory:
             resident_here=resident_here * size,
             reused=cached,
         )
-        causes = [self._block_cause(request, chain, index, size) for index in range(reused, reusable)]
+        causes = self._block_causes(request, chain, range(reused, reusable), size)
         losses = _runs(causes, first_block=reused, size=size)
         tail = prompt - max(reusable, reused) * size
         if tail > 0:
             losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
         diverged = None  # the same for every block of the request: computed once
-        if any(c.cause == Cause.PROMPT_CHANGED for c in causes):
+        if any(loss.cause == Cause.PROMPT_CHANGED for loss in losses):
             diverged = _divergence(request, chain, self._families[(request.family, request.salt)], size)
         return Diagnosis(
             cause=_cause(losses, reusable=reusable),
@@ -300,6 +320,25 @@ class FleetHistory:
             funnel=funnel,
             unexpected_hit=request.kv_events and reused > resident_here,
         )
+
+    def _block_causes(
+        self, request: RequestPrompt, chain: list[int], lost: range, size: int
+    ) -> list[_BlockCause]:
+        """The cause of each lost block. Once one was never seen under any salt, the blocks after it
+        that were not either have its cause (`_never_seen` says the same of them: the family is the
+        request's), so only that is checked of them: a prompt's new tail is most of its blocks."""
+        causes: list[_BlockCause] = []
+        unseen: _BlockCause | None = None
+        for index in lost:
+            block = chain[index]
+            if unseen is not None and block not in self._seen and not self._salted_elsewhere(request, index):
+                causes.append(unseen)
+                continue
+            found = self._block_cause(request, chain, index, size)
+            causes.append(found)
+            if found.cause in (Cause.PROMPT_CHANGED, Cause.COLD) and block not in self._seen:
+                unseen = found
+        return causes
 
     def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
         block = chain[index]
@@ -324,17 +363,22 @@ class FleetHistory:
         return _BlockCause(Cause.NO_KV_EVENTS)  # seen in a record of a server whose events are not collected
 
     def _never_seen(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
-        neutral = (
-            request.neutral_hashes[index] if request.salt and index < len(request.neutral_hashes) else None
-        )
-        if neutral is None and not request.salt:
-            neutral = chain[index]
-        other_salt = self._neutral_salts.get(neutral) if neutral is not None else None
-        if other_salt is not None and other_salt != request.salt:
+        if self._salted_elsewhere(request, index):
             return _BlockCause(Cause.SALT)
         if (request.family, request.salt) not in self._families:
             return _BlockCause(Cause.COLD)
         return _BlockCause(Cause.PROMPT_CHANGED)
+
+    def _salted_elsewhere(self, request: RequestPrompt, index: int) -> bool:
+        """Whether the block's tokens (its salt-neutral hash) were seen under another salt."""
+        if request.salt:
+            if index >= len(request.neutral_hashes):
+                return False
+            neutral = request.neutral_hashes[index]
+        else:
+            neutral = request.block_hashes[index]
+        other_salt = self._neutral_salts.get(neutral)
+        return other_salt is not None and other_salt != request.salt
 
     def _best_server(
         self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
@@ -368,7 +412,7 @@ class FleetHistory:
             if index < len(chain) and chain[index] in blocks and parent in blocks:
                 blocks.move_to_end(parent)
                 continue
-            blocks[parent] = tuple(tokens[index * size : (index + 1) * size]) if tokens is not None else ()
+            blocks[parent] = _tokens(tokens, index * size, (index + 1) * size)
             blocks.move_to_end(parent)
         while len(family.blocks) > FAMILY_MEMORY_BLOCKS:
             family.blocks.popitem(last=False)
@@ -453,11 +497,19 @@ def _divergence(request: RequestPrompt, chain: list[int], family: _Family, size:
     theirs = family.blocks.get(parent, ())
     if request.token_ids is None or not theirs:
         return shared * size
-    ours = request.token_ids[shared * size : (shared + 1) * size]
+    ours = _tokens(request.token_ids, shared * size, (shared + 1) * size)
     same = next(
         (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
     )
     return shared * size + same
+
+
+def _tokens(token_ids: TokenIds | None, start: int, end: int) -> tuple[int, ...]:
+    """Token ids [start, end) as a tuple of ints (token ids may come as a numpy array)."""
+    if token_ids is None:
+        return ()
+    found = token_ids[start:end]
+    return tuple(found.tolist() if isinstance(found, np.ndarray) else found)
 
 
 def _runs(causes: list[_BlockCause], *, first_block: int, size: int) -> list[Loss]:

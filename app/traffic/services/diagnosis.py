@@ -25,11 +25,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
-from app.domain.misscauses import BlockEvent, Diagnosis, EventKind, FleetHistory, Loss, RequestPrompt, Unknown
+from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, Loss, RequestPrompt, Unknown
 from app.fleet.models import Server
 from app.traffic.models import KVStream, RequestDiagnosis
+from app.traffic.services.copy_rows import sent_integers
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_loss_minutes
 
@@ -37,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 _RECORDS_SQL = """
 SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.template_version_id,
-       r.prompt_tokens, r.cached_tokens, r.salt_hash, r.block_hashes, r.neutral_hashes, r.token_ids,
+       r.prompt_tokens, r.cached_tokens, r.salt_hash,
+       array_send(r.block_hashes), array_send(r.neutral_hashes), array_send(r.token_ids),
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed
 FROM traffic_requestrecord r
@@ -46,11 +49,17 @@ LEFT JOIN traffic_requestdiagnosis d
 WHERE r.arrived_at >= %s AND r.arrived_at < %s
 ORDER BY r.arrived_at, r.server_id, r.request_id
 """
-# Signed hashes, as the records' chains hold them (the model's UInt64Field would map them to wire).
+# One row per batch of events (a step of the engine): its events' kinds and blocks' signed hashes
+# in order (as the records' chains hold them; the model's UInt64Field would map them to wire values;
+# an AllBlocksCleared has a NULL hash). A row per block cost the most, its timestamp parsed each time.
 _EVENTS_SQL = """
-SELECT server_id, dp_rank, epoch, emitted_at, kind, block_hash FROM traffic_kvevent
+SELECT emitted_at, server_id, dp_rank, epoch,
+       array_agg(kind ORDER BY event_index, block_index),
+       array_agg(block_hash ORDER BY event_index, block_index)
+FROM traffic_kvevent
 WHERE emitted_at >= %s AND emitted_at < %s
-ORDER BY emitted_at, server_id, dp_rank, epoch, seq, event_index, block_index
+GROUP BY server_id, dp_rank, epoch, seq, emitted_at
+ORDER BY emitted_at, server_id, dp_rank, epoch, seq
 """
 _FETCH = 2000
 
@@ -126,15 +135,15 @@ def _advance(
     pending = next(events, None)
     found: list[tuple[_Record, Diagnosis | Unknown]] = []
     for record in _records(since=replay.through, until=until, servers=servers, streaming=streaming):
-        while pending is not None and pending.at <= record.prompt.arrived_at:
-            history.apply(pending)
+        while pending is not None and pending[0] <= record.prompt.arrived_at:
+            _apply(history, pending)
             pending = next(events, None)
         if record.diagnosed:
             history.remember(record.prompt)
         else:
             found.append((record, history.diagnose(record.prompt)))
     while pending is not None:  # the rest, for the requests still waiting for their first token
-        history.apply(pending)
+        _apply(history, pending)
         pending = next(events, None)
     replay.through = until
     return found
@@ -153,12 +162,25 @@ def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
     return first  # type: ignore[no-any-return]
 
 
-def _events(*, since: datetime, until: datetime) -> Iterator[BlockEvent]:
-    with connection.cursor() as cursor:
+_Batch = tuple[datetime, int, int, int, list[int], list[int | None]]  # at, server, rank, epoch, kinds, hashes
+
+
+def _events(*, since: datetime, until: datetime) -> Iterator[_Batch]:
+    with connection.chunked_cursor() as cursor:
         cursor.execute(_EVENTS_SQL, [since, until])
         while rows := cursor.fetchmany(_FETCH):
-            for server, rank, epoch, emitted_at, kind, block_hash in rows:
-                yield BlockEvent(server, rank, epoch, emitted_at, EventKind(kind), block_hash)
+            yield from rows
+
+
+def _apply(history: FleetHistory, batch: _Batch) -> None:
+    """A batch's blocks, each run of one kind at once."""
+    at, server, rank, epoch, kinds, hashes = batch
+    start = 0
+    for end in range(1, len(kinds) + 1):
+        if end == len(kinds) or kinds[end] != kinds[start]:
+            run = [block for block in hashes[start:end] if block is not None]
+            history.apply_blocks(server, rank, epoch, at, EventKind(kinds[start]), run)
+            start = end
 
 
 def _records(
@@ -178,13 +200,19 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
      diagnosed) = row  # fmt: skip
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens, block_hashes=block_hashes or (), salt=salt_hash,
-        neutral_hashes=neutral or (),
-        family=template_id, token_ids=token_ids, kv_events=kv_events,
+        cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
+        neutral_hashes=_hashes(neutral), family=template_id, token_ids=sent_integers(token_ids),
+        kv_events=kv_events,
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
     )  # fmt: skip
     return _Record((server_id, request_id, arrived_at), template_id, version_id, tenant, prompt, diagnosed)
+
+
+def _hashes(sent: bytes | None) -> list[int]:
+    """A chain as a list: its hashes are dictionary keys, one by one (token ids stay an array)."""
+    found = sent_integers(sent)
+    return found.tolist() if found is not None else []
 
 
 def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> RequestDiagnosis:
@@ -225,12 +253,34 @@ def _loss_json(loss: Loss) -> dict[str, object]:
 
 
 def _store(rows: list[RequestDiagnosis]) -> int:
+    """Insert the diagnoses not stored yet (COPY to a staging table, then ON CONFLICT DO NOTHING:
+    a bulk INSERT's statement text cost more than the diagnoses), then their minutes' sums."""
     if not rows:
         return 0
-    ensure_day_partitions(RequestDiagnosis, [row.arrived_at for row in rows])
-    RequestDiagnosis.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
     arrivals = [row.arrived_at for row in rows]
+    ensure_day_partitions(RequestDiagnosis, arrivals)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS diagnosis_staging (LIKE traffic_requestdiagnosis) "
+            "ON COMMIT DELETE ROWS"
+        )
+        cursor.execute("TRUNCATE diagnosis_staging")  # a caller's outer transaction may still hold rows
+        with connection.wrap_database_errors, cursor.cursor.copy(_COPY_SQL) as copy:
+            for row in rows:
+                copy.write_row(
+                    [Jsonb(row.losses) if name == "losses" else getattr(row, name) for name in _FIELDS]
+                )
+        cursor.execute(_INSERT_SQL)
     refresh_loss_minutes(since=min(arrivals), until=max(arrivals) + timedelta(microseconds=1))
     counts = Counter(row.cause or row.unknown or "reused" for row in rows)
     logger.info("requests diagnosed", extra={"diagnosed": len(rows), "by_cause": counts})
     return len(rows)
+
+
+_FIELDS = [field.attname for field in RequestDiagnosis._meta.concrete_fields if field.column]
+_COLUMNS = ", ".join(_FIELDS)
+_COPY_SQL = f"COPY diagnosis_staging ({_COLUMNS}) FROM STDIN"
+_INSERT_SQL = (
+    f"INSERT INTO traffic_requestdiagnosis ({_COLUMNS}) SELECT {_COLUMNS} FROM diagnosis_staging "
+    "ON CONFLICT DO NOTHING"
+)

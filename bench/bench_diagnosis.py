@@ -1,0 +1,165 @@
+"""Requests diagnosed per second online (the kept replay, a run every --every seconds of traffic),
+against one replay of the whole trace from the database (what every run did before).
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_diagnosis [--requests 20000]
+
+Runs in a throw-away database on the server DATABASE_URL names. The trace: --requests prompts of
+about 2,000 tokens (8 templates with stable prefixes of 1,500-1,900 tokens, tails of 64-400; from
+the middle of the trace on, two templates carry 6 volatile tokens near their top) arriving at
+--rate per second on 4 servers of block size 16 (each template mostly on one server, one request
+in ten anywhere). Each server is the simulator's prefix cache (simulator/cache.py) of --blocks
+blocks, so cached tokens and KV events are what vLLM would report; the events go through vLLM's
+wire encoding, the collector's decoder and its store (store_kv_events), the records through the
+ingest (ingest_request_records), as in production. Untimed.
+
+Timed: the online runs (app.traffic.services.diagnosis.diagnose_requests, the process keeping its
+replay), then, the diagnoses deleted, one run replaying the whole trace from the database. Both
+print requests per second of wall time and of this process's CPU time (the worker core: waiting
+on PostgreSQL is not counted), and the ratio of the two.
+"""
+
+import argparse
+import os
+import random
+import time
+from datetime import UTC, datetime, timedelta
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+
+import django
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.fleet.models import Server  # noqa: E402
+from app.fleet.services import register_server  # noqa: E402
+from app.traffic.kv_collector import event_rows  # noqa: E402
+from app.traffic.models import RequestDiagnosis  # noqa: E402
+from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay  # noqa: E402
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
+from app.traffic.services.requests import ingest_request_records  # noqa: E402
+from collectors.kv_events.parse import decode_sub_message  # noqa: E402
+from collectors.records import RequestFacts  # noqa: E402
+from simulator.cache import PrefixCache  # noqa: E402
+from simulator.kv_events import encode_batch, seq_frame  # noqa: E402
+
+BLOCK_SIZE = 16
+SERVERS = 4
+TEMPLATES = 8
+VOCABULARY = 151_936
+BATCH = 500
+
+
+class Trace:
+    """The prompts, in arrival order, with the server each was routed to."""
+
+    def __init__(self, requests: int, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        self.prefixes = [[rng.randrange(VOCABULARY) for _ in range(rng.randrange(1500, 1900))] for _ in range(8)]
+        self.prompts: list[tuple[int, int, list[int]]] = []  # (template, server, token ids)
+        for n in range(requests):
+            template = n % TEMPLATES
+            tokens = list(self.prefixes[template])
+            if template in (2, 5) and n >= requests // 2:  # a volatile id near the top
+                tokens[40:40] = [rng.randrange(VOCABULARY) for _ in range(6)]
+            tokens += [rng.randrange(VOCABULARY) for _ in range(rng.randrange(64, 400))]
+            server = template % SERVERS if rng.random() > 0.1 else rng.randrange(SERVERS)
+            self.prompts.append((template, server, tokens))
+
+
+def store_trace(trace: Trace, servers: list[Server], *, blocks: int, start: datetime, rate: float) -> None:
+    """Serve the trace on the simulated caches and store its records and events, as production does."""
+    caches = [PrefixCache(BLOCK_SIZE, blocks) for _ in servers]
+    facts: list[RequestFacts] = []
+    rows: list[KVEventRow] = []
+    seqs = [0] * len(servers)
+    for n, (template, server, tokens) in enumerate(trace.prompts):
+        arrived_at = start + timedelta(seconds=n / rate)
+        cache, target = caches[server], servers[server]
+        admission = cache.admit(f"r{n}", tokens)
+        cache.finish(f"r{n}")
+        emitted = (arrived_at + timedelta(milliseconds=1)).timestamp()
+        payload = encode_batch(emitted, cache.take_events(), None)
+        message = decode_sub_message([b"kv@bench", seq_frame(seqs[server]), payload])
+        rows += event_rows(message.batch, server_id=target.pk, epoch=0, seq=seqs[server], received_at=arrived_at)
+        seqs[server] += 1
+        facts.append(
+            RequestFacts(
+                request_id=f"r{n}", arrived_at=arrived_at, server=target.name, model="bench",
+                template=f"template-{template}", prompt_tokens=len(tokens),
+                cached_tokens=admission.cached_tokens, client_ttft_seconds=0.05, prompt_token_ids=tokens,
+            )
+        )  # fmt: skip
+        if len(facts) == BATCH:
+            _flush(facts, rows, servers, seqs, now=arrived_at)
+    _flush(facts, rows, servers, seqs, now=start + timedelta(seconds=len(trace.prompts) / rate))
+
+
+def _flush(
+    facts: list[RequestFacts], rows: list[KVEventRow], servers: list[Server], seqs: list[int], *, now: datetime
+) -> None:
+    positions = [
+        StreamPosition(server_id=s.pk, dp_rank=0, epoch=0, last_seq=seqs[i] - 1, last_event_at=now)
+        for i, s in enumerate(servers)
+        if seqs[i]
+    ]
+    store_kv_events(rows=rows, positions=positions)
+    ingest_request_records(facts, source="gateway", now=now)
+    facts.clear()
+    rows.clear()
+
+
+def timed(run: object) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds of this process, and what `run` returned."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    found = run()  # type: ignore[operator]
+    return time.perf_counter() - wall, time.process_time() - cpu, found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--rate", type=float, default=2_000, help="arrivals per second of the trace")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds of traffic between runs")
+    parser.add_argument("--blocks", type=int, default=6_000, help="KV cache blocks per server")
+    args = parser.parse_args()
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        maintain_partitions(now=timezone.now())
+        servers = [
+            register_server(name=f"bench-{n}", base_url=f"http://10.0.0.{n + 1}:8000", model="bench")
+            for n in range(SERVERS)
+        ]
+        Server.objects.update(block_size=BLOCK_SIZE, hash_algo="sha256_cbor")
+        span = args.requests / args.rate
+        start = timezone.now().astimezone(UTC) - timedelta(seconds=span + 120)
+        store_trace(Trace(args.requests), servers, blocks=args.blocks, start=start, rate=args.rate)
+        print(f"{args.requests} requests of about 2,000 tokens, {span:.0f} s of traffic at {args.rate:.0f}/s")
+        delay = timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
+        runs = [start + timedelta(seconds=args.every * (k + 1)) for k in range(int(span / args.every) + 1)]
+
+        def online() -> int:
+            return sum(diagnose_requests(now=until + delay) for until in runs)
+
+        forget_kept_replay()
+        wall, cpu, online_count = timed(online)
+        print(f"online, a run every {args.every:g} s of traffic ({len(runs)} runs): {online_count} diagnosed")
+        print(f"  {online_count / wall:8,.0f} requests/s wall, {online_count / cpu:8,.0f} per CPU second")
+        RequestDiagnosis.objects.all().delete()
+        forget_kept_replay()
+        base_wall, base_cpu, replayed = timed(lambda: diagnose_requests(now=runs[-1] + delay))
+        print(f"baseline, one replay of the whole trace from the database: {replayed} diagnosed")
+        print(f"  {replayed / base_wall:8,.0f} requests/s wall, {replayed / base_cpu:8,.0f} per CPU second")
+        print(f"ratio online / baseline: {base_wall / wall * online_count / replayed:.2f} (wall)")
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()
