@@ -172,6 +172,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    "find-killers": {
+        "task": "compare.find_killers",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
     "refresh-template-repositories": {
         "task": "prompts.refresh_template_repositories",
         "schedule": float(PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS),
@@ -202,6 +207,11 @@ PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS",
 # later than LOOKBACK are left undiagnosed.
 PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = env_int("PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS", 30, minimum=0)
 PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = env_int("PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES", 60, minimum=1)
+
+# Cache killers: every five minutes, each template's requests of the last WINDOW minutes (the most
+# recent MAX_REQUESTS of them at most, per template) are searched for the positions where they fan out.
+PREFIXSCOPE_KILLER_WINDOW_MINUTES = env_int("PREFIXSCOPE_KILLER_WINDOW_MINUTES", 60, minimum=1)
+PREFIXSCOPE_KILLER_MAX_REQUESTS = env_int("PREFIXSCOPE_KILLER_MAX_REQUESTS", 2000, minimum=10)
 
 # Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process
 # (threaded workers, WEB_THREADS > 1; a sync worker takes one request at a time anyway);

@@ -3,7 +3,8 @@
 Reads: a logged-in user's session, or an ingest token. Writes: a staff user's session (with
 Django's CSRF token as X-CSRFToken), or an ingest token; an ingest token registers http(s)
 URLs only, never a path or file:// URL on the server. The webhook is authenticated by the
-repository's shared secret. Webhook secrets are never in an answer.
+repository's shared secret. Webhook secrets are never in an answer. A template's cache killers come
+without prompt text unless asked for (``samples=true``) by a user holding prompts.read_prompt_text.
 """
 
 from datetime import datetime
@@ -19,9 +20,10 @@ from ninja.security.session import SessionAuthIsStaff
 
 from app.api.ingest.rest import IngestTokenAuth
 from app.api.models import IngestToken
+from app.compare.killers import Samples, killer_samples
 from app.fleet.models import Server
-from app.prompts import git, selectors, services, tasks, webhooks
-from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
+from app.prompts import git, killers, selectors, services, tasks, webhooks
+from app.prompts.models import CacheKiller, DeployMarker, Template, TemplateRepository, TemplateVersion
 
 router = Router(tags=["templates"])
 
@@ -144,6 +146,58 @@ class DeployOut(Schema):
     deployed_at: datetime
     note: str
     source: str
+
+
+class RequestKeyOut(Schema):
+    server: str = Field(description="The server's name")
+    request_id: str
+    arrived_at: datetime
+
+
+class KillerOut(Schema):
+    salt_hash: str = Field(
+        description="sha256 of the cache salt of the requests it was found in; blank: none"
+    )
+    model: str
+    block_size: int
+    mode: str = Field(description="tokens (token-exact) or hashes (hash-only mode: block-exact)")
+    position_token: int | None = Field(description="The first token where the requests fan out; null: hashes")
+    block_index: int = Field(description="The block of the position")
+    kind: str = Field(description="timestamp, id, number, reordered_items, json_key_order, whitespace_drift, "
+                      "per_user, rotating_examples, varying_text or unclassified (no text)")  # fmt: skip
+    suggestion: str
+    requests: int = Field(description="Requests sharing the prefix up to the position")
+    requests_affected: int = Field(description="Of them, those losing a block or more to it")
+    continuations: int = Field(description="Distinct continuations after the position")
+    tokens_lost: int = Field(description="Prompt tokens a stable text there would have let them reuse")
+    straddle_tokens: int | None = Field(
+        description="A divergence just before a block boundary: the tokens of its block before it, "
+        "recomputed anyway"
+    )
+    sample_requests: list[RequestKeyOut] = Field(description="A few requests that vary there")
+    samples: list[str] | None = Field(
+        description="Prompt text: the varying line of the sample requests. Only with samples=true, for a "
+        "logged-in user holding prompts.read_prompt_text, while their token ids are kept; else null"
+    )
+    samples_missing: str | None = Field(description="Why samples were asked for and are null or empty")
+
+
+KILLER_FIELDS = (
+    "salt_hash", "model", "block_size", "mode", "position_token", "block_index", "kind", "suggestion",
+    "requests", "requests_affected", "continuations", "tokens_lost", "straddle_tokens",
+)  # fmt: skip
+
+
+class KillersOut(Schema):
+    template: str
+    computed_at: datetime | None = Field(description="When they were last searched for; null: not yet")
+    window_start: datetime | None
+    window_end: datetime | None
+    killers: list[KillerOut] = Field(description="Costliest first")
+
+
+class KillersQuery(Schema):
+    samples: bool = Field(False, description="Include the samples' text (prompt text), where the viewer may")
 
 
 class HookQuery(Schema):
@@ -309,6 +363,50 @@ def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
     if version is None:
         return Status(404, {"error": "no such template or version"})
     return VersionOut.of(version) | {"content": version.content, "diff": version.diff}
+
+
+@router.get(
+    "/templates/{template_id}/killers",
+    auth=READERS,
+    response={200: KillersOut, 404: ErrorOut},
+    summary="A template's cache killers, costliest first",
+    description="The token positions (blocks in hash-only mode) where the template's requests of the last "
+    "window fan out, each with its class, a suggestion, its cost and a few sample requests; searched again "
+    "every five minutes. `samples=true` adds the varying text, for a logged-in user holding the "
+    "prompts.read_prompt_text permission (never for an ingest token). " + READ_AUTH,
+    url_name="template-killers",
+)
+def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQuery]) -> Any:
+    template = Template.objects.filter(pk=template_id).first()
+    if template is None:
+        return Status(404, {"error": "no such template"})
+    found = list(killers.template_killers(template.pk))
+    texts: dict[int, Samples] | None = None
+    if query.samples and killers.may_read_prompts(request.user):
+        texts = killer_samples(found, now=timezone.now())
+    missing = "the viewer may not read prompt text" if query.samples and texts is None else None
+    names = dict(Server.objects.values_list("pk", "name"))
+    first = found[0] if found else None
+    return {
+        "template": template.name, "computed_at": first.computed_at if first else None,
+        "window_start": first.window_start if first else None,
+        "window_end": first.window_end if first else None,
+        "killers": [_killer_out(k, names, texts.get(k.pk) if texts else None, missing) for k in found],
+    }  # fmt: skip
+
+
+def _killer_out(
+    killer: CacheKiller, names: dict[int, str], samples: Samples | None, missing: str | None
+) -> dict[str, Any]:
+    keys = [killers.SampleKey.of(stored) for stored in killer.samples]
+    return {f: getattr(killer, f) for f in KILLER_FIELDS} | {
+        "sample_requests": [
+            {"server": names.get(k.server_id, "?"), "request_id": k.request_id, "arrived_at": k.arrived_at}
+            for k in keys
+        ],
+        "samples": list(samples.texts) if samples else None,
+        "samples_missing": (samples.missing or None) if samples else missing,
+    }
 
 
 @router.post(

@@ -1,11 +1,12 @@
-"""Prompts into token ids, as the server sees them when it can be asked.
+"""Prompts into token ids, as the server sees them when it can be asked; and token ids back into text.
 
 Text and chat messages go to the ``/tokenize`` endpoint of a registered server of the chosen
 model (vLLM applies the model's own chat template there), trying a few of them with a short
 timeout; when none answers, the local tokenizer tokenizes them and the result carries a warning
 that says so: the file named by PREFIXSCOPE_TOKENIZER_FILE (a Hugging Face ``tokenizer.json``, or
 a tiktoken BPE file split by PREFIXSCOPE_TOKENIZER_PATTERN), else the bundled GPT-2 tokenizer
-(``app.domain.gpt2``, offline). Token ids pass through as given.
+(``app.domain.gpt2``, offline). Token ids pass through as given. ``Detokenizer`` goes the other way
+(the ``/detokenize`` endpoint, else the same local tokenizer).
 Never logs prompt text.
 """
 
@@ -18,7 +19,8 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Final, Literal
+from types import TracebackType
+from typing import Any, Final, Literal, Self
 
 import httpx
 import tiktoken
@@ -27,7 +29,7 @@ from tokenizers import Tokenizer
 
 from app.domain import gpt2 as bundled
 from app.fleet.models import Server
-from collectors.tokenize.client import TokenizeFailed, fetch_tokens
+from collectors.tokenize.client import DetokenizeFailed, TokenizeFailed, fetch_text, fetch_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +232,13 @@ class LocalTokenizer:
         strs = [piece.decode("utf-8", "replace") for piece in self._tiktoken.decode_tokens_bytes(ids)]
         return ids, strs
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (special tokens kept, as vLLM's /detokenize keeps them)."""
+        if self._hugging_face is not None:
+            return self._hugging_face.decode(list(token_ids), skip_special_tokens=False)
+        assert self._tiktoken is not None
+        return self._tiktoken.decode(list(token_ids), errors="replace")
+
 
 def _tiktoken_ranks(data: bytes, path: str) -> dict[bytes, int]:
     """The `<base64 token> <rank>` lines of a .tiktoken file. Read here rather than with
@@ -286,3 +295,43 @@ def vocabulary_strs(token_ids: Sequence[int]) -> list[str]:
     known = bundled.token_strs([t for t in token_ids if 0 <= t < size])
     strs = iter(known)
     return [next(strs) if 0 <= t < size else f"⟨{t}⟩" for t in token_ids]
+
+
+class Detokenizer:
+    """Token ids into text for one model: the ``/detokenize`` of the servers ``tokenizing_servers``
+    lists (one that fails is not asked again), else the configured tokenizer file, else the bundled
+    GPT-2 tokenizer. Called as a function (a ``Decode``); a context manager for its HTTP client.
+    ``used`` says what decoded the last call. Never logs the text.
+    """
+
+    def __init__(self, *, server: Server | None, model: str, client: httpx.Client | None = None) -> None:
+        self._servers = tokenizing_servers(server=server, model=model)
+        self._own_client = client is None and bool(self._servers)
+        self._client = client if client is not None else httpx.Client() if self._servers else None
+        self.used = ""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self._own_client and self._client is not None:
+            self._client.close()
+
+    def __call__(self, token_ids: Sequence[int]) -> str:
+        while self._servers and self._client is not None:
+            server = self._servers[0]
+            try:
+                text = fetch_text(self._client, server.base_url, token_ids, timeout_seconds=TIMEOUT_SECONDS)
+            except DetokenizeFailed as exc:
+                logger.info("detokenize on %s failed: %s", server.name, exc.reason)
+                self._servers.pop(0)
+            else:
+                self.used = f"server {server.name} /detokenize"
+                return text
+        if path := settings.PREFIXSCOPE_TOKENIZER_FILE:
+            self.used = f"local {Path(path).name}"
+            return local_tokenizer(path, settings.PREFIXSCOPE_TOKENIZER_PATTERN).decode(token_ids)
+        self.used = BUNDLED_TOKENIZER
+        return bundled.decode(token_ids)

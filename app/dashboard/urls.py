@@ -9,4 +9,7 @@ urlpatterns = [
     path("tenants/", views.tenants, name="tenants"),
     path("proposed/<int:server_id>/", views.proposed_server, name="proposed-server"),
     path("requests/<str:server>/<path:request_id>/", views.request_detail, name="request-detail"),
+    # Below /templates/ (the repositories, app.prompts.urls): a template's page shows prompt text, which
+    # only the layers above traffic and compare may read.
+    path("templates/<int:template_id>/", views.template_detail, name="template-detail"),
 ]

@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -5,18 +7,22 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from app.compare.killers import Samples, killer_samples
 from app.core.http import HtmxHttpRequest
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.metrics import PrefixscopeCollector
 from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
+from app.prompts.killers import SampleKey, killer_at, may_read_prompts, template_killers
+from app.prompts.models import CacheKiller, Template
 from app.traffic.models import RequestDiagnosis
 from app.traffic.selectors import (
     LossRow,
@@ -129,16 +135,71 @@ def collection(request: HtmxHttpRequest) -> HttpResponse:
 
 @login_required
 def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> HttpResponse:
-    """One request's records (one per arrival) with why their prompt tokens were not reused."""
+    """One request's records (one per arrival) with why their prompt tokens were not reused, and the
+    cache killers of its template under its salt, marking the one its divergence is at."""
     found = diagnosed_requests(server_name=server, request_id=request_id)
     names = dict(Server.objects.values_list("pk", "name"))
-    items = [
-        {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names)}
-        for i in found
-    ]
+    killers = {t: list(template_killers(t)) for t in {i.record.template_id for i in found} if t is not None}
+    items = []
+    for i in found:
+        salted = [k for k in killers.get(i.record.template_id or 0, []) if k.salt_hash == i.record.salt_hash]
+        diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
+        here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
+        items.append(
+            {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
+             "killers": _killer_rows(salted, names, {}, here=here), "at_killer": here}
+        )  # fmt: skip
     return render(
         request, "dashboard/request.html", {"server": server, "request_id": request_id, "found": items}
     )
+
+
+@login_required
+def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
+    """A template's cache killers, costliest first; with samples of the varying text for a viewer who
+    may read prompts (decoded now, while their token ids are kept)."""
+    template = get_object_or_404(Template.objects.select_related("repository"), pk=template_id)
+    found = list(template_killers(template.pk))
+    readable = may_read_prompts(request.user)
+    samples = killer_samples(found, now=timezone.now()) if readable else {}
+    names = dict(Server.objects.values_list("pk", "name"))
+    context = {"template": template, "rows": _killer_rows(found, names, samples), "readable": readable,
+               "latest": found[0] if found else None}  # fmt: skip
+    return render(request, "dashboard/template.html", context)
+
+
+@dataclass(frozen=True, slots=True)
+class KillerRow:
+    killer: CacheKiller
+    where: str  # "token 412 (block 25)", or "block 25" in hash-only mode
+    sample_links: list[tuple[str, str]]  # (request id, its page)
+    samples: Samples | None  # None: not shown to this viewer (or on this page)
+    here: bool
+
+
+def _killer_rows(
+    killers: Sequence[CacheKiller],
+    names: dict[int, str],
+    samples: dict[int, Samples],
+    *,
+    here: CacheKiller | None = None,
+) -> list[KillerRow]:
+    rows = []
+    for killer in killers:
+        block = f"block {killer.block_index}"
+        where = block if killer.position_token is None else f"token {killer.position_token} ({block})"
+        keys = [SampleKey.of(stored) for stored in killer.samples]
+        links = [
+            (
+                k.request_id,
+                reverse("dashboard:request-detail", args=[names.get(k.server_id, "?"), k.request_id]),
+            )
+            for k in keys
+        ]
+        rows.append(
+            KillerRow(killer, where, links, samples.get(killer.pk), here is not None and here.pk == killer.pk)
+        )
+    return rows
 
 
 def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> list[dict[str, object]]:

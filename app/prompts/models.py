@@ -2,6 +2,8 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from app.domain.killers import SUGGESTIONS, KillerClass
+
 
 class TemplateRepository(models.Model):
     """A git repository of prompt templates: a local path read in place, or a URL fetched into a cache.
@@ -127,3 +129,65 @@ class DeployMarker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.template_version} live at {self.deployed_at:%Y-%m-%d %H:%M}"
+
+
+class CacheKiller(models.Model):
+    """A token position (a block in hash-only mode) where a template's recent traffic fans out, and its
+    cost, found in the requests of one compatibility record (salt, model, block size) in a window.
+
+    ``samples`` holds the keys of a few requests that vary there (``server_id``, ``request_id``,
+    ``arrived_at`` in ISO 8601), never their text: that is prompt text, decoded when shown, for viewers
+    who may read prompts (the ``read_prompt_text`` permission) and while the token ids are kept.
+    The killers of a template are replaced whole at each run (app/prompts/killers.py).
+    """
+
+    class Mode(models.TextChoices):
+        TOKENS = "tokens", "Token ids"
+        HASHES = "hashes", "Block hashes only"
+
+    class Kind(models.TextChoices):
+        TIMESTAMP = KillerClass.TIMESTAMP, "Timestamp or date"
+        ID = KillerClass.ID, "Id (uuid, hex, request or trace id)"
+        NUMBER = KillerClass.NUMBER, "Counter or number"
+        REORDERED_ITEMS = KillerClass.REORDERED_ITEMS, "Reordered items"
+        JSON_KEY_ORDER = KillerClass.JSON_KEY_ORDER, "JSON key order"
+        WHITESPACE_DRIFT = KillerClass.WHITESPACE_DRIFT, "Whitespace drift"
+        PER_USER = KillerClass.PER_USER, "Per-user data in a shared part"
+        ROTATING_EXAMPLES = KillerClass.ROTATING_EXAMPLES, "Rotating few-shot examples"
+        VARYING_TEXT = KillerClass.VARYING_TEXT, "Varying text"
+        UNCLASSIFIED = KillerClass.UNCLASSIFIED, "Unclassified (no text)"
+
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="killers")
+    salt_hash = models.CharField(max_length=64, blank=True, help_text="sha256 of the cache salt; blank: none")
+    model = models.CharField(max_length=255, blank=True)
+    block_size = models.PositiveIntegerField()
+    computed_at = models.DateTimeField()
+    window_start = models.DateTimeField()
+    window_end = models.DateTimeField()
+    mode = models.CharField(max_length=10, choices=Mode.choices)
+    position_token = models.PositiveIntegerField(null=True, blank=True, help_text="Null in hash-only mode")
+    block_index = models.PositiveIntegerField(help_text="The block the position is in")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    requests = models.PositiveIntegerField(help_text="Requests sharing the prefix up to the position")
+    requests_affected = models.PositiveIntegerField(help_text="Of them, those losing a block or more")
+    continuations = models.PositiveIntegerField(help_text="Distinct continuations after the position")
+    tokens_lost = models.BigIntegerField(help_text="Prompt tokens a stable text there would have reused")
+    straddle_tokens = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Tokens of the position's block before it, recomputed anyway"
+    )
+    samples = models.JSONField(default=list, blank=True, help_text="Keys of requests that vary there")
+
+    class Meta:
+        ordering = ["template", "-tokens_lost", "block_index"]
+        indexes = [models.Index(fields=["template", "-tokens_lost"], name="cache_killer_template_cost")]
+        permissions = [("read_prompt_text", "Can read prompt text (the samples of cache killers)")]
+
+    def __str__(self) -> str:
+        where = (
+            f"token {self.position_token}" if self.position_token is not None else f"block {self.block_index}"
+        )
+        return f"{self.template.name} at {where}: {self.kind}"
+
+    @property
+    def suggestion(self) -> str:
+        return SUGGESTIONS[KillerClass(self.kind)]

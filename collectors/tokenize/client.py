@@ -1,6 +1,7 @@
-"""vLLM's /tokenize: a prompt (text or chat) in, its token ids (and their strings) out."""
+"""vLLM's /tokenize and /detokenize: a prompt (text or chat) in, its token ids (and their strings) out;
+token ids in, their text out."""
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -39,3 +40,29 @@ def fetch_tokens(
     ):
         strs = list(raw_strs)
     return list(tokens), strs
+
+
+class DetokenizeFailed(CollectorError):
+    """A server's /detokenize gave no usable answer."""
+
+
+def fetch_text(
+    client: httpx.Client, base_url: str, token_ids: Sequence[int], *, timeout_seconds: float
+) -> str:
+    """POST ``token_ids`` to ``<base_url>/detokenize``; return their text (vLLM's ``prompt``).
+
+    Raises DetokenizeFailed for network errors, non-200 answers and answers without a text.
+    """
+    url = base_url.rstrip("/") + "/detokenize"
+    response = exchange(
+        client, "POST", url, timeout_seconds=timeout_seconds, error=DetokenizeFailed,
+        json={"tokens": list(token_ids)},
+    )  # fmt: skip
+    try:
+        answer = response.json()
+    except ValueError:
+        raise DetokenizeFailed(retryable=False, reason="the answer is not JSON") from None
+    text = answer.get("prompt") if isinstance(answer, dict) else None
+    if not isinstance(text, str):
+        raise DetokenizeFailed(retryable=False, reason="the answer has no prompt text")
+    return text

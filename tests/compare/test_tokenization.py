@@ -1,4 +1,5 @@
-"""Prompts go to a server's own /tokenize when one answers, else to the bundled tokenizer, which says so."""
+"""Prompts go to a server's own /tokenize when one answers, else to the bundled tokenizer, which says so;
+token ids come back to text by the same way."""
 
 import base64
 import json
@@ -13,6 +14,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 from app.compare.checks import tokenizer_file_loads
 from app.compare.tokenization import (
     BUNDLED_TOKENIZER,
+    Detokenizer,
     Prompt,
     PromptError,
     parse_prompt,
@@ -221,3 +223,24 @@ def test_a_tokenizer_file_of_neither_kind_fails_the_system_check_naming_the_line
     ]
     with override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(tmp_path / "missing.json")):
         assert "No such file" in tokenizer_file_loads()[0].msg
+
+
+def test_token_ids_go_back_to_text_by_a_servers_detokenize_else_a_local_tokenizer(
+    silent_server: Server, simulated_server: Server, tmp_path: Path
+) -> None:
+    prompt = load_json("completion-timestamp-top-1.json")
+    text, ids = prompt["request"]["prompt"], prompt["response"]["choices"][0]["prompt_token_ids"]
+    with Detokenizer(server=silent_server, model="") as decode:  # it does not answer; sim-0 does
+        assert (decode(ids), decode.used) == (text, "server sim-0 /detokenize")
+        assert decode(ids[:3]) == gpt2.decode(ids[:3])
+
+    simulated_server.delete()
+    path = tmp_path / "tokenizer.json"
+    gpt2._tokenizer().save(str(path))
+    with (
+        override_settings(PREFIXSCOPE_TOKENIZER_FILE=str(path)),
+        Detokenizer(server=silent_server, model="") as decode,
+    ):
+        assert (decode(ids), decode.used) == (text, "local tokenizer.json")
+    with Detokenizer(server=None, model="tiny") as decode:
+        assert (decode(ids), decode.used) == (text, BUNDLED_TOKENIZER)

@@ -13,7 +13,15 @@ import pytest
 from app.domain.blockhash import signed_to_wire
 from app.domain.blocks import cached_tokens_for_full_match
 from app.domain.gpt2 import decode, encode
-from app.domain.killers import Killer, KillerClass, KillerSettings, Prompt, Straddle, find_killers
+from app.domain.killers import (
+    Killer,
+    KillerClass,
+    KillerSettings,
+    Prompt,
+    Straddle,
+    find_killers,
+    sample_texts,
+)
 from simulator.template_faults import Fault
 from tests.domain.rendered_prompts import (
     BLOCK_SIZE,
@@ -267,6 +275,28 @@ def test_samples_are_few_short_distinct_and_show_the_varying_text() -> None:
     assert all(
         sample.startswith("…") and len(sample) <= 21 and "+00:00" in sample for sample in short.samples
     )
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["alone", "mixed"])
+def test_the_sample_requests_decode_again_into_the_same_samples(mixed: bool) -> None:
+    traffic = _faulted(FAULTS[0], mixed)
+    killer = _killers(traffic)[0]
+    assert len(killer.sample_requests) == len(killer.samples)
+    assert all(traffic[i].template == "support" for i in killer.sample_requests)
+    assert killer.position_token is not None
+    ids = [traffic[i].token_ids for i in killer.sample_requests]
+    assert sample_texts(ids, killer.position_token, decode) == killer.samples
+    assert sample_texts(ids[:1], killer.position_token, decode) == killer.samples[:1]  # alone, too
+    assert sample_texts([], killer.position_token, decode) == ()
+
+
+def test_without_text_the_sample_requests_are_a_few_affected_ones() -> None:
+    traffic = _faulted(FAULTS[0], mixed=False)
+    (killer,) = _killers(traffic, hash_only=True)
+    assert killer.samples == () and 0 < len(killer.sample_requests) <= KillerSettings().max_samples
+    # Hash-only mode counts the very first request too: nothing earlier shows its blocks could be shared.
+    later = [i for i in killer.sample_requests if i > 0]
+    assert later and all(traffic[i].text.startswith("Current time:") for i in later)
 
 
 def test_without_a_decoder_the_position_is_exact_and_the_class_unknown() -> None:

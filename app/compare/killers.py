@@ -1,0 +1,198 @@
+"""The search for cache killers in each template's recent traffic, and their samples' text.
+
+Each run (task ``compare.find_killers``, every five minutes) takes every template with requests in the
+last PREFIXSCOPE_KILLER_WINDOW_MINUTES, the most recent PREFIXSCOPE_KILLER_MAX_REQUESTS of them at most,
+splits them by compatibility record (salt, model, and the block size and hash algorithm of their
+server), and runs ``app.domain.killers.find_killers`` on each group in arrival order: token mode where
+every request of the group still has its token ids (within token retention), hash-only mode otherwise.
+The template's stored killers are then replaced with what was found (app/prompts/killers.py), so a
+rerun replaces, never adds; a template without requests in the window has none left.
+
+Text is decoded here to classify a killer (the servers' /detokenize, else the configured tokenizer),
+and never stored: a killer keeps its sample requests' keys, and ``killer_samples`` decodes them again
+for a viewer who may read prompts, while their token ids are kept.
+
+This lives in compare rather than prompts: it reads request records and decodes with the servers'
+tokenizers, which the prompts app, below traffic and compare, may not import.
+"""
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import reduce
+from operator import or_
+
+import numpy as np
+from django.conf import settings
+from django.db.models import Q
+
+from app.compare.tokenization import Detokenizer
+from app.core.retention import kept_token_ids_since
+from app.domain.killers import Prompt, find_killers, sample_texts
+from app.domain.retention import keeps_token_ids
+from app.fleet.models import Server
+from app.prompts.killers import FoundKillers, SampleKey, replace_killers
+from app.prompts.models import CacheKiller
+from app.traffic.models import RequestRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    key: SampleKey
+    model: str
+    salt_hash: str
+    prompt: Prompt
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """The compatibility record of a group of requests: what makes their block hashes comparable."""
+
+    salt_hash: str
+    model: str
+    block_size: int
+    hash_algo: str
+
+
+def find_all_killers(*, now: datetime) -> int:
+    """Search every template with requests in the window, and clear the killers of those without;
+    returns how many killers are stored."""
+    since = now - timedelta(minutes=settings.PREFIXSCOPE_KILLER_WINDOW_MINUTES)
+    active = RequestRecord.objects.filter(arrived_at__gte=since, arrived_at__lt=now, template__isnull=False)
+    template_ids = set(active.values_list("template_id", flat=True).distinct())
+    template_ids |= set(CacheKiller.objects.values_list("template_id", flat=True).distinct())
+    return sum(find_template_killers(template_id=t, now=now) for t in sorted(template_ids))
+
+
+def find_template_killers(*, template_id: int, now: datetime) -> int:
+    """Search one template's requests of the window ending at ``now`` and replace its killers; returns
+    how many are stored."""
+    since = now - timedelta(minutes=settings.PREFIXSCOPE_KILLER_WINDOW_MINUTES)
+    servers = {server.pk: server for server in Server.objects.all()}
+    groups = _grouped(_window_records(template_id, since=since, until=now, now=now), servers)
+    found = [_search(group, records, servers) for group, records in groups.items()]
+    return replace_killers(template_id=template_id, found=found, window_start=since, window_end=now, now=now)
+
+
+def _window_records(template_id: int, *, since: datetime, until: datetime, now: datetime) -> list[_Record]:
+    """The template's most recent records of the window (at most MAX_REQUESTS), in arrival order,
+    with their token ids only where retention still keeps them."""
+    rows = (
+        RequestRecord.objects.filter(template_id=template_id, arrived_at__gte=since, arrived_at__lt=until)
+        .exclude(block_hashes=[])
+        .order_by("-arrived_at", "-server_id", "-request_id")
+        .values_list(
+            "server_id",
+            "request_id",
+            "arrived_at",
+            "tenant",
+            "model",
+            "salt_hash",
+            "block_hashes",
+            "token_ids",
+        )
+    )[: settings.PREFIXSCOPE_KILLER_MAX_REQUESTS]
+    cutoff = kept_token_ids_since(now)
+    return [
+        _Record(
+            SampleKey(server_id, request_id, arrived_at),
+            model,
+            salt_hash,
+            Prompt(
+                block_hashes=np.asarray(hashes, dtype=np.int64),
+                token_ids=token_ids
+                if token_ids is not None and keeps_token_ids(arrived_at, cutoff)
+                else None,
+                tenant=tenant or None,
+            ),
+        )
+        for server_id, request_id, arrived_at, tenant, model, salt_hash, hashes, token_ids in reversed(rows)
+    ]
+
+
+def _grouped(records: list[_Record], servers: dict[int, Server]) -> dict[_Group, list[_Record]]:
+    groups: dict[_Group, list[_Record]] = defaultdict(list)
+    for record in records:
+        server = servers[record.key.server_id]
+        if server.block_size:  # else no block size read yet: its chains compare with no other's
+            group = _Group(
+                record.salt_hash, record.model or server.model, server.block_size, server.hash_algo
+            )
+            groups[group].append(record)
+    return groups
+
+
+def _search(group: _Group, records: list[_Record], servers: dict[int, Server]) -> FoundKillers:
+    token_mode = all(r.prompt.token_ids is not None for r in records)
+    prompts = [
+        r.prompt if token_mode else Prompt(r.prompt.block_hashes, None, r.prompt.tenant) for r in records
+    ]
+    if token_mode:  # decoded to classify the killers; nothing decoded is kept
+        with Detokenizer(server=servers[records[-1].key.server_id], model=group.model) as decode:
+            killers = find_killers(prompts, group.block_size, decode=decode)
+    else:
+        killers = find_killers(prompts, group.block_size)
+    return FoundKillers(
+        salt_hash=group.salt_hash,
+        model=group.model,
+        block_size=group.block_size,
+        mode=CacheKiller.Mode.TOKENS if token_mode else CacheKiller.Mode.HASHES,
+        killers=killers,
+        samples=tuple(tuple(records[i].key for i in killer.sample_requests) for killer in killers),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """A killer's samples of the varying text, and why there are none (``missing``) when there are none."""
+
+    texts: tuple[str, ...]
+    missing: str = ""
+
+
+def killer_samples(killers: Sequence[CacheKiller], *, now: datetime) -> dict[int, Samples]:
+    """The samples' text of each killer (by id), decoded from its sample requests' token ids where
+    retention still keeps them. Prompt text: call it only for a viewer who may read prompts
+    (app.prompts.killers.may_read_prompts), and never log what it gives."""
+    keys = {SampleKey.of(stored) for killer in killers for stored in killer.samples}
+    tokens = _token_ids(keys, now=now)
+    servers = {server.pk: server for server in Server.objects.all()}
+    found = {}
+    for killer in killers:
+        found[killer.pk] = _samples_of(killer, tokens, servers)
+    return found
+
+
+def _samples_of(
+    killer: CacheKiller, tokens: dict[SampleKey, list[int]], servers: dict[int, Server]
+) -> Samples:
+    if killer.position_token is None:
+        return Samples((), "hash-only mode: block hashes alone hold no text")
+    keys = [key for stored in killer.samples if (key := SampleKey.of(stored)) in tokens]
+    if not keys:
+        return Samples((), "the sample requests' token ids are no longer kept")
+    with Detokenizer(server=servers.get(keys[0].server_id), model=killer.model) as decode:
+        texts = sample_texts([tokens[key] for key in keys], killer.position_token, decode)
+    return Samples(texts, "" if texts else "the sample requests end before the killer's token")
+
+
+def _token_ids(keys: set[SampleKey], *, now: datetime) -> dict[SampleKey, list[int]]:
+    """The token ids of these records that retention still keeps."""
+    if not keys:
+        return {}
+    wanted = reduce(
+        or_, (Q(server_id=k.server_id, request_id=k.request_id, arrived_at=k.arrived_at) for k in keys)
+    )
+    rows = RequestRecord.objects.filter(wanted, token_ids__isnull=False).values_list(
+        "server_id", "request_id", "arrived_at", "token_ids"
+    )
+    cutoff = kept_token_ids_since(now)
+    return {
+        SampleKey(server_id, request_id, arrived_at): ids
+        for server_id, request_id, arrived_at, ids in rows
+        if keeps_token_ids(arrived_at, cutoff)
+    }
