@@ -207,6 +207,9 @@ PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS",
 # later than LOOKBACK are left undiagnosed.
 PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = env_int("PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS", 30, minimum=0)
 PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = env_int("PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES", 60, minimum=1)
+# The worker keeps its replay between runs; what it has seen is forgotten by generations, one
+# every half LOOKBACK, or sooner once a generation has seen MEMORY_BLOCKS blocks (about 100 bytes each).
+PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS = env_int("PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS", 2_000_000, minimum=1000)
 
 # Cache killers: every five minutes, each template's requests of the last WINDOW minutes (the most
 # recent MAX_REQUESTS of them at most, per template) are searched for the positions where they fan out.

@@ -22,6 +22,7 @@ import argparse
 import os
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
@@ -60,7 +61,9 @@ class Trace:
 
     def __init__(self, requests: int, seed: int = 0) -> None:
         rng = random.Random(seed)
-        self.prefixes = [[rng.randrange(VOCABULARY) for _ in range(rng.randrange(1500, 1900))] for _ in range(8)]
+        self.prefixes = [
+            [rng.randrange(VOCABULARY) for _ in range(rng.randrange(1500, 1900))] for _ in range(8)
+        ]
         self.prompts: list[tuple[int, int, list[int]]] = []  # (template, server, token ids)
         for n in range(requests):
             template = n % TEMPLATES
@@ -86,7 +89,9 @@ def store_trace(trace: Trace, servers: list[Server], *, blocks: int, start: date
         emitted = (arrived_at + timedelta(milliseconds=1)).timestamp()
         payload = encode_batch(emitted, cache.take_events(), None)
         message = decode_sub_message([b"kv@bench", seq_frame(seqs[server]), payload])
-        rows += event_rows(message.batch, server_id=target.pk, epoch=0, seq=seqs[server], received_at=arrived_at)
+        rows += event_rows(
+            message.batch, server_id=target.pk, epoch=0, seq=seqs[server], received_at=arrived_at
+        )
         seqs[server] += 1
         facts.append(
             RequestFacts(
@@ -101,7 +106,12 @@ def store_trace(trace: Trace, servers: list[Server], *, blocks: int, start: date
 
 
 def _flush(
-    facts: list[RequestFacts], rows: list[KVEventRow], servers: list[Server], seqs: list[int], *, now: datetime
+    facts: list[RequestFacts],
+    rows: list[KVEventRow],
+    servers: list[Server],
+    seqs: list[int],
+    *,
+    now: datetime,
 ) -> None:
     positions = [
         StreamPosition(server_id=s.pk, dp_rank=0, epoch=0, last_seq=seqs[i] - 1, last_event_at=now)
@@ -114,10 +124,10 @@ def _flush(
     rows.clear()
 
 
-def timed(run: object) -> tuple[float, float, int]:
+def timed(run: Callable[[], int]) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds of this process, and what `run` returned."""
     wall, cpu = time.perf_counter(), time.process_time()
-    found = run()  # type: ignore[operator]
+    found = run()
     return time.perf_counter() - wall, time.process_time() - cpu, found
 
 

@@ -36,7 +36,7 @@ had resident on its server (salts are known to be dropped on some cache paths).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
@@ -44,6 +44,7 @@ from enum import IntEnum, StrEnum
 import numpy as np
 
 from app.domain.blockhash import TokenIds
+from app.domain.generations import Generations
 
 
 class Cause(StrEnum):
@@ -175,16 +176,34 @@ class FleetHistory:
         self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
         self._epochs: dict[tuple[int, int], int] = {}
         self._where: dict[int, set[int]] = {}  # block -> servers holding it
-        self._evicted: dict[int, dict[int, _Eviction]] = {}  # server -> block -> its last eviction
-        self._earlier_epochs: dict[int, set[int]] = {}  # server -> blocks held before a restart
-        self._last_removed: dict[int, _Eviction] = {}  # block -> its last eviction anywhere
-        self._seen: set[int] = set()  # every block stored, or in a diagnosed request's chain
-        self._neutral_salts: dict[int, str] = {}  # neutral block -> a salt it was seen under
+        # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
+        self._evicted: dict[int, Generations[int, _Eviction]] = {}  # server -> block -> last eviction
+        self._earlier_epochs: dict[int, Generations[int, bool]] = {}  # server -> blocks before a restart
+        self._last_removed: Generations[int, _Eviction] = Generations()  # block -> last eviction anywhere
+        self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
+        self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], _Family] = {}
         # Requests whose first lost block was resident at arrival, until their first token: the
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
         self.revised: dict[Hashable, Diagnosis] = {}  # by request key: diagnoses events changed since
+
+    @property
+    def generation_blocks(self) -> int:
+        """Blocks seen since the last `turn`."""
+        return len(self._seen.new)
+
+    def turn(self) -> None:
+        """Forget what was seen, evicted or salted and not seen again since the last turn: a
+        history kept between runs would otherwise grow with every new prompt for as long as it runs.
+        A block older than that is then never seen (cold, or its prompt changed), not evicted."""
+        self._seen.turn()
+        self._neutral_salts.turn()
+        self._last_removed.turn()
+        for evicted in self._evicted.values():
+            evicted.turn()
+        for earlier in self._earlier_epochs.values():
+            earlier.turn()
 
     def regroup(self, groups: dict[int, Hashable]) -> None:
         """New compatibility groups (a server registered, or its model read), for what follows."""
@@ -238,7 +257,7 @@ class FleetHistory:
                 where[block] = {server}
             else:
                 servers.add(server)
-        self._seen.update(blocks)
+        self._seen.write_all(blocks, True)
 
     def _remove(self, server: int, rank: int, block: int, *, at: datetime) -> None:
         """A block removed; one stored before the replayed events began is evicted all the same
@@ -250,19 +269,19 @@ class FleetHistory:
         eviction = _Eviction(server, self._resident.get(server, {}).pop(block, None), at)
         if self._waiting:
             self._revise_waiting(server, block, eviction)
-        self._evicted.setdefault(server, {})[block] = eviction
+        self._evicted.setdefault(server, Generations())[block] = eviction
         self._last_removed[block] = eviction
-        self._seen.add(block)
+        self._seen[block] = True
         if servers := self._where.get(block):
             servers.discard(server)
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
-        earlier = self._earlier_epochs.setdefault(server, set())
-        earlier.update(self._evicted.pop(server, {}))
+        earlier = self._earlier_epochs.setdefault(server, Generations())
+        earlier.write_all(self._evicted.pop(server, Generations()), True)
         resident = self._resident.get(server, {})
         for block in self._ranks.get(server, {}).pop(rank, set()):
-            earlier.add(block)
+            earlier[block] = True
             resident.pop(block, None)
             if servers := self._where.get(block):
                 servers.discard(server)
@@ -349,7 +368,7 @@ class FleetHistory:
             return self._never_seen(request, chain, index, size)
         if not request.kv_events:
             return _BlockCause(Cause.NO_KV_EVENTS)
-        if evicted := self._evicted.get(server, {}).get(block):
+        if (here := self._evicted.get(server)) is not None and (evicted := here.get(block)):
             return _BlockCause.evicted(evicted)
         other, held = self._best_server(request, chain, exclude=server)
         if other is not None and held > index:
@@ -400,7 +419,7 @@ class FleetHistory:
         """Add a request's chain to what the fleet has seen, without diagnosing it (one diagnosed
         before, replayed for the history it leaves)."""
         chain = list(request.block_hashes)
-        self._seen.update(chain)
+        self._seen.write_all(chain, True)
         neutral = list(request.neutral_hashes) if request.salt else chain
         for block in neutral:
             self._neutral_salts.setdefault(block, request.salt)
@@ -479,7 +498,7 @@ def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:
     return Cause.BELOW_BLOCK if losses and not reusable else None
 
 
-def _leading(chain: Sequence[int], holding: set[int] | dict[int, datetime]) -> int:
+def _leading(chain: Sequence[int], holding: Container[int]) -> int:
     """How many of the chain's leading blocks `holding` has, one after the other."""
     for index, block in enumerate(chain):
         if block not in holding:

@@ -243,3 +243,20 @@ def test_a_block_removed_while_the_request_waited_for_its_first_token_was_evicte
     assert set(history.revised) == {"waited"}
     revised = history.revised["waited"]
     assert revised.cause == Cause.EVICTED and revised.losses[0].removed_at == at(100.2)
+
+
+def test_a_kept_history_forgets_by_generations_what_was_not_seen_again() -> None:
+    history = FleetHistory()
+    first = prompt(seed=1)
+    hashes = chain(first)
+    stored(history, 1, hashes, 10)
+    removed(history, 1, hashes, 20)
+    history.turn()  # one generation later it is still known, evicted
+    found = history.diagnose(request(prompt(seed=2), seconds=30))
+    assert isinstance(found, Diagnosis) and found.cause == Cause.EVICTED
+    history.turn()  # two: the first request's own tail, not seen again, is forgotten
+    again = history.diagnose(request(first, seconds=40))
+    assert isinstance(again, Diagnosis)
+    tail = [loss for loss in again.losses if loss.first_token >= len(SYSTEM)]
+    assert tail[0].cause == Cause.PROMPT_CHANGED and again.diverged_at == len(SYSTEM)
+    assert history.generation_blocks == len(hashes)  # this generation: the chain just diagnosed

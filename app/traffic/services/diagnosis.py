@@ -81,6 +81,15 @@ class _Replay:
     history: FleetHistory
     through: datetime
     servers: frozenset[int]  # the fleet it was built for: a server added, merged or removed rebuilds it
+    turned_at: datetime  # when its history last began a generation
+
+    def turn_when_due(self, *, lookback: timedelta) -> None:
+        """A generation every half lookback (so a block is seen before for one to two halves of
+        it, as a replay of one lookback would), or once one has seen MEMORY_BLOCKS blocks."""
+        full = self.history.generation_blocks > settings.PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS
+        if full or self.through - self.turned_at >= lookback / 2:
+            self.history.turn()
+            self.turned_at = self.through
 
 
 # This process's replay, kept between runs: a run then reads only what came since the last one
@@ -102,12 +111,12 @@ def diagnose_requests(*, now: datetime) -> int:
     if replay is not None and replay.through >= until - lookback and replay.servers == fleet:
         late = _first_undiagnosed(since=until - lookback, until=replay.through)
         if late is not None:  # diagnosed against the fleet as it was: replay from before it
-            replay = _Replay(FleetHistory(groups), through=late - lookback, servers=fleet)
+            replay = _Replay(FleetHistory(groups), late - lookback, fleet, turned_at=late - lookback)
     else:
         due = _first_undiagnosed(since=until - lookback, until=until)
         if due is None:
             return 0
-        replay = _Replay(FleetHistory(groups), through=due - lookback, servers=fleet)
+        replay = _Replay(FleetHistory(groups), due - lookback, fleet, turned_at=due - lookback)
     replay.history.regroup(groups)
     _kept = None  # until this run is stored: a failed run starts over
     found = _advance(replay, until=until, servers=servers, streaming=streaming)
@@ -115,6 +124,7 @@ def diagnose_requests(*, now: datetime) -> int:
     history = replay.history
     stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
     history.forget_settled(until)
+    replay.turn_when_due(lookback=lookback)
     _kept = replay
     return stored
 

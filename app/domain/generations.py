@@ -1,0 +1,64 @@
+"""A mapping that forgets what was not written lately: the memory of a history kept for days.
+
+Entries live in two generations. Writes go to the new one; reads look in both; `turn` makes the new
+generation the old one and drops the old one's entries that were not written again since. So an
+entry written at least once per generation stays, and the memory holds at most two generations'
+worth of writes. A read of an old entry through `setdefault` writes it again (it stays).
+"""
+
+from collections.abc import Iterable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+_MISSING = object()
+
+
+class Generations(Generic[K, V]):
+    __slots__ = ("new", "old")
+
+    def __init__(self) -> None:
+        self.new: dict[K, V] = {}
+        self.old: dict[K, V] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.new or key in self.old
+
+    def __iter__(self) -> Iterator[K]:
+        yield from self.new
+        yield from (key for key in self.old if key not in self.new)
+
+    def __len__(self) -> int:
+        return len(self.new) + sum(1 for key in self.old if key not in self.new)
+
+    def get(self, key: K, default: V | None = None) -> V | None:
+        found = self.new.get(key, _MISSING)
+        if found is _MISSING:
+            return self.old.get(key, default)
+        return found  # type: ignore[return-value]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.new[key] = value
+
+    def setdefault(self, key: K, value: V) -> V:
+        """The value kept for `key` (written again into the new generation), or `value` written."""
+        found = self.new.get(key, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
+        kept = self.old.get(key, value)
+        self.new[key] = kept
+        return kept
+
+    def write_all(self, keys: Iterable[K], value: V) -> None:
+        self.new.update(dict.fromkeys(keys, value))
+
+    def pop(self, key: K) -> V | None:
+        """Remove `key` from both generations; its newest value, or None."""
+        old = self.old.pop(key, None)
+        new = self.new.pop(key, None)
+        return new if new is not None else old
+
+    def turn(self) -> None:
+        """Start a new generation: what was not written since the last turn is forgotten."""
+        self.old, self.new = self.new, {}
