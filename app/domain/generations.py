@@ -50,6 +50,12 @@ class Generations(Generic[K, V]):
         self.new[key] = kept
         return kept
 
+    def setdefault_all(self, keys: Iterable[K], value: V) -> None:
+        """`setdefault` of each key, at once (a prompt's chain is mostly known already)."""
+        new, old = self.new, self.old
+        for key in [key for key in keys if key not in new]:
+            new[key] = old.get(key, value)
+
     def write_all(self, keys: Iterable[K], value: V) -> None:
         self.new.update(dict.fromkeys(keys, value))
 

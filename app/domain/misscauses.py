@@ -237,13 +237,11 @@ class FleetHistory:
             self._epochs[stream] = epoch
             self._restart(server, rank)
         if kind == EventKind.CLEARED:
-            for block in list(self._held(server, rank)):
-                self._remove(server, rank, block, at=at)
+            self._remove(server, rank, list(self._held(server, rank)), at=at)
         elif kind == EventKind.STORED:
             self._store(server, rank, hashes, at=at)
         else:
-            for block in hashes:
-                self._remove(server, rank, block, at=at)
+            self._remove(server, rank, hashes, at=at)
 
     def _held(self, server: int, rank: int) -> set[int]:
         return self._ranks.setdefault(server, {}).setdefault(rank, set())
@@ -259,21 +257,24 @@ class FleetHistory:
                 servers.add(server)
         self._seen.write_all(blocks, True)
 
-    def _remove(self, server: int, rank: int, block: int, *, at: datetime) -> None:
-        """A block removed; one stored before the replayed events began is evicted all the same
+    def _remove(self, server: int, rank: int, blocks: Sequence[int], *, at: datetime) -> None:
+        """Blocks removed; one stored before the replayed events began is evicted all the same
         (when it was stored is then unknown)."""
-        self._held(server, rank).discard(block)
-        ranks = self._ranks[server]
-        if len(ranks) > 1 and any(block in held for held in ranks.values()):
-            return  # another rank of the server still holds a copy
-        eviction = _Eviction(server, self._resident.get(server, {}).pop(block, None), at)
-        if self._waiting:
-            self._revise_waiting(server, block, eviction)
-        self._evicted.setdefault(server, Generations())[block] = eviction
-        self._last_removed[block] = eviction
-        self._seen[block] = True
-        if servers := self._where.get(block):
-            servers.discard(server)
+        held, ranks = self._held(server, rank), self._ranks[server]
+        resident = self._resident.get(server, {})
+        evicted = self._evicted.setdefault(server, Generations()).new
+        last_removed, seen, where = self._last_removed.new, self._seen.new, self._where
+        for block in blocks:
+            held.discard(block)
+            if len(ranks) > 1 and any(block in other for other in ranks.values()):
+                continue  # another rank of the server still holds a copy
+            eviction = _Eviction(server, resident.pop(block, None), at)
+            if self._waiting:
+                self._revise_waiting(server, block, eviction)
+            evicted[block] = last_removed[block] = eviction  # written: their newest generation
+            seen[block] = True
+            if servers := where.get(block):
+                servers.discard(server)
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
@@ -421,8 +422,7 @@ class FleetHistory:
         chain = list(request.block_hashes)
         self._seen.write_all(chain, True)
         neutral = list(request.neutral_hashes) if request.salt else chain
-        for block in neutral:
-            self._neutral_salts.setdefault(block, request.salt)
+        self._neutral_salts.setdefault_all(neutral, request.salt)
         family = self._families.setdefault((request.family, request.salt), _Family())
         tokens, size, blocks = request.token_ids, request.block_size or 0, family.blocks
         for index, parent in enumerate([None, *chain]):
