@@ -35,7 +35,7 @@ from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
 from app.prompts.killers import FoundKillers, SampleKey, replace_killers
 from app.prompts.models import CacheKiller
-from app.traffic.models import RequestRecord
+from app.traffic.models import MinuteRollup, RequestRecord
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +62,17 @@ def find_all_killers(*, now: datetime) -> int:
     """Search every template with requests in the window, and clear the killers of those without;
     returns how many killers are stored."""
     since = now - timedelta(minutes=settings.PREFIXSCOPE_KILLER_WINDOW_MINUTES)
-    active = RequestRecord.objects.filter(arrived_at__gte=since, arrived_at__lt=now, template__isnull=False)
+    # The per-minute rollups say which templates had requests, without a scan of the raw records.
+    active = MinuteRollup.objects.filter(minute__gte=since, minute__lt=now, template__isnull=False)
     template_ids = set(active.values_list("template_id", flat=True).distinct())
     template_ids |= set(CacheKiller.objects.values_list("template_id", flat=True).distinct())
-    return sum(find_template_killers(template_id=t, now=now) for t in sorted(template_ids))
+    stored = 0
+    for template_id in sorted(template_ids):
+        try:
+            stored += find_template_killers(template_id=template_id, now=now)
+        except Exception:  # one template's failure must not keep the others' killers from being found
+            logger.exception("cache killers of template %s not searched", template_id)
+    return stored
 
 
 def find_template_killers(*, template_id: int, now: datetime) -> int:

@@ -244,3 +244,5 @@ def test_token_ids_go_back_to_text_by_a_servers_detokenize_else_a_local_tokenize
         assert (decode(ids), decode.used) == (text, "local tokenizer.json")
     with Detokenizer(server=None, model="tiny") as decode:
         assert (decode(ids), decode.used) == (text, BUNDLED_TOKENIZER)
+        # Another model's ids (Qwen's vocabulary is three times GPT-2's) are marked, not a crash.
+        assert decode([*ids[:3], 149_213]) == gpt2.decode(ids[:3]) + "⟨149213⟩"

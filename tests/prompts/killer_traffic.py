@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.tasks import scrape_server
+from app.traffic.tasks import refresh_rollups, scrape_server
 from simulator.fleet import describe
 from tests.domain.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
 from tests.simulator.running import local_config, running_fleet
@@ -50,7 +50,7 @@ def ingest(
     client: Client, token: str, traffic: Sequence[RenderedPrompt], *, server: Server, salt: str | None = None
 ) -> list[str]:
     """Serve the requests on ``server``, and POST them with their usage to /api/v1/requests, dated a
-    second apart, the last one a minute ago; their ids."""
+    second apart, the last one a minute ago, then refresh the per-minute rollups; their ids."""
     start = timezone.now() - timedelta(seconds=len(traffic) + 60)
     salted = {"cache_salt": salt} if salt else {}
     records = []
@@ -70,4 +70,5 @@ def ingest(
             headers={"Authorization": f"Bearer {token}"},
         )  # fmt: skip
         assert response.status_code == 200 and response.json()["rejected"] == [], response.content
+    refresh_rollups()  # as beat runs it: the killers search finds its templates in the rollups
     return [str(record["request_id"]) for record in records]
