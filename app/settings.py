@@ -202,6 +202,10 @@ PREFIXSCOPE_PARTITIONS_AHEAD_DAYS = env_int("PREFIXSCOPE_PARTITIONS_AHEAD_DAYS",
 # later than LOOKBACK are left undiagnosed.
 PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = env_int("PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS", 30, minimum=0)
 PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = env_int("PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES", 60, minimum=1)
+# Prefix families: requests without template metadata are grouped by the salt-neutral hash of
+# their first FAMILY_BLOCKS full blocks (fewer when the prompt has fewer). Changing it starts new
+# families: the old ones keep their names and bindings but see no new requests.
+PREFIXSCOPE_FAMILY_BLOCKS = env_int("PREFIXSCOPE_FAMILY_BLOCKS", 4, minimum=1)
 
 # Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process
 # (threaded workers, WEB_THREADS > 1; a sync worker takes one request at a time anyway);
