@@ -216,6 +216,11 @@ PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS = env_int("PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOC
 PREFIXSCOPE_KILLER_WINDOW_MINUTES = env_int("PREFIXSCOPE_KILLER_WINDOW_MINUTES", 60, minimum=1)
 PREFIXSCOPE_KILLER_MAX_REQUESTS = env_int("PREFIXSCOPE_KILLER_MAX_REQUESTS", 2000, minimum=10)
 
+# Prefix families: requests without template metadata are grouped by the salt-neutral hash of
+# their first FAMILY_BLOCKS full blocks (fewer when the prompt has fewer). Changing it starts new
+# families: the old ones keep their names and bindings but see no new requests.
+PREFIXSCOPE_FAMILY_BLOCKS = env_int("PREFIXSCOPE_FAMILY_BLOCKS", 4, minimum=1)
+
 # Ingest (REST /api/v1/requests and OTLP /v1/traces): batches ingested at once per web process
 # (threaded workers, WEB_THREADS > 1; a sync worker takes one request at a time anyway);
 # one more waits up to PREFIXSCOPE_INGEST_WAIT_SECONDS for a slot (0: not at all), then is refused

@@ -1,6 +1,7 @@
 from django import forms
 
 from app.prompts import git
+from app.prompts.models import Template
 
 
 class RepositoryForm(forms.Form):
@@ -38,3 +39,15 @@ class RepositoryForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
         return globs
+
+
+class FamilyForm(forms.Form):
+    """Name a prefix family and bind it to a template (none: unbound)."""
+
+    name = forms.CharField(max_length=200, required=False, help_text="Blank: unnamed")
+    template = forms.ModelChoiceField(
+        queryset=Template.objects.order_by("name"),
+        required=False,
+        empty_label="Not bound",
+        help_text="Requests ingested from now on carry it; requests stored before keep theirs",
+    )

@@ -3,6 +3,7 @@ from django.db import models
 from django.db.models import Q
 
 from app.domain.killers import SUGGESTIONS, KillerClass
+from collectors import records
 
 
 class TemplateRepository(models.Model):
@@ -191,3 +192,43 @@ class CacheKiller(models.Model):
     @property
     def suggestion(self) -> str:
         return SUGGESTIONS[KillerClass(self.kind)]
+
+
+class PrefixFamily(models.Model):
+    """Requests without template metadata that share their leading blocks: within one compatibility
+    group (model name, block size), the salt-neutral hash of their first ``blocks`` full blocks
+    (PREFIXSCOPE_FAMILY_BLOCKS, fewer for a shorter prompt), so tenants' salted copies of one prompt
+    are one family. Bound to a template, the requests ingested from then on carry it.
+
+    ``requests`` and ``last_seen_at`` are kept up by the ingest, per batch: approximate (a redelivered
+    batch counts again).
+    """
+
+    model = models.CharField(max_length=records.MODEL_MAX)
+    block_size = models.PositiveIntegerField()
+    # The signed (two's-complement) neutral hash of block blocks-1, as request records store hashes.
+    key = models.BigIntegerField()
+    blocks = models.PositiveSmallIntegerField(help_text="Leading full blocks the key covers")
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    requests = models.PositiveIntegerField(default=0, help_text="Approximate: counted per ingested batch")
+    # The request that made it, for a link to one of its prompts (records are too many to search).
+    sample_server = models.ForeignKey(
+        "fleet.Server", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    sample_request_id = models.CharField(max_length=records.REQUEST_ID_MAX, blank=True)
+    name = models.CharField(max_length=200, blank=True)
+    template = models.ForeignKey(
+        Template, null=True, blank=True, on_delete=models.SET_NULL, related_name="families"
+    )
+    bound_at = models.DateTimeField(null=True, blank=True, help_text="Requests after it carry the template")
+
+    class Meta:
+        ordering = ["-requests", "-last_seen_at"]
+        verbose_name_plural = "prefix families"
+        constraints = [
+            models.UniqueConstraint(fields=["model", "block_size", "key"], name="prefix_family_identity"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or f"{self.model}: first {self.blocks} blocks of {self.block_size} ({self.key:x})"

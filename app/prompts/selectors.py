@@ -4,7 +4,7 @@ import re
 
 from django.db.models import Count, Q, QuerySet
 
-from app.prompts.models import Template, TemplateRepository, TemplateVersion
+from app.prompts.models import PrefixFamily, Template, TemplateRepository, TemplateVersion
 
 SHORT_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
@@ -22,6 +22,13 @@ def templates() -> QuerySet[Template]:
 def versions(template: Template) -> QuerySet[TemplateVersion]:
     """A template's versions, newest commit first, without their content and diff."""
     return template.versions.defer("content", "diff").order_by("-committed_at", "-pk")
+
+
+def families() -> QuerySet[PrefixFamily]:
+    """Every prefix family with its template and sample's server, most requests first."""
+    return PrefixFamily.objects.select_related("template", "sample_server").order_by(
+        "-requests", "-last_seen_at", "pk"
+    )
 
 
 def find_version(template: Template, name: str) -> TemplateVersion | None:

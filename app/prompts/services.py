@@ -5,13 +5,16 @@ API and the import share: a version named in traffic, two versions found to be o
 """
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from django.db import IntegrityError, transaction
+import msgspec
+from django.db import IntegrityError, connection, transaction
 
 from app.prompts import git, selectors
-from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
+from app.prompts.models import DeployMarker, PrefixFamily, Template, TemplateRepository, TemplateVersion
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +70,70 @@ def _first_seen(version: TemplateVersion, seen_at: datetime) -> None:
 
 
 @transaction.atomic
+@dataclass(frozen=True, slots=True)
+class FamilySighting:
+    """The requests of one ingested batch in one prefix family: its identity (model, block size,
+    key), how many, when, and one of them (the sample of a family they make)."""
+
+    model: str
+    block_size: int
+    key: int  # signed, as request records store hashes
+    blocks: int
+    first_seen_at: datetime
+    last_seen_at: datetime
+    requests: int
+    sample_server_id: int
+    sample_request_id: str
+
+
+FamilyKey = tuple[str, int, int]  # (model, block size, key): a family's identity
+_SIGHTING_COLUMNS = (
+    "model varchar, block_size int4, key int8, blocks int2, first_seen_at timestamptz, "
+    "last_seen_at timestamptz, requests int4, sample_server_id int8, sample_request_id varchar"
+)
+_FIELDS = ", ".join(FamilySighting.__dataclass_fields__)
+# The sightings come as one JSON array: psycopg would quote a list's values one by one, which took
+# longer than the statement.
+_SEEN_SQL = f"""
+INSERT INTO prompts_prefixfamily AS f ({_FIELDS}, name)
+SELECT {_FIELDS}, '' FROM json_to_recordset(%s::json) AS s ({_SIGHTING_COLUMNS})
+ORDER BY s.model, s.block_size, s.key
+ON CONFLICT (model, block_size, key) DO UPDATE SET
+  requests = LEAST(f.requests::int8 + EXCLUDED.requests, 2147483647),
+  first_seen_at = LEAST(f.first_seen_at, EXCLUDED.first_seen_at),
+  last_seen_at = GREATEST(f.last_seen_at, EXCLUDED.last_seen_at)
+RETURNING f.model, f.block_size, f.key, f.id, f.template_id
+"""
+
+
+def prefix_families_seen(sightings: Sequence[FamilySighting]) -> dict[FamilyKey, tuple[int, int | None]]:
+    """The family of each sighting, as (id, id of the template it is bound to): made when new (its
+    sighting's sample and times), else its count and times moved on. One statement for them all.
+
+    Idempotent on redelivery (one family per identity, ever), though a redelivered batch counts its
+    requests again. The families are written in their identity's order, so two batches seeing the
+    same new families wait for each other and never deadlock: call it outside a transaction that
+    holds other locks, as the ingest does for templates. Sightings must have distinct identities.
+    """
+    if not sightings:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(_SEEN_SQL, [msgspec.json.encode(sightings).decode()])
+        return {(model, size, key): (pk, template) for model, size, key, pk, template in cursor.fetchall()}
+
+
+def name_family(family: PrefixFamily, *, name: str, template: Template | None, now: datetime) -> PrefixFamily:
+    """Name a prefix family and bind it to ``template`` (None: unbind it). Only requests ingested
+    from then on carry the template: records stored before keep theirs. ``bound_at`` moves only when
+    the template changes. The ingest's counts are left alone."""
+    if (template.pk if template else None) != family.template_id:
+        family.template, family.bound_at = template, now if template else None
+    family.name = name.strip()
+    family.save(update_fields=["name", "template", "bound_at"])
+    logger.info("prefix family %s bound to %s", family.pk, template.pk if template else None)
+    return family
+
+
 def merge_versions(*, source: TemplateVersion, into: TemplateVersion) -> None:
     """Make ``source`` (a version traffic named by a short sha or a tag) part of ``into`` (the
     imported version it names), and delete it.

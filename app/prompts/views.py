@@ -1,18 +1,21 @@
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from app.core.http import HtmxHttpRequest
 from app.prompts import git, selectors, services, tasks
-from app.prompts.forms import RepositoryForm
-from app.prompts.models import TemplateRepository
+from app.prompts.forms import FamilyForm, RepositoryForm
+from app.prompts.models import PrefixFamily, TemplateRepository
 
 PAGE = "prompts/repositories.html"
+FAMILIES_SHOWN = 200  # the rest through GET /api/v1/families
 POLLED = (TemplateRepository.State.QUEUED, TemplateRepository.State.RUNNING)  # the list refreshes itself
 
 
@@ -75,3 +78,40 @@ def _context(form: RepositoryForm) -> dict[str, object]:
         for r in selectors.repositories()
     ]
     return {"rows": rows, "polling": any(row.repository.state in POLLED for row in rows), "form": form}
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyRow:
+    family: PrefixFamily
+    key: str  # the wire hash, hex (stored signed)
+    tokens: int  # the leading tokens the key covers
+
+
+@login_required
+def families(request: HtmxHttpRequest) -> HttpResponse:
+    """The prefix families with the most requests, each with a link to one of its requests."""
+    rows = [
+        FamilyRow(f, f"{f.key % 2**64:016x}", f.blocks * f.block_size)
+        for f in selectors.families()[:FAMILIES_SHOWN]
+    ]
+    context = {"rows": rows, "limit": FAMILIES_SHOWN, "blocks": settings.PREFIXSCOPE_FAMILY_BLOCKS}
+    return render(request, "prompts/families.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def family(request: HtmxHttpRequest, family_id: int) -> HttpResponse:
+    """One prefix family; staff name it and bind it to a template (later requests carry it)."""
+    found = get_object_or_404(selectors.families(), pk=family_id)
+    data = request.POST if request.method == "POST" else None
+    form = FamilyForm(data, initial={"name": found.name, "template": found.template})
+    if request.method == "POST":
+        if not request.user.is_staff:
+            raise PermissionDenied
+        if form.is_valid():
+            template = form.cleaned_data["template"]
+            services.name_family(found, name=form.cleaned_data["name"], template=template, now=timezone.now())
+            bound = f"requests from now on carry {template}" if template else "not bound"
+            messages.success(request, f"{found}: saved, {bound}.")
+            return redirect("prompts:families")
+    return render(request, "prompts/family.html", {"family": found, "form": form})

@@ -139,6 +139,15 @@ class RequestRecord(PostgresPartitionedModel):
     template_version = models.ForeignKey(
         "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL
     )
+    # Set for records without template metadata (app/prompts/models.py PrefixFamily). No database
+    # constraint: a constraint added to this partitioned table is checked over every partition under
+    # a lock that stops ingest, and then by a trigger per inserted row. No index either: nothing
+    # looks records up by family yet, and every index is kept up on every insert. Families are never
+    # deleted while records name them.
+    family = models.ForeignKey(
+        "prompts.PrefixFamily", null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+        db_index=False, related_name="+",
+    )  # fmt: skip
     source = models.CharField(max_length=10, choices=Source.choices)
     client_ttft_seconds = models.FloatField(
         null=True, blank=True, help_text="Time to first token as the client saw it (gateway, application)"

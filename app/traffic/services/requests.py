@@ -6,6 +6,10 @@ gateway before vLLM's span starts), so facts of one server and request id that a
 JOIN_WINDOW of a stored record take its arrival time and merge into it, in one batch as across
 batches. Records with different request ids never merge. A merge is the union of what arrived: a
 later value fills a gap, it never erases a known one with nothing.
+
+A record without template metadata is in the prefix family of its leading blocks (app/prompts
+models.py PrefixFamily), and carries the template that family is bound to; a record with template
+metadata (its own, or merged in from another source) has no family.
 """
 
 import hashlib
@@ -34,6 +38,7 @@ from app.prompts.models import Template, TemplateVersion
 from app.prompts.services import template_version_seen
 from app.traffic.models import RequestRecord
 from app.traffic.services.copy_rows import write_rows
+from app.traffic.services.families import record_families
 from app.traffic.services.partitions import day_of, ensure_day_partitions, forget_partition_ranges
 from app.traffic.services.rejections import count_rejected_input
 from collectors.records import SERVER_MAX, RequestFacts, problem
@@ -81,6 +86,7 @@ class RecordRow(NamedTuple):
     block_hashes: list[int]
     neutral_hashes: list[int]  # the chain without the salt; [] when unsalted (the same chain)
     token_ids: TokenIds | None  # numpy int64 from the ingest (its token id lists converted once)
+    family_id: int | None = None  # the prefix family of a record without template metadata
 
 
 # Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
@@ -93,7 +99,7 @@ _STAGED_TYPES = {
     "source": "varchar", "client_ttft_seconds": "float8", "server_ttft_seconds": "float8",
     "queue_seconds": "float8", "prefill_seconds": "float8", "prompt_tokens": "int8",
     "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
-    "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]",
+    "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]", "family_id": "int8",
 }  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
 _COLUMNS = RecordRow._fields
@@ -110,8 +116,15 @@ _MERGE = ", ".join(
     if c in ("trace_id", "model", "tenant", "salt_hash")
     else f"{c} = COALESCE(EXCLUDED.{c}, r.{c})"
     for c in _COLUMNS
-    if c not in _KEY and c not in (*_CHAINS, "source")
+    if c not in _KEY and c not in (*_CHAINS, "source", "template_id", "family_id")
 )
+# A template named by a record's own metadata (not one its family is bound to) wins over a family:
+# the merged record then has that template and no family.
+_OWN = "({0}.template_id IS NOT NULL AND {0}.family_id IS NULL)"
+_TEMPLATE_MERGE = f"""template_id = CASE WHEN {_OWN.format("r")} AND NOT {_OWN.format("EXCLUDED")}
+  THEN r.template_id ELSE COALESCE(EXCLUDED.template_id, r.template_id) END,
+family_id = CASE WHEN {_OWN.format("r")} OR {_OWN.format("EXCLUDED")}
+  THEN NULL ELSE COALESCE(EXCLUDED.family_id, r.family_id) END"""
 # Batches about one server take this transaction-level lock first (in server-id order, so two
 # batches cannot deadlock): a batch then sees every record stored before it, and two batches about
 # one request (arrivals seconds apart, from two sources) cannot both find nothing and both insert.
@@ -138,7 +151,7 @@ _CHAIN_MERGE = ", ".join(
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
 SELECT DISTINCT ON ({", ".join(_KEY)}) {", ".join(_COLUMNS)} FROM request_record_batch
-ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}, {_CHAIN_MERGE}
+ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}, {_CHAIN_MERGE}, {_TEMPLATE_MERGE}
 """
 
 
@@ -219,31 +232,33 @@ def _ingest(
     """One try at the batch; `merge` sends every record through alignment and merge. Returns rows.
 
     The rows are built (their block hashes computed) as the COPY takes them, each token id list
-    converted once, so everything else that asks the database comes first. Templates and versions
-    are looked up (made when new) before the batch's transaction, each in its own: two batches
-    naming the same new templates in their own orders deadlocked on them (a gateway in front of
-    several servers runs one writer per server).
+    converted once, so everything else that asks the database comes first. Servers, templates and
+    versions, and prefix families, are looked up (made when new) before the batch's transaction,
+    each in its own: two batches naming the same new templates in their own orders deadlocked on
+    them (a gateway in front of several servers runs one writer per server).
     """
-    templates = _templates(items)
+    servers = _servers(items, named_by=malformed)
+    located = _deduplicated([(_known_server(servers, item), item) for item in items])
+    templates = _templates(item for _, item in located)  # merged facts may pair a template anew
+    families = record_families(located)
     with transaction.atomic():
-        servers = _servers(items, named_by=malformed)
         cutoff = token_ids_cutoff(
             now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
         )
-        located = _deduplicated([(_known_server(servers, item), item) for item in items])
         unhashed: list[Malformed] = []
 
         def rows() -> Iterator[RecordRow]:
-            for server, item in located:
+            for (server, item), family in zip(located, families, strict=True):
                 ids = int64_ids(item.prompt_token_ids) if item.prompt_token_ids is not None else None
                 chains = _chains(item, ids, server)
                 if chains is None:  # stored without block hashes, rather than with a chain matching none
                     unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
                 template, version = templates[item.template, item.template_version]
+                family_id, bound = family or (None, None)
                 yield _row(
                     item, server, chains or ([], []), ids, source=source, token_ids_cutoff=cutoff,
-                    template_id=template.pk if template else None,
-                    template_version_id=version.pk if version else None,
+                    template_id=template.pk if template else bound,
+                    template_version_id=version.pk if version else None, family_id=family_id,
                 )  # fmt: skip
 
         keys = [(server.pk, item.request_id, item.arrived_at) for server, item in located]
@@ -348,6 +363,7 @@ def _row(
     token_ids_cutoff: datetime | None,
     template_id: int | None,
     template_version_id: int | None,
+    family_id: int | None,
 ) -> RecordRow:
     return RecordRow(
         server_id=server.pk,
@@ -370,6 +386,7 @@ def _row(
         block_hashes=chains[0],
         neutral_hashes=chains[1],
         token_ids=token_ids if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
+        family_id=family_id,
     )
 
 
