@@ -26,8 +26,9 @@ A block that was not reused is, in this order of checks:
 - `evicted` too when it was stored elsewhere and is gone everywhere (the fleet computed it once);
 - `salt`: never seen under the request's salt, but the same tokens were seen under another salt
   (the salt-neutral chain, computed at ingest while the token ids were in hand);
-- `prompt_changed`: never seen, and the prompt's template (or prefix family) had earlier requests
-  under this salt: the prompt departs from their longest prefix at token `diverged_at`;
+- `prompt_changed`: never seen, and the prompt's template had earlier requests under this salt (a
+  prompt without one: earlier prompts without one): the prompt departs from their longest prefix at
+  token `diverged_at`; a prompt without a template that shares not even its first token is cold;
 - `cold`: never seen anywhere, the first of its kind.
 An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
 had resident on its server (salts are known to be dropped on some cache paths).
@@ -333,6 +334,12 @@ class FleetHistory:
         diverged = None  # the same for every block of the request: computed once
         if any(loss.cause == Cause.PROMPT_CHANGED for loss in losses):
             diverged = _divergence(request, chain, self._families[(request.family, request.salt)], size)
+            if diverged == 0 and request.family is None:
+                # Without a template, earlier prompts are only other prompts: one sharing not
+                # even its first token with them is new, not changed.
+                losses = [replace(loss, cause=Cause.COLD) if loss.cause == Cause.PROMPT_CHANGED else loss
+                          for loss in losses]  # fmt: skip
+                diverged = None
         return Diagnosis(
             cause=_cause(losses, reusable=reusable),
             diverged_at=diverged,

@@ -1,6 +1,7 @@
 """Prefix families: requests without template metadata, ingested through POST /api/v1/requests as an
 application reports the captured completions, grouped by their leading blocks; named and bound to a
-template through the API and the page; and diagnosed like a template's traffic."""
+template through the API and the page; unbound, diagnosed against the earlier prompts without a
+template (not their family's: a timestamp in the first blocks would make each prompt its own)."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -295,7 +296,9 @@ def test_staff_name_and_bind_a_family_with_the_form(staff: Client, token: str, s
     assert (stored(SUPPORT[0]).template_id, stored(SUPPORT[1]).template_id) == (None, template.pk)
 
 
-def test_the_diagnosis_compares_a_prompt_with_its_own_family(token: str, server: Server) -> None:
+def test_a_prompt_without_a_template_is_compared_with_earlier_ones_and_cold_if_it_shares_nothing(
+    token: str, server: Server
+) -> None:
     start = timezone.now() - timedelta(minutes=5)
 
     def at(seconds: int) -> str:
@@ -312,6 +315,6 @@ def test_the_diagnosis_compares_a_prompt_with_its_own_family(token: str, server:
     causes = {r: (found[r].cause, found[r].diverged_at) for r in found}
     assert causes == {
         stored("completion-evict-0").request_id: ("cold", None),
-        stored(SUPPORT[0]).request_id: ("cold", None),  # not "prompt changed" from the document
-        "doc-2": ("prompt_changed", 200),  # departs from its family's prefix at token 200
+        stored(SUPPORT[0]).request_id: ("cold", None),  # shares not a token: not "changed" at 0
+        "doc-2": ("prompt_changed", 200),  # departs from the earlier document at token 200
     }

@@ -44,7 +44,7 @@ _RECORDS_SQL = """
 SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.template_version_id,
        r.prompt_tokens, r.cached_tokens, r.salt_hash,
        array_send(r.block_hashes), array_send(r.neutral_hashes), array_send(r.token_ids),
-       COALESCE(r.client_ttft_seconds, r.server_ttft_seconds), r.family_id,
+       COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
@@ -209,12 +209,15 @@ def _records(
 
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
-     prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft, family_id,
+     prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
      diagnosed) = row  # fmt: skip
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
-        neutral_hashes=_hashes(neutral), family=_family(template_id, family_id),
+        # Compared with its template's earlier prompts, else with all earlier prompts without one
+        # (None). Not with its prefix family: that is its first blocks, and a timestamp there, the
+        # change that matters most, would make each prompt a family of its own, so cold.
+        neutral_hashes=_hashes(neutral), family=template_id,
         token_ids=sent_integers(token_ids), kv_events=kv_events,
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
@@ -226,14 +229,6 @@ def _hashes(sent: bytes | None) -> list[int]:
     """A chain as a list: its hashes are dictionary keys, one by one (token ids stay an array)."""
     found = sent_integers(sent)
     return found.tolist() if found is not None else []
-
-
-def _family(template_id: int | None, family_id: int | None) -> tuple[str, int] | None:
-    """What the prompt is compared with: its template, else its prefix family (ids of two tables,
-    kept apart), else nothing (None: the records with neither, together)."""
-    if template_id is not None:
-        return ("template", template_id)
-    return ("family", family_id) if family_id is not None else None
 
 
 def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> RequestDiagnosis:
