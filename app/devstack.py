@@ -301,7 +301,9 @@ def run(port: int) -> int:
         "DJANGO_SECURE_SSL_REDIRECT": "false",
         "DJANGO_SECURE_COOKIES": "false",
     }
-    for name, value in {**plain_http, "LOG_FORMAT": "text"}.items():
+    # The demo's faults should show as cache killers within a minute or so, not five.
+    demo = {"PREFIXSCOPE_KILLER_EVERY_SECONDS": "60"}
+    for name, value in {**plain_http, **demo, "LOG_FORMAT": "text"}.items():
         env[name] = env.get(name) or value
     env["DJANGO_SECRET_KEY"] = env.get("DJANGO_SECRET_KEY") or kept_secret("django-secret-key")
     manage(env, "collectstatic", "--noinput", "--verbosity", "0")

@@ -142,6 +142,9 @@ PREFIXSCOPE_TEMPLATE_REFRESH_SECONDS = env_int("PREFIXSCOPE_TEMPLATE_REFRESH_SEC
 PREFIXSCOPE_TEMPLATE_CACHE_DIR = Path(
     env_str("PREFIXSCOPE_TEMPLATE_CACHE_DIR", str(PREFIXSCOPE_DATA_DIR / "template-repositories"))
 ).resolve()
+# How often the cache killers are searched for (each template's recent requests, token ids read).
+PREFIXSCOPE_KILLER_EVERY_SECONDS = env_int("PREFIXSCOPE_KILLER_EVERY_SECONDS", 300, minimum=10)
+
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {
         "task": "traffic.maintain_partitions",
@@ -175,8 +178,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "find-killers": {
         "task": "compare.find_killers",
-        "schedule": 300.0,
-        "options": {"expires": 300},
+        "schedule": float(PREFIXSCOPE_KILLER_EVERY_SECONDS),
+        "options": {"expires": PREFIXSCOPE_KILLER_EVERY_SECONDS},
     },
     "refresh-template-repositories": {
         "task": "prompts.refresh_template_repositories",
