@@ -227,6 +227,7 @@ def test_a_run_goes_on_from_the_replay_the_last_one_left_and_replays_again_for_a
     settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS = 0
     first = fleet.send(0, prompt(1))
     assert diagnose_requests(now=timezone.now()) == 1
+    assert diagnose_requests(now=timezone.now() - timedelta(minutes=5)) == 0  # a clock behind: nothing
     # Without its history the next run could not know that sim-a holds the system prompt: the
     # events it read are gone from the database (as retention drops raw events), not from its replay.
     KVEvent.objects.all().delete()

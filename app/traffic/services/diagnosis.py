@@ -115,6 +115,8 @@ def diagnose_requests(*, now: datetime) -> int:
         late = _first_undiagnosed(since=until - lookback, until=replay.through)
         if late is not None:  # diagnosed against the fleet as it was: replay from before it
             replay = _Replay(FleetHistory(groups), late - lookback, fleet, turned_at=late - lookback)
+        elif until <= replay.through:
+            return 0  # nothing new (a clock behind the last run's): events are never applied twice
     else:
         due = _first_undiagnosed(since=until - lookback, until=until)
         if due is None:
