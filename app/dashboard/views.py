@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -154,6 +155,13 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
     )
 
 
+def _interval(seconds: int) -> str:
+    """300 -> "5 minutes", 60 -> "minute", 90 -> "90 seconds": for "searched every ..."."""
+    if seconds % 60:
+        return f"{seconds} seconds"
+    return "minute" if seconds == 60 else f"{seconds // 60} minutes"
+
+
 @login_required
 def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     """A template's cache killers, costliest first; with samples of the varying text for a viewer who
@@ -164,7 +172,8 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     samples = killer_samples(found, now=timezone.now()) if readable else {}
     names = dict(Server.objects.values_list("pk", "name"))
     context = {"template": template, "rows": _killer_rows(found, names, samples), "readable": readable,
-               "latest": found[0] if found else None}  # fmt: skip
+               "latest": found[0] if found else None,
+               "every": _interval(settings.PREFIXSCOPE_KILLER_EVERY_SECONDS)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 
 

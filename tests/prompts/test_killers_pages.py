@@ -80,6 +80,7 @@ def test_samples_are_withheld_from_a_viewer_without_rights(
     page = engineer.get(reverse("dashboard:template-detail", args=[support.pk])).content.decode()
     assert "Timestamp or date" in page and f"token {timestamp_token()}" in page
     assert "Move the timestamp" in page and "Current time: 2026" not in page
+    assert "Searched every 5 minutes" in page  # PREFIXSCOPE_KILLER_EVERY_SECONDS, 300 by default
     page = reader.get(reverse("dashboard:template-detail", args=[support.pk])).content.decode()
     assert all(sample in page for sample in shown["samples"])
 
