@@ -12,15 +12,21 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# A C compiler and OpenSSL's headers build app/domain/_chain.c, the block-hash chain in C.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # Dependencies first: this layer is rebuilt only when the lock changes.
 COPY requirements.lock ./
 RUN pip install -r requirements.lock
 
 COPY . .
+# Installed editable, so that the C extension is built beside its source in /app (PYTHONPATH).
 # collectstatic runs with DEBUG off so that whitenoise's manifest storage writes its manifest;
 # the secret key below exists only for this build step and is never used at run time.
-RUN pip install --no-deps . \
-    && rm -rf build ./*.egg-info \
+RUN pip install --no-deps -e . \
+    && rm -rf build \
     && DJANGO_DEBUG=false DJANGO_SECRET_KEY=collectstatic-build-only \
        python manage.py collectstatic --noinput
 

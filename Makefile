@@ -19,7 +19,7 @@ fmt: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .
 
 # Pinned dependencies (requirements.lock), re-installed when they change.
-$(VENV)/.installed: requirements.lock pyproject.toml
+$(VENV)/.installed: requirements.lock pyproject.toml app/domain/_chain.c
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .

@@ -6,8 +6,10 @@ sha256 alone on the same bytes.
 Pure CPU, one core, no database. --prompts prompts of --tokens token ids drawn from a 151,936-token
 vocabulary (ids of 1, 3 and 5 bytes in CBOR, as real ones are), salted every third, at block
 sizes 16 and 32. For each:
-- `signed_block_hashes` (the ingest's path) from lists of ids, and from ids already converted to
-  int64 (`int64_ids`, as the ingest does once per prompt);
+- `signed_block_hashes` (the ingest's path: app/domain/_chain.c when it was built) from lists of
+  ids, and from ids already converted to int64 (`int64_ids`, as the ingest does once per prompt);
+- the same in Python, as an install without a C compiler runs it (each block's CBOR built in one
+  numpy pass, a sha256 per block);
 - today's function, the same from int64: `signed_block_hashes` as it was before every block's CBOR
   was built in one numpy pass (frozen below, `today_signed_block_hashes`; it built each id's CBOR
   with numpy, then a message per block joined in Python for a new sha256);
@@ -23,12 +25,15 @@ import hashlib
 import operator
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Final
+from unittest import mock
 
 import cbor2
 import numpy as np
 import numpy.typing as npt
 
+from app.domain import blockhash
 from app.domain.blockhash import (
     NONE_HASH,
     TokenIds,
@@ -54,6 +59,8 @@ def main() -> None:
     prompts: list[list[int]] = drawn.tolist()
     converted = [int64_ids(tokens) for tokens in prompts]
     salts = ["tenant-a" if n % 3 == 0 else None for n in range(args.prompts)]
+    path = "app/domain/_chain.c" if blockhash.hashes_in_c() else "Python (_chain.c was not built)"
+    print(f"signed_block_hashes hashes in {path}")
     for block_size in (16, 32):
         runs = _runs(prompts, converted, salts, block_size)
         _check(prompts[:50], salts[:50], block_size)
@@ -79,6 +86,10 @@ def _runs(
         for tokens, salt in zip(inputs, salts, strict=True):
             hash_prompt(tokens, block_size, salt)
 
+    def in_python() -> None:
+        with _in_python():
+            each(_signed, converted)
+
     def floor() -> None:
         sha256 = hashlib.sha256
         for message in hashed:
@@ -87,6 +98,7 @@ def _runs(
     return {
         "signed_block_hashes, from lists": lambda: each(_signed, prompts),
         "signed_block_hashes, from int64": lambda: each(_signed, converted),
+        "signed_block_hashes in Python, from int64": in_python,
         TODAY: lambda: each(today_signed_block_hashes, converted),
         "block_hash_chain + wire_to_signed, from int64": lambda: each(_objects, converted),
         FLOOR: floor,
@@ -95,6 +107,16 @@ def _runs(
 
 def _signed(tokens: TokenIds, block_size: int, salt: str | None) -> list[int]:
     return signed_block_hashes(tokens, block_size, cache_salt=salt)
+
+
+def _signed_in_python(tokens: TokenIds, block_size: int, salt: str | None) -> list[int]:
+    with _in_python():
+        return _signed(tokens, block_size, salt)
+
+
+def _in_python() -> AbstractContextManager[object]:
+    """signed_block_hashes without app/domain/_chain.c, as an install without a compiler runs."""
+    return mock.patch.object(blockhash, "_native", None)
 
 
 def _objects(tokens: TokenIds, block_size: int, salt: str | None) -> list[int]:
@@ -121,6 +143,7 @@ def _check(prompts: list[list[int]], salts: list[str | None], size: int) -> None
         for found in (
             _signed(tokens, size, salt),
             _signed(int64_ids(tokens), size, salt),
+            _signed_in_python(int64_ids(tokens), size, salt),
             _objects(tokens, size, salt),
         ):
             assert found == expected, "a path hashes apart from today's function"

@@ -22,8 +22,17 @@ def test_the_image_starts_from_python_3_11_slim() -> None:
 def test_locked_dependencies_install_before_the_project_and_static_files_are_collected() -> None:
     runs = " ".join(instructions("RUN"))
     lock = runs.index("pip install -r requirements.lock")
-    project = runs.index("pip install --no-deps .")
+    project = runs.index("pip install --no-deps -e .")
     assert lock < project < runs.index("manage.py collectstatic --noinput")
+
+
+def test_the_block_hash_chain_in_c_is_built_beside_the_source_it_runs_from() -> None:
+    # PYTHONPATH=/app imports the source tree, so the extension must land there: an editable
+    # install builds it in place, with a compiler and OpenSSL's headers installed before.
+    runs = " ".join(instructions("RUN"))
+    assert runs.index("gcc") < runs.index("pip install --no-deps -e .")
+    assert "libssl-dev" in runs
+    assert "**/*.so" in (ROOT / ".dockerignore").read_text().split()  # never a host's build
 
 
 def test_the_process_runs_as_a_user_other_than_root() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,7 +10,6 @@ import msgspec
 import numpy as np
 import pytest
 
-from app.domain import blockhash
 from app.domain.blockhash import (
     NONE_HASH,
     BlockHash,
@@ -25,6 +23,7 @@ from app.domain.blockhash import (
     to_wire,
     wire_to_signed,
 )
+from tests.domain.hash_paths import HASH_PATHS, use_hash_path
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json
 
 BLOCK_SIZE = 32  # the captured server's --block-size
@@ -46,11 +45,12 @@ LORA_SALTED_STORED = [
 Event = dict[str, Any]
 
 
-@pytest.fixture(autouse=True, params=["cbor2", "numpy"])
+@pytest.fixture(autouse=True, params=HASH_PATHS)
 def token_encoding(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test twice: every prompt's token ids CBOR-encoded by cbor2 (as a short prompt's are),
-    then by numpy (as a long prompt's are; the captured prompts are all short)."""
-    monkeypatch.setattr(blockhash, "_NUMPY_BLOCKS", 1 if request.param == "numpy" else sys.maxsize)
+    """Every test thrice: the chain hashed in Python with every prompt's token ids CBOR-encoded by
+    cbor2 (as a short prompt's are), then by numpy (as a long prompt's are; the captured prompts
+    are all short), then by app/domain/_chain.c (what an install with a compiler runs)."""
+    use_hash_path(request.param, monkeypatch)
 
 
 def _load_completions() -> dict[str, Any]:

@@ -1,0 +1,13 @@
+# The signature of the C extension built from _chain.c (see its header comment).
+import numpy as np
+import numpy.typing as npt
+
+def chain_digests(
+    ids: npt.NDArray[np.int64],
+    block_size: int,
+    array_head: bytes,
+    first_tail: bytes,
+    later_tail: bytes,
+    seed: bytes,
+    /,
+) -> bytes: ...
