@@ -6,7 +6,8 @@ entry written at least once per generation stays, and the memory holds at most t
 worth of writes. A read of an old entry through `setdefault` writes it again (it stays).
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import takewhile
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -55,6 +56,15 @@ class Generations(Generic[K, V]):
         new, old = self.new, self.old
         for key in [key for key in keys if key not in new]:
             new[key] = old.get(key, value)
+
+    def leading(self, keys: Sequence[K]) -> int:
+        """How many of the leading keys are held, one after the other, in either generation: runs
+        in the new one are counted by takewhile with the dict's own __contains__ (no Python step
+        per key), a key of the old one steps over."""
+        held = len(list(takewhile(self.new.__contains__, keys)))
+        while held < len(keys) and keys[held] in self.old:
+            held += 1 + len(list(takewhile(self.new.__contains__, keys[held + 1 :])))
+        return held
 
     def write_all(self, keys: Iterable[K], value: V) -> None:
         self.new.update(dict.fromkeys(keys, value))

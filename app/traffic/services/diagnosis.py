@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
@@ -54,11 +55,12 @@ ORDER BY r.arrived_at, r.server_id, r.request_id
 """
 # One row per batch of events (a step of the engine): its events' kinds and blocks' signed hashes
 # in order (as the records' chains hold them; the model's UInt64Field would map them to wire values;
-# an AllBlocksCleared has a NULL hash). A row per block cost the most, its timestamp parsed each time.
+# an AllBlocksCleared has no hash: 0 in its place), as array_send's binary arrays. A row per block
+# cost the most, its timestamp parsed each time; psycopg's text arrays, a Python step per block.
 _EVENTS_SQL = """
 SELECT emitted_at, server_id, dp_rank, epoch,
-       array_agg(kind ORDER BY event_index, block_index),
-       array_agg(block_hash ORDER BY event_index, block_index)
+       array_send(array_agg(kind::int4 ORDER BY event_index, block_index)),
+       array_send(array_agg(COALESCE(block_hash, 0) ORDER BY event_index, block_index))
 FROM traffic_kvevent
 WHERE emitted_at >= %s AND emitted_at < %s
 GROUP BY server_id, dp_rank, epoch, seq, emitted_at
@@ -177,7 +179,7 @@ def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
     return first  # type: ignore[no-any-return]
 
 
-_Batch = tuple[datetime, int, int, int, list[int], list[int | None]]  # at, server, rank, epoch, kinds, hashes
+_Batch = tuple[datetime, int, int, int, bytes, bytes]  # at, server, rank, epoch, kinds, hashes (array_send)
 
 
 def _events(*, since: datetime, until: datetime) -> Iterator[_Batch]:
@@ -189,13 +191,14 @@ def _events(*, since: datetime, until: datetime) -> Iterator[_Batch]:
 
 def _apply(history: FleetHistory, batch: _Batch) -> None:
     """A batch's blocks, each run of one kind at once."""
-    at, server, rank, epoch, kinds, hashes = batch
-    start = 0
-    for end in range(1, len(kinds) + 1):
-        if end == len(kinds) or kinds[end] != kinds[start]:
-            run = [block for block in hashes[start:end] if block is not None]
-            history.apply_blocks(server, rank, epoch, at, EventKind(kinds[start]), run)
-            start = end
+    at, server, rank, epoch, sent_kinds, sent_hashes = batch
+    kinds, hashes = sent_integers(sent_kinds), sent_integers(sent_hashes)
+    assert kinds is not None and hashes is not None  # array_agg of a group's rows: never NULL
+    starts = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()]
+    for start, end in zip(starts, [*starts[1:], len(kinds)], strict=True):
+        kind = EventKind(int(kinds[start]))
+        run = [] if kind == EventKind.CLEARED else hashes[start:end].tolist()
+        history.apply_blocks(server, rank, epoch, at, kind, run)
 
 
 def _records(
@@ -233,24 +236,26 @@ def _hashes(sent: bytes | None) -> list[int]:
     return found.tolist() if found is not None else []
 
 
-def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> RequestDiagnosis:
+def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> dict[str, Any]:
+    """The RequestDiagnosis row, by column (a model instance per row cost more than its diagnosis)."""
     server_id, request_id, arrived_at = record.key
-    row = RequestDiagnosis(
-        server_id=server_id, request_id=request_id, arrived_at=arrived_at, diagnosed_at=now,
-        template_id=record.template_id, template_version_id=record.template_version_id, tenant=record.tenant,
-        prompt_tokens=record.prompt.prompt_tokens or 0,
-    )  # fmt: skip
+    row = _DEFAULTS | {
+        "server_id": server_id, "request_id": request_id, "arrived_at": arrived_at, "diagnosed_at": now,
+        "template_id": record.template_id, "template_version_id": record.template_version_id,
+        "tenant": record.tenant, "prompt_tokens": record.prompt.prompt_tokens or 0, "losses": [],
+    }  # fmt: skip
     if isinstance(found, Unknown):
-        row.unknown = found.value
+        row["unknown"] = found.value
         return row
-    row.cause = found.cause.value if found.cause else ""
-    row.diverged_at, row.unexpected_hit = found.diverged_at, found.unexpected_hit
     funnel = found.funnel
-    row.seen_before_tokens, row.resident_anywhere_tokens = funnel.seen_before, funnel.resident_anywhere
-    row.resident_here_tokens, row.reused_tokens = funnel.resident_here, funnel.reused
+    row |= {
+        "cause": found.cause.value if found.cause else "", "diverged_at": found.diverged_at,
+        "unexpected_hit": found.unexpected_hit, "seen_before_tokens": funnel.seen_before,
+        "resident_anywhere_tokens": funnel.resident_anywhere, "resident_here_tokens": funnel.resident_here,
+        "reused_tokens": funnel.reused, "losses": [_loss_json(loss) for loss in found.losses],
+    }  # fmt: skip
     for cause, tokens in found.tokens_by_cause().items():
-        setattr(row, f"{cause.value}_tokens", tokens)
-    row.losses = [_loss_json(loss) for loss in found.losses]
+        row[f"{cause.value}_tokens"] = tokens
     return row
 
 
@@ -270,12 +275,12 @@ def _loss_json(loss: Loss) -> dict[str, object]:
     return found
 
 
-def _store(rows: list[RequestDiagnosis]) -> int:
+def _store(rows: list[dict[str, Any]]) -> int:
     """Insert the diagnoses not stored yet (COPY to a staging table, then ON CONFLICT DO NOTHING:
     a bulk INSERT's statement text cost more than the diagnoses), then their minutes' sums."""
     if not rows:
         return 0
-    arrivals = [row.arrived_at for row in rows]
+    arrivals = [row["arrived_at"] for row in rows]
     ensure_day_partitions(RequestDiagnosis, arrivals)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
@@ -285,17 +290,19 @@ def _store(rows: list[RequestDiagnosis]) -> int:
         cursor.execute("TRUNCATE diagnosis_staging")  # a caller's outer transaction may still hold rows
         with connection.wrap_database_errors, cursor.cursor.copy(_COPY_SQL) as copy:
             for row in rows:
-                copy.write_row(
-                    [Jsonb(row.losses) if name == "losses" else getattr(row, name) for name in _FIELDS]
-                )
+                row["losses"] = Jsonb(row["losses"])
+                copy.write_row([row[name] for name in _FIELDS])
         cursor.execute(_INSERT_SQL)
     refresh_loss_minutes(since=min(arrivals), until=max(arrivals) + timedelta(microseconds=1))
-    counts = Counter(row.cause or row.unknown or "reused" for row in rows)
+    counts = Counter(row["cause"] or row["unknown"] or "reused" for row in rows)
     logger.info("requests diagnosed", extra={"diagnosed": len(rows), "by_cause": counts})
     return len(rows)
 
 
 _FIELDS = [field.attname for field in RequestDiagnosis._meta.concrete_fields if field.column]
+_DEFAULTS = {
+    field.attname: field.get_default() for field in RequestDiagnosis._meta.concrete_fields if field.column
+}
 _COLUMNS = ", ".join(_FIELDS)
 _COPY_SQL = f"COPY diagnosis_staging ({_COLUMNS}) FROM STDIN"
 _INSERT_SQL = (
