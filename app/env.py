@@ -50,6 +50,22 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    """A number, at least `minimum` when one is given."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"{name}={raw!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingError(f"{name}={raw!r} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise SettingError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """A comma-separated list; blanks around items are ignored."""
     raw = os.environ.get(name, "")

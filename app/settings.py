@@ -10,7 +10,7 @@ import dj_database_url
 import django_stubs_ext
 from celery.schedules import crontab
 
-from app.env import env_bool, env_choice, env_int, env_list, env_str
+from app.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 # Lets generic Django classes be subscripted at run time (ModelAdmin[Server]) for mypy.
 django_stubs_ext.monkeypatch()
@@ -176,6 +176,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    "detect-regressions": {
+        "task": "regressions.detect",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
     "find-killers": {
         "task": "compare.find_killers",
         "schedule": float(PREFIXSCOPE_KILLER_EVERY_SECONDS),
@@ -214,6 +219,17 @@ PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = env_int("PREFIXSCOPE_DIAGNOSIS_LOOKBACK
 # The worker keeps its replay between runs; what it has seen is forgotten by generations, one
 # every half LOOKBACK, or sooner once a generation has seen MEMORY_BLOCKS blocks (about 100 bytes each).
 PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS = env_int("PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS", 2_000_000, minimum=1000)
+
+# Regressions (app/regressions): every minute, each scope's per-minute hit rate over the last WINDOW
+# minutes is searched for a drop of at least MIN_DROP (absolute; a template may set its own), clear at
+# MIN_CONFIDENCE, with MIN_REQUESTS on each side of it. Its cost: prefill tokens at a rate measured per
+# server from its records where they allow it, else PREFILL_TOKENS_PER_SECOND, and GPU_HOUR_PRICE.
+PREFIXSCOPE_REGRESSION_WINDOW_MINUTES = env_int("PREFIXSCOPE_REGRESSION_WINDOW_MINUTES", 180, minimum=10)
+PREFIXSCOPE_REGRESSION_MIN_DROP = env_float("PREFIXSCOPE_REGRESSION_MIN_DROP", 0.15, minimum=0.01)
+PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE = env_float("PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE", 0.999, minimum=0.5)
+PREFIXSCOPE_REGRESSION_MIN_REQUESTS = env_int("PREFIXSCOPE_REGRESSION_MIN_REQUESTS", 50, minimum=1)
+PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND = env_float("PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND", 10_000, minimum=1)
+PREFIXSCOPE_GPU_HOUR_PRICE = env_float("PREFIXSCOPE_GPU_HOUR_PRICE", 2.50, minimum=0)
 
 # Cache killers: every five minutes, each template's requests of the last WINDOW minutes (the most
 # recent MAX_REQUESTS of them at most, per template) are searched for the positions where they fan out.

@@ -21,5 +21,6 @@ urlpatterns = [
     path("v1/traces", otlp.traces, name="otlp-traces"),
     path("compare/", include("app.compare.urls")),
     path("templates/", include("app.prompts.urls")),
+    path("regressions/", include("app.regressions.urls")),
     path("", include("app.dashboard.urls")),
 ]

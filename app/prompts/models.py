@@ -61,6 +61,9 @@ class Template(models.Model):
         null=True, blank=True, help_text="When a commit deleted its file (or moved it out of the globs)"
     )
     tenant = models.CharField(max_length=100, blank=True)
+    regression_min_drop = models.FloatField(
+        null=True, blank=True, help_text="Hit-rate drop that opens a regression; blank: the setting's"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -5,5 +5,15 @@ from app.regressions.models import Regression
 
 @admin.register(Regression)
 class RegressionAdmin(admin.ModelAdmin[Regression]):
-    list_display = ["metric", "template", "server", "changed_at", "before_value", "after_value", "state"]
-    list_filter = ["metric", "state"]
+    list_display = [
+        "scope",
+        "template",
+        "server",
+        "tenant",
+        "kind",
+        "changed_at",
+        "rate_before",
+        "rate_after",
+        "state",
+    ]
+    list_filter = ["scope", "kind", "state"]

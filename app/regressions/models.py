@@ -1,44 +1,108 @@
+from django.conf import settings
 from django.db import models
+
+from collectors import records
 
 
 class Regression(models.Model):
-    """A change point in a template's hit rate or TTFT, with its suspect version and cost."""
+    """A drop in one scope's delivered hit rate (app/domain/changepoints.py found it in the per-minute
+    loss rollups), what caused it, and what it costs while it lasts.
+
+    One row per scope and change point: online detection and a backfill over history
+    (`manage.py detect_regressions`) find the same change at the same minute, so they write one row.
+    """
+
+    class Scope(models.TextChoices):
+        TEMPLATE = "template", "Template"
+        SERVER = "server", "Server"
+        TENANT = "tenant", "Tenant"
+        FLEET = "fleet", "Fleet"
 
     class Metric(models.TextChoices):
         HIT_RATE = "hit_rate", "Hit rate"
-        TTFT = "ttft", "TTFT"
+        TTFT = "ttft", "TTFT p90"
+
+    class Kind(models.TextChoices):
+        """What the change is attributed to (app/regressions/attribution.py)."""
+
+        TEMPLATE_COMMIT = "template_commit", "Template commit"
+        CAPACITY = "capacity", "Capacity drop"
+        ROUTING = "routing", "Routing change"
+        SALT_ROTATION = "salt_rotation", "Salt rotation"
+        RESTART = "restart", "Restart"
+        UNKNOWN = "unknown", "Unknown"
 
     class State(models.TextChoices):
         OPEN = "open", "Open"
         ACKNOWLEDGED = "acknowledged", "Acknowledged"
+        MUTED = "muted", "Muted"
         RESOLVED = "resolved", "Resolved"
 
+    scope = models.CharField(max_length=10, choices=Scope.choices)
     template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
     server = models.ForeignKey("fleet.Server", null=True, blank=True, on_delete=models.CASCADE)
-    metric = models.CharField(max_length=10, choices=Metric.choices)
-    changed_at = models.DateTimeField(help_text="The change point")
-    before_value = models.FloatField()
-    after_value = models.FloatField()
+    tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
+    metric = models.CharField(max_length=10, choices=Metric.choices, default=Metric.HIT_RATE)
+    changed_at = models.DateTimeField(help_text="The first minute after the change point")
+    detected_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    rate_before = models.FloatField()
+    rate_after = models.FloatField()
+    rate_now = models.FloatField(help_text="Over the last minutes, as of updated_at")
+    requests_before = models.PositiveIntegerField()
+    requests_after = models.PositiveIntegerField(help_text="Since the change, as of updated_at")
+    confidence = models.FloatField()
+    method = models.JSONField(default=dict, help_text="The detection method, its parameters and figures")
+
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.UNKNOWN)
+    expected = models.BooleanField(default=False, help_text="Transient by nature: closes once warm again")
     suspect_version = models.ForeignKey(
-        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    # The version diff, a before/after prompt pair (by request key) and its divergence.
-    evidence = models.JSONField(default=dict, blank=True)
-    extra_prefill_tokens_per_hour = models.FloatField(default=0)
+    candidates = models.JSONField(default=list, blank=True, help_text="Suspects, best first, with scores")
+    cause_shift = models.JSONField(
+        default=dict, blank=True, help_text="Lost tokens' causes, before and after"
+    )
+
+    lost_tokens_per_hour = models.FloatField(default=0, help_text="Prefill tokens reuse no longer saves")
+    prefill_tokens_per_second = models.FloatField(default=0)
+    prefill_rate_source = models.CharField(max_length=20, blank=True, help_text="measured or configured")
     gpu_seconds_per_hour = models.FloatField(default=0)
+    cost_per_hour = models.FloatField(default=0, help_text="At PREFIXSCOPE_GPU_HOUR_PRICE")
+
     state = models.CharField(max_length=15, choices=State.choices, default=State.OPEN)
-    detected_at = models.DateTimeField(auto_now_add=True)
+    note = models.TextField(blank=True)
+    noted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
-        ordering = ["-changed_at"]
+        ordering = ["-changed_at", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["template", "server", "metric", "changed_at"],
+                fields=["scope", "template", "server", "tenant", "metric", "changed_at"],
                 name="regression_identity",
                 nulls_distinct=False,
             ),
         ]
+        indexes = [models.Index(fields=["state", "scope"], name="regression_state")]
 
     def __str__(self) -> str:
-        change = f"{self.before_value:.3g} -> {self.after_value:.3g}"
-        return f"{self.get_metric_display()} {change} at {self.changed_at}"
+        return f"{self.scope} {self.scope_label}: {self.rate_before:.0%} -> {self.rate_after:.0%}"
+
+    @property
+    def scope_label(self) -> str:
+        """The template's, server's or tenant's name; "fleet" for the whole fleet."""
+        if self.scope == self.Scope.TEMPLATE and self.template is not None:
+            return self.template.name
+        if self.scope == self.Scope.SERVER and self.server is not None:
+            return self.server.name
+        if self.scope == self.Scope.TENANT:
+            return self.tenant or "(no tenant)"
+        return "fleet"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state != self.State.RESOLVED

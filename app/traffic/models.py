@@ -242,6 +242,9 @@ class LossMinute(models.Model):
     diagnosed = models.PositiveIntegerField(help_text="Requests with a diagnosis (the rest: unknown)")
     unexpected_hits = models.PositiveIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
+    # Of the diagnosed requests alone: their hit rate is reused_tokens / diagnosed_prompt_tokens (a
+    # request without a diagnosis, its cached tokens unknown, reused nothing that is known).
+    diagnosed_prompt_tokens = models.BigIntegerField(default=0)
     seen_before_tokens = models.BigIntegerField(default=0)
     resident_anywhere_tokens = models.BigIntegerField(default=0)
     resident_here_tokens = models.BigIntegerField(default=0)

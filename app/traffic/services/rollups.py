@@ -79,16 +79,18 @@ _SUMMED = _FUNNEL + _LOST
 _LOSS_SQL = f"""
 INSERT INTO traffic_lossminute AS m (
     server_id, template_id, template_version_id, tenant, minute, requests, diagnosed, unexpected_hits,
-    {", ".join(_SUMMED)}
+    diagnosed_prompt_tokens, {", ".join(_SUMMED)}
 )
 SELECT d.server_id, d.template_id, d.template_version_id, d.tenant, date_trunc('minute', d.arrived_at),
        count(*), count(*) FILTER (WHERE d.unknown = ''), count(*) FILTER (WHERE d.unexpected_hit),
+       COALESCE(sum(d.prompt_tokens) FILTER (WHERE d.unknown = ''), 0),
        {", ".join(f"sum(d.{column})" for column in _SUMMED)}
 FROM traffic_requestdiagnosis d
 WHERE d.arrived_at >= %(since)s AND d.arrived_at < %(until)s
 GROUP BY 1, 2, 3, 4, 5
 ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
     requests = EXCLUDED.requests, diagnosed = EXCLUDED.diagnosed, unexpected_hits = EXCLUDED.unexpected_hits,
+    diagnosed_prompt_tokens = EXCLUDED.diagnosed_prompt_tokens,
     {", ".join(f"{column} = EXCLUDED.{column}" for column in _SUMMED)}
 """
 

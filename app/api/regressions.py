@@ -1,0 +1,146 @@
+"""Regressions: drops of a scope's delivered hit rate, what each is attributed to, and its cost
+(app/regressions). Read by a logged-in user's session or an ingest token; a note (acknowledge, mute)
+is a person's, by a logged-in user's session only (with X-CSRFToken)."""
+
+from datetime import datetime
+from typing import Any, Literal
+
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja import Field, Query, Router, Schema, Status
+from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.security import django_auth
+
+from app.api.templates import READ_AUTH, READERS, ErrorOut
+from app.regressions import selectors, services
+from app.regressions.models import Regression
+
+router = Router(tags=["regressions"])
+
+StateFilter = Literal["active", "all", "open", "acknowledged", "muted", "resolved"]
+Scope = Literal["template", "server", "tenant", "fleet"]
+Kind = Literal["template_commit", "capacity", "routing", "salt_rotation", "restart", "unknown"]
+
+
+class RegressionFilters(Schema):
+    state: StateFilter = Field("active", description="active: not resolved")
+    scope: Scope | None = None
+    kind: Kind | None = None
+
+
+class CandidateOut(Schema):
+    version_id: int
+    commit_sha: str
+    message: str
+    gain: float = Field(description="Its share of the template's requests after the change less before")
+    live_at: datetime | None = Field(description="Its first deploy marker or first request")
+    minutes_before_change: float | None
+
+
+class CostOut(Schema):
+    lost_tokens_per_hour: float = Field(description="Prefill tokens an hour that reuse no longer saves")
+    prefill_tokens_per_second: float
+    prefill_rate_source: str = Field(description="measured (from the records) or configured")
+    gpu_seconds_per_hour: float
+    cost_per_hour: float = Field(description="At PREFIXSCOPE_GPU_HOUR_PRICE a GPU-hour")
+
+
+class RegressionOut(Schema):
+    id: int
+    scope: Scope
+    template: str | None
+    server: str | None
+    tenant: str
+    metric: str
+    kind: Kind
+    expected: bool = Field(description="Transient by nature (a salt rotation, a restart): closes once warm")
+    state: StateFilter
+    changed_at: datetime = Field(description="The first minute after the change point")
+    detected_at: datetime
+    updated_at: datetime
+    resolved_at: datetime | None
+    rate_before: float
+    rate_after: float
+    rate_now: float
+    requests_before: int
+    requests_after: int
+    confidence: float
+    method: dict[str, Any] = Field(description="The detection method, its parameters and figures")
+    suspect_commit_sha: str | None
+    candidates: list[CandidateOut]
+    cause_shift: dict[str, dict[str, float]] = Field(
+        description="Each cause's lost tokens as a share of the prompt tokens, before and after"
+    )
+    cost: CostOut
+    note: str
+
+    @staticmethod
+    def resolve_template(regression: Regression) -> str | None:
+        return regression.template.name if regression.template else None
+
+    @staticmethod
+    def resolve_server(regression: Regression) -> str | None:
+        return regression.server.name if regression.server else None
+
+    @staticmethod
+    def resolve_suspect_commit_sha(regression: Regression) -> str | None:
+        return regression.suspect_version.commit_sha if regression.suspect_version else None
+
+    @staticmethod
+    def resolve_cost(regression: Regression) -> CostOut:
+        return CostOut(
+            lost_tokens_per_hour=regression.lost_tokens_per_hour,
+            prefill_tokens_per_second=regression.prefill_tokens_per_second,
+            prefill_rate_source=regression.prefill_rate_source,
+            gpu_seconds_per_hour=regression.gpu_seconds_per_hour,
+            cost_per_hour=regression.cost_per_hour,
+        )
+
+
+class NoteIn(Schema):
+    state: Literal["open", "acknowledged", "muted"]
+    note: str = Field("", max_length=2000)
+
+
+@router.get(
+    "/regressions",
+    auth=READERS,
+    response=list[RegressionOut],
+    summary="Regressions, newest change first",
+    description="Active ones (not resolved) by default. " + READ_AUTH,
+    url_name="regressions",
+)
+@paginate(LimitOffsetPagination)
+def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
+    return selectors.regressions(state=filters.state, scope=filters.scope or "", kind=filters.kind or "")
+
+
+@router.get(
+    "/regressions/{regression_id}",
+    auth=READERS,
+    response={200: RegressionOut, 404: ErrorOut},
+    summary="A regression, with its attribution, cause shift and cost",
+    description=READ_AUTH,
+    url_name="regression",
+)
+def get_regression(request: HttpRequest, regression_id: int) -> Any:
+    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    return regression if regression is not None else Status(404, {"error": "no such regression"})
+
+
+@router.post(
+    "/regressions/{regression_id}/note",
+    auth=django_auth,
+    response={200: RegressionOut, 404: ErrorOut},
+    summary="Acknowledge or mute a regression, or open it again, with a note",
+    description="A person's: a logged-in user's session, with Django's CSRF token as X-CSRFToken. A resolved "
+    "regression stays resolved; its note is saved.",
+    url_name="regression-note",
+)
+def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> Any:
+    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    if regression is None:
+        return Status(404, {"error": "no such regression"})
+    return services.note_regression(
+        regression, state=body.state, note=body.note, user=request.user, now=timezone.now()
+    )

@@ -1,0 +1,192 @@
+"""Regressions opened, updated and resolved from the per-minute loss rollups, once a minute.
+
+Each run reads the last PREFIXSCOPE_REGRESSION_WINDOW_MINUTES of whole, diagnosed minutes of every
+template, then of every server, tenant and of the fleet without the templates that have an active
+regression (a template commit drops its servers' and tenants' rates too: what is left of their
+traffic says whether they changed themselves). A scope with an active regression has it updated (its
+rate now, its cost) and resolved once the rate is back; another is searched for its latest drop
+(app/domain/changepoints.py) and attributed (app/regressions/attribution.py): the cause whose share
+rose names its kind, and a drop is opened only in the scope its kind belongs to (a template commit on
+its template, a capacity cut on its server, a salt rotation on its tenant). A drop is found again run
+after run while the window holds it: one within CHANGE_TOLERANCE of a regression the scope already
+had is that regression.
+"""
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
+
+from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
+from app.prompts.models import Template
+from app.regressions import attribution
+from app.regressions.models import Regression
+from app.regressions.series import Minute, ScopeKey, scope_series
+
+logger = logging.getLogger(__name__)
+
+Scope = Regression.Scope
+CHANGE_TOLERANCE = timedelta(minutes=10)
+RECENT_MINUTES = 5  # a regression's rate now: over its scope's last minutes with traffic
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    since: datetime
+    until: datetime  # the end of the last whole minute the diagnosis has had time to sum
+
+
+def detect_regressions(*, now: datetime) -> int:
+    """One run of the detection (see the module's docstring); returns the regressions opened."""
+    window = _window(now)
+    opened = 0
+    for scope in Scope:  # templates first: what their regressions explain is left out of the others
+        regressed = _regressed_templates() if scope != Scope.TEMPLATE else set()
+        series = scope_series(scope, since=window.since, until=window.until, without_templates=regressed)
+        for key, minutes in series.items():
+            regression = _active(key)
+            if regression is None:
+                opened += _open(key, minutes, window, now=now) is not None
+            else:
+                _update(regression, minutes, now=now)
+    return opened
+
+
+def _regressed_templates() -> set[int]:
+    active = Regression.objects.filter(scope=Scope.TEMPLATE).exclude(state=Regression.State.RESOLVED)
+    return {template_id for template_id in active.values_list("template_id", flat=True) if template_id}
+
+
+def _window(now: datetime) -> _Window:
+    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS + 30)
+    until = settled.replace(second=0, microsecond=0)
+    return _Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
+
+
+def _active(key: ScopeKey) -> Regression | None:
+    return _of_scope(key).exclude(state=Regression.State.RESOLVED).order_by("-changed_at").first()
+
+
+def _of_scope(key: ScopeKey) -> QuerySet[Regression]:
+    scope, template_id, server_id, tenant = key
+    fields: dict[str, Any] = {"template_id": template_id, "server_id": server_id, "tenant": tenant}
+    return Regression.objects.filter(scope=scope, metric=Regression.Metric.HIT_RATE, **fields)
+
+
+def _config(key: ScopeKey) -> DetectionConfig:
+    min_drop = settings.PREFIXSCOPE_REGRESSION_MIN_DROP
+    if key[1] is not None and key[0] == Scope.TEMPLATE:
+        own = Template.objects.filter(pk=key[1]).values_list("regression_min_drop", flat=True).first()
+        min_drop = own if own is not None else min_drop
+    return DetectionConfig(
+        min_drop=min_drop,
+        min_confidence=settings.PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE,
+        min_requests_before=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
+        min_requests_after=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
+    )
+
+
+def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetime) -> Regression | None:
+    config = _config(key)
+    change = latest_drop([minute.point for minute in minutes], config)
+    if change is None or _of_scope(key).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists():
+        return None
+    before, after = minutes[: change.index], minutes[change.index :]
+    shift = attribution.cause_shift(before, after)
+    kind = attribution.kind_of(shift)
+    candidates: list[dict[str, Any]] = []
+    if key[0] == Scope.TEMPLATE and key[1] is not None:
+        candidates = attribution.suspects(
+            key[1], changed_at=change.minute, since=window.since, until=window.until
+        )
+        if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
+            kind = Regression.Kind.TEMPLATE_COMMIT
+    if kind not in attribution.SCOPE_KINDS[key[0]]:
+        return None  # another scope's: a salt rotation is its tenant's, a capacity cut its server's
+    suspect = candidates[0] if candidates and candidates[0]["gain"] >= attribution.SUSPECT_MIN_GAIN else None
+    scope, template_id, server_id, tenant = key
+    regression = Regression(
+        scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
+        detected_at=now, updated_at=now, rate_before=change.rate_before, rate_after=change.rate_after,
+        rate_now=change.rate_after, requests_before=change.requests_before,
+        requests_after=change.requests_after, confidence=change.confidence, method=_method(config, change),
+        kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
+        suspect_version_id=suspect["version_id"] if suspect else None,
+    )  # fmt: skip
+    _cost(regression, after)
+    with transaction.atomic():
+        regression.save()
+    logger.info(
+        "regression opened",
+        extra={
+            "regression": regression.pk,
+            "scope": scope,
+            "kind": kind,
+            "changed_at": change.minute.isoformat(),
+        },
+    )
+    return regression
+
+
+def _update(regression: Regression, minutes: list[Minute], *, now: datetime) -> None:
+    """Its rate now and cost; resolved once the recent rate is back within half a minimum drop of
+    the rate before (a recovery, or the version reverted), with the evidence a change needs."""
+    after = [minute for minute in minutes if minute.minute >= regression.changed_at]
+    recent = after[-RECENT_MINUTES:]
+    regression.rate_now = _rate(recent) if recent else regression.rate_now
+    regression.requests_after = sum(minute.requests for minute in after)
+    _cost(regression, after)
+    regression.updated_at = now
+    recovered = regression.rate_before - _config(_key(regression)).min_drop / 2
+    enough = sum(minute.requests for minute in recent) >= settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS
+    if recent and enough and regression.rate_now >= recovered:
+        regression.state, regression.resolved_at = Regression.State.RESOLVED, now
+        logger.info("regression resolved", extra={"regression": regression.pk})
+    regression.save()
+
+
+def _key(regression: Regression) -> ScopeKey:
+    return (regression.scope, regression.template_id, regression.server_id, regression.tenant)
+
+
+def _rate(minutes: Sequence[Minute]) -> float:
+    prompt = sum(minute.prompt_tokens for minute in minutes)
+    return sum(minute.reused_tokens for minute in minutes) / prompt if prompt else 0.0
+
+
+def _cost(regression: Regression, after: Sequence[Minute]) -> None:
+    """Prefill tokens per hour the lost reuse costs at the traffic since the change, in GPU seconds
+    at the configured prefill rate, and money at the configured GPU-hour price."""
+    span = len(after) or 1  # minutes with traffic: idle ones cost nothing
+    prompt_per_hour = sum(minute.prompt_tokens for minute in after) / span * 60
+    lost = max(regression.rate_before - regression.rate_now, 0.0) * prompt_per_hour
+    rate = settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
+    regression.lost_tokens_per_hour = lost
+    regression.prefill_tokens_per_second, regression.prefill_rate_source = rate, "configured"
+    regression.gpu_seconds_per_hour = lost / rate
+    regression.cost_per_hour = regression.gpu_seconds_per_hour / 3600 * settings.PREFIXSCOPE_GPU_HOUR_PRICE
+
+
+def _method(config: DetectionConfig, change: RateChange) -> dict[str, object]:
+    return {
+        **config.parameters(),
+        "statistic": round(change.statistic, 3),
+        "dispersion": round(change.dispersion, 4),
+        "drop": round(change.drop, 4),
+    }
+
+
+def note_regression(regression: Regression, *, state: str, note: str, user: Any, now: datetime) -> Regression:
+    """A person acknowledges or mutes a regression (or opens it again), with a note. A resolved one
+    stays resolved: the detection closed it, and a note is all that is added."""
+    if regression.state != Regression.State.RESOLVED:
+        regression.state = state
+    regression.note, regression.noted_by, regression.updated_at = note, user, now
+    regression.save(update_fields=["state", "note", "noted_by", "updated_at"])
+    logger.info("regression noted", extra={"regression": regression.pk, "state": regression.state})
+    return regression

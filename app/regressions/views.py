@@ -1,0 +1,54 @@
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+
+from app.regressions import selectors, services
+from app.regressions.forms import NoteForm
+from app.regressions.models import Regression
+
+PAGE_SIZE = 50
+
+
+@login_required
+def regression_list(request: HttpRequest) -> HttpResponse:
+    """Regressions, active ones by default (?state=all, resolved, ...), newest change first."""
+    state = request.GET.get("state", "active")
+    if state not in selectors.STATES:
+        state = "active"
+    page = Paginator(selectors.regressions(state=state), PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {"page": page, "state": state, "states": selectors.STATES}
+    return render(request, "regressions/list.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
+    """One regression: its figures, what it is attributed to and why, its cost; a note from a person."""
+    regression = get_object_or_404(selectors.regressions(state="all"), pk=regression_id)
+    initial = {
+        "state": regression.state if regression.is_active else Regression.State.OPEN,
+        "note": regression.note,
+    }
+    form = NoteForm(request.POST if request.method == "POST" else None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        services.note_regression(
+            regression, state=form.cleaned_data["state"], note=form.cleaned_data["note"], user=request.user,
+            now=timezone.now(),
+        )  # fmt: skip
+        messages.success(request, f"Regression {regression.pk}: {regression.get_state_display().lower()}.")
+        return redirect("regressions:detail", regression_id=regression.pk)
+    return render(
+        request, "regressions/detail.html", {"regression": regression, "form": form, **_shift(regression)}
+    )
+
+
+def _shift(regression: Regression) -> dict[str, object]:
+    """The cause shift as rows: each cause's share of the prompt tokens before and after."""
+    before, after = regression.cause_shift.get("before", {}), regression.cause_shift.get("after", {})
+    causes = sorted(set(before) | set(after), key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
+    rows = [(cause, before.get(cause, 0.0), after.get(cause, 0.0)) for cause in causes]
+    return {"shift_rows": rows}

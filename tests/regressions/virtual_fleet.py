@@ -1,0 +1,185 @@
+"""A scenario's traffic over virtual minutes, stored as a deployment stores it, without waiting for it.
+
+The simulated fleet serves in wall time, so an hour of it takes an hour. Here the scenario's requests
+(simulator.planner, the same prompts and routing as `make run`) go through the simulator's prefix caches
+(simulator.cache, what each server would have reused, and its KV events in vLLM's wire encoding) at
+virtual times laid out before now; the events are decoded by the collector and stored
+(store_kv_events), the records ingested (ingest_request_records, as a REST batch would be), the
+template repository created by the simulator (simulator.template_repo) and imported by Prefixscope.
+Then the diagnosis and the regression detection run once per virtual minute, as beat runs them.
+
+Capacity cuts and restarts of the timeline are applied to the caches at their time, as the simulator
+applies them (a new process: a new epoch, an empty cache). A test helper: nothing here is product code.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.utils import timezone
+
+from app.domain import gpt2
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.prompts.history import import_template_history
+from app.prompts.services import register_repository
+from app.traffic.kv_collector import event_rows
+from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import ingest_request_records
+from collectors.kv_events.parse import decode_sub_message
+from collectors.records import RequestFacts
+from simulator.cache import PrefixCache
+from simulator.kv_events import encode_batch, seq_frame
+from simulator.planner import PlannedRequest, plan_requests
+from simulator.scenario import CapacityCut, Scenario, ServerRestart, parse_scenario
+from simulator.template_repo import Commit, create_repo
+
+BATCH_SECONDS = 30  # virtual seconds of records and events stored at once
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualRun:
+    scenario: Scenario
+    start: datetime  # virtual second 0
+    commits: list[Commit]
+    planned: list[PlannedRequest]
+    servers: list[Server]
+
+    def at(self, seconds: float) -> datetime:
+        return self.start + timedelta(seconds=seconds)
+
+
+def run_virtually(
+    definition: dict[str, Any],
+    tmp_path: Path,
+    *,
+    seed: int = 0,
+    every_minute: Callable[[datetime], object] | None = None,
+) -> VirtualRun:
+    """Store the scenario's traffic, ending a little before now, diagnosing it minute by minute;
+    `every_minute(now)` is called after each minute's diagnosis (the detection, for one)."""
+    scenario = parse_scenario(definition)
+    start = (
+        (timezone.now() - timedelta(seconds=scenario.duration + 120)).astimezone(UTC).replace(microsecond=0)
+    )
+    maintain_partitions(now=timezone.now())
+    commits = create_repo(tmp_path / "templates", scenario, start)
+    repository = register_repository(location=str(tmp_path / "templates"), globs=["templates/*.j2"])
+    import_template_history(repository_id=repository.pk, now=timezone.now())
+    servers = _register(scenario)
+    planned = list(plan_requests(scenario, commits, seed=seed, start=start))
+    run = VirtualRun(scenario, start, commits, planned, servers)
+    forget_kept_replay()
+    _Serving(run).serve(every_minute)
+    return run
+
+
+def _register(scenario: Scenario) -> list[Server]:
+    servers = [
+        register_server(name=f"virtual-{n}", base_url=f"http://10.9.0.{n + 1}:8000", model=scenario.model)
+        for n in range(scenario.servers.count)
+    ]
+    Server.objects.filter(pk__in=[s.pk for s in servers]).update(
+        block_size=scenario.servers.block_size, hash_algo="sha256_cbor"
+    )
+    return servers
+
+
+class _Serving:
+    """The caches, sequence numbers and epochs of the fleet, and what is waiting to be stored."""
+
+    def __init__(self, run: VirtualRun) -> None:
+        self.run = run
+        blocks, size = run.scenario.servers.num_blocks, run.scenario.servers.block_size
+        self.caches = [PrefixCache(size, blocks) for _ in run.servers]
+        self.seqs = [0] * len(run.servers)
+        self.epochs = [0] * len(run.servers)
+        self.facts: list[RequestFacts] = []
+        self.rows: list[KVEventRow] = []
+        self.timeline = [e for e in run.scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
+
+    def serve(self, every_minute: Callable[[datetime], object] | None) -> None:
+        flushed_at, minute = 0.0, 60.0
+        for request in self.run.planned:
+            while request.at >= minute:  # the minute before has all its records: a beat's run
+                self._flush(minute)
+                flushed_at = minute
+                self._minute(minute, every_minute)
+                minute += 60
+            if request.at - flushed_at >= BATCH_SECONDS:
+                self._flush(request.at)
+                flushed_at = request.at
+            self._apply_timeline(request.at)
+            self._serve(request)
+        end = self.run.scenario.duration
+        self._flush(end)
+        while minute <= end + 60:
+            self._minute(minute, every_minute)
+            minute += 60
+
+    def _minute(self, seconds: float, every_minute: Callable[[datetime], object] | None) -> None:
+        now = self.run.at(seconds + 31)  # the diagnosis waits 30 s for late events
+        diagnose_requests(now=now)
+        if every_minute is not None:
+            every_minute(now)
+
+    def _apply_timeline(self, at: float) -> None:
+        """A capacity cut is a restart with fewer blocks (vLLM sizes its cache at start-up, and the
+        simulator does the same): a new process, its cache empty, its sequence from 0 in a new epoch."""
+        while self.timeline and self.timeline[0].at <= at:
+            event = self.timeline.pop(0)
+            server, cache = event.server, self.caches[event.server]
+            blocks = event.num_blocks if isinstance(event, CapacityCut) else cache.num_blocks
+            self.caches[server] = PrefixCache(cache.block_size, blocks)
+            self.seqs[server], self.epochs[server] = 0, self.epochs[server] + 1
+
+    def _serve(self, request: PlannedRequest) -> None:
+        body = request.body
+        text = gpt2.render_chat(body["messages"]) if "messages" in body else str(body["prompt"])  # type: ignore[arg-type]
+        tokens = gpt2.encode(text)
+        salt = body.get("cache_salt")
+        cache, server = self.caches[request.server], self.run.servers[request.server]
+        admission = cache.admit(
+            request.request_id, tokens, cache_salt=salt if isinstance(salt, str) else None
+        )
+        cache.finish(request.request_id)
+        arrived_at = self.run.at(request.at)
+        payload = encode_batch(arrived_at.timestamp() + 0.001, cache.take_events(), None)
+        seq = self.seqs[request.server]
+        message = decode_sub_message([b"kv@virtual", seq_frame(seq), payload])
+        self.rows += event_rows(
+            message.batch,
+            server_id=server.pk,
+            epoch=self.epochs[request.server],
+            seq=seq,
+            received_at=arrived_at,
+        )
+        self.seqs[request.server] += 1
+        self.facts.append(
+            RequestFacts(
+                request_id=request.request_id, arrived_at=arrived_at, server=server.name,
+                model=self.run.scenario.model, tenant=request.tenant, template=request.template,
+                template_version=request.version, prompt_tokens=len(tokens),
+                cached_tokens=admission.cached_tokens, client_ttft_seconds=0.05,
+                cache_salt=salt if isinstance(salt, str) else None, prompt_token_ids=tokens,
+            )
+        )  # fmt: skip
+
+    def _flush(self, seconds: float) -> None:
+        now = self.run.at(seconds)
+        positions = [
+            StreamPosition(
+                server_id=s.pk, dp_rank=0, epoch=self.epochs[i], last_seq=self.seqs[i] - 1, last_event_at=now
+            )
+            for i, s in enumerate(self.run.servers)
+            if self.seqs[i]
+        ]
+        if self.rows or positions:
+            store_kv_events(rows=self.rows, positions=positions)
+        if self.facts:
+            ingest_request_records(self.facts, source="rest", now=now)
+        self.facts, self.rows = [], []
