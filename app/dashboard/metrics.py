@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from app.fleet.models import Server
+from app.regressions.models import Regression
 from app.traffic.models import KVGap, KVStream, RejectedInput
 
 
@@ -20,6 +21,7 @@ class PrefixscopeCollector(Collector):
         yield self._rejected()
         yield self._lost_batches()
         yield self._stream_positions()
+        yield from self._regressions()
 
     def _servers(self) -> GaugeMetricFamily:
         family = GaugeMetricFamily(
@@ -64,3 +66,28 @@ class PrefixscopeCollector(Collector):
         for server, rank, at in KVStream.objects.values_list("server__name", "dp_rank", "last_event_at"):
             family.add_metric([server, str(rank)], at.timestamp())
         return family
+
+    def _regressions(self) -> Iterator[GaugeMetricFamily]:
+        """One sample per regression not resolved (a handful: they open rarely and close): muted ones
+        too, with their state, so that a rule can leave them out."""
+        labels = ["scope", "name", "kind", "expected", "state"]
+        active = GaugeMetricFamily(
+            "prefixscope_regression_active", "1 per regression not resolved yet.", labels=labels
+        )
+        lost = GaugeMetricFamily(
+            "prefixscope_regression_lost_tokens_per_hour",
+            "Prefill tokens an hour that a regression's lost reuse costs, at the traffic since its change.",
+            labels=labels,
+        )
+        found = Regression.objects.exclude(state=Regression.State.RESOLVED).select_related(
+            "template", "server"
+        )
+        for regression in found:
+            values = [
+                regression.scope, regression.scope_label, regression.kind,
+                str(regression.expected).lower(), regression.state,
+            ]  # fmt: skip
+            active.add_metric(values, 1.0)
+            lost.add_metric(values, regression.lost_tokens_per_hour)
+        yield active
+        yield lost

@@ -65,6 +65,11 @@ class Regression(models.Model):
     cause_shift = models.JSONField(
         default=dict, blank=True, help_text="Lost tokens' causes, before and after"
     )
+    evidence = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="A before/after pair of requests, its divergence and Compare permalink",
+    )
 
     lost_tokens_per_hour = models.FloatField(default=0, help_text="Prefill tokens reuse no longer saves")
     prefill_tokens_per_second = models.FloatField(default=0)

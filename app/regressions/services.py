@@ -24,7 +24,7 @@ from django.db.models import QuerySet
 
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
 from app.prompts.models import Template
-from app.regressions import attribution
+from app.regressions import attribution, evidence
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, scope_series
 
@@ -119,6 +119,10 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
         suspect_version_id=suspect["version_id"] if suspect else None,
     )  # fmt: skip
     _cost(regression, after)
+    if scope == Scope.TEMPLATE and template_id is not None:
+        regression.evidence = {
+            "pair": evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
+        }
     with transaction.atomic():
         regression.save()
     logger.info(

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -6,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from app.regressions import selectors, services
+from app.regressions import evidence, selectors, services
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
 
@@ -41,9 +42,16 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         )  # fmt: skip
         messages.success(request, f"Regression {regression.pk}: {regression.get_state_display().lower()}.")
         return redirect("regressions:detail", regression_id=regression.pk)
-    return render(
-        request, "regressions/detail.html", {"regression": regression, "form": form, **_shift(regression)}
-    )
+    context = {
+        "regression": regression,
+        "form": form,
+        "pair": regression.evidence.get("pair", {}),
+        "killers": evidence.killers_since(regression),
+        "killer_every": settings.PREFIXSCOPE_KILLER_EVERY_SECONDS,
+        "diff": evidence.diff_lines(regression.suspect_version.diff) if regression.suspect_version else [],
+        **_shift(regression),
+    }
+    return render(request, "regressions/detail.html", context)
 
 
 def _shift(regression: Regression) -> dict[str, object]:

@@ -12,6 +12,7 @@ from django.urls import reverse
 from app.api.services import create_ingest_token
 from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
+from app.traffic.models import RequestDiagnosis
 from tests.regressions.test_detection import demo, fault_commit
 from tests.regressions.virtual_fleet import VirtualRun, run_virtually
 
@@ -47,6 +48,9 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
     assert one["cost"]["prefill_rate_source"] == "configured" and one["cost"]["gpu_seconds_per_hour"] > 0
     assert one["method"]["min_drop"] == 0.15
     assert _get(client, "/api/v1/regressions?scope=server", bearer)["items"] == []
+    exported = client.get("/metrics").content.decode()
+    labels = 'expected="false",kind="template_commit",name="support",scope="template",state="open"'
+    assert f"prefixscope_regression_active{{{labels}}} 1.0" in exported
     assert client.get("/api/v1/regressions").status_code == 401
     assert client.get("/api/v1/regressions/999999", headers=bearer).status_code == 404
     assert client.get("/api/v1/regressions?state=bogus", headers=bearer).status_code == 422
@@ -61,6 +65,16 @@ def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(fo
     assert page.status_code == 200
     assert fault_commit(found, "support", 300)[:12].encode() in page.content
     assert b"prompt_changed" in page.content
+    pair = regression.evidence["pair"]
+    after = RequestDiagnosis.objects.get(request_id=pair["after"]["request_id"])
+    assert (after.cause, after.diverged_at) == ("prompt_changed", pair["diverged_at"])
+    assert (
+        RequestDiagnosis.objects.get(request_id=pair["before"]["request_id"]).arrived_at
+        < regression.changed_at
+    )
+    assert f"departs at token <strong>{pair['diverged_at']}</strong>".encode() in page.content
+    assert client.get(reverse("compare:detail", args=[pair["compare_slug"]])).status_code == 200
+    assert b'class="diff-added"' in page.content  # the suspect commit's diff, its lines marked
 
     client.post(
         reverse("regressions:detail", args=[regression.pk]), {"state": "acknowledged", "note": "on it"}
