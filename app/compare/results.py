@@ -13,6 +13,7 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+from django.conf import settings
 
 from app.compare.display import Layout, readable
 from app.compare.models import Comparison, ComparisonSide
@@ -251,7 +252,14 @@ class Result:
 
     def estimate(self, slope: PrefillSlope) -> Estimate | None:
         """The cost of the wasted prefill tokens at ``slope`` (see selectors.prefill_slope)."""
-        return None if self.figures is None else estimate(self.figures.wasted_prefill_tokens, slope)
+        if self.figures is None:
+            return None
+        return estimate(
+            self.figures.wasted_prefill_tokens,
+            slope,
+            assumed_tokens_per_second=settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND,
+            gpu_hour_price=settings.PREFIXSCOPE_GPU_HOUR_PRICE,
+        )
 
     @property
     def sides(self) -> tuple[SideView, SideView]:

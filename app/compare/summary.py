@@ -4,14 +4,8 @@ side. Pure (app.domain.divergence matches hash-only records to the block)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Final
 
 from app.domain.divergence import REUSE_FIELDS, Compatibility
-
-DEFAULT_PREFILL_TOKENS_PER_SECOND: Final = 10_000.0
-"""Assumed when a server's own TTFT slope cannot be measured: a mid-size model on one GPU."""
-GPU_HOUR_USD: Final = 2.50
-"""Assumed price of one GPU-hour, to turn prefill seconds into money."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +28,7 @@ class Estimate:
     seconds_per_token: float
     basis: str
     measured: bool
+    gpu_hour_price: float  # PREFIXSCOPE_GPU_HOUR_PRICE, to turn prefill seconds into money
 
     @property
     def ttft_seconds(self) -> float:
@@ -47,20 +42,26 @@ class Estimate:
 
     @property
     def usd_per_1000(self) -> float:
-        return self.gpu_seconds_per_1000 / 3600 * GPU_HOUR_USD
+        return self.gpu_seconds_per_1000 / 3600 * self.gpu_hour_price
 
 
-def estimate(wasted_tokens: int, slope: PrefillSlope) -> Estimate:
-    """The cost of ``wasted_tokens``: at the measured TTFT slope when there is one, else assumed."""
+def estimate(
+    wasted_tokens: int, slope: PrefillSlope, *, assumed_tokens_per_second: float, gpu_hour_price: float
+) -> Estimate:
+    """The cost of ``wasted_tokens``: at the measured TTFT slope when there is one, else at
+    ``assumed_tokens_per_second`` (PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND)."""
     seconds_per_token = slope.seconds_per_token
     if seconds_per_token is not None and seconds_per_token > 0:
         basis = (
             f"measured on {slope.server_name}: the slope of TTFT over uncached prompt tokens of "
             f"{slope.samples:,} requests in the last hour, {1 / seconds_per_token:,.0f} prefill tokens/s"
         )
-        return Estimate(wasted_tokens, seconds_per_token, basis, True)
-    basis = f"assumed {DEFAULT_PREFILL_TOKENS_PER_SECOND:,.0f} prefill tokens/s (no measured TTFT slope)"
-    return Estimate(wasted_tokens, 1 / DEFAULT_PREFILL_TOKENS_PER_SECOND, basis, False)
+        return Estimate(wasted_tokens, seconds_per_token, basis, True, gpu_hour_price)
+    basis = (
+        f"configured {assumed_tokens_per_second:,.0f} prefill tokens/s "
+        "(PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND; no measured TTFT slope)"
+    )
+    return Estimate(wasted_tokens, 1 / assumed_tokens_per_second, basis, False, gpu_hour_price)
 
 
 @dataclass(frozen=True, slots=True)

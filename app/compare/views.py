@@ -1,6 +1,7 @@
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -13,7 +14,6 @@ from app.compare.forms import ExplorerFilter, PromptPairForm, RecordPairForm, pa
 from app.compare.models import Comparison
 from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, create_comparison
-from app.compare.summary import GPU_HOUR_USD
 from app.core.http import HtmxHttpRequest
 
 
@@ -77,7 +77,7 @@ def _result_context(result: Result, reveal: Reveal | None, *, now: datetime) -> 
         "estimate": result.estimate(slope),
         "segments": segments,
         "bar": bar,
-        "gpu_hour_usd": GPU_HOUR_USD,
+        "gpu_hour_usd": settings.PREFIXSCOPE_GPU_HOUR_PRICE,
     }
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from app.prompts.models import DeployMarker, TemplateVersion
 from app.regressions.models import Regression
-from app.regressions.series import Minute, version_requests
+from app.regressions.series import Minute, ScopeKey, version_requests
+from app.traffic.models import RequestRecord
 
 Kind = Regression.Kind
 
@@ -57,6 +58,27 @@ def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
     if cause is None or rises[cause] <= 0:
         return Kind.UNKNOWN
     return _KIND_OF_CAUSE.get(cause, Kind.UNKNOWN)
+
+
+def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at: datetime) -> bool:
+    """Whether what the causes name happened at the change. A capacity drop is a new process with
+    fewer blocks (vLLM sizes its cache at start-up): its first requests are `restarted`; evictions
+    rising without one are a larger working set (a template commit's new prefixes, say), not the
+    server's doing. A salt rotation is the tenant's requests carrying a salt they did not carry
+    before; `salt` misses without one are prefixes another tenant's salt computed first."""
+    if kind == Kind.CAPACITY:
+        return any(minute.lost.get("restarted") for minute in after[:RESTART_MINUTES])
+    if kind == Kind.SALT_ROTATION:
+        records = RequestRecord.objects.filter(tenant=key[3])
+        earlier = records.filter(arrived_at__gte=changed_at - SALT_WINDOW, arrived_at__lt=changed_at)
+        later = records.filter(arrived_at__gte=changed_at, arrived_at__lt=changed_at + SALT_WINDOW)
+        salts = set(earlier.values_list("salt_hash", flat=True).distinct())
+        return bool(later.exclude(salt_hash__in=salts).exists())
+    return True
+
+
+SALT_WINDOW = timedelta(minutes=10)
+RESTART_MINUTES = 3  # a capacity drop's restart shows in the first minutes after the change
 
 
 def suspects(

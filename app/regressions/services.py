@@ -1,15 +1,14 @@
 """Regressions opened, updated and resolved from the per-minute loss rollups, once a minute.
 
 Each run reads the last PREFIXSCOPE_REGRESSION_WINDOW_MINUTES of whole, diagnosed minutes of every
-template, then of every server, tenant and of the fleet without the templates that have an active
-regression (a template commit drops its servers' and tenants' rates too: what is left of their
-traffic says whether they changed themselves). A scope with an active regression has it updated (its
-rate now, its cost) and resolved once the rate is back; another is searched for its latest drop
-(app/domain/changepoints.py) and attributed (app/regressions/attribution.py): the cause whose share
-rose names its kind, and a drop is opened only in the scope its kind belongs to (a template commit on
-its template, a capacity cut on its server, a salt rotation on its tenant). A drop is found again run
-after run while the window holds it: one within CHANGE_TOLERANCE of a regression the scope already
-had is that regression.
+template, server, tenant and of the fleet (a server's, a tenant's and the fleet's without the tokens
+lost to prompts changing: a template commit is its template's regression alone). A scope with an
+active regression has it updated (its rate now, its cost) and resolved once the rate is back; another
+is searched for its latest drop (app/domain/changepoints.py) and attributed
+(app/regressions/attribution.py): the cause whose share rose names its kind, and a drop is opened
+only in the scope its kind belongs to (a template commit on its template, a capacity cut on its
+server, a salt rotation on its tenant). A drop is found again run after run while the window holds
+it: one within CHANGE_TOLERANCE of a regression the scope already had is that regression.
 """
 
 import logging
@@ -23,8 +22,9 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
+from app.domain.prefill import prefill_tokens_per_second
 from app.prompts.models import Template
-from app.regressions import attribution, evidence
+from app.regressions import attribution, evidence, series
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, scope_series
 
@@ -45,25 +45,21 @@ def detect_regressions(*, now: datetime) -> int:
     """One run of the detection (see the module's docstring); returns the regressions opened."""
     window = _window(now)
     opened = 0
-    for scope in Scope:  # templates first: what their regressions explain is left out of the others
-        regressed = _regressed_templates() if scope != Scope.TEMPLATE else set()
-        series = scope_series(scope, since=window.since, until=window.until, without_templates=regressed)
-        for key, minutes in series.items():
+    for scope in Scope:
+        for key, minutes in scope_series(scope, since=window.since, until=window.until).items():
             regression = _active(key)
             if regression is None:
                 opened += _open(key, minutes, window, now=now) is not None
             else:
-                _update(regression, minutes, now=now)
+                _update(regression, minutes, window, now=now)
     return opened
 
 
-def _regressed_templates() -> set[int]:
-    active = Regression.objects.filter(scope=Scope.TEMPLATE).exclude(state=Regression.State.RESOLVED)
-    return {template_id for template_id in active.values_list("template_id", flat=True) if template_id}
-
-
 def _window(now: datetime) -> _Window:
-    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS + 30)
+    """Up to the last whole minute the diagnosis has summed: it diagnoses what arrived up to its
+    delay ago (a run every 30 s; one not run yet leaves that minute with fewer requests, the same
+    rate, and the next detection reads it whole)."""
+    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
     until = settled.replace(second=0, microsecond=0)
     return _Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
 
@@ -88,6 +84,9 @@ def _config(key: ScopeKey) -> DetectionConfig:
         min_confidence=settings.PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE,
         min_requests_before=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
         min_requests_after=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
+        # One whole minute after the change may be enough (its requests are the evidence): a
+        # second would cost every regression a detection cycle.
+        min_segment_points=1,
     )
 
 
@@ -108,6 +107,8 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
             kind = Regression.Kind.TEMPLATE_COMMIT
     if kind not in attribution.SCOPE_KINDS[key[0]]:
         return None  # another scope's: a salt rotation is its tenant's, a capacity cut its server's
+    if not attribution.confirmed(kind, key, after, changed_at=change.minute):
+        return None  # evictions or salt misses without the server or the salt having changed
     suspect = candidates[0] if candidates and candidates[0]["gain"] >= attribution.SUSPECT_MIN_GAIN else None
     scope, template_id, server_id, tenant = key
     regression = Regression(
@@ -118,7 +119,7 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
         kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
         suspect_version_id=suspect["version_id"] if suspect else None,
     )  # fmt: skip
-    _cost(regression, after)
+    _cost(regression, after, window)
     if scope == Scope.TEMPLATE and template_id is not None:
         regression.evidence = {
             "pair": evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
@@ -137,14 +138,14 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
     return regression
 
 
-def _update(regression: Regression, minutes: list[Minute], *, now: datetime) -> None:
+def _update(regression: Regression, minutes: list[Minute], window: _Window, *, now: datetime) -> None:
     """Its rate now and cost; resolved once the recent rate is back within half a minimum drop of
     the rate before (a recovery, or the version reverted), with the evidence a change needs."""
     after = [minute for minute in minutes if minute.minute >= regression.changed_at]
     recent = after[-RECENT_MINUTES:]
     regression.rate_now = _rate(recent) if recent else regression.rate_now
     regression.requests_after = sum(minute.requests for minute in after)
-    _cost(regression, after)
+    _cost(regression, after, window)
     regression.updated_at = now
     recovered = regression.rate_before - _config(_key(regression)).min_drop / 2
     enough = sum(minute.requests for minute in recent) >= settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS
@@ -163,15 +164,19 @@ def _rate(minutes: Sequence[Minute]) -> float:
     return sum(minute.reused_tokens for minute in minutes) / prompt if prompt else 0.0
 
 
-def _cost(regression: Regression, after: Sequence[Minute]) -> None:
-    """Prefill tokens per hour the lost reuse costs at the traffic since the change, in GPU seconds
-    at the configured prefill rate, and money at the configured GPU-hour price."""
+def _cost(regression: Regression, after: Sequence[Minute], window: _Window) -> None:
+    """Prefill tokens per hour the lost reuse costs at the traffic since the change; in GPU seconds
+    at the prefill rate measured on the scope's requests of the last hour (TTFT over uncached
+    tokens, app/domain/prefill.py), else the configured one; money at the configured GPU-hour price."""
     span = len(after) or 1  # minutes with traffic: idle ones cost nothing
     prompt_per_hour = sum(minute.prompt_tokens for minute in after) / span * 60
     lost = max(regression.rate_before - regression.rate_now, 0.0) * prompt_per_hour
-    rate = settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
+    sums = series.prefill_sums(_key(regression), since=window.until - timedelta(hours=1), until=window.until)
+    measured = prefill_tokens_per_second(sums)
+    rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
     regression.lost_tokens_per_hour = lost
-    regression.prefill_tokens_per_second, regression.prefill_rate_source = rate, "configured"
+    regression.prefill_tokens_per_second = rate
+    regression.prefill_rate_source = "measured" if measured else "configured"
     regression.gpu_seconds_per_hour = lost / rate
     regression.cost_per_hour = regression.gpu_seconds_per_hour / 3600 * settings.PREFIXSCOPE_GPU_HOUR_PRICE
 

@@ -210,6 +210,13 @@ class MinuteRollup(models.Model):
     server_ttft_count = models.PositiveIntegerField(default=0)
     server_ttft_sum_seconds = models.FloatField(default=0)
     server_ttft_buckets = ArrayField(models.IntegerField(), default=list)
+    # The sums a least-squares line of TTFT (vLLM's, else the client's) over uncached prompt tokens
+    # needs, for the requests with both: its slope is a prefill rate measured from any rows summed.
+    prefill_count = models.PositiveIntegerField(default=0)
+    prefill_uncached_sum = models.FloatField(default=0)
+    prefill_ttft_sum = models.FloatField(default=0)
+    prefill_uncached_squares = models.FloatField(default=0)
+    prefill_cross_sum = models.FloatField(default=0, help_text="Sum of uncached tokens times TTFT seconds")
 
     class Meta:
         constraints = [

@@ -35,7 +35,7 @@ def test_two_recorded_requests_give_the_divergence_and_a_permalink(record: Recor
     ]
     assert answer["a"]["compatibility"]["template"] == "support-bot"
     assert answer["permalink"] == f"http://testserver/compare/{answer['slug']}/"
-    assert answer["estimate"]["basis"].startswith("assumed")
+    assert answer["estimate"]["basis"].startswith("configured")
     again = signed_in.get(f"/api/v1/compare/{answer['slug']}")
     assert again.status_code == 200 and again.json() == answer
     with_blocks = signed_in.get(f"/api/v1/compare/{answer['slug']}?include_blocks=true").json()

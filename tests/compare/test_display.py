@@ -155,10 +155,12 @@ def test_compatibility_rows_mark_a_salt_difference_as_blocking_and_a_template_on
 
 
 def test_the_estimate_uses_a_measured_slope_or_says_it_is_assumed() -> None:
-    measured = estimate(1_000, PrefillSlope("vllm-0", 0.0002, 120))
-    assumed = estimate(1_000, PrefillSlope("", None, 0))
+    measured = estimate(
+        1_000, PrefillSlope("vllm-0", 0.0002, 120), assumed_tokens_per_second=8_000, gpu_hour_price=3
+    )
+    assumed = estimate(1_000, PrefillSlope("", None, 0), assumed_tokens_per_second=8_000, gpu_hour_price=3)
 
     assert measured.measured and measured.ttft_seconds == pytest.approx(0.2)
     assert "vllm-0" in measured.basis and "120 requests" in measured.basis
-    assert not assumed.measured and assumed.basis.startswith("assumed 10,000 prefill tokens/s")
-    assert assumed.usd_per_1000 == pytest.approx(1000 * 0.1 / 3600 * 2.5)
+    assert not assumed.measured and assumed.basis.startswith("configured 8,000 prefill tokens/s")
+    assert assumed.usd_per_1000 == pytest.approx(1000 * 0.125 / 3600 * 3)

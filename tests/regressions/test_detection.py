@@ -55,7 +55,7 @@ def test_the_demo_opens_a_regression_per_fault_each_with_its_cause(tmp_path: Pat
         > support[0].cause_shift["before"].get("prompt_changed", 0)
     )
     assert support[0].rate_before > 0.5 > support[0].rate_after
-    assert support[0].lost_tokens_per_hour > 0 and support[0].prefill_rate_source == "configured"
+    assert support[0].lost_tokens_per_hour > 0 and support[0].prefill_rate_source == "measured"
 
     agent = opened(Scope.TEMPLATE, template__name="agent")
     assert [r.suspect_version.commit_sha for r in agent if r.suspect_version] == [

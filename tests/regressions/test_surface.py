@@ -14,7 +14,7 @@ from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from app.traffic.models import RequestDiagnosis
 from tests.regressions.test_detection import demo, fault_commit
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually
+from tests.regressions.virtual_fleet import PREFILL_TOKENS_PER_SECOND, VirtualRun, run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +45,12 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
     assert one["cause_shift"]["after"]["prompt_changed"] > one["cause_shift"]["before"].get(
         "prompt_changed", 0
     )
-    assert one["cost"]["prefill_rate_source"] == "configured" and one["cost"]["gpu_seconds_per_hour"] > 0
+    # The prefill rate measured from the records' TTFTs: what the simulated servers take per token.
+    assert one["cost"]["prefill_rate_source"] == "measured"
+    assert one["cost"]["prefill_tokens_per_second"] == pytest.approx(PREFILL_TOKENS_PER_SECOND, rel=0.05)
+    assert one["cost"]["gpu_seconds_per_hour"] == pytest.approx(
+        one["cost"]["lost_tokens_per_hour"] / one["cost"]["prefill_tokens_per_second"]
+    )
     assert one["method"]["min_drop"] == 0.15
     assert _get(client, "/api/v1/regressions?scope=server", bearer)["items"] == []
     exported = client.get("/metrics").content.decode()

@@ -6,14 +6,17 @@ The simulated fleet serves in wall time, so an hour of it takes an hour. Here th
 virtual times laid out before now; the events are decoded by the collector and stored
 (store_kv_events), the records ingested (ingest_request_records, as a REST batch would be), the
 template repository created by the simulator (simulator.template_repo) and imported by Prefixscope.
-Then the diagnosis and the regression detection run once per virtual minute, as beat runs them.
+Then the rollups, the diagnosis and the regression detection run once per virtual minute, as beat
+runs them.
 
 Capacity cuts and restarts of the timeline are applied to the caches at their time, as the simulator
-applies them (a new process: a new epoch, an empty cache). A test helper: nothing here is product code.
+applies them (a new process: a new epoch, an empty cache). A helper of the tests and of
+bench/bench_regressions.py: nothing here is product code.
 """
 
+import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,15 +33,22 @@ from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
+from app.traffic.services.rollups import refresh_minute_rollups
+from app.traffic.tasks import ROLLUP_LOOKBACK
 from collectors.kv_events.parse import decode_sub_message
 from collectors.records import RequestFacts
 from simulator.cache import PrefixCache
 from simulator.kv_events import encode_batch, seq_frame
 from simulator.planner import PlannedRequest, plan_requests
 from simulator.scenario import CapacityCut, Scenario, ServerRestart, parse_scenario
+from simulator.server import ServerConfig
 from simulator.template_repo import Commit, create_repo
 
 BATCH_SECONDS = 30  # virtual seconds of records and events stored at once
+# The simulated servers' default prefill rate, which their TTFTs follow.
+PREFILL_TOKENS_PER_SECOND: float = next(
+    f.default for f in fields(ServerConfig) if f.name == "prefill_tokens_per_second"
+)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +69,22 @@ def run_virtually(
     *,
     seed: int = 0,
     every_minute: Callable[[datetime], object] | None = None,
+    keep: Callable[[PlannedRequest], bool] | None = None,
 ) -> VirtualRun:
     """Store the scenario's traffic, ending a little before now, diagnosing it minute by minute;
-    `every_minute(now)` is called after each minute's diagnosis (the detection, for one)."""
+    `every_minute(now)` is called after each minute's diagnosis (the detection, for one). `keep`
+    thins the planned requests out (traffic swings, idle gaps): those it refuses are not sent."""
     scenario = parse_scenario(definition)
-    start = (
-        (timezone.now() - timedelta(seconds=scenario.duration + 120)).astimezone(UTC).replace(microsecond=0)
-    )
+    # Virtual second 0 half a minute into a minute: the scenario's faults (at whole minutes) land
+    # mid-minute, as they would at any time, and every run alike (its delays comparable).
+    earlier = timezone.now() - timedelta(seconds=scenario.duration + 120)
+    start = earlier.astimezone(UTC).replace(second=30, microsecond=0)
     maintain_partitions(now=timezone.now())
     commits = create_repo(tmp_path / "templates", scenario, start)
     repository = register_repository(location=str(tmp_path / "templates"), globs=["templates/*.j2"])
     import_template_history(repository_id=repository.pk, now=timezone.now())
     servers = _register(scenario)
-    planned = list(plan_requests(scenario, commits, seed=seed, start=start))
+    planned = [r for r in plan_requests(scenario, commits, seed=seed, start=start) if keep is None or keep(r)]
     run = VirtualRun(scenario, start, commits, planned, servers)
     forget_kept_replay()
     _Serving(run).serve(every_minute)
@@ -101,6 +114,7 @@ class _Serving:
         self.facts: list[RequestFacts] = []
         self.rows: list[KVEventRow] = []
         self.timeline = [e for e in run.scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
+        self.noise = random.Random(0)
 
     def serve(self, every_minute: Callable[[datetime], object] | None) -> None:
         flushed_at, minute = 0.0, 60.0
@@ -123,6 +137,7 @@ class _Serving:
 
     def _minute(self, seconds: float, every_minute: Callable[[datetime], object] | None) -> None:
         now = self.run.at(seconds + 31)  # the diagnosis waits 30 s for late events
+        refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)  # as beat's traffic.refresh_rollups
         diagnose_requests(now=now)
         if every_minute is not None:
             every_minute(now)
@@ -164,10 +179,15 @@ class _Serving:
                 request_id=request.request_id, arrived_at=arrived_at, server=server.name,
                 model=self.run.scenario.model, tenant=request.tenant, template=request.template,
                 template_version=request.version, prompt_tokens=len(tokens),
-                cached_tokens=admission.cached_tokens, client_ttft_seconds=0.05,
+                cached_tokens=admission.cached_tokens,
+                client_ttft_seconds=self._ttft(tokens, admission.cached_tokens),
                 cache_salt=salt if isinstance(salt, str) else None, prompt_token_ids=tokens,
             )
         )  # fmt: skip
+
+    def _ttft(self, tokens: list[int], cached: int) -> float:
+        """As the simulated server times a request (simulator.server.Engine), without its queue."""
+        return 0.002 + (len(tokens) - cached) / PREFILL_TOKENS_PER_SECOND * self.noise.uniform(0.95, 1.05)
 
     def _flush(self, seconds: float) -> None:
         now = self.run.at(seconds)

@@ -23,13 +23,20 @@ _REFRESH_SQL = f"""
 INSERT INTO traffic_minuterollup AS m (
     server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
     client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
-    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets
+    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
+    prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum
 )
 SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
        coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
-       {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")}
-FROM traffic_requestrecord r
+       {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")},
+       regr_count(p.ttft, p.uncached), coalesce(sum(p.uncached) FILTER (WHERE p.ttft IS NOT NULL), 0),
+       coalesce(sum(p.ttft) FILTER (WHERE p.uncached IS NOT NULL), 0),
+       coalesce(sum(p.uncached * p.uncached) FILTER (WHERE p.ttft IS NOT NULL), 0),
+       coalesce(sum(p.uncached * p.ttft), 0)
+FROM traffic_requestrecord r,
+     LATERAL (SELECT coalesce(r.server_ttft_seconds, r.client_ttft_seconds) AS ttft,
+                     (r.prompt_tokens - r.cached_tokens)::float8 AS uncached) p
 WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
 GROUP BY 1, 2, 3
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
@@ -40,7 +47,11 @@ ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     client_ttft_buckets = EXCLUDED.client_ttft_buckets,
     server_ttft_count = EXCLUDED.server_ttft_count,
     server_ttft_sum_seconds = EXCLUDED.server_ttft_sum_seconds,
-    server_ttft_buckets = EXCLUDED.server_ttft_buckets
+    server_ttft_buckets = EXCLUDED.server_ttft_buckets,
+    prefill_count = EXCLUDED.prefill_count, prefill_uncached_sum = EXCLUDED.prefill_uncached_sum,
+    prefill_ttft_sum = EXCLUDED.prefill_ttft_sum,
+    prefill_uncached_squares = EXCLUDED.prefill_uncached_squares,
+    prefill_cross_sum = EXCLUDED.prefill_cross_sum
 """
 
 

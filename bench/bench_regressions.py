@@ -1,0 +1,218 @@
+"""Regression detection against what the simulator injected: delay per fault, and false regressions.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5]
+
+Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
+(simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
+deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the
+detection (app.regressions.services.detect_regressions) run after each minute, as beat runs it. For
+each fault that should open a regression (the `volatile_top` commit on `support`, the `unsorted_tools`
+commit on `agent`, the capacity cut on server 3) it prints the detection delay in virtual seconds
+after the fault, in detection cycles (runs) after the 50th request of its scope arrived, whether the
+suspect commit was the injected one, and every regression that matches no fault (misattributions).
+Then --quiet-hours seeds of a fault-free hour whose traffic swings tenfold (2 requests/s, then 0.2,
+by turns of ten minutes) and stops for five minutes every twenty: the regressions they open (target:
+none). Targets (issue 12): every template fault found within two cycles of its 50th request, with the
+injected commit as suspect; no false regression.
+"""
+
+import argparse
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+
+import django
+
+django.setup()
+
+import yaml  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+
+from app.regressions.models import Regression  # noqa: E402
+from app.regressions.services import detect_regressions  # noqa: E402
+from app.traffic.models import KVEvent  # noqa: E402
+from simulator.planner import PlannedRequest  # noqa: E402
+from simulator.scenario import resolve_scenario  # noqa: E402
+from tests.regressions.virtual_fleet import VirtualRun, run_virtually  # noqa: E402
+
+EVIDENCE = 50  # requests of the fault's scope after it, before anything may open
+MIN_EVICTED_BLOCKS = 50  # in the five minutes after a cut: fewer, and it evicted next to nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    name: str
+    at: float  # virtual seconds
+    scope: str
+    template: str | None = None  # a template fault's template (its commit is the suspect)
+    server: int | None = None  # a capacity cut's server
+
+
+FAULTS = [
+    Fault("volatile_top", 300, "template", template="support"),
+    Fault("unsorted_tools", 780, "template", template="agent"),
+    Fault("capacity_cut", 960, "server", server=3),
+]
+
+
+def demo() -> dict[str, Any]:
+    with resolve_scenario("demo").open() as file:
+        found: dict[str, Any] = yaml.safe_load(file)
+    return found
+
+
+def clear() -> None:
+    with connection.cursor() as cursor:
+        tables = ", ".join(connection.introspection.django_table_names(only_existing=True))
+        cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+
+
+def detected(
+    definition: dict[str, Any], seed: int, keep: Callable[[PlannedRequest], bool] | None = None
+) -> VirtualRun:
+    clear()
+    with tempfile.TemporaryDirectory() as folder:
+        return run_virtually(
+            definition,
+            Path(folder),
+            seed=seed,
+            keep=keep,
+            every_minute=lambda now: detect_regressions(now=now),
+        )
+
+
+def _matches(regression: Regression, fault: Fault, run: VirtualRun) -> bool:
+    if regression.scope != fault.scope or abs(regression.changed_at - run.at(fault.at)) > timedelta(
+        minutes=2
+    ):
+        return False
+    if fault.template is not None:
+        return regression.template is not None and regression.template.name == fault.template
+    return regression.server_id == run.servers[fault.server or 0].pk
+
+
+def _evicted_after(run: VirtualRun, fault: Fault) -> int:
+    """Blocks the fault's server removed (its own KV events, what the engine did) in the five minutes
+    after a capacity cut: a cut leaving room for all its prefixes, or for a server whose only
+    template's prompts all change already, takes nothing, and there is nothing to find."""
+    at = run.at(fault.at)
+    removed = KVEvent.objects.filter(
+        server=run.servers[fault.server or 0], kind=KVEvent.Kind.REMOVED, emitted_at__gte=at,
+        emitted_at__lt=at + timedelta(minutes=5),
+    )  # fmt: skip
+    return removed.count()
+
+
+def _in_scope(request: PlannedRequest, fault: Fault) -> bool:
+    return request.template == fault.template if fault.template else request.server == fault.server
+
+
+def fault_rows(run: VirtualRun, seed: int) -> tuple[list[dict[str, Any]], list[Regression]]:
+    regressions = list(Regression.objects.select_related("template", "suspect_version"))
+    rows, matched = [], set()
+    for fault in FAULTS:
+        found = next((r for r in regressions if _matches(r, fault, run)), None)
+        after = [r for r in run.planned if r.at >= fault.at and _in_scope(r, fault)]
+        evidence_at = after[EVIDENCE - 1].at if len(after) >= EVIDENCE else None
+        row: dict[str, Any] = {"seed": seed, "fault": fault.name, "found": found is not None}
+        row["effect"] = fault.template is not None or _evicted_after(run, fault) >= MIN_EVICTED_BLOCKS
+        if found is not None:
+            matched.add(found.pk)
+            detected_at = (found.detected_at - run.start).total_seconds()
+            row["delay_s"] = detected_at - fault.at
+            row["cycles"] = (detected_at - evidence_at) / 60 if evidence_at is not None else None
+            commits = [
+                c.sha for c in run.commits if c.template == fault.template and abs(c.time - fault.at) < 1
+            ]
+            row["suspect_ok"] = fault.template is None or (
+                found.suspect_version is not None and found.suspect_version.commit_sha in commits
+            )
+        rows.append(row)
+    return rows, [r for r in regressions if r.pk not in matched]
+
+
+def swinging(request: PlannedRequest) -> bool:
+    """Tenfold swings by turns of ten minutes, and five idle minutes every twenty."""
+    minute = int(request.at // 60)
+    if minute % 20 >= 15:
+        return False
+    return (minute // 10) % 2 == 0 or request.index % 10 == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--quiet-hours", type=int, default=5, help="seeds of a fault-free hour")
+    args = parser.parse_args()
+    setup_test_environment()
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    try:
+        rows, stray = [], []
+        for seed in range(args.seeds):
+            run = detected(demo(), seed)
+            found, unmatched = fault_rows(run, seed)
+            rows += found
+            stray += [
+                (
+                    seed,
+                    r.scope,
+                    r.scope_label,
+                    r.kind,
+                    (r.changed_at - run.start).total_seconds(),
+                    r.cause_shift,
+                )
+                for r in unmatched
+            ]
+        report(rows, stray, args.seeds)
+        quiet = demo() | {"duration": 3600, "timeline": []}
+        false = []
+        for seed in range(args.quiet_hours):
+            detected(quiet, 1000 + seed, keep=swinging)
+            false += [(seed, r.scope, r.scope_label, r.kind) for r in Regression.objects.all()]
+        per_hour = len(false) / max(args.quiet_hours, 1)
+        print(f"\nfault-free hours (tenfold swings, 5-minute idle gaps): {args.quiet_hours}, "
+              f"false regressions: {len(false)} ({per_hour:.2f} per hour)")  # fmt: skip
+        for item in false:
+            print("  ", item)
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+
+
+def report(rows: list[dict[str, Any]], stray: list[tuple[Any, ...]], seeds: int) -> None:
+    print(f"demo scenario, {seeds} seeds; a detection cycle is one minute")
+    print(
+        "fault            found  delay s (median, max)  cycles after the 50th request (median, max)", end=""
+    )
+    print("  suspect right")
+    for fault in FAULTS:
+        of = [r for r in rows if r["fault"] == fault.name and r["effect"]]
+        idle = sum(1 for r in rows if r["fault"] == fault.name and not r["effect"])
+        hits = [r for r in of if r["found"]]
+        delays = [r["delay_s"] for r in hits]
+        cycles = [r["cycles"] for r in hits if r["cycles"] is not None]
+        right = sum(1 for r in hits if r["suspect_ok"])
+        delay = f"{statistics.median(delays):6.0f} {max(delays):6.0f}" if delays else "     -      -"
+        cycle = f"{statistics.median(cycles):6.1f} {max(cycles):6.1f}" if cycles else "     -      -"
+        print(f"{fault.name:16} {len(hits):2}/{len(of):<2}  {delay}                {cycle}"
+              f"                                  {right}/{len(hits)}")  # fmt: skip
+        for r in of:
+            if not r["found"]:
+                print(f"   missed in seed {r['seed']}")
+        if idle:
+            print(f"   and {idle} seed(s) where the cut evicted under {MIN_EVICTED_BLOCKS} blocks in five "
+                  "minutes (nothing to find): left out")  # fmt: skip
+    print(f"regressions matching no fault: {len(stray)}")
+    for item in stray:
+        print("  ", item)
+
+
+if __name__ == "__main__":
+    main()
