@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
@@ -96,6 +96,44 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
     if change is None or _of_scope(key).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists():
         return None
     before, after = minutes[: change.index], minutes[change.index :]
+    found = _attributed(key, change, before, after, window)
+    if found is None:
+        return None
+    kind, shift, candidates = found
+    suspect = candidates[0] if candidates and candidates[0]["gain"] >= attribution.SUSPECT_MIN_GAIN else None
+    scope, template_id, server_id, tenant = key
+    regression = Regression(
+        scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
+        detected_at=now, updated_at=now, rate_before=change.rate_before, rate_after=change.rate_after,
+        rate_now=change.rate_after, requests_before=change.requests_before,
+        requests_after=change.requests_after, confidence=change.confidence, method=_method(config, change),
+        kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
+        suspect_version_id=suspect["version_id"] if suspect else None,
+    )  # fmt: skip
+    _cost(regression, after, window)
+    if scope == Scope.TEMPLATE and template_id is not None:
+        pair = evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
+        regression.evidence = {"pair": pair}
+    try:
+        with transaction.atomic():
+            regression.save()
+    except IntegrityError:  # a redelivered or concurrent run opened it first: it is one regression
+        return None
+    extra = {
+        "regression": regression.pk,
+        "scope": scope,
+        "kind": kind,
+        "changed_at": change.minute.isoformat(),
+    }
+    logger.info("regression opened", extra=extra)
+    return regression
+
+
+def _attributed(
+    key: ScopeKey, change: RateChange, before: list[Minute], after: list[Minute], window: _Window
+) -> tuple[Regression.Kind, dict[str, dict[str, float]], list[dict[str, Any]]] | None:
+    """The drop's kind, cause shift and suspects; None when it is not this scope's to open (another
+    scope's kind, or a cause whose change did not happen)."""
     shift = attribution.cause_shift(before, after)
     kind = attribution.kind_of(shift)
     candidates: list[dict[str, Any]] = []
@@ -109,33 +147,7 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
         return None  # another scope's: a salt rotation is its tenant's, a capacity cut its server's
     if not attribution.confirmed(kind, key, after, changed_at=change.minute):
         return None  # evictions or salt misses without the server or the salt having changed
-    suspect = candidates[0] if candidates and candidates[0]["gain"] >= attribution.SUSPECT_MIN_GAIN else None
-    scope, template_id, server_id, tenant = key
-    regression = Regression(
-        scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
-        detected_at=now, updated_at=now, rate_before=change.rate_before, rate_after=change.rate_after,
-        rate_now=change.rate_after, requests_before=change.requests_before,
-        requests_after=change.requests_after, confidence=change.confidence, method=_method(config, change),
-        kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
-        suspect_version_id=suspect["version_id"] if suspect else None,
-    )  # fmt: skip
-    _cost(regression, after, window)
-    if scope == Scope.TEMPLATE and template_id is not None:
-        regression.evidence = {
-            "pair": evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
-        }
-    with transaction.atomic():
-        regression.save()
-    logger.info(
-        "regression opened",
-        extra={
-            "regression": regression.pk,
-            "scope": scope,
-            "kind": kind,
-            "changed_at": change.minute.isoformat(),
-        },
-    )
-    return regression
+    return kind, shift, candidates
 
 
 def _update(regression: Regression, minutes: list[Minute], window: _Window, *, now: datetime) -> None:

@@ -268,12 +268,12 @@ async def _stream(
     response = web.StreamResponse(
         status=upstream.status, reason=upstream.reason, headers=_answer_headers(upstream, False)
     )
-    await response.prepare(request)
     editor = StreamEditor(plan)
     first_sent: float | None = None
     ttft: float | None = None
     ended = False  # the upstream's whole answer read and passed on
     try:
+        await response.prepare(request)  # a client gone already fails here (seen as make run stopped)
         async for chunk, last in _chunks(upstream):
             out = editor.feed(chunk) + (editor.close() if last else b"")
             ended = last

@@ -7,6 +7,8 @@ and creation second differ from call to call, and are masked.
 
 import asyncio
 import json
+import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -267,3 +269,48 @@ def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_up
     (record,) = recorder.records
     assert record.client_ttft_seconds is not None and record.client_ttft_seconds < 0.5
     assert record.cached_tokens == 0 and record.request_id == "slow"
+
+
+async def _late_stream(request: web.Request) -> web.StreamResponse:
+    """A stream whose headers come half a second late (a long prefill before the first byte); the
+    gateway may go away meanwhile (its client did), as vLLM's clients do."""
+    await asyncio.sleep(0.5)
+    try:
+        return await _slow_stream(request)
+    except ConnectionResetError:
+        return web.Response()
+
+
+def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen when make run stops: the load generator goes first, its requests' streams still coming.
+    (port,) = free_ports(1)
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_post("/v1/completions", _late_stream)
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    recorder = KeptRecords()
+    body = json.dumps({"prompt": "hi", "stream": True}).encode()
+    try:
+        with running_gateway(f"http://127.0.0.1:{port}", recorder) as url:
+            gateway_port = int(url.rsplit(":", 1)[1])
+            with socket.create_connection(("127.0.0.1", gateway_port)) as client:
+                client.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+                )  # fmt: skip
+            time.sleep(1.0)  # the upstream answers after the client has gone
+            later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
+                         {"Content-Type": "application/json"})  # fmt: skip
+            wait_for(lambda: len(recorder.records) == 1)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert later.status == 200  # the gateway serves on
+    assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert len(recorder.records) == 1  # the unseen answer is not recorded as served
