@@ -11,7 +11,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import aiohttp
@@ -234,18 +235,27 @@ async def _slow_stream(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 def slow_upstream() -> Iterator[str]:
+    with serving(_slow_stream) as url:
+        yield url
+
+
+@contextmanager
+def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Iterator[str]:
+    """An upstream answering /v1/completions with `handler`, on a free port, until the block ends."""
     (port,) = free_ports(1)
     loop = asyncio.new_event_loop()
     app = web.Application()
-    app.router.add_post("/v1/completions", _slow_stream)
+    app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
 
 
 def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_upstream: str) -> None:
@@ -285,32 +295,19 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Seen when make run stops: the load generator goes first, its requests' streams still coming.
-    (port,) = free_ports(1)
-    loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_post("/v1/completions", _late_stream)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     recorder = KeptRecords()
     body = json.dumps({"prompt": "hi", "stream": True}).encode()
-    try:
-        with running_gateway(f"http://127.0.0.1:{port}", recorder) as url:
-            gateway_port = int(url.rsplit(":", 1)[1])
-            with socket.create_connection(("127.0.0.1", gateway_port)) as client:
-                client.sendall(
-                    b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-                )  # fmt: skip
-            time.sleep(1.0)  # the upstream answers after the client has gone
-            later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
-                         {"Content-Type": "application/json"})  # fmt: skip
-            wait_for(lambda: len(recorder.records) == 1)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+    with serving(_late_stream) as upstream, running_gateway(upstream, recorder) as url:
+        gateway_port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", gateway_port)) as client:
+            client.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )  # fmt: skip
+        time.sleep(1.0)  # the upstream answers after the client has gone
+        later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
+                     {"Content-Type": "application/json"})  # fmt: skip
+        wait_for(lambda: len(recorder.records) == 1)
     assert later.status == 200  # the gateway serves on
     assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert len(recorder.records) == 1  # the unseen answer is not recorded as served
