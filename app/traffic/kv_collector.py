@@ -211,15 +211,21 @@ class KVEventCollector:
                 logger.warning("%s: %d KV event batches lost (seq %d-%d)", server.name, lost, first, last)
 
     def _fetch_replay(self, server: Server, first: int) -> list[ReplayReply]:
+        """The replay from `first` on; asked a second time, with twice the time, when the first
+        answer could come later (`retryable`: a slow or busy server), since what it does not
+        return is recorded as lost for good. An answer that cannot come (a refused endpoint, an
+        unreadable reply) is not asked again."""
         if not server.kv_replay_endpoint:
             return []
-        try:
-            return fetch_replay(
-                self.context, server.kv_replay_endpoint, first, timeout_seconds=self.replay_timeout_seconds
-            )
-        except KVTransportError as exc:
-            logger.warning("replay from %s failed: %s", server.name, exc)
-            return []
+        timeouts = (self.replay_timeout_seconds, 2 * self.replay_timeout_seconds)
+        for attempt, timeout in enumerate(timeouts, start=1):
+            try:
+                return fetch_replay(self.context, server.kv_replay_endpoint, first, timeout_seconds=timeout)
+            except KVTransportError as exc:
+                logger.warning("replay from %s failed (try %d of 2): %s", server.name, attempt, exc)
+                if not exc.retryable:
+                    break
+        return []
 
     def _reject(self, server: Server, reason: str, count: int) -> None:
         logger.warning("rejected KV input from %s: %s", server.name, reason)

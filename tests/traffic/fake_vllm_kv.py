@@ -6,6 +6,7 @@ now, where partitions exist) and a ROUTER answers replay requests in the capture
 """
 
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -46,6 +47,8 @@ class FakeKVServer:
         self.router.setsockopt(zmq.LINGER, 0)
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.buffer: list[tuple[int, bytes]] = []
+        # Seconds to wait before answering each coming replay request, in order (a busy server).
+        self.replay_delays: list[float] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._serve_replays, daemon=True)
@@ -80,6 +83,8 @@ class FakeKVServer:
             if not self.router.poll(20):
                 continue
             identity, _, start = self.router.recv_multipart()
+            if self.replay_delays:
+                time.sleep(self.replay_delays.pop(0))
             with self.lock:
                 replies = [(s, p) for s, p in self.buffer if s >= int.from_bytes(start, "big")]
             for seq, payload in replies:

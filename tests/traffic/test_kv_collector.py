@@ -73,6 +73,21 @@ def test_a_forced_gap_is_replayed_and_recorded_with_nothing_lost(context, server
     collector.close()
 
 
+def test_a_replay_answered_too_slowly_is_asked_again_and_nothing_is_lost(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    collector = KVEventCollector(context, flush_seconds=0, replay_timeout_seconds=0.3)
+    collector.subscribe([server])
+    vllm.wait_for_subscriber()
+    vllm.replay_delays = [0.5]  # the first answer comes after the collector stopped waiting for it
+    for seq, payload in captured_payloads(shift_to=time.time()):
+        vllm.publish(seq, payload, send=seq not in (5, 6, 7))
+    run_until_stored(collector, CAPTURED_ROWS)
+
+    gap = KVGap.objects.get(server=server)
+    assert (gap.first_seq, gap.last_seq, gap.recovered, gap.lost) == (5, 7, 3, 0)
+    assert len(stored_keys()) == len(set(stored_keys())) == CAPTURED_ROWS
+    collector.close()
+
+
 def test_what_the_replay_buffer_no_longer_has_is_recorded_as_lost(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
     collector = start_collector(context, server, vllm)
     payloads = captured_payloads(shift_to=time.time())
