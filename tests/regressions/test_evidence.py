@@ -10,6 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from app.api.services import create_ingest_token
 from app.compare.killers import find_all_killers, find_template_killers
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller
@@ -67,6 +68,16 @@ def test_the_killers_found_with_it_stay_with_it_whatever_later_searches_find(fou
     detect_regressions(now=now + timedelta(minutes=1))
     regression.refresh_from_db()
     assert regression.evidence["killers"] == frozen
+
+    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    served = Client().get(f"/api/v1/regressions/{regression.pk}", headers=bearer).json()["killers"]
+    first = served[0]  # the one nearest the pair's divergence
+    assert (first["kind"], first["position_token"], first["samples"]) == (
+        "timestamp",
+        timestamp["position_token"],
+        None,
+    )
+    assert served[0]["sample_requests"][0]["server"].startswith("virtual-")
 
     shown = page(regression, reads_prompts=True)
     assert "Cache killers found with it" in shown

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from pytest_django import Settings
 
+from app.api.services import create_ingest_token
 from app.celery import celery_app
 from app.regressions import hooks, webhook
 from app.regressions.models import Regression
@@ -91,6 +93,9 @@ def test_the_webhook_hears_of_the_regression_opened_and_resolved_once_each(
         "HTTP 200",
     )
     assert (sent["resolved"]["outcome"], sent["resolved"]["attempts"]) == ("sent", 1)
+    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    served = Client().get(f"/api/v1/regressions/{regression.pk}", headers=bearer).json()["webhook"]
+    assert (served["opened"]["outcome"], served["resolved"]["detail"]) == ("sent", "HTTP 200")
     assert "regression" in caplog.text and SECRET_PATH not in caplog.text and "SECRET" not in caplog.text
 
 
