@@ -11,6 +11,7 @@ by the worker, never passed to a task or written to a log or to the outcome.
 """
 
 import logging
+import re
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -33,6 +34,7 @@ MAX_ATTEMPTS = 7  # 15 s, 30 s, ... 8 min apart: about 16 minutes in all
 FIRST_DELAY_SECONDS = 15
 MAX_DELAY_SECONDS = 3600  # a Retry-After longer than an hour is not waited for in full
 RETRYABLE_STATUSES = frozenset({408, 429})  # and every 5xx
+ERROR_CODE = re.compile(r"[a-z_]{1,40}")
 HISTORY = timedelta(minutes=15)
 """A detection run whose `now` is older than this ran over history (detect_regressions --since):
 what it opens and resolves is old news, and notifies nobody."""
@@ -109,6 +111,8 @@ def post_notice(client: httpx.Client, url: str, payload: dict[str, Any], *, now:
     timeout = settings.PREFIXSCOPE_REGRESSION_WEBHOOK_TIMEOUT_SECONDS
     try:
         response = client.post(url, json=payload, timeout=timeout)
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol):
+        raise DeliveryFailed("not an http(s) URL", retryable=False) from None
     except httpx.TimeoutException:
         raise DeliveryFailed(f"timed out after {timeout:g} s", retryable=True) from None
     except httpx.TransportError as exc:
@@ -117,7 +121,9 @@ def post_notice(client: httpx.Client, url: str, payload: dict[str, Any], *, now:
         return response.status_code
     status = response.status_code
     retryable = status >= 500 or status in RETRYABLE_STATUSES
-    reason = f"HTTP {status}" + (f": {response.text[:80]}" if 400 <= status < 500 else "")
+    # Slack says why in a word (invalid_payload, no_service); another server's page may quote the URL.
+    said = response.text.strip()
+    reason = f"HTTP {status}" + (f": {said}" if ERROR_CODE.fullmatch(said) else "")
     after = retry_after(response.headers.get("retry-after"), now=now) if retryable else None
     raise DeliveryFailed(reason, retryable=retryable, retry_after=after)
 
@@ -172,16 +178,24 @@ def _opened(regression: Regression) -> str:
     expected = " Expected: it closes once the cache is warm again." if regression.expected else ""
     return (
         f"Regression opened on {_scope(regression)}: {_cause(regression)}{_divergence(regression)}; "
-        f"reuse fell from {_percent(regression.rate_before)} to {_percent(regression.rate_after)}; "
-        f"{_cost(regression)}.{expected}"
+        f"{_change(regression)}; {_cost(regression)}.{expected}"
     )
 
 
+def _change(regression: Regression) -> str:
+    before, after = regression.rate_before, regression.rate_after
+    if regression.metric == Regression.Metric.HIT_RATE:
+        return f"reuse fell from {_percent(before)} to {_percent(after)}"
+    return f"{regression.get_metric_display()} went from {before:.3g} to {after:.3g}"
+
+
 def _resolved(regression: Regression) -> str:
+    hit_rate = regression.metric == Regression.Metric.HIT_RATE
+    what, shown = ("reuse", _percent) if hit_rate else (regression.get_metric_display(), "{:.3g}".format)
     return (
-        f"Regression resolved on {_scope(regression)} ({_cause(regression)}): reuse is back at "
-        f"{_percent(regression.rate_now)}, from {_percent(regression.rate_after)} after the change "
-        f"and {_percent(regression.rate_before)} before it."
+        f"Regression resolved on {_scope(regression)} ({_cause(regression)}): {what} is back at "
+        f"{shown(regression.rate_now)}, from {shown(regression.rate_after)} after the change "
+        f"and {shown(regression.rate_before)} before it."
     )
 
 

@@ -106,7 +106,7 @@ def test_a_refusal_is_not_tried_again_and_holds_nothing_up(hook: Webhook, tmp_pa
     regression = Regression.objects.get()  # opened all the same
     assert len(hook.received) == 1
     assert regression.evidence["webhook"]["opened"] | {"at": None} == {
-        "outcome": "failed", "detail": "HTTP 404: no", "attempts": 1, "at": None,
+        "outcome": "failed", "detail": "HTTP 404: no_service", "attempts": 1, "at": None,
     }  # fmt: skip
 
     hook.answers = [Answer(500)] * webhook.MAX_ATTEMPTS

@@ -18,6 +18,7 @@ class Answer:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     delay_seconds: float = 0.0
+    body: bytes = b""  # default: "ok", or Slack's word for a 4xx
 
 
 @dataclass
@@ -42,9 +43,10 @@ def running_webhook() -> Iterator[Webhook]:
                 self.send_response(answer.status if self.path == SECRET_PATH else 404)
                 for name, value in answer.headers.items():
                     self.send_header(name, value)
-                self.send_header("Content-Length", "2")
+                body = answer.body or (b"ok" if answer.status < 400 else b"no_service")
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(b"ok" if answer.status < 400 else b"no")
+                self.wfile.write(body)
             except (BrokenPipeError, ConnectionResetError):  # a client that timed out has gone
                 pass
 
