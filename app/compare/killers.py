@@ -165,13 +165,18 @@ def killer_samples(killers: Sequence[CacheKiller], *, now: datetime) -> dict[int
     """The samples' text of each killer (by id), decoded from its sample requests' token ids where
     retention still keeps them. Prompt text: call it only for a viewer who may read prompts
     (app.prompts.killers.may_read_prompts), and never log what it gives."""
+    return {
+        killer.pk: samples
+        for killer, samples in zip(killers, samples_in_order(killers, now=now), strict=True)
+    }
+
+
+def samples_in_order(killers: Sequence[CacheKiller], *, now: datetime) -> list[Samples]:
+    """``killer_samples`` in the killers' order, for killers not stored (a regression's frozen copies)."""
     keys = {SampleKey.of(stored) for killer in killers for stored in killer.samples}
     tokens = _token_ids(keys, now=now)
     servers = {server.pk: server for server in Server.objects.all()}
-    found = {}
-    for killer in killers:
-        found[killer.pk] = _samples_of(killer, tokens, servers)
-    return found
+    return [_samples_of(killer, tokens, servers) for killer in killers]
 
 
 def _samples_of(

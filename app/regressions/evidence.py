@@ -1,13 +1,18 @@
 """A template regression's evidence: a before/after pair of its requests with their Compare permalink
-and the first token where the after one departs, the suspect version's diff line by line, and the
-cache killers its traffic shows since the change."""
+and the first token where the after one departs, the suspect version's diff line by line (moved lines
+told apart), and the cache killers its traffic showed since the change, frozen onto the regression
+(``evidence["killers"]``) while it is open."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+
 from app.compare.selectors import RecordKey
 from app.compare.services import ComparisonError, SideInput, create_comparison
+from app.domain.difflines import DiffLine, LineKind, diff_lines
 from app.prompts.models import CacheKiller
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
@@ -53,41 +58,103 @@ def _key(diagnosis: RequestDiagnosis) -> dict[str, Any]:
     }
 
 
+def diff_rows(diff: str) -> list[tuple[DiffLine, str]]:
+    """The suspect's diff lines marked (app/domain/difflines.py), each with what the page says of a
+    moved line: where its other end is."""
+    lines = diff_lines(diff)
+    return [(line, _moved_note(i, line)) for i, line in enumerate(lines)]
+
+
+def _moved_note(index: int, line: DiffLine) -> str:
+    if line.partner is None:
+        return ""
+    where = "above" if line.partner < index else "below"
+    return f"moved here from {where}" if line.kind == LineKind.MOVED_TO else f"moved {where}"
+
+
+def freeze_killers(regression: Regression) -> None:
+    """Copy the template's killers found since the change into the regression's evidence, beside
+    those frozen before (the same killer's figures updated, a killer no longer found kept): later
+    searches replace the template's killers, never this copy once the regression is resolved.
+    Keys of sample requests only, as the killers keep them: their text is decoded when shown."""
+    if regression.template_id is None:
+        return
+    found = CacheKiller.objects.filter(
+        template_id=regression.template_id, window_end__gt=regression.changed_at
+    ).order_by("-tokens_lost")[:FROZEN_KILLERS]
+    if found:
+        fresh = [_frozen(killer) for killer in found]
+        regression.evidence = store_evidence(
+            regression.pk, "killers", lambda kept: _merged(kept or [], fresh)
+        )
+
+
+FROZEN_KILLERS = 10
+_KILLER_FIELDS = (
+    "salt_hash", "model", "block_size", "mode", "position_token", "block_index", "kind", "requests",
+    "requests_affected", "continuations", "tokens_lost", "straddle_tokens", "samples",
+)  # fmt: skip
+_IDENTITY = ("salt_hash", "model", "block_size", "mode", "position_token", "block_index")
+
+
+def _frozen(killer: CacheKiller) -> dict[str, Any]:
+    found_at = killer.computed_at.isoformat()
+    return {field: getattr(killer, field) for field in _KILLER_FIELDS} | {
+        "found_at": found_at,
+        "seen_at": found_at,
+    }
+
+
+def _merged(kept: list[dict[str, Any]], fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fresh killers over the kept ones (a kept killer found again keeps when it was first
+    found), the costliest FROZEN_KILLERS of them."""
+    by_identity = {_identity(killer): killer for killer in kept}
+    for killer in fresh:
+        first = by_identity.get(_identity(killer), killer)["found_at"]
+        by_identity[_identity(killer)] = killer | {"found_at": first}
+    return sorted(by_identity.values(), key=lambda k: -k["tokens_lost"])[:FROZEN_KILLERS]
+
+
+def _identity(killer: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(killer[field] for field in _IDENTITY)
+
+
 @dataclass(frozen=True, slots=True)
-class DiffLine:
-    text: str
-    kind: str  # "added", "removed", "hunk" or "" (context)
+class FrozenKiller:
+    killer: CacheKiller  # not stored: the template's own rows are replaced by each search
+    found_at: datetime  # the search that first found it with the regression
 
 
-def diff_lines(diff: str) -> list[DiffLine]:
-    """A unified diff's lines, marked: what the commit added, removed, and the hunks' heads."""
-    marked = []
-    for line in diff.splitlines():
-        if line.startswith(("+++", "---")):
-            kind = "file"
-        elif line.startswith("+"):
-            kind = "added"
-        elif line.startswith("-"):
-            kind = "removed"
-        elif line.startswith("@@"):
-            kind = "hunk"
-        else:
-            kind = ""
-        marked.append(DiffLine(line, kind))
-    return marked
-
-
-def killers_since(regression: Regression) -> list[CacheKiller]:
-    """The template's cache killers found in traffic since the change, most tokens lost first; the
-    one nearest the pair's divergence first of all (it names what varies there)."""
+def frozen_killers(regression: Regression) -> list[FrozenKiller]:
+    """The killers frozen with the regression, the one nearest the pair's divergence first (it
+    names what varies there), then costliest first."""
     if regression.template_id is None:
         return []
-    found = list(
-        CacheKiller.objects.filter(
-            template_id=regression.template_id, window_end__gt=regression.changed_at
-        ).order_by("-tokens_lost")[:10]
-    )
+    found = [
+        FrozenKiller(
+            CacheKiller(template_id=regression.template_id, computed_at=datetime.fromisoformat(k["seen_at"]),
+                        **{field: k[field] for field in _KILLER_FIELDS}),
+            datetime.fromisoformat(k["found_at"]),
+        )
+        for k in regression.evidence.get("killers", [])
+    ]  # fmt: skip
     diverged = regression.evidence.get("pair", {}).get("diverged_at")
     if diverged is not None:
-        found.sort(key=lambda k: (k.position_token is None, abs((k.position_token or 0) - diverged)))
+        found.sort(
+            key=lambda f: (f.killer.position_token is None, abs((f.killer.position_token or 0) - diverged))
+        )
     return found
+
+
+def store_evidence(regression_id: int, key: str, change: Callable[[Any], Any]) -> dict[str, Any]:
+    """Set one key of a regression's evidence to ``change(its value now, or None)``, the row locked
+    meanwhile so that writers of other keys (the killers, the webhook's outcome) keep theirs; returns
+    the evidence as stored. A regression deleted meanwhile: nothing stored, {} returned."""
+    with transaction.atomic():
+        row = Regression.objects.select_for_update().filter(pk=regression_id).only("evidence").first()
+        if row is None:
+            return {}
+        stored = {**row.evidence, key: change(row.evidence.get(key))}
+        if stored != row.evidence:
+            Regression.objects.filter(pk=regression_id).update(evidence=stored)
+    return stored

@@ -24,7 +24,7 @@ from django.db.models import QuerySet
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
 from app.domain.prefill import prefill_tokens_per_second
 from app.prompts.models import Template
-from app.regressions import attribution, evidence, series
+from app.regressions import attribution, evidence, hooks, series
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, scope_series
 
@@ -119,6 +119,7 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
             regression.save()
     except IntegrityError:  # a redelivered or concurrent run opened it first: it is one regression
         return None
+    hooks.regression_opened(regression, now=now)
     extra = {
         "regression": regression.pk,
         "scope": scope,
@@ -165,6 +166,7 @@ def _update(regression: Regression, minutes: list[Minute], window: _Window, *, n
         regression.state, regression.resolved_at = Regression.State.RESOLVED, now
         logger.info("regression resolved", extra={"regression": regression.pk})
     regression.save()
+    hooks.regression_updated(regression, now=now)
 
 
 def _key(regression: Regression) -> ScopeKey:

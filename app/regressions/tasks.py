@@ -1,6 +1,8 @@
 from celery import shared_task
+from celery.app.task import Task
 from django.utils import timezone
 
+from app.regressions import webhook
 from app.regressions.services import detect_regressions
 
 
@@ -8,3 +10,14 @@ from app.regressions.services import detect_regressions
 def detect() -> int:
     """One run of the detection over the latest whole minutes (every minute, Celery beat)."""
     return detect_regressions(now=timezone.now())
+
+
+@shared_task(name="regressions.notify_webhook", bind=True, max_retries=webhook.MAX_ATTEMPTS - 1)
+def notify_webhook(self: Task[[int, str], None], regression_id: int, event: str) -> None:
+    """Tell the webhook a regression opened or resolved; again later while the failure is transient."""
+    retries, last = self.request.retries, self.request.retries >= webhook.MAX_ATTEMPTS - 1
+    try:
+        webhook.deliver_notice(regression_id=regression_id, event=event, attempt=retries + 1, last=last,
+                               now=timezone.now())  # fmt: skip
+    except webhook.DeliveryFailed as failure:
+        raise self.retry(countdown=webhook.retry_delay(failure, retries=retries)) from None

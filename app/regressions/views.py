@@ -1,3 +1,5 @@
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -7,7 +9,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from app.regressions import evidence, selectors, services
+from app.compare.killers import Samples, samples_in_order
+from app.prompts.killers import may_read_prompts
+from app.regressions import evidence, selectors, services, webhook
+from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
 
@@ -46,9 +51,10 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "regression": regression,
         "form": form,
         "pair": regression.evidence.get("pair", {}),
-        "killers": evidence.killers_since(regression),
+        "killers": _killer_rows(regression, readable=may_read_prompts(request.user)),
         "killer_every": settings.PREFIXSCOPE_KILLER_EVERY_SECONDS,
-        "diff": evidence.diff_lines(regression.suspect_version.diff) if regression.suspect_version else [],
+        "diff": evidence.diff_rows(regression.suspect_version.diff) if regression.suspect_version else [],
+        "notices": _notices(regression),
         **_shift(regression),
     }
     return render(request, "regressions/detail.html", context)
@@ -60,3 +66,25 @@ def _shift(regression: Regression) -> dict[str, object]:
     causes = sorted(set(before) | set(after), key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
     rows = [(cause, before.get(cause, 0.0), after.get(cause, 0.0)) for cause in causes]
     return {"shift_rows": rows}
+
+
+def _killer_rows(regression: Regression, *, readable: bool) -> list[tuple[FrozenKiller, Samples | None]]:
+    """The frozen killers, each with its samples' text for a viewer who may read prompts (else None)."""
+    frozen = evidence.frozen_killers(regression)
+    if not readable or not frozen:
+        return [(killer, None) for killer in frozen]
+    texts = samples_in_order([f.killer for f in frozen], now=timezone.now())
+    return list(zip(frozen, texts, strict=True))
+
+
+def _notices(regression: Regression) -> list[tuple[str, dict[str, object] | None]]:
+    """The webhook's last outcome for each event (None: not sent); none when no webhook is set."""
+    if not settings.PREFIXSCOPE_REGRESSION_WEBHOOK_URL:
+        return []
+    kept = regression.evidence.get("webhook", {})
+    events = [event for event in webhook.EVENTS if event == "opened" or not regression.is_active]
+    return [(event, _shown(kept[event]) if event in kept else None) for event in events]
+
+
+def _shown(outcome: dict[str, object]) -> dict[str, object]:
+    return outcome | {"at": datetime.fromisoformat(str(outcome["at"]))}

@@ -79,7 +79,7 @@ def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(fo
     )
     assert f"earlier prompts at token <strong>{pair['diverged_at']}</strong>".encode() in page.content
     assert client.get(reverse("compare:detail", args=[pair["compare_slug"]])).status_code == 200
-    assert b'class="diff-added"' in page.content  # the suspect commit's diff, its lines marked
+    assert b'" class="diff-moved-to"' in page.content  # the suspect commit's diff, its moved line marked
 
     client.post(
         reverse("regressions:detail", args=[regression.pk]), {"state": "acknowledged", "note": "on it"}
