@@ -1,5 +1,6 @@
 from django.db.models import QuerySet
 
+from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 
 STATES = ("active", "all", *Regression.State.values)
@@ -18,3 +19,15 @@ def regressions(*, state: str = "active", scope: str = "", kind: str = "") -> Qu
     if kind:
         found = found.filter(kind=kind)
     return found.order_by("-changed_at", "-id")
+
+
+def reverts_of(version: TemplateVersion) -> list[int]:
+    """The template's versions committed after `version` whose text is the text just before it: the
+    commits that reverted it. None when the version before it is unknown or its text was not imported."""
+    versions = TemplateVersion.objects.filter(template_id=version.template_id)
+    earlier = versions.filter(committed_at__lt=version.committed_at).order_by("-committed_at")
+    before = earlier.values_list("content", flat=True).first()
+    if not before:
+        return []
+    later = versions.filter(committed_at__gt=version.committed_at, content=before)
+    return list(later.values_list("pk", flat=True))
