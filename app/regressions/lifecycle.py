@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 Scope, Resolution = Regression.Scope, Regression.Resolution
 CHANGE_TOLERANCE = timedelta(minutes=10)
 RECENT_MINUTES = 5  # a regression's figure now: over its scope's last minutes with traffic
+# A revert has taken the traffic when it has most of the scope's requests of its last minutes with
+# traffic: the commit says what it is, the traffic only that it is live, so two minutes are enough.
+REVERT_MINUTES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ def resolve_idle(metric: str, seen: set[ScopeKey], *, now: datetime) -> None:
 
 def reverted(regression: Regression, window: Window) -> bool:
     """Whether a commit restoring the text before the suspect took most of the scope's requests of
-    its last RECENT_MINUTES minutes with traffic."""
+    its last REVERT_MINUTES minutes with traffic."""
     if regression.suspect_version is None or regression.template_id is None:
         return False
     reverts = selectors.reverts_of(regression.suspect_version)
@@ -140,7 +143,7 @@ def reverted(regression: Regression, window: Window) -> bool:
         regression.template_id, since=window.since, until=window.until, server_id=regression.server_id,
         tenant=regression.tenant if regression.scope == Scope.TEMPLATE_TENANT else None,
     )  # fmt: skip
-    minutes = sorted({minute for rows in per_version.values() for minute, _ in rows})[-RECENT_MINUTES:]
+    minutes = sorted({minute for rows in per_version.values() for minute, _ in rows})[-REVERT_MINUTES:]
     if not minutes:
         return False
     recent = {

@@ -7,7 +7,9 @@ STATES = ("active", "all", *Regression.State.values)
 """What a list of regressions can be filtered by: active (not resolved), all, or one state."""
 
 
-def regressions(*, state: str = "active", scope: str = "", kind: str = "") -> QuerySet[Regression]:
+def regressions(
+    *, state: str = "active", scope: str = "", metric: str = "", kind: str = ""
+) -> QuerySet[Regression]:
     """Regressions newest change first; `state` "active" (not resolved), "all" or one state."""
     found = Regression.objects.select_related("template", "server", "suspect_version", "noted_by")
     if state == "active":
@@ -16,6 +18,8 @@ def regressions(*, state: str = "active", scope: str = "", kind: str = "") -> Qu
         found = found.filter(state=state)
     if scope:
         found = found.filter(scope=scope)
+    if metric:
+        found = found.filter(metric=metric)
     if kind:
         found = found.filter(kind=kind)
     return found.order_by("-changed_at", "-id")

@@ -15,15 +15,20 @@ Narrower template scopes. A template on one server (a canary) or for one tenant 
 variant) opens a template commit's regression of its own only when the template as a whole holds
 none: the template scope is searched first in each run, and a narrower drop within CHANGE_TOLERANCE
 of a regression of its template is that regression (it has more requests, so it is found no later).
-A canary diluted below the template's minimum drop opens on its server's template scope alone.
+A canary diluted below the template's minimum drop opens on its server's template scope alone. The
+two narrower kinds defer to each other the same way, tenants first (HIT_RATE_SCOPES says why): one
+change is one regression, in the widest scope where it is material. Their suspects are the versions
+that took over their own requests (a canary's version is a small share of the template's).
 
 TTFT p90, the second metric, from the request rollups' histograms (the request rollups have no
 tenant: server, template, template on a server, fleet). vLLM's own TTFT where a scope's window has
 more of it than of the client's (app/regressions/series.py ttft_series says why), in points of at
 least TTFT_PER_POINT TTFTs (thin minutes pooled), searched by changepoints.latest_rise. A rise is
-opened only where no regression of either metric whose traffic overlaps it (the same template or
-server, or a wider scope of them) changed within CHANGE_TOLERANCE: a cache drop's slower prefills
-are its hit-rate regression's cost, not a second regression. Servers are searched first, then
+the prefix cache's doing, not opened, when the scope's misses rose across it (app/regressions/ttft.py
+says how much): the hit rate places it, as a canary's or a tenant's drop, where a p90, a tail that a
+few more misses move, would name the template or server around it. Nor is one opened where a
+regression of either metric whose traffic overlaps it (the same template or server, or a wider scope
+of them) changed within CHANGE_TOLERANCE. Servers are searched first, then
 templates, templates on a server, the fleet: a slow server slows its templates and the fleet too.
 
 Lifecycle. Resolved as `recovered` once its recent figure is back within half its minimum change;
@@ -67,9 +72,11 @@ from app.regressions.series import NARROW_SCOPES, TEMPLATE_SCOPES, Minute, Scope
 logger = logging.getLogger(__name__)
 
 Scope, Metric, Resolution = Regression.Scope, Regression.Metric, Regression.Resolution
-# The template first: a narrower template scope's drop is its template's when it has one.
+# The template first: a narrower template scope's drop is its template's when it has one; then a
+# tenant's (prefix-aware routing pins a tenant's variant to a few servers, while a canary server
+# takes every tenant's requests: it shows in no one tenant's).
 HIT_RATE_SCOPES = (
-    Scope.TEMPLATE, Scope.TEMPLATE_SERVER, Scope.TEMPLATE_TENANT, Scope.SERVER, Scope.TENANT, Scope.FLEET,
+    Scope.TEMPLATE, Scope.TEMPLATE_TENANT, Scope.TEMPLATE_SERVER, Scope.SERVER, Scope.TENANT, Scope.FLEET,
 )  # fmt: skip
 
 
@@ -99,7 +106,7 @@ def _open(key: ScopeKey, minutes: list[Minute], window: Window, *, now: datetime
         or of_scope(key, Metric.HIT_RATE).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists()
     ):
         return None
-    if key[0] in NARROW_SCOPES and _held_by_template(key, change.minute):
+    if key[0] in NARROW_SCOPES and _held_by_wider(key, change.minute):
         return None
     before, after = minutes[: change.index], minutes[change.index :]
     found = _attributed(key, change, before, after, window)
@@ -122,11 +129,15 @@ def _open(key: ScopeKey, minutes: list[Minute], window: Window, *, now: datetime
     return saved(regression)
 
 
-def _held_by_template(key: ScopeKey, changed_at: datetime) -> bool:
-    """Whether the template as a whole has a regression of the same change (see the docstring)."""
+def _held_by_wider(key: ScopeKey, changed_at: datetime) -> bool:
+    """Whether the template as a whole, or another of its narrower scopes searched before this one,
+    has a regression of the same change (see the module's docstring)."""
     near = (changed_at - CHANGE_TOLERANCE, changed_at + CHANGE_TOLERANCE)
-    template = of_scope((Scope.TEMPLATE, key[1], None, ""), Metric.HIT_RATE)
-    return template.filter(changed_at__range=near).exists()
+    same_template: dict[str, Any] = {"template_id": key[1]}
+    held = Regression.objects.filter(
+        scope__in=TEMPLATE_SCOPES, metric=Metric.HIT_RATE, changed_at__range=near, **same_template
+    )
+    return held.exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk")).exists()
 
 
 def _attributed(

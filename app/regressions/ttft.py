@@ -34,7 +34,11 @@ logger = logging.getLogger(__name__)
 Scope, Metric, Resolution = Regression.Scope, Regression.Metric, Regression.Resolution
 # A slow server slows its templates and the fleet: servers first.
 TTFT_SCOPES = (Scope.SERVER, Scope.TEMPLATE, Scope.TEMPLATE_SERVER, Scope.FLEET)
-TTFT_PER_POINT = 20  # TTFTs a point of the TTFT series needs: a p90 of three requests is noise
+TTFT_PER_POINT = 10  # TTFTs a point of the TTFT series needs: a p90 of three requests is noise
+# Points on each side of a TTFT change, besides MIN_REQUESTS TTFTs: five minutes of a server taking
+# a quarter of a small fleet's requests; the domain's default of ten would take a thin scope twenty.
+TTFT_MIN_POINTS = 5
+MISS_RISE = 1 / 3  # a rise of the cache misses, relative, that explains a TTFT rise
 
 
 def detect_ttft(window: Window, *, now: datetime) -> int:
@@ -62,14 +66,17 @@ def detect_ttft(window: Window, *, now: datetime) -> int:
 def _open_ttft(key: ScopeKey, ttfts: TtftSeries, window: Window, *, now: datetime) -> Regression | None:
     """A material, confirmed rise of the scope's TTFT p90 with MIN_REQUESTS TTFTs on each side, that
     no regression of overlapping traffic holds (see the module's docstring)."""
-    config = replace(config_of(key), min_segment_points=2)  # one odd point is no TTFT level
+    # One odd point is no TTFT level: segments of two points at least.
+    config = replace(config_of(key), min_segment_points=2, min_ttft_points=TTFT_MIN_POINTS)
     points = series.pooled(ttfts.minutes, at_least=TTFT_PER_POINT)
     change = latest_rise([(point.minute, point.p90) for point in points], config)
     if change is None:
         return None
     before = points[change.index - change.points_before : change.index]
     after = points[change.index : change.index + change.points_after]
-    if not (_enough_ttfts(before) and _enough_ttfts(after)) or _overlapped(key, change.minute):
+    if not (_enough_ttfts(before) and _enough_ttfts(after)) or _cache_explains(before, after):
+        return None
+    if _overlapped(key, change.minute):
         return None
     candidates = suspects_of(key, change.minute, window)
     suspect = suspect_of(candidates)
@@ -85,6 +92,15 @@ def _open_ttft(key: ScopeKey, ttfts: TtftSeries, window: Window, *, now: datetim
         suspect_version_id=suspect,
     )  # fmt: skip
     return saved(regression)
+
+
+def _cache_explains(before: Sequence[TtftMinute], after: Sequence[TtftMinute]) -> bool:
+    """Whether more of the scope's prompt tokens missed the prefix cache after the rise: its slower
+    prefills are then the cache's doing, which the hit rate places (a canary's server, a tenant's
+    template: the hit-rate detection opens it there), not a slower engine. A p90 is a tail that a
+    few more missing requests move: a third more misses (and two points) is enough to say so."""
+    missed_before, missed_after = 1 - _hit_rate(before), 1 - _hit_rate(after)
+    return missed_after - missed_before >= max(missed_before * MISS_RISE, 0.02)
 
 
 def _overlapped(key: ScopeKey, changed_at: datetime) -> bool:
@@ -150,6 +166,7 @@ def _ttft_method(config: DetectionConfig, change: LevelChange, source: str) -> d
         **config.parameters(),
         "ttft_source": source,
         "ttft_per_point": TTFT_PER_POINT,
+        "min_ttft_points": TTFT_MIN_POINTS,
         "statistic": round(change.statistic, 3),
         "ratio": round(change.ratio, 3),
         "points_before": change.points_before,

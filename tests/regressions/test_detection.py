@@ -26,8 +26,10 @@ def demo(**changes: Any) -> dict[str, Any]:
     return found | changes
 
 
-def detected(definition: dict[str, Any], tmp_path: Path) -> VirtualRun:
-    return run_virtually(definition, tmp_path, every_minute=lambda now: detect_regressions(now=now))
+def detected(definition: dict[str, Any], tmp_path: Path, **options: Any) -> VirtualRun:
+    return run_virtually(
+        definition, tmp_path, every_minute=lambda now: detect_regressions(now=now), **options
+    )
 
 
 def fault_commit(run: VirtualRun, template: str, at: float) -> str:
@@ -74,6 +76,10 @@ def test_the_demo_opens_a_regression_per_fault_each_with_its_cause(tmp_path: Pat
     restarted = opened(Scope.SERVER, server__name="virtual-1")
     assert all(r.kind == Kind.RESTART and r.expected for r in restarted)
     assert not opened(Scope.FLEET)
+    # Each template commit is its template's, not its servers' or tenants' too; the slower prefills
+    # of each fault are its hit rate's regression, not a TTFT one.
+    assert not opened(Scope.TEMPLATE_SERVER) and not opened(Scope.TEMPLATE_TENANT)
+    assert not Regression.objects.filter(metric=Regression.Metric.TTFT).exists()
 
 
 def test_fault_free_traffic_opens_none(tmp_path: Path) -> None:
