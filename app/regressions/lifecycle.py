@@ -43,11 +43,14 @@ def window_of(now: datetime) -> Window:
     return Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
 
 
-def current(key: ScopeKey, metric: str) -> Regression | None:
+def current(key: ScopeKey, metric: str, window: Window) -> Regression | None:
     """The scope's active regression, or its latest if it was resolved while the scope was idle (to
     be opened again if the scope came back regressed); None when a new one may be searched for. A
-    scope has one active at most and a new one changed after the one before (CHANGE_TOLERANCE)."""
-    latest = of_scope(key, metric).order_by("-changed_at").first()
+    scope has one active at most and a new one changed after the one before (CHANGE_TOLERANCE).
+    Those that changed after the window are not seen: a backfill over history run again looks at
+    moments before them."""
+    earlier = of_scope(key, metric).filter(changed_at__lt=window.until)
+    latest = earlier.order_by("-changed_at").first()
     if latest is None or latest.is_active or latest.resolution == Resolution.IDLE:
         return latest
     return None
@@ -121,9 +124,11 @@ def resolve(regression: Regression, resolution: str, *, now: datetime) -> None:
     logger.info("regression resolved", extra={"regression": regression.pk, "resolution": resolution})
 
 
-def resolve_idle(metric: str, seen: set[ScopeKey], *, now: datetime) -> None:
-    """Resolve the metric's active regressions whose scope had no minute in the window."""
-    active = Regression.objects.filter(metric=metric).exclude(state=Regression.State.RESOLVED)
+def resolve_idle(metric: str, seen: set[ScopeKey], window: Window, *, now: datetime) -> None:
+    """Resolve the metric's active regressions whose scope had no minute in the window (of those
+    that changed before its end, as `current` sees them)."""
+    active = Regression.objects.filter(metric=metric, changed_at__lt=window.until)
+    active = active.exclude(state=Regression.State.RESOLVED)
     for regression in active:
         if key_of(regression) not in seen:
             resolve(regression, Resolution.IDLE, now=now)

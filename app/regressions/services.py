@@ -87,14 +87,14 @@ def detect_regressions(*, now: datetime) -> int:
     for scope in HIT_RATE_SCOPES:
         for key, minutes in series.scope_series(scope, since=window.since, until=window.until).items():
             seen.add(key)
-            regression = current(key, Metric.HIT_RATE)
+            regression = current(key, Metric.HIT_RATE, window)
             if regression is not None and not regression.is_active and _rate_still_low(regression, minutes):
                 reopen(regression)
             if regression is not None and regression.is_active:
                 _update(regression, minutes, window, now=now)
             else:
                 opened += _open(key, minutes, window, now=now) is not None
-    resolve_idle(Metric.HIT_RATE, seen, now=now)
+    resolve_idle(Metric.HIT_RATE, seen, window, now=now)
     return opened + ttft.detect_ttft(window, now=now)
 
 

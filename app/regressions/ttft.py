@@ -48,7 +48,7 @@ def detect_ttft(window: Window, *, now: datetime) -> int:
         for key, ttfts in found.items():
             if key[0] != scope:
                 continue
-            regression = current(key, Metric.TTFT)
+            regression = current(key, Metric.TTFT, window)
             if (
                 regression is not None
                 and not regression.is_active
@@ -59,7 +59,7 @@ def detect_ttft(window: Window, *, now: datetime) -> int:
                 _update_ttft(regression, ttfts.minutes, window, now=now)
             else:
                 opened += _open_ttft(key, ttfts, window, now=now) is not None
-    resolve_idle(Metric.TTFT, set(found), now=now)
+    resolve_idle(Metric.TTFT, set(found), window, now=now)
     return opened
 
 

@@ -89,16 +89,15 @@ def test_fault_free_traffic_opens_none(tmp_path: Path) -> None:
 
 def test_a_backfill_over_history_finds_what_online_detection_found(tmp_path: Path) -> None:
     run = detected(demo(duration=720, timeline=demo()["timeline"][:3]), tmp_path)
-    online = sorted(
-        Regression.objects.values_list("scope", "template_id", "server_id", "tenant", "changed_at")
-    )
+    identity = ("scope", "template_id", "server_id", "tenant", "metric", "changed_at")
+    online = sorted(Regression.objects.values_list(*identity))
+    lifecycle = sorted(Regression.objects.values_list(*identity, "state", "resolution"))
     assert online  # volatile_top and the salt rotation
 
     Regression.objects.all().delete()
     call_command("detect_regressions", since=run.start.isoformat())
     call_command("detect_regressions", since=run.start.isoformat())  # a rerun opens none twice
 
-    assert (
-        sorted(Regression.objects.values_list("scope", "template_id", "server_id", "tenant", "changed_at"))
-        == online
-    )
+    assert sorted(Regression.objects.values_list(*identity)) == online
+    # The same states too (the backfill's last run is the online detection's last minute, or after).
+    assert sorted(Regression.objects.values_list(*identity, "state", "resolution")) == lifecycle
