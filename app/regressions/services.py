@@ -28,8 +28,10 @@ the prefix cache's doing, not opened, when the scope's misses rose across it (ap
 says how much): the hit rate places it, as a canary's or a tenant's drop, where a p90, a tail that a
 few more misses move, would name the template or server around it. Nor is one opened where a
 regression of either metric whose traffic overlaps it (the same template or server, or a wider scope
-of them) changed within CHANGE_TOLERANCE. Servers are searched first, then
-templates, templates on a server, the fleet: a slow server slows its templates and the fleet too.
+of them) changed within CHANGE_TOLERANCE. A slow server slows its templates and the fleet too: a rise
+of a template's or the fleet's is left to a server of theirs that rose with it (it opens once it has
+the evidence), and servers are searched first, then templates, templates on a server, the fleet. A
+template that dominates a server's traffic and slows everywhere is then its server's (known limit).
 
 Lifecycle. Resolved as `recovered` once its recent figure is back within half its minimum change;
 as `reverted` once a commit that restores the text before its suspect version takes most of its

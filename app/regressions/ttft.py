@@ -9,7 +9,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Q
 
-from app.domain.changepoints import DetectionConfig, LevelChange, latest_rise
+from app.domain.changepoints import DetectionConfig, LevelChange, latest_rise, level_changes
 from app.regressions import series
 from app.regressions.lifecycle import (
     CHANGE_TOLERANCE,
@@ -58,16 +58,18 @@ def detect_ttft(window: Window, *, now: datetime) -> int:
             if regression is not None and regression.is_active:
                 _update_ttft(regression, ttfts.minutes, window, now=now)
             else:
-                opened += _open_ttft(key, ttfts, window, now=now) is not None
+                opened += _open_ttft(key, ttfts, window, found, now=now) is not None
     resolve_idle(Metric.TTFT, set(found), window, now=now)
     return opened
 
 
-def _open_ttft(key: ScopeKey, ttfts: TtftSeries, window: Window, *, now: datetime) -> Regression | None:
+def _open_ttft(
+    key: ScopeKey, ttfts: TtftSeries, window: Window, found: dict[ScopeKey, TtftSeries], *, now: datetime
+) -> Regression | None:
     """A material, confirmed rise of the scope's TTFT p90 with MIN_REQUESTS TTFTs on each side, that
-    no regression of overlapping traffic holds (see the module's docstring)."""
-    # One odd point is no TTFT level: segments of two points at least.
-    config = replace(config_of(key), min_segment_points=2, min_ttft_points=TTFT_MIN_POINTS)
+    the cache does not explain, no server of the scope shares and no regression of overlapping
+    traffic holds (see app/regressions/services.py's docstring)."""
+    config = _ttft_config(key)
     points = series.pooled(ttfts.minutes, at_least=TTFT_PER_POINT)
     change = latest_rise([(point.minute, point.p90) for point in points], config)
     if change is None:
@@ -76,7 +78,7 @@ def _open_ttft(key: ScopeKey, ttfts: TtftSeries, window: Window, *, now: datetim
     after = points[change.index : change.index + change.points_after]
     if not (_enough_ttfts(before) and _enough_ttfts(after)) or _cache_explains(before, after):
         return None
-    if _overlapped(key, change.minute):
+    if _overlapped(key, change.minute) or _a_server_rose(key, change.minute, found):
         return None
     candidates = suspects_of(key, change.minute, window)
     suspect = suspect_of(candidates)
@@ -92,6 +94,31 @@ def _open_ttft(key: ScopeKey, ttfts: TtftSeries, window: Window, *, now: datetim
         suspect_version_id=suspect,
     )  # fmt: skip
     return saved(regression)
+
+
+def _ttft_config(key: ScopeKey) -> DetectionConfig:
+    # One odd point is no TTFT level: segments of two points at least.
+    return replace(config_of(key), min_segment_points=2, min_ttft_points=TTFT_MIN_POINTS)
+
+
+def _a_server_rose(key: ScopeKey, changed_at: datetime, found: dict[ScopeKey, TtftSeries]) -> bool:
+    """Whether a server whose requests are the scope's (some of them) had a material, confirmed rise
+    within CHANGE_TOLERANCE too, with or without its evidence yet: a slow server slows its templates
+    and the fleet, and it is the server's to open once it has the evidence (a server with fewer
+    requests than its template's has fewer TTFTs to show it with)."""
+    scope, template_id, server_id, _ = key
+    if scope == Scope.SERVER:
+        return False
+    for server in {k[2] for k in found if k[0] == Scope.SERVER and server_id in (None, k[2])}:
+        if template_id is not None and (Scope.TEMPLATE_SERVER, template_id, server, "") not in found:
+            continue  # it serves none of the template's requests
+        server_key = (Scope.SERVER, None, server, "")
+        points = series.pooled(found[server_key].minutes, at_least=TTFT_PER_POINT)
+        config = _ttft_config(server_key)
+        rises = level_changes([(point.minute, point.p90) for point in points], config)
+        if any(rise.material and abs(rise.minute - changed_at) <= CHANGE_TOLERANCE for rise in rises):
+            return True
+    return False
 
 
 def _cache_explains(before: Sequence[TtftMinute], after: Sequence[TtftMinute]) -> bool:
