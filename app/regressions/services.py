@@ -15,7 +15,9 @@ Narrower template scopes. A template on one server (a canary) or for one tenant 
 variant) opens a template commit's regression of its own only when the template as a whole holds
 none: the template scope is searched first in each run, and a narrower drop within CHANGE_TOLERANCE
 of a regression of its template is that regression (it has more requests, so it is found no later).
-A canary diluted below the template's minimum drop opens on its server's template scope alone. The
+A canary diluted below the template's minimum drop opens on its server's template scope alone; one
+whose template fell by a minimum drop over the same minutes is left to the template, which may be a
+minute later to be sure (its minutes mix more servers' and tenants' rates: more scatter). The
 two narrower kinds defer to each other the same way, tenants first (HIT_RATE_SCOPES says why): one
 change is one regression, in the widest scope where it is material. Their suspects are the versions
 that took over their own requests (a canary's version is a small share of the template's).
@@ -85,22 +87,27 @@ HIT_RATE_SCOPES = (
 def detect_regressions(*, now: datetime) -> int:
     """One run of the detection (see the module's docstring); returns the regressions opened."""
     window = window_of(now)
-    opened, seen = 0, set[ScopeKey]()
+    opened, seen, templates = 0, set[ScopeKey](), dict[int | None, list[Minute]]()
     for scope in HIT_RATE_SCOPES:
         for key, minutes in series.scope_series(scope, since=window.since, until=window.until).items():
             seen.add(key)
+            if scope == Scope.TEMPLATE:
+                templates[key[1]] = minutes
             regression = current(key, Metric.HIT_RATE, window)
             if regression is not None and not regression.is_active and _rate_still_low(regression, minutes):
                 reopen(regression)
             if regression is not None and regression.is_active:
                 _update(regression, minutes, window, now=now)
             else:
-                opened += _open(key, minutes, window, now=now) is not None
+                opened += _open(key, minutes, window, templates.get(key[1], []), now=now) is not None
     resolve_idle(Metric.HIT_RATE, seen, window, now=now)
     return opened + ttft.detect_ttft(window, now=now)
 
 
-def _open(key: ScopeKey, minutes: list[Minute], window: Window, *, now: datetime) -> Regression | None:
+def _open(
+    key: ScopeKey, minutes: list[Minute], window: Window, template: list[Minute], *, now: datetime
+) -> Regression | None:
+    """A drop (see the module's docstring); `template`: the minutes of a narrower scope's template."""
     config = config_of(key)
     change = latest_drop([minute.point for minute in minutes], config)
     if (
@@ -108,9 +115,11 @@ def _open(key: ScopeKey, minutes: list[Minute], window: Window, *, now: datetime
         or of_scope(key, Metric.HIT_RATE).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists()
     ):
         return None
-    if key[0] in NARROW_SCOPES and _held_by_wider(key, change.minute):
-        return None
     before, after = minutes[: change.index], minutes[change.index :]
+    if key[0] in NARROW_SCOPES and (
+        _template_moved(template, before, after, config) or _held_by_wider(key, change.minute)
+    ):
+        return None
     found = _attributed(key, change, before, after, window)
     if found is None:
         return None
@@ -129,6 +138,18 @@ def _open(key: ScopeKey, minutes: list[Minute], window: Window, *, now: datetime
         pair = evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
         regression.evidence = {"pair": pair}
     return saved(regression)
+
+
+def _template_moved(
+    template: list[Minute], before: list[Minute], after: list[Minute], config: DetectionConfig
+) -> bool:
+    """Whether the template as a whole fell by a minimum drop over the narrower scope's minutes
+    before and after its change: then it is the template's to open (its series, mixing more
+    tenants' or servers' rates, may be a minute later to be sure of it)."""
+    start, split = before[0].minute, after[0].minute
+    earlier = [minute for minute in template if start <= minute.minute < split]
+    later = [minute for minute in template if split <= minute.minute <= after[-1].minute]
+    return bool(earlier and later) and _rate(earlier) - _rate(later) >= config.min_drop
 
 
 def _held_by_wider(key: ScopeKey, changed_at: datetime) -> bool:
