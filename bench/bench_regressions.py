@@ -165,6 +165,7 @@ def main() -> None:
                     seed,
                     r.scope,
                     r.scope_label,
+                    r.metric,
                     r.kind,
                     (r.changed_at - run.start).total_seconds(),
                     r.cause_shift,
@@ -176,7 +177,7 @@ def main() -> None:
         false = []
         for seed in range(args.quiet_hours):
             detected(quiet, 1000 + seed, keep=swinging)
-            false += [(seed, r.scope, r.scope_label, r.kind) for r in Regression.objects.all()]
+            false += [(seed, r.scope, r.scope_label, r.metric, r.kind) for r in Regression.objects.all()]
         per_hour = len(false) / max(args.quiet_hours, 1)
         print(f"\nfault-free hours (tenfold swings, 5-minute idle gaps): {args.quiet_hours}, "
               f"false regressions: {len(false)} ({per_hour:.2f} per hour)")  # fmt: skip

@@ -1,4 +1,5 @@
-"""Regressions: drops of a scope's delivered hit rate, what each is attributed to, and its cost
+"""Regressions: drops of a scope's delivered hit rate or rises of its TTFT p90, what each is attributed
+to, and its cost
 (app/regressions). Read by a logged-in user's session or an ingest token; a note (acknowledge, mute)
 is a person's, by a logged-in user's session only (with X-CSRFToken)."""
 
@@ -19,13 +20,15 @@ from app.regressions.models import Regression
 router = Router(tags=["regressions"])
 
 StateFilter = Literal["active", "all", "open", "acknowledged", "muted", "resolved"]
-Scope = Literal["template", "server", "tenant", "fleet"]
+Scope = Literal["template", "template_server", "template_tenant", "server", "tenant", "fleet"]
+Metric = Literal["hit_rate", "ttft"]
 Kind = Literal["template_commit", "capacity", "routing", "salt_rotation", "restart", "unknown"]
 
 
 class RegressionFilters(Schema):
     state: StateFilter = Field("active", description="active: not resolved")
     scope: Scope | None = None
+    metric: Metric | None = None
     kind: Kind | None = None
 
 
@@ -57,13 +60,21 @@ class NoticeOut(Schema):
     at: datetime
 
 
+class TtftOut(Schema):
+    source: str = Field(description="server (TTFT as vLLM measured it) or client (as the client saw it)")
+    p90_before_seconds: float = Field(description="Before the change: the per-point p90s' geometric mean")
+    p90_after_seconds: float
+    p90_now_seconds: float = Field(description="Over the last minutes with enough requests")
+    ratio: float = Field(description="p90 after over before")
+
+
 class RegressionOut(Schema):
     id: int
     scope: Scope
     template: str | None
     server: str | None
     tenant: str
-    metric: str
+    metric: Metric
     kind: Kind
     expected: bool = Field(description="Transient by nature (a salt rotation, a restart): closes once warm")
     state: StateFilter
@@ -71,7 +82,10 @@ class RegressionOut(Schema):
     detected_at: datetime
     updated_at: datetime
     resolved_at: datetime | None
-    rate_before: float
+    resolution: str = Field(
+        description="Why it was resolved: recovered, reverted (its suspect), idle (its scope)"
+    )
+    rate_before: float = Field(description="The hit rate; for a TTFT regression, over the same minutes")
     rate_after: float
     rate_now: float
     requests_before: int
@@ -92,6 +106,7 @@ class RegressionOut(Schema):
     webhook: dict[str, NoticeOut] = Field(
         description="The webhook's last outcome for each event told (opened, resolved); {} when none was"
     )
+    ttft: TtftOut | None = Field(description="A TTFT regression's figures")
     note: str
 
     @staticmethod
@@ -115,6 +130,19 @@ class RegressionOut(Schema):
     @staticmethod
     def resolve_webhook(regression: Regression) -> dict[str, Any]:
         return dict(regression.evidence.get("webhook", {}))
+
+    @staticmethod
+    def resolve_ttft(regression: Regression) -> TtftOut | None:
+        before, after = regression.ttft_before_seconds, regression.ttft_after_seconds
+        if regression.metric != Regression.Metric.TTFT or not before or after is None:
+            return None
+        return TtftOut(
+            source=str(regression.method.get("ttft_source", "")),
+            p90_before_seconds=before,
+            p90_after_seconds=after,
+            p90_now_seconds=regression.ttft_now_seconds or after,
+            ratio=after / before,
+        )
 
     @staticmethod
     def resolve_cost(regression: Regression) -> CostOut:
@@ -142,7 +170,9 @@ class NoteIn(Schema):
 )
 @paginate(LimitOffsetPagination)
 def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
-    return selectors.regressions(state=filters.state, scope=filters.scope or "", kind=filters.kind or "")
+    return selectors.regressions(
+        state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or ""
+    )
 
 
 @router.get(

@@ -70,7 +70,7 @@ class PrefixscopeCollector(Collector):
     def _regressions(self) -> Iterator[GaugeMetricFamily]:
         """One sample per regression not resolved (a handful: they open rarely and close): muted ones
         too, with their state, so that a rule can leave them out."""
-        labels = ["scope", "name", "kind", "expected", "state"]
+        labels = ["scope", "name", "metric", "kind", "expected", "state"]
         active = GaugeMetricFamily(
             "prefixscope_regression_active", "1 per regression not resolved yet.", labels=labels
         )
@@ -84,7 +84,7 @@ class PrefixscopeCollector(Collector):
         )
         for regression in found:
             values = [
-                regression.scope, regression.scope_label, regression.kind,
+                regression.scope, regression.scope_label, regression.metric, regression.kind,
                 str(regression.expected).lower(), regression.state,
             ]  # fmt: skip
             active.add_metric(values, 1.0)

@@ -10,10 +10,12 @@ class RegressionAdmin(admin.ModelAdmin[Regression]):
         "template",
         "server",
         "tenant",
+        "metric",
         "kind",
         "changed_at",
         "rate_before",
         "rate_after",
         "state",
+        "resolution",
     ]
-    list_filter = ["scope", "kind", "state"]
+    list_filter = ["scope", "metric", "kind", "state", "resolution"]

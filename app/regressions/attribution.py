@@ -25,6 +25,8 @@ EXPECTED_KINDS = {Kind.SALT_ROTATION, Kind.RESTART}
 
 SCOPE_KINDS: dict[str, set[Regression.Kind]] = {
     Regression.Scope.TEMPLATE: {Kind.TEMPLATE_COMMIT},
+    Regression.Scope.TEMPLATE_SERVER: {Kind.TEMPLATE_COMMIT},
+    Regression.Scope.TEMPLATE_TENANT: {Kind.TEMPLATE_COMMIT},
     Regression.Scope.SERVER: {Kind.CAPACITY, Kind.ROUTING, Kind.RESTART},
     Regression.Scope.TENANT: {Kind.SALT_ROTATION},
     Regression.Scope.FLEET: {Kind.ROUTING, Kind.UNKNOWN},
@@ -82,12 +84,19 @@ RESTART_MINUTES = 3  # a capacity drop's restart shows in the first minutes afte
 
 
 def suspects(
-    template_id: int, *, changed_at: datetime, since: datetime, until: datetime
+    template_id: int,
+    *,
+    changed_at: datetime,
+    since: datetime,
+    until: datetime,
+    server_id: int | None = None,
+    tenant: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The versions of the template whose share of its requests rose across the change, most first:
-    each with its gain, when it went live (its first deploy marker or first request) and how long
-    before the change that was."""
-    shares = _shares_across(version_requests(template_id, since=since, until=until), changed_at)
+    """The versions of the template whose share of its requests (on one server or of one tenant when
+    given) rose across the change, most first: each with its gain, when it went live (its first
+    deploy marker or first request) and how long before the change that was."""
+    per_version = version_requests(template_id, since=since, until=until, server_id=server_id, tenant=tenant)
+    shares = _shares_across(per_version, changed_at)
     versions = TemplateVersion.objects.in_bulk([version for version in shares if version is not None])
     found = []
     for version_id, gain in shares.items():

@@ -5,8 +5,8 @@ from collectors import records
 
 
 class Regression(models.Model):
-    """A drop in one scope's delivered hit rate (app/domain/changepoints.py found it in the per-minute
-    loss rollups), what caused it, and what it costs while it lasts.
+    """A drop in one scope's delivered hit rate, or a rise in its TTFT p90 (app/domain/changepoints.py
+    found it in the per-minute rollups), what caused it, and what it costs while it lasts.
 
     One row per scope and change point: online detection and a backfill over history
     (`manage.py detect_regressions`) find the same change at the same minute, so they write one row.
@@ -14,6 +14,8 @@ class Regression(models.Model):
 
     class Scope(models.TextChoices):
         TEMPLATE = "template", "Template"
+        TEMPLATE_SERVER = "template_server", "Template on a server"
+        TEMPLATE_TENANT = "template_tenant", "Template for a tenant"
         SERVER = "server", "Server"
         TENANT = "tenant", "Tenant"
         FLEET = "fleet", "Fleet"
@@ -32,13 +34,20 @@ class Regression(models.Model):
         RESTART = "restart", "Restart"
         UNKNOWN = "unknown", "Unknown"
 
+    class Resolution(models.TextChoices):
+        """Why the detection resolved it (app/regressions/services.py)."""
+
+        RECOVERED = "recovered", "Recovered"
+        REVERTED = "reverted", "Version reverted"
+        IDLE = "idle", "Scope idle"
+
     class State(models.TextChoices):
         OPEN = "open", "Open"
         ACKNOWLEDGED = "acknowledged", "Acknowledged"
         MUTED = "muted", "Muted"
         RESOLVED = "resolved", "Resolved"
 
-    scope = models.CharField(max_length=10, choices=Scope.choices)
+    scope = models.CharField(max_length=20, choices=Scope.choices)
     template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
     server = models.ForeignKey("fleet.Server", null=True, blank=True, on_delete=models.CASCADE)
     tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
@@ -47,6 +56,7 @@ class Regression(models.Model):
     detected_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.CharField(max_length=10, choices=Resolution.choices, blank=True)
 
     rate_before = models.FloatField()
     rate_after = models.FloatField()
@@ -54,6 +64,11 @@ class Regression(models.Model):
     requests_before = models.PositiveIntegerField()
     requests_after = models.PositiveIntegerField(help_text="Since the change, as of updated_at")
     confidence = models.FloatField()
+    # TTFT regressions (metric ttft): the p90 in seconds; rate_* are then the scope's hit rate over
+    # the same minutes, for context.
+    ttft_before_seconds = models.FloatField(null=True, blank=True, help_text="p90, geometric mean per minute")
+    ttft_after_seconds = models.FloatField(null=True, blank=True)
+    ttft_now_seconds = models.FloatField(null=True, blank=True, help_text="p90 of the last minutes")
     method = models.JSONField(default=dict, help_text="The detection method, its parameters and figures")
 
     kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.UNKNOWN)
@@ -95,6 +110,9 @@ class Regression(models.Model):
         indexes = [models.Index(fields=["state", "scope"], name="regression_state")]
 
     def __str__(self) -> str:
+        if self.metric == self.Metric.TTFT:
+            before, after = self.ttft_before_seconds or 0.0, self.ttft_after_seconds or 0.0
+            return f"{self.scope} {self.scope_label}: TTFT p90 {before:.3f} s -> {after:.3f} s"
         return f"{self.scope} {self.scope_label}: {self.rate_before:.0%} -> {self.rate_after:.0%}"
 
     @property
@@ -102,6 +120,10 @@ class Regression(models.Model):
         """The template's, server's or tenant's name; "fleet" for the whole fleet."""
         if self.scope == self.Scope.TEMPLATE and self.template is not None:
             return self.template.name
+        if self.scope == self.Scope.TEMPLATE_SERVER and self.template is not None and self.server is not None:
+            return f"{self.template.name} on {self.server.name}"
+        if self.scope == self.Scope.TEMPLATE_TENANT and self.template is not None:
+            return f"{self.template.name} for {self.tenant or '(no tenant)'}"
         if self.scope == self.Scope.SERVER and self.server is not None:
             return self.server.name
         if self.scope == self.Scope.TENANT:

@@ -1,6 +1,8 @@
-"""Per-minute hit-rate series of each scope, read from the loss rollups (traffic.LossMinute), never
-from raw records: what the detection searches and what a regression's figures are computed from."""
+"""Per-minute series of each scope, read from the rollups, never from raw records: the hit rate from
+the loss rollups (traffic.LossMinute), the TTFT histograms from the request rollups
+(traffic.MinuteRollup). What the detection searches and what a regression's figures come from."""
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -8,6 +10,7 @@ from typing import Any
 from django.db.models import Q, Sum
 
 from app.domain.changepoints import MinutePoint
+from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.domain.prefill import PrefillSums
 from app.traffic.models import LossMinute, MinuteRollup
 from app.traffic.selectors import LOST_COLUMNS
@@ -18,6 +21,8 @@ ScopeKey = tuple[str, int | None, int | None, str]
 # The columns naming each scope's groups; the fleet is one group.
 _GROUPED_BY = {
     "template": ("template_id",),
+    "template_server": ("template_id", "server_id"),
+    "template_tenant": ("template_id", "tenant"),
     "server": ("server_id",),
     "tenant": ("tenant",),
     "fleet": (),
@@ -52,9 +57,11 @@ def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeK
     nothing instead of its tails).
     """
     names = _GROUPED_BY[scope]
+    rows = LossMinute.objects.filter(minute__gte=since, minute__lt=until, diagnosed__gt=0)
+    if scope in NARROW_SCOPES:  # traffic without a template is the server's or tenant's alone
+        rows = rows.filter(template__isnull=False)
     rows = (
-        LossMinute.objects.filter(minute__gte=since, minute__lt=until, diagnosed__gt=0)
-        .values(*names, "minute")
+        rows.values(*names, "minute")
         .annotate(
             requests_=Sum("diagnosed"),
             prompt_=Sum("diagnosed_prompt_tokens"),
@@ -65,12 +72,14 @@ def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeK
     )
     found: dict[ScopeKey, list[Minute]] = {}
     for row in rows:
-        minute = _minute(row) if scope == "template" else _reusable_only(_minute(row))
+        minute = _minute(row) if scope in TEMPLATE_SCOPES else _reusable_only(_minute(row))
         if minute.prompt_tokens > 0:
             found.setdefault(_key(scope, row), []).append(minute)
     return found
 
 
+NARROW_SCOPES = ("template_server", "template_tenant")
+TEMPLATE_SCOPES = ("template", *NARROW_SCOPES)
 _NEVER_THE_SCOPES = ("prompt_changed", "below_block")
 
 
@@ -92,11 +101,11 @@ def _minute(row: dict[str, Any]) -> Minute:
 def prefill_sums(key: ScopeKey, *, since: datetime, until: datetime) -> PrefillSums:
     """The TTFT-over-uncached-tokens sums of the scope's requests (a tenant's: the fleet's, the
     request rollups have no tenant)."""
-    scope, template_id, server_id, _ = key
+    _, template_id, server_id, _ = key
     rows = MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
-    if scope == "template" and template_id is not None:
+    if template_id is not None:
         rows = rows.filter(template_id=template_id)
-    elif scope == "server" and server_id is not None:
+    if server_id is not None:
         rows = rows.filter(server_id=server_id)
     found = rows.aggregate(
         count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
@@ -106,11 +115,22 @@ def prefill_sums(key: ScopeKey, *, since: datetime, until: datetime) -> PrefillS
 
 
 def version_requests(
-    template_id: int, *, since: datetime, until: datetime
+    template_id: int,
+    *,
+    since: datetime,
+    until: datetime,
+    server_id: int | None = None,
+    tenant: str | None = None,
 ) -> dict[int | None, list[tuple[datetime, int]]]:
-    """Per version of a template, its diagnosed requests per minute: which version took over when."""
+    """Per version of a template, its diagnosed requests per minute: which version took over when;
+    on one server or for one tenant alone when given (a canary, a tenant's variant)."""
+    narrowed = Q(template_id=template_id)
+    if server_id is not None:
+        narrowed &= Q(server_id=server_id)
+    if tenant is not None:
+        narrowed &= Q(tenant=tenant)
     rows = (
-        LossMinute.objects.filter(Q(template_id=template_id), minute__gte=since, minute__lt=until)
+        LossMinute.objects.filter(narrowed, minute__gte=since, minute__lt=until)
         .values("template_version_id", "minute")
         .annotate(requests_=Sum("diagnosed"))
         .order_by("minute")
@@ -119,3 +139,114 @@ def version_requests(
     for row in rows:
         found.setdefault(row["template_version_id"], []).append((row["minute"], row["requests_"]))
     return found
+
+
+TTFT_SCOPES = ("server", "template", "template_server", "fleet")
+"""The scopes with a TTFT series: the request rollups have no tenant."""
+_BUCKETS = len(TTFT_BUCKETS_SECONDS) + 1  # and the +Inf count
+
+
+@dataclass(frozen=True, slots=True)
+class TtftMinute:
+    """One minute (or several thin ones pooled) of a scope's TTFTs: one source's histogram, and the
+    scope's hit rate over the same requests (cached over cache-known prompt tokens)."""
+
+    minute: datetime
+    count: int
+    buckets: tuple[int, ...]  # cumulative over TTFT_BUCKETS_SECONDS, then the total
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def p90(self) -> float:
+        """Seconds; a p90 in the first bucket is that bucket's bound at least (never 0)."""
+        found = histogram_quantile(0.9, TTFT_BUCKETS_SECONDS, self.buckets) or TTFT_BUCKETS_SECONDS[0]
+        return max(found, TTFT_BUCKETS_SECONDS[0] / 2)
+
+
+@dataclass(frozen=True, slots=True)
+class TtftSeries:
+    source: str  # "server" (as vLLM measured it) or "client" (as the client saw it)
+    minutes: list[TtftMinute]
+
+
+def ttft_series(*, since: datetime, until: datetime) -> dict[ScopeKey, TtftSeries]:
+    """Each TTFT scope's minutes of [since, until) with TTFTs, in time order, from one query.
+
+    A scope's series is one source, never mixed: vLLM's own TTFT where the window has more of it
+    than of the client's (it is the engine's queue and prefill, what the prefix cache moves,
+    without the network's and the client's noise), else the client's.
+    """
+    rows = (
+        MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
+        .filter(Q(client_ttft_count__gt=0) | Q(server_ttft_count__gt=0))
+        .order_by("minute")
+        .values_list(
+            "server_id", "template_id", "minute", "client_ttft_count", "client_ttft_buckets",
+            "server_ttft_count", "server_ttft_buckets", "cache_known_prompt_tokens", "cached_tokens",
+        )
+    )  # fmt: skip
+    sums: dict[ScopeKey, dict[datetime, list[Any]]] = {}
+    for server_id, template_id, minute, *figures in rows:
+        for key in _ttft_keys(server_id, template_id):
+            _add(
+                sums.setdefault(key, {}).setdefault(minute, [0, [0] * _BUCKETS, 0, [0] * _BUCKETS, 0, 0]),
+                figures,
+            )
+    return {key: _one_source(minutes) for key, minutes in sums.items()}
+
+
+def _ttft_keys(server_id: int, template_id: int | None) -> Iterable[ScopeKey]:
+    yield ("server", None, server_id, "")
+    yield ("fleet", None, None, "")
+    if template_id is not None:
+        yield ("template", template_id, None, "")
+        yield ("template_server", template_id, server_id, "")
+
+
+def _add(total: list[Any], figures: list[Any]) -> None:
+    client_count, client_buckets, server_count, server_buckets, known, cached = figures
+    for index, (count, buckets) in enumerate(
+        ((client_count, client_buckets), (server_count, server_buckets))
+    ):
+        total[2 * index] += count
+        if count:
+            total[2 * index + 1] = [a + b for a, b in zip(total[2 * index + 1], buckets, strict=True)]
+    total[4] += known
+    total[5] += cached
+
+
+def _one_source(minutes: dict[datetime, list[Any]]) -> TtftSeries:
+    client = sum(sums[0] for sums in minutes.values())
+    server = sum(sums[2] for sums in minutes.values())
+    column = 2 if server >= client else 0
+    found = [
+        TtftMinute(minute, sums[column], tuple(sums[column + 1]), sums[4], sums[5])
+        for minute, sums in minutes.items()
+        if sums[column]
+    ]
+    return TtftSeries("server" if column == 2 else "client", found)
+
+
+def pooled(minutes: Sequence[TtftMinute], *, at_least: int) -> list[TtftMinute]:
+    """Consecutive minutes summed until each point has `at_least` TTFTs (a p90 of three requests is
+    noise), each point at its first minute; a last point short of it is left out until it fills."""
+    points: list[TtftMinute] = []
+    current: TtftMinute | None = None
+    for minute in minutes:
+        current = minute if current is None else _summed(current, minute)
+        if current.count >= at_least:
+            points.append(current)
+            current = None
+    return points
+
+
+def _summed(a: TtftMinute, b: TtftMinute) -> TtftMinute:
+    buckets = tuple(x + y for x, y in zip(a.buckets, b.buckets, strict=True))
+    return TtftMinute(
+        a.minute,
+        a.count + b.count,
+        buckets,
+        a.prompt_tokens + b.prompt_tokens,
+        a.cached_tokens + b.cached_tokens,
+    )

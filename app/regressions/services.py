@@ -1,106 +1,130 @@
-"""Regressions opened, updated and resolved from the per-minute loss rollups, once a minute.
+"""Regressions opened, updated and resolved from the per-minute rollups, once a minute.
 
 Each run reads the last PREFIXSCOPE_REGRESSION_WINDOW_MINUTES of whole, diagnosed minutes of every
-template, server, tenant and of the fleet (a server's, a tenant's and the fleet's without the tokens
-lost to prompts changing: a template commit is its template's regression alone). A scope with an
-active regression has it updated (its rate now, its cost) and resolved once the rate is back; another
-is searched for its latest drop (app/domain/changepoints.py) and attributed
-(app/regressions/attribution.py): the cause whose share rose names its kind, and a drop is opened
-only in the scope its kind belongs to (a template commit on its template, a capacity cut on its
-server, a salt rotation on its tenant). A drop is found again run after run while the window holds
-it: one within CHANGE_TOLERANCE of a regression the scope already had is that regression.
+template, template on a server, template for a tenant, server, tenant and of the fleet (a server's,
+a tenant's and the fleet's without the tokens lost to prompts changing: a template commit is its
+template's regression alone). A scope with an active regression has it updated (its rate now, its
+cost) and resolved once the rate is back; another is searched for its latest drop
+(app/domain/changepoints.py) and attributed (app/regressions/attribution.py): the cause whose share
+rose names its kind, and a drop is opened only in the scope its kind belongs to (a template commit on
+its template, a capacity cut on its server, a salt rotation on its tenant). A drop is found again run
+after run while the window holds it: one within CHANGE_TOLERANCE of a regression the scope already
+had is that regression.
+
+Narrower template scopes. A template on one server (a canary) or for one tenant (a tenant's
+variant) opens a template commit's regression of its own only when the template as a whole holds
+none: the template scope is searched first in each run, and a narrower drop within CHANGE_TOLERANCE
+of a regression of its template is that regression (it has more requests, so it is found no later).
+A canary diluted below the template's minimum drop opens on its server's template scope alone; one
+whose template fell by a minimum drop over the same minutes is left to the template, which may be a
+minute later to be sure (its minutes mix more servers' and tenants' rates: more scatter). The
+two narrower kinds defer to each other the same way, tenants first (HIT_RATE_SCOPES says why): one
+change is one regression, in the widest scope where it is material. Their suspects are the versions
+that took over their own requests (a canary's version is a small share of the template's).
+
+TTFT p90, the second metric, from the request rollups' histograms (the request rollups have no
+tenant: server, template, template on a server, fleet). vLLM's own TTFT where a scope's window has
+more of it than of the client's (app/regressions/series.py ttft_series says why), in points of at
+least TTFT_PER_POINT TTFTs (thin minutes pooled), searched by changepoints.latest_rise. A rise is
+the prefix cache's doing, not opened, when the scope's misses rose across it (app/regressions/ttft.py
+says how much): the hit rate places it, as a canary's or a tenant's drop, where a p90, a tail that a
+few more misses move, would name the template or server around it. Nor is one opened where a
+regression of either metric whose traffic overlaps it (the same template or server, or a wider scope
+of them) changed within CHANGE_TOLERANCE. A slow server slows its templates and the fleet too: a rise
+of a template's or the fleet's is left to a server of theirs that rose with it (it opens once it has
+the evidence), and servers are searched first, then templates, templates on a server, the fleet. A
+template that dominates a server's traffic and slows everywhere is then its server's (known limit).
+
+Lifecycle. Resolved as `recovered` once its recent figure is back within half its minimum change;
+as `reverted` once a commit that restores the text before its suspect version takes most of its
+scope's recent requests (the cause is gone, whatever the cache still has to warm); as `idle` once
+its scope has had no traffic in the whole window: nothing is lost while nothing is sent, and an
+alert that can never clear is noise. An idle one is opened again if its scope comes back still
+regressed (its rate before is out of the window by then, so no new drop would be found).
 """
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
 
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
 from app.domain.prefill import prefill_tokens_per_second
-from app.prompts.models import Template
-from app.regressions import attribution, evidence, hooks, series
+from app.regressions import attribution, evidence, hooks, series, ttft
+from app.regressions.lifecycle import (
+    CHANGE_TOLERANCE,
+    DETECTED_FIELDS,
+    RECENT_MINUTES,
+    Window,
+    config_of,
+    current,
+    key_of,
+    of_scope,
+    reopen,
+    resolve,
+    resolve_idle,
+    reverted,
+    saved,
+    suspect_of,
+    suspects_of,
+    window_of,
+)
 from app.regressions.models import Regression
-from app.regressions.series import Minute, ScopeKey, scope_series
+from app.regressions.series import NARROW_SCOPES, TEMPLATE_SCOPES, Minute, ScopeKey
 
 logger = logging.getLogger(__name__)
 
-Scope = Regression.Scope
-CHANGE_TOLERANCE = timedelta(minutes=10)
-RECENT_MINUTES = 5  # a regression's rate now: over its scope's last minutes with traffic
-
-
-@dataclass(frozen=True, slots=True)
-class _Window:
-    since: datetime
-    until: datetime  # the end of the last whole minute the diagnosis has had time to sum
+Scope, Metric, Resolution = Regression.Scope, Regression.Metric, Regression.Resolution
+# The template first: a narrower template scope's drop is its template's when it has one; then a
+# tenant's (prefix-aware routing pins a tenant's variant to a few servers, while a canary server
+# takes every tenant's requests: it shows in no one tenant's).
+HIT_RATE_SCOPES = (
+    Scope.TEMPLATE, Scope.TEMPLATE_TENANT, Scope.TEMPLATE_SERVER, Scope.SERVER, Scope.TENANT, Scope.FLEET,
+)  # fmt: skip
 
 
 def detect_regressions(*, now: datetime) -> int:
     """One run of the detection (see the module's docstring); returns the regressions opened."""
-    window = _window(now)
-    opened = 0
-    for scope in Scope:
-        for key, minutes in scope_series(scope, since=window.since, until=window.until).items():
-            regression = _active(key)
-            if regression is None:
-                opened += _open(key, minutes, window, now=now) is not None
-            else:
+    window = window_of(now)
+    opened, seen, templates = 0, set[ScopeKey](), dict[int | None, list[Minute]]()
+    for scope in HIT_RATE_SCOPES:
+        for key, minutes in series.scope_series(scope, since=window.since, until=window.until).items():
+            seen.add(key)
+            if scope == Scope.TEMPLATE:
+                templates[key[1]] = minutes
+            regression = current(key, Metric.HIT_RATE, window)
+            if regression is not None and not regression.is_active and _rate_still_low(regression, minutes):
+                reopen(regression)
+            if regression is not None and regression.is_active:
                 _update(regression, minutes, window, now=now)
-    return opened
+            else:
+                opened += _open(key, minutes, window, templates.get(key[1], []), now=now) is not None
+    resolve_idle(Metric.HIT_RATE, seen, window, now=now)
+    return opened + ttft.detect_ttft(window, now=now)
 
 
-def _window(now: datetime) -> _Window:
-    """Up to the last whole minute the diagnosis has summed: it diagnoses what arrived up to its
-    delay ago (a run every 30 s; one not run yet leaves that minute with fewer requests, the same
-    rate, and the next detection reads it whole)."""
-    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
-    until = settled.replace(second=0, microsecond=0)
-    return _Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
-
-
-def _active(key: ScopeKey) -> Regression | None:
-    return _of_scope(key).exclude(state=Regression.State.RESOLVED).order_by("-changed_at").first()
-
-
-def _of_scope(key: ScopeKey) -> QuerySet[Regression]:
-    scope, template_id, server_id, tenant = key
-    fields: dict[str, Any] = {"template_id": template_id, "server_id": server_id, "tenant": tenant}
-    return Regression.objects.filter(scope=scope, metric=Regression.Metric.HIT_RATE, **fields)
-
-
-def _config(key: ScopeKey) -> DetectionConfig:
-    min_drop = settings.PREFIXSCOPE_REGRESSION_MIN_DROP
-    if key[1] is not None and key[0] == Scope.TEMPLATE:
-        own = Template.objects.filter(pk=key[1]).values_list("regression_min_drop", flat=True).first()
-        min_drop = own if own is not None else min_drop
-    return DetectionConfig(
-        min_drop=min_drop,
-        min_confidence=settings.PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE,
-        min_requests_before=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
-        min_requests_after=settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS,
-        # One whole minute after the change may be enough (its requests are the evidence): a
-        # second would cost every regression a detection cycle.
-        min_segment_points=1,
-    )
-
-
-def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetime) -> Regression | None:
-    config = _config(key)
+def _open(
+    key: ScopeKey, minutes: list[Minute], window: Window, template: list[Minute], *, now: datetime
+) -> Regression | None:
+    """A drop (see the module's docstring); `template`: the minutes of a narrower scope's template."""
+    config = config_of(key)
     change = latest_drop([minute.point for minute in minutes], config)
-    if change is None or _of_scope(key).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists():
+    if (
+        change is None
+        or of_scope(key, Metric.HIT_RATE).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists()
+    ):
         return None
     before, after = minutes[: change.index], minutes[change.index :]
+    if key[0] in NARROW_SCOPES and (
+        _template_moved(template, before, after, config) or _held_by_wider(key, change.minute)
+    ):
+        return None
     found = _attributed(key, change, before, after, window)
     if found is None:
         return None
     kind, shift, candidates = found
-    suspect = candidates[0] if candidates and candidates[0]["gain"] >= attribution.SUSPECT_MIN_GAIN else None
     scope, template_id, server_id, tenant = key
     regression = Regression(
         scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
@@ -108,42 +132,48 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
         rate_now=change.rate_after, requests_before=change.requests_before,
         requests_after=change.requests_after, confidence=change.confidence, method=_method(config, change),
         kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
-        suspect_version_id=suspect["version_id"] if suspect else None,
+        suspect_version_id=suspect_of(candidates),
     )  # fmt: skip
     _cost(regression, after, window)
-    if scope == Scope.TEMPLATE and template_id is not None:
+    if scope in TEMPLATE_SCOPES and template_id is not None:
         pair = evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
         regression.evidence = {"pair": pair}
-    try:
-        with transaction.atomic():
-            regression.save()
-    except IntegrityError:  # a redelivered or concurrent run opened it first: it is one regression
-        return None
-    hooks.regression_opened(regression, now=now)
-    extra = {
-        "regression": regression.pk,
-        "scope": scope,
-        "kind": kind,
-        "changed_at": change.minute.isoformat(),
-    }
-    logger.info("regression opened", extra=extra)
-    return regression
+    return saved(regression)
+
+
+def _template_moved(
+    template: list[Minute], before: list[Minute], after: list[Minute], config: DetectionConfig
+) -> bool:
+    """Whether the template as a whole fell by a minimum drop over the narrower scope's minutes
+    before and after its change: then it is the template's to open (its series, mixing more
+    tenants' or servers' rates, may be a minute later to be sure of it)."""
+    start, split = before[0].minute, after[0].minute
+    earlier = [minute for minute in template if start <= minute.minute < split]
+    later = [minute for minute in template if split <= minute.minute <= after[-1].minute]
+    return bool(earlier and later) and _rate(earlier) - _rate(later) >= config.min_drop
+
+
+def _held_by_wider(key: ScopeKey, changed_at: datetime) -> bool:
+    """Whether the template as a whole, or another of its narrower scopes searched before this one,
+    has a regression of the same change (see the module's docstring)."""
+    near = (changed_at - CHANGE_TOLERANCE, changed_at + CHANGE_TOLERANCE)
+    same_template: dict[str, Any] = {"template_id": key[1]}
+    held = Regression.objects.filter(
+        scope__in=TEMPLATE_SCOPES, metric=Metric.HIT_RATE, changed_at__range=near, **same_template
+    )
+    return held.exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk")).exists()
 
 
 def _attributed(
-    key: ScopeKey, change: RateChange, before: list[Minute], after: list[Minute], window: _Window
+    key: ScopeKey, change: RateChange, before: list[Minute], after: list[Minute], window: Window
 ) -> tuple[Regression.Kind, dict[str, dict[str, float]], list[dict[str, Any]]] | None:
     """The drop's kind, cause shift and suspects; None when it is not this scope's to open (another
     scope's kind, or a cause whose change did not happen)."""
     shift = attribution.cause_shift(before, after)
     kind = attribution.kind_of(shift)
-    candidates: list[dict[str, Any]] = []
-    if key[0] == Scope.TEMPLATE and key[1] is not None:
-        candidates = attribution.suspects(
-            key[1], changed_at=change.minute, since=window.since, until=window.until
-        )
-        if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
-            kind = Regression.Kind.TEMPLATE_COMMIT
+    candidates = suspects_of(key, change.minute, window)
+    if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
+        kind = Regression.Kind.TEMPLATE_COMMIT
     if kind not in attribution.SCOPE_KINDS[key[0]]:
         return None  # another scope's: a salt rotation is its tenant's, a capacity cut its server's
     if not attribution.confirmed(kind, key, after, changed_at=change.minute):
@@ -151,26 +181,33 @@ def _attributed(
     return kind, shift, candidates
 
 
-def _update(regression: Regression, minutes: list[Minute], window: _Window, *, now: datetime) -> None:
+def _update(regression: Regression, minutes: list[Minute], window: Window, *, now: datetime) -> None:
     """Its rate now and cost; resolved once the recent rate is back within half a minimum drop of
-    the rate before (a recovery, or the version reverted), with the evidence a change needs."""
+    the rate before, with the evidence a change needs, or once its suspect is reverted."""
     after = [minute for minute in minutes if minute.minute >= regression.changed_at]
     recent = after[-RECENT_MINUTES:]
     regression.rate_now = _rate(recent) if recent else regression.rate_now
     regression.requests_after = sum(minute.requests for minute in after)
     _cost(regression, after, window)
     regression.updated_at = now
-    recovered = regression.rate_before - _config(_key(regression)).min_drop / 2
-    enough = sum(minute.requests for minute in recent) >= settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS
-    if recent and enough and regression.rate_now >= recovered:
-        regression.state, regression.resolved_at = Regression.State.RESOLVED, now
-        logger.info("regression resolved", extra={"regression": regression.pk})
-    regression.save()
+    if reverted(regression, window):
+        resolve(regression, Resolution.REVERTED, now=now)
+    elif _enough(recent) and not _rate_still_low(regression, minutes):
+        resolve(regression, Resolution.RECOVERED, now=now)
+    regression.save(update_fields=DETECTED_FIELDS)
     hooks.regression_updated(regression, now=now)
 
 
-def _key(regression: Regression) -> ScopeKey:
-    return (regression.scope, regression.template_id, regression.server_id, regression.tenant)
+def _rate_still_low(regression: Regression, minutes: Sequence[Minute]) -> bool:
+    """Whether the scope's recent rate is below half a minimum drop under the rate before; False
+    without the evidence to say (too few requests lately)."""
+    recent = [minute for minute in minutes if minute.minute >= regression.changed_at][-RECENT_MINUTES:]
+    recovered = regression.rate_before - config_of(key_of(regression)).min_drop / 2
+    return _enough(recent) and _rate(recent) < recovered
+
+
+def _enough(recent: Sequence[Minute]) -> bool:
+    return sum(minute.requests for minute in recent) >= settings.PREFIXSCOPE_REGRESSION_MIN_REQUESTS
 
 
 def _rate(minutes: Sequence[Minute]) -> float:
@@ -178,14 +215,16 @@ def _rate(minutes: Sequence[Minute]) -> float:
     return sum(minute.reused_tokens for minute in minutes) / prompt if prompt else 0.0
 
 
-def _cost(regression: Regression, after: Sequence[Minute], window: _Window) -> None:
+def _cost(regression: Regression, after: Sequence[Minute], window: Window) -> None:
     """Prefill tokens per hour the lost reuse costs at the traffic since the change; in GPU seconds
     at the prefill rate measured on the scope's requests of the last hour (TTFT over uncached
     tokens, app/domain/prefill.py), else the configured one; money at the configured GPU-hour price."""
     span = len(after) or 1  # minutes with traffic: idle ones cost nothing
     prompt_per_hour = sum(minute.prompt_tokens for minute in after) / span * 60
     lost = max(regression.rate_before - regression.rate_now, 0.0) * prompt_per_hour
-    sums = series.prefill_sums(_key(regression), since=window.until - timedelta(hours=1), until=window.until)
+    sums = series.prefill_sums(
+        key_of(regression), since=window.until - timedelta(hours=1), until=window.until
+    )
     measured = prefill_tokens_per_second(sums)
     rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
     regression.lost_tokens_per_hour = lost

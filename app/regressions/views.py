@@ -55,9 +55,23 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "killer_every": settings.PREFIXSCOPE_KILLER_EVERY_SECONDS,
         "diff": evidence.diff_rows(regression.suspect_version.diff) if regression.suspect_version else [],
         "notices": _notices(regression),
+        "resolution_text": _RESOLUTIONS.get(regression.resolution, regression.get_resolution_display()),
+        "ttft_ratio": _ratio(regression),
         **_shift(regression),
     }
     return render(request, "regressions/detail.html", context)
+
+
+_RESOLUTIONS: dict[str, str] = {
+    Regression.Resolution.RECOVERED: "it recovered",
+    Regression.Resolution.REVERTED: "its suspect commit was reverted and the revert took the traffic",
+    Regression.Resolution.IDLE: "its scope sent no traffic for the whole detection window",
+}
+
+
+def _ratio(regression: Regression) -> float | None:
+    before, after = regression.ttft_before_seconds, regression.ttft_after_seconds
+    return after / before if before and after is not None else None
 
 
 def _shift(regression: Regression) -> dict[str, object]:

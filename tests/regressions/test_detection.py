@@ -26,8 +26,10 @@ def demo(**changes: Any) -> dict[str, Any]:
     return found | changes
 
 
-def detected(definition: dict[str, Any], tmp_path: Path) -> VirtualRun:
-    return run_virtually(definition, tmp_path, every_minute=lambda now: detect_regressions(now=now))
+def detected(definition: dict[str, Any], tmp_path: Path, **options: Any) -> VirtualRun:
+    return run_virtually(
+        definition, tmp_path, every_minute=lambda now: detect_regressions(now=now), **options
+    )
 
 
 def fault_commit(run: VirtualRun, template: str, at: float) -> str:
@@ -74,6 +76,10 @@ def test_the_demo_opens_a_regression_per_fault_each_with_its_cause(tmp_path: Pat
     restarted = opened(Scope.SERVER, server__name="virtual-1")
     assert all(r.kind == Kind.RESTART and r.expected for r in restarted)
     assert not opened(Scope.FLEET)
+    # Each template commit is its template's, not its servers' or tenants' too; the slower prefills
+    # of each fault are its hit rate's regression, not a TTFT one.
+    assert not opened(Scope.TEMPLATE_SERVER) and not opened(Scope.TEMPLATE_TENANT)
+    assert not Regression.objects.filter(metric=Regression.Metric.TTFT).exists()
 
 
 def test_fault_free_traffic_opens_none(tmp_path: Path) -> None:
@@ -83,16 +89,15 @@ def test_fault_free_traffic_opens_none(tmp_path: Path) -> None:
 
 def test_a_backfill_over_history_finds_what_online_detection_found(tmp_path: Path) -> None:
     run = detected(demo(duration=720, timeline=demo()["timeline"][:3]), tmp_path)
-    online = sorted(
-        Regression.objects.values_list("scope", "template_id", "server_id", "tenant", "changed_at")
-    )
+    identity = ("scope", "template_id", "server_id", "tenant", "metric", "changed_at")
+    online = sorted(Regression.objects.values_list(*identity))
+    lifecycle = sorted(Regression.objects.values_list(*identity, "state", "resolution"))
     assert online  # volatile_top and the salt rotation
 
     Regression.objects.all().delete()
     call_command("detect_regressions", since=run.start.isoformat())
     call_command("detect_regressions", since=run.start.isoformat())  # a rerun opens none twice
 
-    assert (
-        sorted(Regression.objects.values_list("scope", "template_id", "server_id", "tenant", "changed_at"))
-        == online
-    )
+    assert sorted(Regression.objects.values_list(*identity)) == online
+    # The same states too (the backfill's last run is the online detection's last minute, or after).
+    assert sorted(Regression.objects.values_list(*identity, "state", "resolution")) == lifecycle

@@ -52,9 +52,11 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
         one["cost"]["lost_tokens_per_hour"] / one["cost"]["prefill_tokens_per_second"]
     )
     assert one["method"]["min_drop"] == 0.15
+    assert (one["metric"], one["ttft"], one["resolution"]) == ("hit_rate", None, "")
     assert _get(client, "/api/v1/regressions?scope=server", bearer)["items"] == []
     exported = client.get("/metrics").content.decode()
-    labels = 'expected="false",kind="template_commit",name="support",scope="template",state="open"'
+    labels = 'expected="false",kind="template_commit",metric="hit_rate",name="support",'
+    labels += 'scope="template",state="open"'
     assert f"prefixscope_regression_active{{{labels}}} 1.0" in exported
     assert client.get("/api/v1/regressions").status_code == 401
     assert client.get("/api/v1/regressions/999999", headers=bearer).status_code == 404

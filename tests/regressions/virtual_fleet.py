@@ -70,10 +70,15 @@ def run_virtually(
     seed: int = 0,
     every_minute: Callable[[datetime], object] | None = None,
     keep: Callable[[PlannedRequest], bool] | None = None,
+    held_back: Callable[[PlannedRequest], bool] | None = None,
+    ttft_factor: Callable[[PlannedRequest], float] | None = None,
 ) -> VirtualRun:
     """Store the scenario's traffic, ending a little before now, diagnosing it minute by minute;
     `every_minute(now)` is called after each minute's diagnosis (the detection, for one). `keep`
-    thins the planned requests out (traffic swings, idle gaps): those it refuses are not sent."""
+    thins the planned requests out (traffic swings, idle gaps): those it refuses are not sent.
+    Requests `held_back` says true of are sent with the templates' first versions (the timeline's
+    commits roll out elsewhere: a canary, a tenant's variant); `ttft_factor` slows a request's TTFT
+    (a slow server) by the factor it gives."""
     scenario = parse_scenario(definition)
     # Virtual second 0 half a minute into a minute: the scenario's faults (at whole minutes) land
     # mid-minute, as they would at any time, and every run alike (its delays comparable).
@@ -84,10 +89,14 @@ def run_virtually(
     repository = register_repository(location=str(tmp_path / "templates"), globs=["templates/*.j2"])
     import_template_history(repository_id=repository.pk, now=timezone.now())
     servers = _register(scenario)
-    planned = [r for r in plan_requests(scenario, commits, seed=seed, start=start) if keep is None or keep(r)]
+    planned = list(plan_requests(scenario, commits, seed=seed, start=start))
+    if held_back is not None:  # the same arrivals, tenants and servers: only the prompts differ
+        first = list(plan_requests(scenario, [c for c in commits if c.time <= 0], seed=seed, start=start))
+        planned = [old if held_back(new) else new for new, old in zip(planned, first, strict=True)]
+    planned = [r for r in planned if keep is None or keep(r)]
     run = VirtualRun(scenario, start, commits, planned, servers)
     forget_kept_replay()
-    _Serving(run).serve(every_minute)
+    _Serving(run, ttft_factor or (lambda request: 1.0)).serve(every_minute)
     return run
 
 
@@ -105,8 +114,9 @@ def _register(scenario: Scenario) -> list[Server]:
 class _Serving:
     """The caches, sequence numbers and epochs of the fleet, and what is waiting to be stored."""
 
-    def __init__(self, run: VirtualRun) -> None:
+    def __init__(self, run: VirtualRun, ttft_factor: Callable[[PlannedRequest], float]) -> None:
         self.run = run
+        self.ttft_factor = ttft_factor
         blocks, size = run.scenario.servers.num_blocks, run.scenario.servers.block_size
         self.caches = [PrefixCache(size, blocks) for _ in run.servers]
         self.seqs = [0] * len(run.servers)
@@ -180,7 +190,7 @@ class _Serving:
                 model=self.run.scenario.model, tenant=request.tenant, template=request.template,
                 template_version=request.version, prompt_tokens=len(tokens),
                 cached_tokens=admission.cached_tokens,
-                client_ttft_seconds=self._ttft(tokens, admission.cached_tokens),
+                client_ttft_seconds=self._ttft(tokens, admission.cached_tokens) * self.ttft_factor(request),
                 cache_salt=salt if isinstance(salt, str) else None, prompt_token_ids=tokens,
             )
         )  # fmt: skip
