@@ -473,7 +473,9 @@ def _merged(first: RequestFacts, later: RequestFacts) -> RequestFacts:
 
 
 def _given(value: Any) -> bool:
-    return value is not None and value != "" and not (isinstance(value, list | tuple) and not value)
+    if isinstance(value, list | tuple | np.ndarray):  # token ids: a list, or numpy from REST
+        return len(value) > 0
+    return value is not None and value != ""
 
 
 def _store(keys: Sequence[tuple[int, str, datetime]], rows: Iterable[RecordRow], *, merge: bool) -> None:
