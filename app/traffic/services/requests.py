@@ -449,6 +449,8 @@ def _row(
 def _deduplicated(located: list[tuple[Server, RequestFacts]]) -> list[tuple[Server, RequestFacts]]:
     """Facts of one server and request id arriving within JOIN_WINDOW of the first of them merged
     into it (as a later batch's would be): ON CONFLICT cannot touch one row twice in a statement."""
+    if len({(server.pk, item.request_id) for server, item in located}) == len(located):
+        return located  # the usual batch: no request twice
     kept: dict[tuple[int, str], list[tuple[Server, RequestFacts]]] = {}
     for server, item in located:
         earlier = kept.setdefault((server.pk, item.request_id), [])
