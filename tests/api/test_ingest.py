@@ -65,8 +65,8 @@ def post(
     *,
     compact: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """`compact`: JSON without spaces, as most encoders write it (the endpoint reads its token ids
-    straight into numpy); else with them (read by the strict decoder alone)."""
+    """`compact`: JSON without spaces, as most encoders write it (the endpoint parses its token ids
+    with numpy); else with them (msgspec reads them)."""
     separators = (",", ":") if compact else None
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=separators)
     response = client.post(URL, data, content_type=content_type, headers={"Authorization": f"Bearer {token}"})
@@ -107,7 +107,7 @@ def test_captured_requests_are_stored_with_their_hash_chain(
 def test_token_ids_sent_compact_or_spaced_are_stored_alike(
     client: Client, token: str, server: Server, token_ids: object
 ) -> None:
-    """Compact JSON is read by the fast path; spaced JSON, a sign or a null by the strict decoder."""
+    """Compact token ids are parsed by numpy; spaced ones, a sign or a null read by msgspec."""
     for compact in (True, False):
         ids = token_ids if token_ids != "null" else None
         records = [record(name, request_id=f"{compact}-{name}") for name in CAPTURES]

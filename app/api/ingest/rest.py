@@ -8,7 +8,7 @@ by position with the field at fault (and is a 400 when there is any). 2xx only a
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_type_hints
 
 import msgspec
 import numpy as np
@@ -178,6 +178,9 @@ class _RecordOfRawIds(RequestRecordIn, kw_only=True):
 
 
 _batch_of_raw_ids = msgspec.json.Decoder(list[_RecordOfRawIds], strict=False)
+_token_ids_as_declared = msgspec.json.Decoder(
+    get_type_hints(RequestRecordIn, include_extras=True)["prompt_token_ids"], strict=False
+)
 _DIGITS_AND_COMMAS = b"0123456789,"
 
 
@@ -200,19 +203,20 @@ _NOT_PLAIN = np.empty(0, np.int64)
 
 
 def _token_ids(raw: msgspec.Raw) -> npt.NDArray[np.int64] | None:
-    """A JSON array (valid JSON: msgspec read it) of digits and commas only, as encoders write token ids,
-    as int64; None for null; _NOT_PLAIN for anything else (spaces, signs, other values) or an id beyond
-    PostgreSQL's integer. Such an array is integers without leading zeros, so numpy parses it whole."""
+    """A record's token ids (valid JSON: msgspec read it) as int64, None for null. An array of digits
+    and commas only, as encoders write token ids, is integers without leading zeros: numpy parses it
+    whole. Another (spaces, signs) is read as the strict decoder reads it. _NOT_PLAIN for an id
+    beyond PostgreSQL's integer or any other fault: the strict decoder then names it."""
     text = bytes(raw)
-    if text == b"null":
-        return None
     inside = text[1:-1]
-    if text[:1] != b"[" or inside.translate(None, _DIGITS_AND_COMMAS):
+    if text[:1] == b"[" and inside and not inside.translate(None, _DIGITS_AND_COMMAS):
+        ids = np.fromstring(inside, dtype=np.int64, sep=",")  # an id beyond int64 reads as its maximum
+        return ids if ids.max() <= INTEGER_MAX else _NOT_PLAIN
+    try:
+        found = _token_ids_as_declared.decode(text)
+    except msgspec.ValidationError:
         return _NOT_PLAIN
-    if not inside:
-        return np.empty(0, np.int64)
-    ids = np.fromstring(inside, dtype=np.int64, sep=",")  # an id beyond int64 reads as its maximum
-    return ids if ids.max() <= INTEGER_MAX else _NOT_PLAIN
+    return None if found is None else np.array(found, np.int64)
 
 
 def _read_by_python(body: bytes, exc: msgspec.DecodeError) -> list[Any]:
