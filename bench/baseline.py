@@ -28,7 +28,7 @@ from psycopg import Cursor
 from psycopg.abc import Buffer
 from psycopg.copy import LibpqWriter
 
-from app.traffic.services.requests import _TABLE_TYPES, RecordRow
+from app.traffic.services.requests import TABLE_TYPES, RecordRow
 from bench.served import Posted
 
 _FILLER = "fill-"  # request ids of the filler records
@@ -92,7 +92,7 @@ def recorded_streams(rows: Sequence[RecordRow], *, batch: int) -> Streams:
             with cursor.cursor.copy(
                 f"COPY bench_stream ({_COLUMNS}) FROM STDIN (FORMAT BINARY)", writer=recorder
             ) as copy:
-                copy.set_types(_TABLE_TYPES)
+                copy.set_types(TABLE_TYPES)
                 for row in rows[start : start + batch]:
                     copy.write_row(row)
             batches.append(bytes(recorder.data))

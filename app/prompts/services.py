@@ -69,7 +69,6 @@ def _first_seen(version: TemplateVersion, seen_at: datetime) -> None:
     version.first_seen_at = seen_at
 
 
-@transaction.atomic
 @dataclass(frozen=True, slots=True)
 class FamilySighting:
     """The requests of one ingested batch in one prefix family: its identity (model, block size,
@@ -134,6 +133,7 @@ def name_family(family: PrefixFamily, *, name: str, template: Template | None, n
     return family
 
 
+@transaction.atomic
 def merge_versions(*, source: TemplateVersion, into: TemplateVersion) -> None:
     """Make ``source`` (a version traffic named by a short sha or a tag) part of ``into`` (the
     imported version it names), and delete it.

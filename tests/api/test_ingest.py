@@ -58,9 +58,17 @@ def record(name: str, **fields: object) -> dict[str, object]:
 
 
 def post(
-    client: Client, token: str, payload: object, content_type: str = "application/json"
+    client: Client,
+    token: str,
+    payload: object,
+    content_type: str = "application/json",
+    *,
+    compact: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
+    """`compact`: JSON without spaces, as most encoders write it (the endpoint parses its token ids
+    with numpy); else with them (msgspec reads them)."""
+    separators = (",", ":") if compact else None
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=separators)
     response = client.post(URL, data, content_type=content_type, headers={"Authorization": f"Bearer {token}"})
     return response.status_code, response.json()
 
@@ -89,6 +97,30 @@ def test_captured_requests_are_stored_with_their_hash_chain(
         assert [signed_to_wire(h) for h in stored.block_hashes] == [h.wire for h in chain]
         assert bool(stored.salt_hash) == bool(salt) and salt not in stored.salt_hash if salt else True
         assert (stored.source, stored.template.name, stored.tenant) == ("rest", "support", "acme")
+
+
+@pytest.mark.parametrize(
+    "token_ids",
+    [[], [0, 2**31 - 1, *range(100)], [-(2**31), *range(100)], "null"],
+    ids=["none", "the column's range", "negative", "null"],
+)
+def test_token_ids_sent_compact_or_spaced_are_stored_alike(
+    client: Client, token: str, server: Server, token_ids: object
+) -> None:
+    """Compact token ids are parsed by numpy; spaced ones, a sign or a null read by msgspec."""
+    for compact in (True, False):
+        ids = token_ids if token_ids != "null" else None
+        records = [record(name, request_id=f"{compact}-{name}") for name in CAPTURES]
+        records += [record(CAPTURES[0], request_id=f"{compact}-x", prompt_token_ids=ids)]
+        assert post(client, token, records, compact=compact) == (200, {"stored": 5, "rejected": []})
+    columns = ("token_ids", "block_hashes", "neutral_hashes", "family_id", "template_id", "cached_tokens")
+    stored = {r["request_id"]: r for r in RequestRecord.objects.values("request_id", *columns)}
+    for name in [*CAPTURES, "x"]:
+        fast, strict = stored[f"True-{name}"], stored[f"False-{name}"]
+        assert {k: v for k, v in fast.items() if k != "request_id"} == {
+            k: v for k, v in strict.items() if k != "request_id"
+        }
+    assert stored["True-x"]["token_ids"] == (None if token_ids == "null" else token_ids)
 
 
 def test_redelivery_and_a_second_source_merge_into_one_record(
@@ -169,13 +201,15 @@ def test_a_json_line_that_is_not_json_is_rejected_alone(client: Client, token: s
     )
 
 
+@pytest.mark.parametrize("compact", [False, True])
 def test_duplicates_within_one_batch_merge_as_across_batches(
-    client: Client, token: str, server: Server
+    client: Client, token: str, server: Server, compact: bool
 ) -> None:
     first = record(CAPTURES[0], arrived_at=timezone.now().isoformat(), server_ttft_seconds=0.0129)
     again = {"server": "vllm-cpu", "request_id": first["request_id"], "client_ttft_seconds": 0.0187,
-             "arrived_at": (timezone.now() + timedelta(seconds=1)).isoformat()}  # fmt: skip
-    assert post(client, token, [first, again]) == (200, {"stored": 2, "rejected": []})
+             "arrived_at": (timezone.now() + timedelta(seconds=1)).isoformat(),
+             "prompt_token_ids": []}  # fmt: skip
+    assert post(client, token, [first, again], compact=compact) == (200, {"stored": 2, "rejected": []})
     stored = RequestRecord.objects.get()  # one row, as when the two came in two batches
     assert (stored.server_ttft_seconds, stored.client_ttft_seconds, stored.cached_tokens) == (
         0.0129,
@@ -183,6 +217,7 @@ def test_duplicates_within_one_batch_merge_as_across_batches(
         160,
     )
     assert stored.arrived_at == datetime.fromisoformat(first["arrived_at"])  # type: ignore[arg-type]
+    assert stored.token_ids == first["prompt_token_ids"] and stored.block_hashes  # not erased by []
 
 
 def test_records_of_different_requests_never_merge_whatever_their_times(
@@ -305,14 +340,19 @@ def test_the_openapi_schema_documents_the_endpoint(client: Client) -> None:
         ({"cached_tokens": -1}, "cached_tokens"),
         ({"prompt_tokens": 2**31}, "prompt_tokens"),  # more than the column holds
         ({"prompt_token_ids": [1, "x"]}, "prompt_token_ids[1]"),
+        ({"prompt_token_ids": [1, 2**31]}, "prompt_token_ids[1]"),  # more than the column holds
+        ({"prompt_token_ids": [1, 2**64]}, "prompt_token_ids[1]"),  # more than int64 too
+        ({"prompt_token_ids": [1, 2.5]}, "prompt_token_ids[1]"),
+        ({"prompt_token_ids": 7}, "prompt_token_ids"),
         ({"usage": {"prompt_tokens": "many"}}, "usage.prompt_tokens"),
     ],
 )
+@pytest.mark.parametrize("compact", [False, True])
 def test_a_bad_record_in_an_array_is_rejected_by_field_and_the_others_stored(
-    client: Client, token: str, server: Server, change: dict[str, object], field: str
+    client: Client, token: str, server: Server, change: dict[str, object], field: str, compact: bool
 ) -> None:
     bad = {k: v for k, v in record(CAPTURES[1], **change).items() if v is not None}
-    status, answer = post(client, token, [record(CAPTURES[0]), bad, 7])
+    status, answer = post(client, token, [record(CAPTURES[0]), bad, 7], compact=compact)
 
     assert (status, answer["stored"]) == (400, 1)
     assert [(r["index"], r["error"].split(":")[0]) for r in answer["rejected"]] == [(1, field), (2, "record")]

@@ -5,6 +5,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import DatabaseError, connection
 from django.test import Client
 from django.utils import timezone as django_timezone
 
@@ -12,7 +13,7 @@ from app.fleet.models import Server
 from app.prompts.history import import_template_history
 from app.prompts.models import DeployMarker, TemplateRepository, TemplateVersion
 from app.prompts.selectors import find_version
-from app.prompts.services import SEEN_MESSAGE, register_repository, template_version_seen
+from app.prompts.services import SEEN_MESSAGE, merge_versions, register_repository, template_version_seen
 from app.traffic.models import RequestRecord
 from tests.prompts.conftest import GitRepo
 
@@ -166,3 +167,23 @@ def test_two_merged_first_seen_markers_keep_the_earlier(
     assert list(DeployMarker.objects.values_list("template_version_id", "deployed_at")) == [
         (version.pk, DAY + timedelta(days=4))
     ]
+
+
+def test_a_merge_that_fails_part_way_leaves_both_versions_as_they_were() -> None:
+    """merge_versions is one transaction: here PostgreSQL refuses its last step, the delete."""
+    template, source = template_version_seen(template="support", version="abc1234", tenant="", seen_at=DAY)
+    assert template is not None and source is not None
+    into = TemplateVersion.objects.create(
+        template=template, commit_sha="abc1234" + "0" * 33, committed_at=DAY
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE 'refused'; END $$;"
+            "CREATE TRIGGER refuse BEFORE DELETE ON prompts_templateversion"
+            " FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+
+    with pytest.raises(DatabaseError, match="refused"):
+        merge_versions(source=source, into=into)
+    assert DeployMarker.objects.get().template_version_id == source.pk  # not moved to `into`
+    assert TemplateVersion.objects.get(pk=into.pk).first_seen_at is None

@@ -17,13 +17,13 @@ from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.copy_rows import write_rows
-from app.traffic.services.requests import _TABLE_TYPES, _TYPES, RecordRow, ingest_request_records
+from app.traffic.services.requests import _TYPES, TABLE_TYPES, RecordRow, ingest_request_records
 from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db
 
 COLUMNS = RecordRow._fields
-TYPES = {"record table": _TABLE_TYPES, "staging table": _TYPES}
+TYPES = {"record table": TABLE_TYPES, "staging table": _TYPES}
 ARRIVED = datetime(2026, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
 INT4, INT8 = 2**31, 2**63
 
@@ -118,8 +118,8 @@ def test_the_rows_read_back_equal(table: str) -> None:
 
 
 def test_no_rows_make_an_empty_copy() -> None:
-    create_table(_TABLE_TYPES)
-    assert copied(_TABLE_TYPES, []) == copied(_TABLE_TYPES, [], by_psycopg=True)
+    create_table(TABLE_TYPES)
+    assert copied(TABLE_TYPES, []) == copied(TABLE_TYPES, [], by_psycopg=True)
 
 
 @pytest.mark.parametrize(

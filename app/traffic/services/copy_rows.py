@@ -53,6 +53,7 @@ _ARRAYS = {
     "int8[]": _Elements(oid=20, typecode="q", size=8),
 }
 assert all(array.array(e.typecode).itemsize == e.size for e in _ARRAYS.values())
+_EMPTY = {e.oid: _NO_DIMENSION.pack(0, 0, e.oid) for e in _ARRAYS.values()}  # a small record's arrays
 
 
 def integer_array(
@@ -67,7 +68,7 @@ def integer_array(
     if values is None:
         return None
     if not len(values):
-        return _NO_DIMENSION.pack(0, 0, elements.oid)
+        return _EMPTY[elements.oid]
     if isinstance(values, np.ndarray):
         limit = 1 << (8 * elements.size - 1)
         if values.dtype.kind not in "iu" or not -limit <= int(values.min()) <= int(values.max()) < limit:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from django.conf import settings
 
-from app.domain.blockhash import int64_ids, signed_block_hashes
+from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
 from app.fleet.selectors import UnknownModel, request_lora
 from app.prompts.services import FamilyKey, FamilySighting, prefix_families_seen
@@ -56,5 +56,6 @@ def family_key(server: Server, item: RequestFacts) -> tuple[FamilyKey, int] | No
         lora = request_lora(server, item.model)
     except UnknownModel:
         return None
-    leading = signed_block_hashes(int64_ids(item.prompt_token_ids[: blocks * size]), size, lora=lora)
+    # Token ids beyond int64 are hashed too (blockhash's cbor2 path): the ingest refuses their batch later.
+    leading = signed_block_hashes(item.prompt_token_ids[: blocks * size], size, lora=lora)
     return (item.model or server.model, size, leading[-1]), blocks

@@ -17,6 +17,8 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -27,7 +29,7 @@ import numpy.typing as npt
 from cachetools import TTLCache
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from psycopg.errors import CheckViolation, ForeignKeyViolation, UniqueViolation
+from psycopg.errors import CheckViolation, ForeignKeyViolation, NumericValueOutOfRange, UniqueViolation
 
 from app.domain.blockhash import TokenIds, int64_ids, signed_block_hashes
 from app.domain.retention import keeps_token_ids, token_ids_cutoff
@@ -104,7 +106,9 @@ _STAGED_TYPES = {
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
 _COLUMNS = RecordRow._fields
 _TYPES = tuple(_STAGED_TYPES[column] for column in _COLUMNS)
-_TABLE_TYPES = tuple(_INT4.get(column, _STAGED_TYPES[column]) for column in _COLUMNS)
+TABLE_TYPES = tuple(_INT4.get(column, _STAGED_TYPES[column]) for column in _COLUMNS)
+"""The binary COPY types of RecordRow's columns in traffic_requestrecord (the ingest benches' baseline
+records its stream with them)."""
 _CREATE_STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS request_record_batch "
     f"({', '.join(f'{column} {_STAGED_TYPES[column]}' for column in _COLUMNS)}) ON COMMIT DELETE ROWS"
@@ -231,40 +235,92 @@ def _ingest(
 ) -> int:
     """One try at the batch; `merge` sends every record through alignment and merge. Returns rows.
 
-    The rows are built (their block hashes computed) as the COPY takes them, each token id list
-    converted once, so everything else that asks the database comes first. Servers, templates and
-    versions, and prefix families, are looked up (made when new) before the batch's transaction,
-    each in its own: two batches naming the same new templates in their own orders deadlocked on
-    them (a gateway in front of several servers runs one writer per server).
+    The prompts' block hashes are computed by a thread of their own (_hashed_ahead) while the
+    lookups and the transaction's first round trip wait on the database, and the rows are built
+    from them as the COPY takes them. Servers, templates and versions, and prefix families, are
+    looked up (made when new) before the batch's transaction, each in its own: two batches naming
+    the same new templates in their own orders deadlocked on them (a gateway in front of several
+    servers runs one writer per server).
     """
     servers = _servers(items, named_by=malformed)
     located = _deduplicated([(_known_server(servers, item), item) for item in items])
-    templates = _templates(item for _, item in located)  # merged facts may pair a template anew
-    families = record_families(located)
-    with transaction.atomic():
-        cutoff = token_ids_cutoff(
-            now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
-        )
-        unhashed: list[Malformed] = []
+    with _hashed_ahead(located) as prompts:
+        templates = _templates(item for _, item in located)  # merged facts may pair a template anew
+        families = record_families(located)
+        with transaction.atomic():
+            cutoff = token_ids_cutoff(
+                now, days=settings.PREFIXSCOPE_TOKEN_RETENTION_DAYS, hash_only=settings.PREFIXSCOPE_HASH_ONLY
+            )
+            unhashed: list[Malformed] = []
 
-        def rows() -> Iterator[RecordRow]:
-            for (server, item), family in zip(located, families, strict=True):
-                ids = int64_ids(item.prompt_token_ids) if item.prompt_token_ids is not None else None
-                chains = _chains(item, ids, server)
-                if chains is None:  # stored without block hashes, rather than with a chain matching none
-                    unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
-                template, version = templates[item.template, item.template_version]
-                family_id, bound = family or (None, None)
-                yield _row(
-                    item, server, chains or ([], []), ids, source=source, token_ids_cutoff=cutoff,
-                    template_id=template.pk if template else bound,
-                    template_version_id=version.pk if version else None, family_id=family_id,
-                )  # fmt: skip
+            def rows() -> Iterator[RecordRow]:
+                for (server, item), family, (ids, chains) in zip(located, families, prompts, strict=True):
+                    if chains is None:  # stored without block hashes, rather than with a chain matching none
+                        unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
+                    template, version = templates[item.template, item.template_version]
+                    family_id, bound = family or (None, None)
+                    yield _row(
+                        item, server, chains or ([], []), ids, source=source, token_ids_cutoff=cutoff,
+                        template_id=template.pk if template else bound,
+                        template_version_id=version.pk if version else None, family_id=family_id,
+                    )  # fmt: skip
 
-        keys = [(server.pk, item.request_id, item.arrived_at) for server, item in located]
-        _store(keys, rows(), merge=merge)
-        _count_malformed([*malformed, *unhashed], servers, now=now)
+            keys = [(server.pk, item.request_id, item.arrived_at) for server, item in located]
+            _store(keys, rows(), merge=merge)
+            _count_malformed([*malformed, *unhashed], servers, now=now)
     return len(items)
+
+
+class _Prompt(NamedTuple):
+    """A record's prompt as its row stores it: the token ids as int64 (converted once, for hashing and
+    for storing), and its chains (_chains: None when its server serves no model of its name)."""
+
+    ids: npt.NDArray[np.int64] | None
+    chains: tuple[list[int], list[int]] | None
+
+
+# Records hashed per task of the hashing thread: a task costs little against hashing them, and
+# the COPY waits for no more than one task's worth before its first row.
+_HASHED_PER_TASK = 16
+
+
+@contextmanager
+def _hashed_ahead(located: Sequence[tuple[Server, RequestFacts]]) -> Iterator[Iterator[_Prompt]]:
+    """Each record's _Prompt, in the records' order, computed from the moment the block is entered
+    by one thread of its own when any record has token ids (their hashing, in C, runs without the
+    GIL, beside whatever waits on the database meanwhile); in place as they are taken otherwise.
+
+    Taking a record whose computation raised raises that same error, as computing it in place
+    would. Leaving the block cancels what has not started, and waits for what has.
+    """
+    if all(item.prompt_token_ids is None for _, item in located):
+        yield (_prompt(server, item) for server, item in located)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-hashes") as pool:
+        tasks = [
+            pool.submit(_prompts, located[start : start + _HASHED_PER_TASK])
+            for start in range(0, len(located), _HASHED_PER_TASK)
+        ]
+        try:
+            yield (prompt for task in tasks for prompt in task.result())
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _prompts(located: Sequence[tuple[Server, RequestFacts]]) -> list[_Prompt]:
+    return [_prompt(server, item) for server, item in located]
+
+
+def _prompt(server: Server, item: RequestFacts) -> _Prompt:
+    """NumericValueOutOfRange (a DataError, as the COPY raises for a token id beyond int4) for a
+    token id beyond int64: the batch fails, and a writer that then stores its records one by one
+    rejects that record alone."""
+    try:
+        ids = int64_ids(item.prompt_token_ids) if item.prompt_token_ids is not None else None
+    except OverflowError:
+        raise NumericValueOutOfRange("token_ids: a value is out of range for int4[]") from None
+    return _Prompt(ids, _chains(item, ids, server))
 
 
 def _known_server(servers: dict[str, Server | None], item: RequestFacts) -> Server:
@@ -393,6 +449,8 @@ def _row(
 def _deduplicated(located: list[tuple[Server, RequestFacts]]) -> list[tuple[Server, RequestFacts]]:
     """Facts of one server and request id arriving within JOIN_WINDOW of the first of them merged
     into it (as a later batch's would be): ON CONFLICT cannot touch one row twice in a statement."""
+    if len({(server.pk, item.request_id) for server, item in located}) == len(located):
+        return located  # the usual batch: no request twice
     kept: dict[tuple[int, str], list[tuple[Server, RequestFacts]]] = {}
     for server, item in located:
         earlier = kept.setdefault((server.pk, item.request_id), [])
@@ -417,7 +475,9 @@ def _merged(first: RequestFacts, later: RequestFacts) -> RequestFacts:
 
 
 def _given(value: Any) -> bool:
-    return value is not None and value != "" and not (isinstance(value, list | tuple) and not value)
+    if isinstance(value, list | tuple | np.ndarray):  # token ids: a list, or numpy from REST
+        return len(value) > 0
+    return value is not None and value != ""
 
 
 def _store(keys: Sequence[tuple[int, str, datetime]], rows: Iterable[RecordRow], *, merge: bool) -> None:
@@ -449,7 +509,7 @@ def _store(keys: Sequence[tuple[int, str, datetime]], rows: Iterable[RecordRow],
         if merge or cursor.fetchone()[0]:
             _merge(cursor, rows)
             return
-        _copy(cursor, "traffic_requestrecord", _TABLE_TYPES, rows)
+        _copy(cursor, "traffic_requestrecord", TABLE_TYPES, rows)
 
 
 def stored_near_probe(by_server: dict[int, list[tuple[str, datetime]]]) -> tuple[str, list[Any]]:
