@@ -16,6 +16,7 @@ from typing import Any
 
 from django import forms
 from django.db.models import Exists, ExpressionWrapper, F, FloatField, OuterRef, Q, QuerySet, Value
+from django.db.models.fields.tuple_lookups import Tuple, TupleLessThan
 
 from app.core.retention import kept_token_ids_since
 from app.domain.keyset import Cursor, decode_cursor, encode_cursor, filters_fingerprint
@@ -160,7 +161,7 @@ class RequestPage:
 def explore_requests(filters: RequestFilters, *, after: Cursor | None, limit: int = PAGE_SIZE) -> RequestPage:
     """One page of the records matching `filters`, newest first (ties by server then request id,
     both descending), strictly after `after`; with their diagnoses. Token ids and hashes unread."""
-    found = list(_matching(filters, after=after)[: limit + 1])
+    found = list(matching_requests(filters, after=after)[: limit + 1])
     more = len(found) > limit
     found = found[:limit]
     diagnoses = _diagnoses(found)
@@ -181,14 +182,16 @@ _SHOWN = ("server_id", "request_id", "arrived_at", "tenant", "prompt_tokens", "c
           "template_version__commit_sha")  # fmt: skip
 
 
-def _matching(filters: RequestFilters, *, after: Cursor | None) -> QuerySet[RequestRecord]:
+def matching_requests(filters: RequestFilters, *, after: Cursor | None) -> QuerySet[RequestRecord]:
     # Constants on arrived_at: the planner prunes the partitions outside the window.
     records = RequestRecord.objects.filter(arrived_at__gte=filters.since, arrived_at__lt=filters.until)
     if after is not None:
+        # A row comparison, (arrived_at, server_id, request_id) < (...): an index condition on
+        # request_time, estimated as a range (an OR of three was not, and got a sort). Django builds it
+        # for composite primary keys; this key's order is not the primary key's, hence the lookup.
+        key = Tuple(F("arrived_at"), F("server_id"), F("request_id"))
         records = records.filter(arrived_at__lte=after.arrived_at).filter(
-            Q(arrived_at__lt=after.arrived_at)
-            | Q(server_id__lt=after.server_id)
-            | Q(server_id=after.server_id, request_id__lt=after.request_id)
+            TupleLessThan(key, (after.arrived_at, after.server_id, after.request_id))
         )
     exact = {"server_id": filters.server_id, "template_id": filters.template_id, "tenant": filters.tenant}
     records = records.filter(**{name: value for name, value in exact.items() if value is not None})
