@@ -30,8 +30,9 @@ class Sent:
 
 
 def record_traffic(*, count: int = 40, now: datetime | None = None) -> list[Sent]:
-    """`count` requests up to 40 seconds apart, the last a little before `now`, every third sharing its arrival time with the one
-    before; stored, then diagnosed. Servers at 127.0.0.1:9, where nothing listens (no /detokenize)."""
+    """`count` requests up to 40 seconds apart, the last a little before `now`, every third sharing
+    its arrival time with the one before; stored, then diagnosed. Servers at 127.0.0.1:9, where
+    nothing listens (no /detokenize)."""
     now = now or timezone.now()
     for name in ("vllm-a", "vllm-b"):
         Server.objects.get_or_create(
