@@ -84,7 +84,7 @@ class BlockRow:
     hash_hex: str  # "" when the chain was not recorded
     seen_before: bool
     resident_anywhere: bool
-    resident_here: bool
+    resident_here: bool | None  # None: its server sends no KV events, so what it held is not known
     reused: bool
     lost_to: str  # the cause's label, "" when reused or not diagnosed
     detail: str
@@ -105,6 +105,7 @@ def block_chain(
     if not size or diagnosis is None or diagnosis.unknown:
         return []
     labels = dict(RequestDiagnosis.Cause.choices)
+    heard = not diagnosis.no_kv_events_tokens
     rows = []
     for index in range(diagnosis.prompt_tokens // size):
         first, end = index * size, (index + 1) * size
@@ -119,7 +120,8 @@ def block_chain(
                 hash_hex=f"{hashes[index] % 2**64:016x}" if index < len(hashes) else "",
                 seen_before=end <= diagnosis.seen_before_tokens,
                 resident_anywhere=end <= diagnosis.resident_anywhere_tokens,
-                resident_here=end <= diagnosis.resident_here_tokens, reused=end <= diagnosis.reused_tokens,
+                resident_here=end <= diagnosis.resident_here_tokens if heard else None,
+                reused=end <= diagnosis.reused_tokens,
                 lost_to=labels.get(loss["cause"], loss["cause"]) if loss else "",
                 detail=_loss_detail(loss, names) if loss else "",
                 token_ids=token_ids[first:end] if token_ids is not None else None,

@@ -10,6 +10,7 @@ The filters come as text (a page's query string, an API call's parameters) and a
 form, so that the page and the API accept and refuse the same values.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -93,6 +94,11 @@ class RequestFilterForm(forms.Form):
     )  # fmt: skip
     missed = forms.BooleanField(required=False, label="Missed only")
     cursor = forms.CharField(required=False, max_length=2000, widget=forms.HiddenInput)
+
+    def __init__(self, data: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        # The default window is a value of the query like any other: the form shows it chosen.
+        given = {name: data.get(name) for name in data} if data is not None else {}
+        super().__init__({"window": DEFAULT_WINDOW} | given, label_suffix="", **kwargs)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
