@@ -12,7 +12,7 @@ form, so that the page and the API accept and refuse the same values.
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
@@ -33,6 +33,7 @@ WINDOWS = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedel
 DEFAULT_WINDOW = "24h"
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
+MAX_VERSIONS = 100  # that a commit prefix may name
 # The parameters that select rows: a cursor is bound to their values (the page size and the cursor
 # itself are not among them).
 FILTER_NAMES = ("server", "template", "version", "tenant", "cause", "window", "until", "hit_min", "hit_max",
@@ -109,9 +110,11 @@ class RequestFilterForm(forms.Form):
             found = TemplateVersion.objects.filter(commit_sha__istartswith=data["version"])
             if data.get("template"):
                 found = found.filter(template=data["template"])
-            data["version_ids"] = tuple(found.values_list("pk", flat=True)[:100])
+            data["version_ids"] = tuple(found.values_list("pk", flat=True)[: MAX_VERSIONS + 1])
             if not data["version_ids"]:
                 self.add_error("version", "no template version has a commit starting with this")
+            elif len(data["version_ids"]) > MAX_VERSIONS:
+                self.add_error("version", "too many versions start with this: give more of the commit sha")
         return data
 
     def filters(self, *, now: datetime) -> RequestFilters:
@@ -132,7 +135,7 @@ class RequestFilterForm(forms.Form):
         """The filters as query parameters with `until` pinned, so that following pages (and a shared
         link) read the same window however much later they are opened."""
         params = {name: str(self.data.get(name, "")).strip() for name in FILTER_NAMES}
-        params["until"] = filters.until.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        params["until"] = filters.until.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         params["window"] = params["window"] or DEFAULT_WINDOW
         params["missed"] = "on" if self.cleaned_data.get("missed") else ""
         return {name: value for name, value in params.items() if value}

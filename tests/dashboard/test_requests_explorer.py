@@ -4,7 +4,7 @@ from viewers who may not read prompts."""
 
 import base64
 import re
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ def reader() -> Client:
 
 def listed(client: Client, **params: str) -> list[tuple[str, str]]:
     """Every row the API lists under these filters, following `next` to the last page."""
-    answer = client.get(API, {"limit": "200", **params}).json()
+    answer = client.get(API, {"limit": "200"} | params).json()
     rows = [(row["server"], row["request_id"]) for row in answer["items"]]
     while answer["next"]:
         answer = client.get(answer["next"]).json()
@@ -86,6 +86,9 @@ def test_the_window_ends_before_until_and_leaves_out_what_is_older(signed_in: Cl
     expected = [s for s in sent if until - timedelta(minutes=15) <= s.arrived_at < until]
     assert 0 < len(expected) < len(sent) - 1
     assert listed(signed_in, window="15m", until=until.isoformat()) == newest_first(expected)
+    # Another zone's clock, and pages that pin the window's end in UTC as they follow each other.
+    elsewhere = until.astimezone(timezone(timedelta(hours=2))).isoformat()
+    assert listed(signed_in, window="15m", until=elsewhere, limit="3") == newest_first(expected)
 
 
 def test_pages_visit_every_row_once_in_order_through_equal_timestamps(signed_in: Client) -> None:
