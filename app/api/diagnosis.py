@@ -63,10 +63,11 @@ def request_diagnosis(request: HttpRequest, server: str, request_id: str) -> Any
     found = diagnosed_requests(server_name=server, request_id=request_id)
     if not found:
         return Status(404, {"error": "no such request on that server"})
-    return [_answer(item) for item in found]
+    return [diagnosed_answer(item) for item in found]
 
 
-def _answer(item: DiagnosedRequest) -> dict[str, Any]:
+def diagnosed_answer(item: DiagnosedRequest) -> dict[str, Any]:
+    """A record and its diagnosis as `Diagnosed` (the requests API extends it)."""
     record, diagnosis = item.record, item.diagnosis
     answer: dict[str, Any] = {
         "server": record.server.name, "request_id": record.request_id, "arrived_at": record.arrived_at,

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from app.dashboard import views
+from app.dashboard import explorer, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -8,6 +8,7 @@ urlpatterns = [
     path("collection/", views.collection, name="collection"),
     path("tenants/", views.tenants, name="tenants"),
     path("proposed/<int:server_id>/", views.proposed_server, name="proposed-server"),
+    path("requests/", explorer.requests_explorer, name="requests"),
     path("requests/<str:server>/<path:request_id>/", views.request_detail, name="request-detail"),
     # Below /templates/ (the repositories, app.prompts.urls): a template's page shows prompt text, which
     # only the layers above traffic and compare may read.

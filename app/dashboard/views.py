@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from app.compare.killers import Samples, killer_samples
 from app.core.http import HtmxHttpRequest
+from app.dashboard.explorer import request_extras
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.metrics import PrefixscopeCollector
 from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
@@ -148,7 +149,8 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
         here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
         items.append(
             {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
-             "killers": _killer_rows(salted, names, {}, here=here), "at_killer": here}
+             "killers": _killer_rows(salted, names, {}, here=here), "at_killer": here,
+             **request_extras(i, user=request.user, names=names, now=timezone.now())}
         )  # fmt: skip
     return render(
         request, "dashboard/request.html", {"server": server, "request_id": request_id, "found": items}

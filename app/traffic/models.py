@@ -181,6 +181,10 @@ class RequestRecord(PostgresPartitionedModel):
         indexes = [
             models.Index(fields=["template", "arrived_at"], name="request_template_time"),
             models.Index(fields=["trace_id"], name="request_trace", condition=~models.Q(trace_id="")),
+            # The requests explorer's keyset (app/traffic/explorer.py): newest first by the full key,
+            # for any filter, and within one server. Read backwards, each gives the page's order.
+            models.Index(fields=["arrived_at", "server", "request_id"], name="request_time"),
+            models.Index(fields=["server", "arrived_at", "request_id"], name="request_server_time"),
         ]
 
     def __str__(self) -> str:

@@ -1,0 +1,172 @@
+"""How long the requests explorer takes over many request records: its first page and a deep page.
+
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_explorer [--records 1000000] [--runs 5]
+
+Runs in a throw-away database (bench_explorer, created and dropped on the server DATABASE_URL names).
+The records (counts and timings, no token ids) arrive through the real ingest over the last three
+days, on 20 servers, 8 templates and 4 tenants, then the tables are analysed. Each figure is the
+median over the runs of one request through Django's whole stack, in this process: the page, and
+the API's JSON, first page and the page reached by following `next` 20 times. No diagnoses are
+stored, so a cause filter finds nothing and reads its whole window: its figure is the worst case
+(and its "page 21" is its first and only page). Then the selector alone reads pages 21 and 201 after
+their cursors, against the same rows by OFFSET, the baseline keyset pagination replaces.
+"""
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from functools import partial
+from urllib.parse import urlencode
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+
+import django
+
+django.setup()
+
+from django.contrib.auth.models import User  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from app.domain.keyset import Cursor  # noqa: E402
+from app.fleet.models import Server  # noqa: E402
+from app.traffic.explorer import (  # noqa: E402
+    PAGE_SIZE,
+    RequestFilterForm,
+    RequestFilters,
+    explore_requests,
+    matching_requests,
+)
+from app.traffic.models import RequestRecord  # noqa: E402
+from app.traffic.services.partitions import maintain_partitions  # noqa: E402
+from app.traffic.services.requests import ingest_request_records  # noqa: E402
+from collectors.records import RequestFacts  # noqa: E402
+
+VIEWS = {
+    "no filter": {},
+    "server": {"server": "vllm-7"},
+    "template": {"template": "tpl-3"},
+    "tenant + hit 0-20 %": {"tenant": "t2", "hit_max": "20"},
+    "server + tenant + missed (worst: no diagnoses)": {"server": "vllm-7", "tenant": "t2", "missed": "on"},
+}
+
+
+def load(records: int) -> float:
+    """Ingest the records; the seconds it took."""
+    now = timezone.now()
+    for n in range(20):
+        Server.objects.create(name=f"vllm-{n}", base_url=f"http://127.0.0.1:9/{n}", block_size=16)
+    step = timedelta(days=3) / records
+    started = time.perf_counter()
+    for first in range(0, records, 10_000):
+        batch = [
+            RequestFacts(
+                request_id=f"r-{n}", arrived_at=now - timedelta(days=3) + n * step, server=f"vllm-{n % 20}",
+                model="m", tenant=f"t{n % 4}", template=f"tpl-{n % 8}", prompt_tokens=1_000 + n % 997,
+                cached_tokens=(n * 7) % 1_000, client_ttft_seconds=0.2, server_ttft_seconds=0.1,
+            )
+            for n in range(first, min(first + 10_000, records))
+        ]  # fmt: skip
+        ingest_request_records(batch, source="rest", now=now)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE traffic_requestrecord")
+    return time.perf_counter() - started
+
+
+def median_ms(runs: int, call: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def deep(client: Client, url: str, params: dict[str, str], pages: int) -> str:
+    """The URL of the page `pages` pages after the first by the API's `next` links (or of the last)."""
+    reached = f"{url}?{urlencode(params)}"
+    for _ in range(pages):
+        following = client.get(reached).json()["next"]
+        if following is None:
+            break
+        reached = following
+    return reached
+
+
+def keyset_against_offset(query: dict[str, str], runs: int) -> list[float]:
+    """Reading page 21 and page 201 (50 rows each) by cursor and by OFFSET, through the selector;
+    NaN for a page the filters do not reach."""
+    form = RequestFilterForm(query)
+    assert form.is_valid(), form.errors
+    filters = form.filters(now=timezone.now())
+    cursors: dict[int, Cursor] = {}
+    after: Cursor | None = None
+    for number in range(2, 202):
+        after = explore_requests(filters, after=after).next
+        if after is None:
+            break
+        cursors[number] = after
+    figures = []
+    for number in (21, 201):
+        if number not in cursors:
+            figures += [float("nan"), float("nan")]
+            continue
+        figures.append(median_ms(runs, partial(_keyset_page, filters, cursors[number])))
+        figures.append(median_ms(runs, partial(_offset_page, filters, (number - 1) * PAGE_SIZE)))
+    return figures
+
+
+def _keyset_page(filters: RequestFilters, after: Cursor) -> list[RequestRecord]:
+    return list(matching_requests(filters, after=after)[: PAGE_SIZE + 1])
+
+
+def _offset_page(filters: RequestFilters, offset: int) -> list[RequestRecord]:
+    return list(matching_requests(filters, after=None)[offset : offset + PAGE_SIZE + 1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    setup_test_environment()
+    connection.settings_dict["TEST"]["NAME"] = "bench_explorer"
+    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    rows, deep_rows = [], []
+    try:
+        maintain_partitions(now=timezone.now())
+        load_seconds = load(args.records)
+        client = Client()
+        client.force_login(User.objects.create_user("bench"))
+        for name, params in VIEWS.items():
+            query = {"window": "7d", **params}
+            later = deep(client, "/api/v1/requests", query, 20)
+            figures = [
+                median_ms(args.runs, lambda q=query: client.get("/requests/", q)),  # type: ignore[misc]
+                median_ms(args.runs, lambda q=query: client.get("/api/v1/requests", q)),  # type: ignore[misc]
+                median_ms(args.runs, lambda u=later: client.get(u)),  # type: ignore[misc]
+            ]
+            rows.append((name, figures))
+            deep_rows.append((name, keyset_against_offset(query, args.runs)))
+    finally:
+        connection.creation.destroy_test_db(test_database, verbosity=0)
+    print(f"{args.records:,} request records over 3 days, ingested in {load_seconds:,.0f} s")
+    print(f"median of {args.runs} runs, ms; 50 rows a page")
+    print(f"{'filters':48} {'page':>8} {'API p1':>8} {'API p21':>8}")
+    for name, (page, first, later_ms) in rows:
+        print(f"{name:48} {page:8.1f} {first:8.1f} {later_ms:8.1f}")
+    print("\nthe selector alone, page 21 and page 201: keyset (after a cursor) against OFFSET, ms")
+    print(f"{'filters':48} {'key 21':>8} {'OFF 21':>8} {'key 201':>8} {'OFF 201':>8} {'ratio 201':>9}")
+    for name, figures in deep_rows:
+        ratio = figures[3] / figures[2] if figures[2] else float("nan")
+        print(f"{name:48} " + " ".join(f"{ms:8.1f}" for ms in figures) + f" {ratio:8.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The requests explorer's query plans: a filtered first page and a later page read an index in the
+page's order (no sort of the window, no OFFSET) and only the day partitions the window touches."""
+
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from app.domain.keyset import Cursor
+from app.fleet.models import Server
+from app.traffic.explorer import PAGE_SIZE, RequestFilters, matching_requests
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
+
+pytestmark = pytest.mark.django_db
+
+DAYS = 4
+PER_DAY = 3_000
+
+
+def _record(n: int, at: datetime) -> RequestFacts:
+    return RequestFacts(
+        request_id=f"r-{n}", arrived_at=at, server=f"vllm-{n % 2}", model="m", tenant=f"t{n % 3}",
+        prompt_tokens=100 + n % 50, cached_tokens=n % 100,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def history() -> datetime:
+    """PER_DAY records a day over DAYS days, ending now; the tables analysed, as autovacuum would."""
+    now = timezone.now()
+    for n in range(8):
+        Server.objects.create(name=f"vllm-{n}", base_url=f"http://127.0.0.1:9/{n}", block_size=16)
+    step = timedelta(days=DAYS) / (DAYS * PER_DAY)
+    start = now - timedelta(days=DAYS) + step
+    facts = [_record(n, start + n * step) for n in range(DAYS * PER_DAY)]
+    for first in range(0, len(facts), 4_000):
+        assert ingest_request_records(facts[first : first + 4_000], source="rest", now=now).rejected == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass",
+                       ["traffic_requestrecord"])  # fmt: skip
+        for (partition,) in cursor.fetchall():  # each one: other tests' statistics may linger
+            cursor.execute(f"ANALYZE {partition}")
+        cursor.execute("ANALYZE traffic_requestrecord")
+    return now
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
+
+
+def _plan(filters: RequestFilters, after: Cursor | None) -> list[dict[str, Any]]:
+    query = matching_requests(filters, after=after)[: PAGE_SIZE + 1]
+    found = json.loads(query.explain(format="json"))
+    logging.getLogger(__name__).info("plan:\n%s", query.explain())  # for a reader of the output
+    return _nodes(found[0]["Plan"])
+
+
+def _partitions_in(since: datetime, until: datetime) -> set[str]:
+    """The request-record partitions whose day overlaps [since, until)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'traffic_requestrecord'::regclass"
+        )
+        bounds = cursor.fetchall()
+    found = set()
+    for name, bound in bounds:
+        if " TO " not in bound:  # a default partition
+            found.add(name)
+            continue
+        low, high = (datetime.fromisoformat(part.split("'")[1]) for part in bound.split(" TO "))
+        if low < until and since < high:
+            found.add(name)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("filters", "ordered"),
+    [({}, True), ({"server": 1}, True), ({"tenant": "t1"}, True),
+     # Estimated at fewer rows than a page: the planner sorts those few rather than read in order.
+     ({"server": 0, "tenant": "t2", "hit_min": 20.0}, False)],
+    ids=["no filter", "server", "tenant", "server, tenant and hit range"],
+)  # fmt: skip
+def test_first_and_later_pages_read_an_index_within_the_windows_partitions(
+    history: datetime, filters: dict[str, Any], ordered: bool
+) -> None:
+    servers = {n: Server.objects.get(name=f"vllm-{n}").pk for n in range(8)}
+    window = RequestFilters(
+        since=history - timedelta(hours=30), until=history - timedelta(hours=6),
+        server_id=servers[filters["server"]] if "server" in filters else None,
+        tenant=filters.get("tenant"), hit_min=filters.get("hit_min"),
+    )  # fmt: skip
+    later = Cursor(history - timedelta(hours=20), servers[1], "r-0")
+    wanted = _partitions_in(window.since, window.until)
+    assert 1 < len(wanted) < DAYS + 1  # the window spans two days of the five
+    for after in (None, later):
+        nodes = _plan(window, after)
+        scans = [n for n in nodes if n.get("Relation Name", "").startswith("traffic_requestrecord")]
+        assert scans and {node["Relation Name"] for node in scans} <= wanted
+        assert all(
+            node["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan") for node in scans
+        )
+        if ordered:
+            assert all(node.get("Scan Direction") == "Backward" for node in scans), scans
+            assert not any(node["Node Type"] in ("Sort", "Incremental Sort") for node in nodes)
