@@ -5,8 +5,6 @@ own readings (its scrapes, its KV events) for scope=server. Every parameter is c
 bad one answered 400 with a code and a message, rather than by django-ninja's 422.
 """
 
-import csv
-import io
 from datetime import datetime
 from typing import Any
 
@@ -96,13 +94,9 @@ def series(
 
 
 def _csv(found: traffic_series.SeriesSet) -> HttpResponse:
-    """The same numbers as the JSON: floats as Python writes them (repr), an empty cell for null."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["time", *(s.name for s in found.series)])
-    for at, values in traffic_series.table_rows(found):
-        writer.writerow([at.isoformat(), *("" if v is None else repr(v) for v in values)])
-    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response = HttpResponse(
+        traffic_series.as_csv(found.times, found.series), content_type="text/csv; charset=utf-8"
+    )
     name = f"{found.query.metric}-{found.query.scope}{'-' + found.query.id if found.query.id else ''}.csv"
     response["Content-Disposition"] = f'attachment; filename="{_safe(name)}"'
     return response

@@ -5,6 +5,8 @@ What the rollups hold per minute is summed per bucket, and ratios are taken of t
 hit rate weighs each request by its tokens, a TTFT quantile comes from the bucket's summed histogram.
 """
 
+import csv
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -208,19 +210,19 @@ def _bucketed(
         return {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
 
 
-def _times(query: SeriesQuery) -> list[datetime]:
+def bucket_starts(query: SeriesQuery) -> list[datetime]:
     count = int((query.until - query.since).total_seconds()) // query.bucket
     return [query.since + timedelta(seconds=i * query.bucket) for i in range(count)]
 
 
 def _on_grid(query: SeriesQuery, found: dict[datetime, Any], empty: float | None) -> list[float | None]:
     """One value per bucket: what was found, else `empty` (0 for counts, None for ratios)."""
-    values = [found.get(at) for at in _times(query)]
+    values = [found.get(at) for at in bucket_starts(query)]
     return [empty if value is None else float(value) for value in values]
 
 
 def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
-    return SeriesSet(query, UNITS[query.metric], source, _times(query), found)
+    return SeriesSet(query, UNITS[query.metric], source, bucket_starts(query), found)
 
 
 def _lost_tokens(query: SeriesQuery, where: str, params: dict[str, Any]) -> SeriesSet:
@@ -322,6 +324,17 @@ def _server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
     return _set(
         query, "traffic_kvevent", [Series(metric, _on_grid(query, {at: r[0] for at, r in rows.items()}, 0.0))]
     )
+
+
+def as_csv(times: list[datetime], found: list[Series]) -> str:
+    """A `time` column (ISO 8601, UTC), then one column per series: floats as Python writes them
+    (repr, so that a reader gets the very numbers of the JSON), an empty cell for None."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["time", *(s.name for s in found)])
+    for i, at in enumerate(times):
+        writer.writerow([at.isoformat(), *("" if s.values[i] is None else repr(s.values[i]) for s in found)])
+    return out.getvalue()
 
 
 def table_rows(found: SeriesSet) -> list[tuple[datetime, list[float | None]]]:
