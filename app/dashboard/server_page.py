@@ -33,6 +33,7 @@ LABELS = {
     "kv_usage": "KV cache usage", "evictions": "Blocks removed (KV events)",
     "preemptions": "Preemptions", "request_rate": "Finished (vLLM counter)",
     "recorded_rate": "Recorded by Prefixscope",
+    **{f"ttft_{p} ({ttft})": p for p in ("p50", "p90", "p99") for ttft in traffic_series.TTFTS},
     **dict(RequestDiagnosis.Cause.choices),
 }  # fmt: skip
 
@@ -45,6 +46,14 @@ class Window:
     bucket: int
     ttft: str
     error: str = ""  # why a custom window asked for was not taken
+
+    @property
+    def since_field(self) -> str:
+        return _local(self.since)
+
+    @property
+    def until_field(self) -> str:
+        return _local(self.until)
 
     def params(self) -> dict[str, str]:
         """What the page's URL says of the window."""
@@ -202,7 +211,10 @@ def _residency_rows(server: Server, window: Window) -> list[dict[str, Any]]:
 def _spread_cells(spread: Spread | None) -> list[str] | None:
     if spread is None:
         return None
-    return [f"{spread.count:,}", *(_shown(v, "seconds") for v in (spread.p50, spread.p90, spread.p99))]
+    return [
+        f"{spread.count:,}",
+        *("—" if v is None else f"{v:,.1f} s" for v in (spread.p50, spread.p90, spread.p99)),
+    ]
 
 
 def _lost(server: Server, window: Window) -> list[tuple[str, int]]:

@@ -20,19 +20,32 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(2);
   }
 
-  function options(figure, data, width) {
+  // Times in UTC, as the tables under the charts and the page's window are.
+  function utc(seconds, long) {
+    const iso = new Date(seconds * 1000).toISOString();
+    return long ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, 16);
+  }
+
+  // Whole steps for counts: an axis of blocks or tokens never reads 0.25.
+  const WHOLE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
+  function options(figure, data, times, width) {
     const muted = cssVar("--muted"), line = cssVar("--line");
     const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 } };
     const y = { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) };
+    if (data.unit === "count" || data.unit === "tokens" || data.unit === "requests") y.incrs = WHOLE;
+    const long = times.length > 1 && times[times.length - 1] - times[0] > 2 * 86400;
+    const x = { ...axis, values: (u, ticks) => ticks.map((t) => utc(t, long)) };
     return {
       width: width,
       height: 220,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
       scales: { x: { time: true }, y: data.unit === "ratio" ? { range: [0, 1] } : { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
-      axes: [axis, y],
+      axes: [x, y],
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
       series: [
-        { value: "{YYYY}-{MM}-{DD} {HH}:{mm}" },
+        { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
         ...data.series.map((s, i) => ({
           label: s.label || s.name,
           stroke: cssVar("--series-" + ((i % 8) + 1)),
@@ -56,7 +69,7 @@
     }
     const times = data.times.map((t) => (typeof t === "number" ? t : Date.parse(t) / 1000));
     const aligned = [times, ...data.series.map((s) => s.values)];
-    figure._plot = new uPlot(options(figure, data, target.clientWidth || 600), aligned, target);
+    figure._plot = new uPlot(options(figure, data, times, target.clientWidth || 600), aligned, target);
     figure.dataset.drawn = "true";
   }
 
