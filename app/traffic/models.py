@@ -187,17 +187,13 @@ class RequestRecord(PostgresPartitionedModel):
         return f"{self.request_id} on {self.server_id}"
 
 
-class MinuteRollup(models.Model):
-    """Per-minute totals of request records per server and template (null: no template).
+class RequestTotals(models.Model):
+    """Totals of request records per server and template (null: no template) over one period.
 
-    Dashboards read these, never raw request records, for windows longer than an hour.
     Two TTFT histograms, never mixed: as the clients saw it and as vLLM measured it; `*_buckets`
     count TTFTs per vLLM TTFT histogram bucket, cumulative (app/traffic/services/rollups.py).
     """
 
-    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
-    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
-    minute = models.DateTimeField()
     requests = models.PositiveIntegerField()
     prompt_tokens = models.BigIntegerField()
     cached_tokens = models.BigIntegerField()
@@ -219,6 +215,20 @@ class MinuteRollup(models.Model):
     prefill_cross_sum = models.FloatField(default=0, help_text="Sum of uncached tokens times TTFT seconds")
 
     class Meta:
+        abstract = True
+
+
+class MinuteRollup(RequestTotals):
+    """Per-minute totals of request records per server and template (null: no template).
+
+    Dashboards read these, never raw request records, for windows longer than an hour.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    minute = models.DateTimeField()
+
+    class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["server", "template", "minute"], name="minute_rollup_identity", nulls_distinct=False
@@ -228,6 +238,28 @@ class MinuteRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class HourRollup(RequestTotals):
+    """The minute rollups summed per hour, for series of a day or longer (a week of a fleet's
+    minutes is too many rows to sum per request). Recomputed from the minutes whenever they are."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    hour = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "hour"], name="hour_rollup_identity", nulls_distinct=False
+            ),
+        ]
+        indexes = [models.Index(fields=["hour"], name="hour_rollup_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
 
 
 class LossMinute(models.Model):

@@ -172,13 +172,13 @@ def series(query: SeriesQuery) -> SeriesSet:
 
 
 def _scope(query: SeriesQuery) -> tuple[str, str, dict[str, Any]]:
-    """The rollup table a query reads and its WHERE clause: request rollups, or for a tenant (and
-    for lost tokens, which only the diagnoses have) the loss rollups."""
-    table = (
-        "traffic_lossminute"
-        if query.scope == "tenant" or query.metric == "lost_tokens"
-        else "traffic_minuterollup"
-    )
+    """The rollup table a query reads and its WHERE clause: request rollups (by the hour for buckets
+    of whole hours), or for a tenant (and for lost tokens, which only the diagnoses have) the loss
+    rollups."""
+    if query.scope == "tenant" or query.metric == "lost_tokens":
+        table = "traffic_lossminute"
+    else:  # a week of whole hours is 168 rows per server and template, not 10,080
+        table = "traffic_hourrollup" if query.bucket % 3600 == 0 else "traffic_minuterollup"
     if query.scope == "server":
         return table, "server_id = %(id)s", {"id": _server_id(query.id)}
     if query.scope == "template":
@@ -201,6 +201,7 @@ def _bucketed(
     table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
 ) -> dict[datetime, tuple[Any, ...]]:
     """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
+    time = "hour" if table == "traffic_hourrollup" else time
     sql = f"""
         SELECT {_bin(time)} AS b, {columns}
         FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
@@ -240,25 +241,21 @@ def _lost_tokens(query: SeriesQuery, where: str, params: dict[str, Any]) -> Seri
 
 
 def _ttft(query: SeriesQuery, where: str, params: dict[str, Any]) -> SeriesSet:
-    """A TTFT quantile per bucket, from the bucket's summed histogram (as PromQL's histogram_quantile)."""
+    """A TTFT quantile per bucket, from the bucket's summed histogram (as PromQL's histogram_quantile).
+
+    The cumulative counts are summed position by position (one sum per histogram bucket), which
+    PostgreSQL does in one pass, rather than unnesting every row's array."""
     column = f"{query.ttft}_ttft_buckets"
-    sql = f"""
-        SELECT {_bin("minute")} AS b, u.i, sum(u.n)
-        FROM traffic_minuterollup, unnest({column}) WITH ORDINALITY AS u(n, i)
-        WHERE {where} AND minute >= %(since)s AND minute < %(until)s GROUP BY b, u.i
-    """
-    histograms: dict[datetime, list[int]] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {**params, "bucket": query.bucket, "since": query.since, "until": query.until})
-        for at, index, count in cursor.fetchall():
-            histograms.setdefault(at, [0] * (len(TTFT_BUCKETS_SECONDS) + 1))[index - 1] = int(count)
+    sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2))
+    table = "traffic_hourrollup" if query.bucket % 3600 == 0 else "traffic_minuterollup"
+    rows = _bucketed(table, sums, where, params, query)
     q = _QUANTILES[query.metric]
-    found = {at: histogram_quantile(q, TTFT_BUCKETS_SECONDS, counts) for at, counts in histograms.items()}
-    return _set(
-        query,
-        "traffic_minuterollup",
-        [Series(f"{query.metric} ({query.ttft})", _on_grid(query, found, None))],
-    )
+    found = {
+        at: histogram_quantile(q, TTFT_BUCKETS_SECONDS, [int(n) for n in counts])
+        for at, counts in rows.items()
+    }
+    name = f"{query.metric} ({query.ttft})"
+    return _set(query, table, [Series(name, _on_grid(query, found, None))])
 
 
 # What each of a server's own readings is made of: scraped series (as exposed), or KV events.

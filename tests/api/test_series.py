@@ -171,6 +171,38 @@ def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, sta
     assert [float(cell) for cell in csv_rows[1][1:]] == [values[0] for values in lost.values()]
 
 
+def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
+    signed_in: Client, start: datetime
+) -> None:
+    Server.objects.create(name="vllm-a", base_url="http://vllm-a:8000", block_size=16)
+    hour = start.replace(minute=0)
+
+    def arrive(n: int, minute: int, prompt: int, cached: int, ttft: float | None = None) -> None:
+        at = hour + timedelta(minutes=minute, seconds=5)
+        facts = [record("vllm-a", at, n, prompt, cached, client_ttft_seconds=ttft)]
+        ingest_request_records(facts, source="rest", now=timezone.now())
+        refresh_minute_rollups(since=at, until=at)  # that minute alone, as the task's window would
+
+    arrive(1, 1, 1000, 500, 0.3)
+    arrive(2, 50, 3000, 3000, 0.9)
+    params = {
+        "metric": "hit_rate",
+        "bucket": 3600,
+        "since": hour.isoformat(),
+        "until": (hour + timedelta(hours=1)).isoformat(),
+    }
+    found = get(signed_in, **params)
+    assert found["source"] == "traffic_hourrollup"
+    assert found["series"][0]["values"] == [3500 / 4000]
+    assert get(signed_in, **{**params, "metric": "ttft_p50"})["series"][0]["values"] == [0.5]  # 0.3 and 0.9 s
+
+    arrive(3, 10, 4000, 0)  # late, into a minute of an hour already summed
+    assert get(signed_in, **params)["series"][0]["values"] == [3500 / 8000]
+    minutes = get(signed_in, **{**params, "bucket": 60})
+    assert minutes["source"] == "traffic_minuterollup"
+    assert sum(v for v in minutes["series"][0]["values"] if v is not None) == 0.5 + 0 + 1.0
+
+
 @pytest.mark.parametrize(
     ("params", "code"),
     [
