@@ -262,21 +262,11 @@ class HourRollup(RequestTotals):
         return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
 
 
-class LossMinute(models.Model):
-    """Per-minute sums of the diagnoses (app/traffic/services/diagnosis.py) per server, template,
-    template version and tenant: the funnel's steps and the tokens lost per cause.
+class LossTotals(models.Model):
+    """Sums of the diagnoses (app/traffic/services/diagnosis.py) over one period per server,
+    template, template version and tenant: the funnel's steps and the tokens lost per cause."""
 
-    Dashboards, the REST API and the tenant audit read these, never raw diagnoses. Routing
-    effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
-    """
-
-    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
-    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
-    template_version = models.ForeignKey(
-        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
     tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
-    minute = models.DateTimeField()
     requests = models.PositiveIntegerField()
     diagnosed = models.PositiveIntegerField(help_text="Requests with a diagnosis (the rest: unknown)")
     unexpected_hits = models.PositiveIntegerField(default=0)
@@ -299,6 +289,24 @@ class LossMinute(models.Model):
     no_kv_events_tokens = models.BigIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class LossMinute(LossTotals):
+    """Per-minute sums of the diagnoses.
+
+    Dashboards, the REST API and the tenant audit read these, never raw diagnoses. Routing
+    effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    minute = models.DateTimeField()
+
+    class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["server", "template", "template_version", "tenant", "minute"],
@@ -310,6 +318,33 @@ class LossMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class LossHour(LossTotals):
+    """The loss minutes summed per hour, for series of a day or longer. Recomputed from the
+    minutes whenever they are."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    hour = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "template_version", "tenant", "hour"],
+                name="loss_hour_identity",
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [models.Index(fields=["hour"], name="loss_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
 
 
 class KVStream(models.Model):

@@ -156,10 +156,10 @@ def series(query: SeriesQuery) -> SeriesSet:
         return _server_series(query, server_id)
     table, where, params = _scope(query)
     if query.metric == "lost_tokens":
-        return _lost_tokens(query, where, params)
+        return _lost_tokens(query, table, where, params)
     if query.metric.startswith("ttft_"):
-        return _ttft(query, where, params)
-    if table == "traffic_lossminute":  # a tenant: only the diagnoses carry one
+        return _ttft(query, table, where, params)
+    if table in ("traffic_lossminute", "traffic_losshour"):  # a tenant: only the diagnoses carry one
         columns = {"hit_rate": "sum(reused_tokens)::float8 / nullif(sum(diagnosed_prompt_tokens), 0)",
                    "requests": "sum(requests)"}  # fmt: skip
     else:
@@ -175,10 +175,11 @@ def _scope(query: SeriesQuery) -> tuple[str, str, dict[str, Any]]:
     """The rollup table a query reads and its WHERE clause: request rollups (by the hour for buckets
     of whole hours), or for a tenant (and for lost tokens, which only the diagnoses have) the loss
     rollups."""
+    hours = query.bucket % 3600 == 0  # a week of whole hours is 168 rows per group, not 10,080
     if query.scope == "tenant" or query.metric == "lost_tokens":
-        table = "traffic_lossminute"
-    else:  # a week of whole hours is 168 rows per server and template, not 10,080
-        table = "traffic_hourrollup" if query.bucket % 3600 == 0 else "traffic_minuterollup"
+        table = "traffic_losshour" if hours else "traffic_lossminute"
+    else:
+        table = "traffic_hourrollup" if hours else "traffic_minuterollup"
     if query.scope == "server":
         return table, "server_id = %(id)s", {"id": _server_id(query.id)}
     if query.scope == "template":
@@ -201,7 +202,7 @@ def _bucketed(
     table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
 ) -> dict[datetime, tuple[Any, ...]]:
     """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
-    time = "hour" if table == "traffic_hourrollup" else time
+    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour") else time
     sql = f"""
         SELECT {_bin(time)} AS b, {columns}
         FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
@@ -226,28 +227,25 @@ def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
     return SeriesSet(query, UNITS[query.metric], source, bucket_starts(query), found)
 
 
-def _lost_tokens(query: SeriesQuery, where: str, params: dict[str, Any]) -> SeriesSet:
+def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
     """Prompt tokens lost per cause per bucket; the causes that lost nothing in the window left out."""
     causes = list(LOST_COLUMNS)
-    rows = _bucketed(
-        "traffic_lossminute", ", ".join(f"sum({LOST_COLUMNS[c]})" for c in causes), where, params, query
-    )
+    rows = _bucketed(table, ", ".join(f"sum({LOST_COLUMNS[c]})" for c in causes), where, params, query)
     found = []
     for i, cause in enumerate(causes):
         values = _on_grid(query, {at: row[i] for at, row in rows.items()}, 0.0)
         if any(values):
             found.append(Series(cause, values))
-    return _set(query, "traffic_lossminute", found)
+    return _set(query, table, found)
 
 
-def _ttft(query: SeriesQuery, where: str, params: dict[str, Any]) -> SeriesSet:
+def _ttft(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
     """A TTFT quantile per bucket, from the bucket's summed histogram (as PromQL's histogram_quantile).
 
     The cumulative counts are summed position by position (one sum per histogram bucket), which
     PostgreSQL does in one pass, rather than unnesting every row's array."""
     column = f"{query.ttft}_ttft_buckets"
     sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2))
-    table = "traffic_hourrollup" if query.bucket % 3600 == 0 else "traffic_minuterollup"
     rows = _bucketed(table, sums, where, params, query)
     q = _QUANTILES[query.metric]
     found = {

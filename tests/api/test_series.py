@@ -169,6 +169,11 @@ def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, sta
     csv_rows = list(csv.reader(io.StringIO(answer.content.decode())))
     assert csv_rows[0] == ["time", *lost]
     assert [float(cell) for cell in csv_rows[1][1:]] == [values[0] for values in lost.values()]
+    hour = start.replace(minute=0)
+    by_hour = {"since": hour.isoformat(), "until": (hour + timedelta(hours=1)).isoformat(), "bucket": 3600}
+    hourly = get(signed_in, metric="lost_tokens", scope="tenant", id="acme", **by_hour)
+    assert hourly["source"] == "traffic_losshour"  # the hour summed from its minutes by the diagnosis task
+    assert {s["name"]: s["values"] for s in hourly["series"]} == {name: [v[0]] for name, v in lost.items()}
 
 
 def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(

@@ -147,10 +147,29 @@ ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
 """
 
 
+_LOSS_TOTALS = ("requests", "diagnosed", "unexpected_hits", "diagnosed_prompt_tokens", *_SUMMED)
+# As HOUR_SQL: the hours emptied and summed again from their minutes.
+_LOSS_HOUR_DELETE_SQL = "DELETE FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s"
+LOSS_HOUR_SQL = f"""
+INSERT INTO traffic_losshour (server_id, template_id, template_version_id, tenant, hour,
+                              {", ".join(_LOSS_TOTALS)})
+SELECT server_id, template_id, template_version_id, tenant, date_trunc('hour', minute),
+       {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_lossminute WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3, 4, 5
+"""
+
+
 def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
     """Recompute the per-minute loss rows of every whole minute touching [since, until) from the
-    diagnoses; returns rows written. The diagnosis task calls it for the arrivals it just diagnosed."""
+    diagnoses, and the hours holding them; returns the minute rows written. The diagnosis task
+    calls it for the arrivals it just diagnosed."""
     start, end = _whole_minutes(since, until)
+    hours_start, hours_end = _whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_LOSS_SQL, {"since": start, "until": end})
-        return int(cursor.rowcount)
+        written = int(cursor.rowcount)
+        hours = {"since": hours_start, "until": hours_end}
+        cursor.execute(_LOSS_HOUR_DELETE_SQL, hours)
+        cursor.execute(LOSS_HOUR_SQL, hours)
+        return written
