@@ -21,7 +21,7 @@ from app.traffic import series as traffic_series
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import Spread, block_residency
 from app.traffic.selectors import lost_tokens_by_cause, server_funnel
-from app.traffic.series import Series, SeriesError, SeriesQuery
+from app.traffic.series import Series, SeriesError, SeriesQuery, is_key
 
 # The picker's windows and the bucket each is drawn in (a few hundred points at most).
 WINDOWS = {"1h": (timedelta(hours=1), 60), "6h": (timedelta(hours=6), 300),
@@ -97,7 +97,9 @@ class Chart:
 @login_required
 def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
     """A server by id or name: its charts over the window in the URL, or one chart's CSV."""
-    found = get_object_or_404(Server, **({"pk": int(server)} if server.isdigit() else {"name": server}))
+    if "\x00" in server:
+        raise Http404("no such server")
+    found = get_object_or_404(Server, **({"pk": int(server)} if is_key(server) else {"name": server}))
     window = picked_window(request.GET, now=timezone.now())
     charts = server_charts(found, window)
     if request.GET.get("format") == "csv":

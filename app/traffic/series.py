@@ -29,6 +29,7 @@ BUCKETS = (60, 300, 900, 3600, 21600, 86400)
 TTFTS = ("client", "server")
 MAX_POINTS = 2000
 MAX_WINDOW = timedelta(days=31)
+MAX_ID = 255
 UNITS = {
     "hit_rate": "ratio", "engine_hit_rate": "ratio", "kv_usage": "ratio", "ttft_p50": "seconds",
     "ttft_p90": "seconds", "ttft_p99": "seconds", "lost_tokens": "tokens", "requests": "requests",
@@ -91,7 +92,9 @@ def parse_query(params: Mapping[str, str], *, now: datetime) -> SeriesQuery:
     ident = params.get("id", "").strip()
     if (scope == "fleet") != (ident == ""):
         raise SeriesError("bad_id", "id names the server, template or tenant, and only for those scopes")
-    if scope == "template" and not ident.isdigit():
+    if len(ident) > MAX_ID or "\x00" in ident:
+        raise SeriesError("bad_id", f"an id is at most {MAX_ID} characters, without NUL")
+    if scope == "template" and not is_key(ident):
         raise SeriesError("bad_id", "a template's id is a number")
     if metric in SERVER_METRICS and scope != "server":
         raise SeriesError("bad_scope", f"{metric} is a server's own reading: use scope=server")
@@ -128,7 +131,14 @@ def _time(params: Mapping[str, str], name: str, default: datetime) -> datetime:
         )
     except (ValueError, OverflowError, OSError):
         raise SeriesError(f"bad_{name}", f"{name} is ISO 8601 or Unix seconds") from None
+    if not 1970 <= moment.year <= 9000:  # room to round to a bucket and add a window
+        raise SeriesError(f"bad_{name}", f"{name} is after 1970 and before 9000")
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def is_key(text: str) -> bool:
+    """Whether `text` is a primary key PostgreSQL's bigint holds (ASCII digits only)."""
+    return text.isascii() and text.isdigit() and int(text) < 2**63
 
 
 def _is_number(text: str) -> bool:
@@ -191,7 +201,7 @@ def _scope(query: SeriesQuery) -> tuple[str, str, dict[str, Any]]:
 
 def _server_id(ident: str) -> int:
     """A server's primary key from its id or its name; SeriesError when there is none."""
-    found = Server.objects.filter(**({"pk": int(ident)} if ident.isdigit() else {"name": ident}))
+    found = Server.objects.filter(**({"pk": int(ident)} if is_key(ident) else {"name": ident}))
     pk = found.values_list("pk", flat=True).first()
     if pk is None:
         raise SeriesError("unknown_server", f"no server {ident!r}")

@@ -236,6 +236,11 @@ def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
             "bad_bucket",
         ),
         ({"metric": "hit_rate", "ttft": "both"}, "bad_ttft"),
+        ({"metric": "hit_rate", "until": "9999-12-31T23:59:59"}, "bad_until"),
+        ({"metric": "hit_rate", "scope": "template", "id": "99999999999999999999"}, "bad_id"),
+        ({"metric": "hit_rate", "scope": "server", "id": "99999999999999999999"}, "unknown_server"),
+        ({"metric": "hit_rate", "scope": "tenant", "id": "a\x00b"}, "bad_id"),
+        ({"metric": "hit_rate", "scope": "tenant", "id": "a" * 256}, "bad_id"),
     ],
 )
 def test_a_bad_parameter_is_a_400_with_a_code_and_a_message(
@@ -249,3 +254,16 @@ def test_a_bad_parameter_is_a_400_with_a_code_and_a_message(
 
 def test_the_series_asks_for_a_login_or_a_token(client: Client) -> None:
     assert client.get("/api/v1/series", {"metric": "hit_rate"}).status_code == 401
+
+
+def test_the_series_is_in_the_openapi_schema_with_its_400(client: Client) -> None:
+    operation = client.get("/api/openapi.json").json()["paths"]["/api/v1/series"]["get"]
+    assert "400" in operation["responses"]
+    assert {p["name"] for p in operation["parameters"]} >= {
+        "metric",
+        "scope",
+        "id",
+        "since",
+        "until",
+        "bucket",
+    }

@@ -121,4 +121,6 @@ def test_the_fleet_table_links_each_server_to_its_page(signed_in: Client) -> Non
 def test_an_unknown_server_or_chart_is_a_404(signed_in: Client) -> None:
     server, _ = a_served_server()
     assert signed_in.get("/servers/nobody/").status_code == 404
+    assert signed_in.get("/servers/99999999999999999999/").status_code == 404  # beyond a bigint: a name
+    assert signed_in.get("/servers/a%00b/").status_code == 404
     assert signed_in.get(f"/servers/{server.pk}/", {"chart": "nope", "format": "csv"}).status_code == 404
