@@ -20,10 +20,21 @@
     return Number.isInteger(value) ? String(value) : value.toFixed(2);
   }
 
-  // Times in UTC, as the tables under the charts and the page's window are.
+  // Times in UTC, as the tables under the charts and the page's window are: a day's tick of a long
+  // window shows its date alone, so that seven of them fit side by side.
   function utc(seconds, long) {
     const iso = new Date(seconds * 1000).toISOString();
-    return long ? iso.slice(5, 10) + " " + iso.slice(11, 16) : iso.slice(11, 16);
+    if (!long) return iso.slice(11, 16);
+    return seconds % 86400 === 0 ? iso.slice(5, 10) : iso.slice(5, 10) + " " + iso.slice(11, 16);
+  }
+
+  // Values with no neighbour (nothing measured on either side) are drawn as dots: a line needs two.
+  function isolated(values) {
+    const found = [];
+    values.forEach((v, i) => {
+      if (v !== null && (i === 0 || values[i - 1] === null) && (i === values.length - 1 || values[i + 1] === null)) found.push(i);
+    });
+    return found;
   }
 
   // Whole steps for counts: an axis of blocks or tokens never reads 0.25.
@@ -35,7 +46,7 @@
     const y = { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) };
     if (data.unit === "count" || data.unit === "tokens" || data.unit === "requests") y.incrs = WHOLE;
     const long = times.length > 1 && times[times.length - 1] - times[0] > 2 * 86400;
-    const x = { ...axis, values: (u, ticks) => ticks.map((t) => utc(t, long)) };
+    const x = { ...axis, space: 60, values: (u, ticks) => ticks.map((t) => utc(t, long)) };
     return {
       width: width,
       height: 220,
@@ -50,7 +61,7 @@
           label: s.label || s.name,
           stroke: cssVar("--series-" + ((i % 8) + 1)),
           width: 2,
-          points: { show: data.times.length < 40 },
+          points: data.times.length < 40 ? { show: true } : { show: true, size: 6, filter: () => isolated(s.values) },
           value: (u, v) => format(data.unit, v),
         })),
       ],

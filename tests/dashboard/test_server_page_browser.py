@@ -50,4 +50,10 @@ def test_the_server_page_draws_its_charts_offline(
     page.locator("#chart-ttft summary").click()
     expect(page.locator("#chart-ttft table tbody tr").first).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / f"server-{scheme}.png"), full_page=True)
+
+    page.get_by_label("7d").check()  # the picker, as a person would use it: the window goes into the URL
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_url("**window=7d**")
+    expect(page.locator('figure[data-chart][data-drawn="true"]')).to_have_count(5)
+    page.screenshot(path=str(SCREENSHOTS / f"server-7d-{scheme}.png"))
     assert errors == [] and blocked == []
