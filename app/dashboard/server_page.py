@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
@@ -108,7 +109,7 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
                "residency": _residency_rows(found, window),
                "lost": _lost(found, window),
                "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until),
-               "query": "&".join(f"{k}={v}" for k, v in window.params().items())}  # fmt: skip
+               "query": urlencode(window.params())}  # fmt: skip
     return render(request, "dashboard/server.html", context)
 
 

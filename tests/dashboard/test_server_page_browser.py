@@ -51,6 +51,19 @@ def test_the_server_page_draws_its_charts_offline(
     expect(page.locator("#chart-ttft table tbody tr").first).to_be_visible()
     page.screenshot(path=str(SCREENSHOTS / f"server-{scheme}.png"), full_page=True)
 
+    # A chart may also read its numbers from the series API (data-src) rather than from the page.
+    page.evaluate(
+        """url => {
+        const figure = document.createElement("figure");
+        figure.id = "from-api"; figure.dataset.chart = ""; figure.dataset.src = url;
+        figure.innerHTML = '<div class="chart-canvas"></div>';
+        document.querySelector(".charts").append(figure);
+        document.dispatchEvent(new Event("htmx:afterSettle"));
+    }""",
+        f"/api/v1/series?metric=hit_rate&scope=server&id={server.pk}",
+    )
+    expect(page.locator('#from-api[data-drawn="true"] canvas')).to_have_count(1)
+
     page.get_by_label("7d").check()  # the picker, as a person would use it: the window goes into the URL
     page.get_by_role("button", name="Show").click()
     page.wait_for_url("**window=7d**")
