@@ -311,7 +311,8 @@ def _server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
             query, server_id, PREEMPTIONS if metric == "preemptions" else FINISHED_REQUESTS
         )
         per = query.bucket if metric == "request_rate" else 1
-        values = _on_grid(query, {at: v / per for at, v in grown.items()}, 0.0)
+        # No pull in a bucket is not zero: nothing is known of it (the server was down, or not yet watched).
+        values = _on_grid(query, {at: v / per for at, v in grown.items()}, None)
         return _set(query, "traffic_scrapesample", [Series(metric, values)])
     if metric == "kv_usage":
         where = (

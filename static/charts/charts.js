@@ -13,6 +13,7 @@
 
   function format(unit, value) {
     if (value === null || value === undefined) return "—";
+    if (value === 0) return "0";
     if (unit === "ratio") return (100 * value).toFixed(value < 0.1 && value > 0 ? 1 : 0) + " %";
     if (unit === "seconds") return value < 1 ? (1000 * value).toFixed(0) + " ms" : value.toFixed(2) + " s";
     if (Math.abs(value) >= 1e6) return (value / 1e6).toFixed(1) + " M";
