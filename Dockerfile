@@ -1,5 +1,13 @@
 # Prefixscope's image: web (gunicorn), Celery worker and beat, and the KV-event collectors.
 # One image, several commands; docker-compose.yml picks the command per service.
+
+# The browser's chart library (uPlot), installed from package-lock.json by npm in a stage of its own:
+# the image that runs needs its files (collected below as static files), not Node.
+FROM node:20-slim AS browser-libraries
+WORKDIR /build
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+
 FROM python:3.11-slim
 
 # PYTHONPATH: import the source tree in /app rather than the copy in site-packages, so that BASE_DIR
@@ -22,6 +30,7 @@ COPY requirements.lock ./
 RUN pip install -r requirements.lock
 
 COPY . .
+COPY --from=browser-libraries /build/node_modules ./node_modules
 # Installed editable, so that the C extension is built beside its source in /app (PYTHONPATH).
 # collectstatic runs with DEBUG off so that whitenoise's manifest storage writes its manifest;
 # the secret key below exists only for this build step and is never used at run time.

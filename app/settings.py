@@ -104,7 +104,9 @@ STATIC_URL = "static/"
 # The local data folder: embedded servers (app/devstack.py), collected static files, gateway spill files.
 PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
 STATIC_ROOT = PREFIXSCOPE_DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# uPlot, the chart library, as npm installed it (`make` runs `npm ci`; the Dockerfile too): served
+# from the package's own dist/ under static/uplot/, never copied into the repository.
+STATICFILES_DIRS = [BASE_DIR / "static", ("uplot", BASE_DIR / "node_modules" / "uplot" / "dist")]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

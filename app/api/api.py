@@ -9,6 +9,7 @@ from app.api.families import router as families_router
 from app.api.ingest.rest import router as ingest_router
 from app.api.regressions import router as regressions_router
 from app.api.requests import router as requests_router
+from app.api.series import router as series_router
 from app.api.templates import router as templates_router
 from app.core.middleware import database_unavailable
 
@@ -29,3 +30,4 @@ api.add_router("/v1", families_router)
 api.add_router("/v1", diagnosis_router)
 api.add_router("/v1", requests_router)
 api.add_router("/v1", regressions_router)
+api.add_router("/v1", series_router)

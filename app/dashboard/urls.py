@@ -1,12 +1,13 @@
 from django.urls import path
 
-from app.dashboard import explorer, views
+from app.dashboard import explorer, server_page, views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("collection/", views.collection, name="collection"),
     path("tenants/", views.tenants, name="tenants"),
+    path("servers/<str:server>/", server_page.server_detail, name="server-detail"),
     path("proposed/<int:server_id>/", views.proposed_server, name="proposed-server"),
     path("requests/", explorer.requests_explorer, name="requests"),
     path("requests/<str:server>/<path:request_id>/", views.request_detail, name="request-detail"),

@@ -191,17 +191,13 @@ class RequestRecord(PostgresPartitionedModel):
         return f"{self.request_id} on {self.server_id}"
 
 
-class MinuteRollup(models.Model):
-    """Per-minute totals of request records per server and template (null: no template).
+class RequestTotals(models.Model):
+    """Totals of request records per server and template (null: no template) over one period.
 
-    Dashboards read these, never raw request records, for windows longer than an hour.
     Two TTFT histograms, never mixed: as the clients saw it and as vLLM measured it; `*_buckets`
     count TTFTs per vLLM TTFT histogram bucket, cumulative (app/traffic/services/rollups.py).
     """
 
-    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
-    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
-    minute = models.DateTimeField()
     requests = models.PositiveIntegerField()
     prompt_tokens = models.BigIntegerField()
     cached_tokens = models.BigIntegerField()
@@ -223,6 +219,20 @@ class MinuteRollup(models.Model):
     prefill_cross_sum = models.FloatField(default=0, help_text="Sum of uncached tokens times TTFT seconds")
 
     class Meta:
+        abstract = True
+
+
+class MinuteRollup(RequestTotals):
+    """Per-minute totals of request records per server and template (null: no template).
+
+    Dashboards read these, never raw request records, for windows longer than an hour.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    minute = models.DateTimeField()
+
+    class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["server", "template", "minute"], name="minute_rollup_identity", nulls_distinct=False
@@ -234,21 +244,33 @@ class MinuteRollup(models.Model):
         return f"{self.server_id}/{self.template_id} {self.minute:%Y-%m-%d %H:%M}"
 
 
-class LossMinute(models.Model):
-    """Per-minute sums of the diagnoses (app/traffic/services/diagnosis.py) per server, template,
-    template version and tenant: the funnel's steps and the tokens lost per cause.
-
-    Dashboards, the REST API and the tenant audit read these, never raw diagnoses. Routing
-    effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
-    """
+class HourRollup(RequestTotals):
+    """The minute rollups summed per hour, for series of a day or longer (a week of a fleet's
+    minutes is too many rows to sum per request). Recomputed from the minutes whenever they are."""
 
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
-    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
-    template_version = models.ForeignKey(
-        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
     )
+    hour = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "hour"], name="hour_rollup_identity", nulls_distinct=False
+            ),
+        ]
+        indexes = [models.Index(fields=["hour"], name="hour_rollup_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
+
+
+class LossTotals(models.Model):
+    """Sums of the diagnoses (app/traffic/services/diagnosis.py) over one period per server,
+    template, template version and tenant: the funnel's steps and the tokens lost per cause."""
+
     tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
-    minute = models.DateTimeField()
     requests = models.PositiveIntegerField()
     diagnosed = models.PositiveIntegerField(help_text="Requests with a diagnosis (the rest: unknown)")
     unexpected_hits = models.PositiveIntegerField(default=0)
@@ -271,6 +293,24 @@ class LossMinute(models.Model):
     no_kv_events_tokens = models.BigIntegerField(default=0)
 
     class Meta:
+        abstract = True
+
+
+class LossMinute(LossTotals):
+    """Per-minute sums of the diagnoses.
+
+    Dashboards, the REST API and the tenant audit read these, never raw diagnoses. Routing
+    effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
+    """
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    minute = models.DateTimeField()
+
+    class Meta:
         constraints = [
             models.UniqueConstraint(
                 fields=["server", "template", "template_version", "tenant", "minute"],
@@ -282,6 +322,33 @@ class LossMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class LossHour(LossTotals):
+    """The loss minutes summed per hour, for series of a day or longer. Recomputed from the
+    minutes whenever they are."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    hour = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "template", "template_version", "tenant", "hour"],
+                name="loss_hour_identity",
+                nulls_distinct=False,
+            ),
+        ]
+        indexes = [models.Index(fields=["hour"], name="loss_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
 
 
 class KVStream(models.Model):

@@ -226,3 +226,15 @@ def recent_misses(*, since: datetime, limit: int = 15) -> list[RequestDiagnosis]
         .select_related("server", "template")
         .order_by("-reusable_lost", "-arrived_at")[:limit]
     )
+
+
+def server_funnel(*, server_id: int, since: datetime, until: datetime) -> dict[str, int]:
+    """One server's diagnosed requests in the window and their funnel (prompt, seen before, resident
+    anywhere, resident here, reused tokens) with the tokens routing lost (resident on another server)."""
+    sums = (
+        _loss_minutes(since=since, until=until)
+        .filter(server_id=server_id)
+        .aggregate(requests=Sum("diagnosed"), routed_elsewhere_tokens=Sum("routed_elsewhere_tokens"),
+                   **{column: Sum(column) for column in _FUNNEL})
+    )  # fmt: skip
+    return {name: value or 0 for name, value in sums.items()}

@@ -151,6 +151,7 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
         # minute the Fleet page's hit rate of recorded requests.
         wait_for_demo_data(tmp_path, timeout=180, rollups=ROLLED_UP)
         assert_fleet_shows_request_hit_rates(browser, f"http://127.0.0.1:{port}")
+        assert_server_page_serves_its_chart_library(browser, f"http://127.0.0.1:{port}")
         with database(tmp_path) as conn:
             admin = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
             assert admin is not None and check_password("-starts-like-an-option", admin[0])
@@ -272,10 +273,19 @@ def assert_fleet_shows_request_hit_rates(browser: urllib.request.OpenerDirector,
     """Every demo server's row on the Fleet page has a hit rate of its recorded requests."""
     page = browser.open(f"{base}/", timeout=5).read().decode()
     table = page[page.index('id="fleet-table"') : page.index("</section>", page.index('id="fleet-table"'))]
-    rows = re.findall(r"<tr>\s*<td>(sim-\d)</td>(.*?)</tr>", table, re.S)
+    rows = re.findall(r"<tr>\s*<td>(?:<a [^>]*>)?(sim-\d)(?:</a>)?</td>(.*?)</tr>", table, re.S)
     rates = {name: re.findall(r'<td class="num">([^<]*)</td>', cells)[-1].strip() for name, cells in rows}
     assert sorted(rates) == ["sim-0", "sim-1", "sim-2", "sim-3"], table
     assert all(re.fullmatch(r"\d+\.\d %", rate) for rate in rates.values()), rates
+
+
+def assert_server_page_serves_its_chart_library(browser: urllib.request.OpenerDirector, base: str) -> None:
+    """A server's page names uPlot as collectstatic stored it (from node_modules, manifest-hashed), and
+    the web process serves it."""
+    page = browser.open(f"{base}/servers/sim-0/", timeout=5).read().decode()
+    script = re.search(r'src="(/static/uplot/uPlot\.iife\.min\.[0-9a-f]{12}\.js)"', page)
+    assert script, page[:3000]
+    assert b"uPlot" in browser.open(f"{base}{script[1]}", timeout=5).read()
 
 
 def assert_production_like(base: str, *, password: str) -> urllib.request.OpenerDirector:

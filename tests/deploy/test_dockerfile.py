@@ -16,7 +16,22 @@ def instructions(keyword: str) -> list[str]:
 
 
 def test_the_image_starts_from_python_3_11_slim() -> None:
-    assert instructions("FROM") == ["python:3.11-slim"]
+    # The last stage is the image; the one before only installs the browser's libraries with npm.
+    assert instructions("FROM")[-1] == "python:3.11-slim"
+
+
+def test_the_chart_library_is_installed_by_npm_from_the_lock_before_static_files_are_collected() -> None:
+    assert instructions("FROM")[:-1] == ["node:20-slim AS browser-libraries"]
+    assert "npm ci --no-audit --no-fund" in instructions("RUN")
+    copies = instructions("COPY")
+    assert "package.json package-lock.json ./" in copies
+    installed = copies.index("--from=browser-libraries /build/node_modules ./node_modules")
+    assert copies.index(". .") < installed  # the host's node_modules never enters (.dockerignore)
+    assert "node_modules" in (ROOT / ".dockerignore").read_text().split()
+    # collectstatic, in the last RUN that names it, comes after the copy (instructions are in order).
+    order = [line.split(None, 1)[1] for line in INSTRUCTIONS]
+    copy_at = order.index("--from=browser-libraries /build/node_modules ./node_modules")
+    assert any("collectstatic" in line for line in order[copy_at:])
 
 
 def test_locked_dependencies_install_before_the_project_and_static_files_are_collected() -> None:

@@ -65,15 +65,56 @@ def _whole_minutes(since: datetime, until: datetime) -> tuple[datetime, datetime
     return _minute_floor(since), end + timedelta(minutes=1) if until != end else end
 
 
+_TOTALS = (
+    "requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens", "client_ttft_count",
+    "client_ttft_sum_seconds", "server_ttft_count", "server_ttft_sum_seconds", "prefill_count",
+    "prefill_uncached_sum", "prefill_ttft_sum", "prefill_uncached_squares", "prefill_cross_sum",
+)  # fmt: skip
+
+
+def _summed_histogram(column: str) -> str:
+    """Cumulative bucket counts summed position by position over the rows grouped."""
+    return (
+        "ARRAY["
+        + ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2))
+        + "]"
+    )
+
+
+# The hours are emptied and summed again from their minutes, so an hour converges on its minutes
+# even when a group (a server, a template) has no minute left in it.
+_HOUR_DELETE_SQL = "DELETE FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s"
+HOUR_SQL = f"""
+INSERT INTO traffic_hourrollup (server_id, template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
+                                server_ttft_buckets)
+SELECT server_id, template_id, date_trunc('hour', minute), {", ".join(f"sum({c})" for c in _TOTALS)},
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3
+"""
+
+
+def _whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+    start = since.replace(minute=0, second=0, microsecond=0)
+    end = until.replace(minute=0, second=0, microsecond=0)
+    return start, end + timedelta(hours=1) if until != end else end
+
+
 def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
-    """Recompute the rollup rows of every whole minute touching [since, until); returns rows written.
+    """Recompute the rollup rows of every whole minute touching [since, until), and of every whole
+    hour holding those minutes; returns the minute rows written.
 
     `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
     """
     start, end = _whole_minutes(since, until)
+    hours_start, hours_end = _whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
-        return int(cursor.rowcount)
+        written = int(cursor.rowcount)
+        hours = {"since": hours_start, "until": hours_end}
+        cursor.execute(_HOUR_DELETE_SQL, hours)
+        cursor.execute(HOUR_SQL, hours)
+        return written
 
 
 _FUNNEL = (
@@ -106,10 +147,29 @@ ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
 """
 
 
+_LOSS_TOTALS = ("requests", "diagnosed", "unexpected_hits", "diagnosed_prompt_tokens", *_SUMMED)
+# As HOUR_SQL: the hours emptied and summed again from their minutes.
+_LOSS_HOUR_DELETE_SQL = "DELETE FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s"
+LOSS_HOUR_SQL = f"""
+INSERT INTO traffic_losshour (server_id, template_id, template_version_id, tenant, hour,
+                              {", ".join(_LOSS_TOTALS)})
+SELECT server_id, template_id, template_version_id, tenant, date_trunc('hour', minute),
+       {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_lossminute WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3, 4, 5
+"""
+
+
 def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
     """Recompute the per-minute loss rows of every whole minute touching [since, until) from the
-    diagnoses; returns rows written. The diagnosis task calls it for the arrivals it just diagnosed."""
+    diagnoses, and the hours holding them; returns the minute rows written. The diagnosis task
+    calls it for the arrivals it just diagnosed."""
     start, end = _whole_minutes(since, until)
+    hours_start, hours_end = _whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_LOSS_SQL, {"since": start, "until": end})
-        return int(cursor.rowcount)
+        written = int(cursor.rowcount)
+        hours = {"since": hours_start, "until": hours_end}
+        cursor.execute(_LOSS_HOUR_DELETE_SQL, hours)
+        cursor.execute(LOSS_HOUR_SQL, hours)
+        return written

@@ -1,0 +1,242 @@
+"""One server's page: charts of its hit rate, TTFT, KV usage, evictions and request rate over a
+chosen window, its blocks' residency, and what its misses lost, to which cause and to routing.
+
+Every chart's numbers are on the page too (a table under it) and as CSV (`?chart=<slug>&format=csv`,
+the same window); the window is in the URL, so a link shows what its sender saw.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+
+from app.core.http import HtmxHttpRequest
+from app.fleet.models import Server
+from app.traffic import series as traffic_series
+from app.traffic.models import RequestDiagnosis
+from app.traffic.residency import Spread, block_residency
+from app.traffic.selectors import lost_tokens_by_cause, server_funnel
+from app.traffic.series import Series, SeriesError, SeriesQuery, is_key
+
+# The picker's windows and the bucket each is drawn in (a few hundred points at most).
+WINDOWS = {"1h": (timedelta(hours=1), 60), "6h": (timedelta(hours=6), 300),
+           "24h": (timedelta(days=1), 900), "7d": (timedelta(days=7), 3600)}  # fmt: skip
+CUSTOM_POINTS = 400  # a custom window takes the shortest bucket that draws at most this many
+
+LABELS = {
+    "hit_rate": "Requests (cached tokens reported)", "engine_hit_rate": "vLLM prefix-cache counters",
+    "kv_usage": "KV cache usage", "evictions": "Blocks removed (KV events)",
+    "preemptions": "Preemptions", "request_rate": "Finished (vLLM counter)",
+    "recorded_rate": "Recorded by Prefixscope",
+    **{f"ttft_{p} ({ttft})": p for p in ("p50", "p90", "p99") for ttft in traffic_series.TTFTS},
+    **dict(RequestDiagnosis.Cause.choices),
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    key: str  # 1h, 6h, 24h, 7d or custom
+    since: datetime
+    until: datetime
+    bucket: int
+    ttft: str
+    error: str = ""  # why a custom window asked for was not taken
+
+    @property
+    def since_field(self) -> str:
+        return _local(self.since)
+
+    @property
+    def until_field(self) -> str:
+        return _local(self.until)
+
+    def params(self) -> dict[str, str]:
+        """What the page's URL says of the window."""
+        found = {"window": self.key, "ttft": self.ttft}
+        if self.key == "custom":
+            found |= {"since": _local(self.since), "until": _local(self.until)}
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    slug: str
+    title: str
+    note: str
+    unit: str
+    series: list[Series]
+    times: list[datetime]
+
+    @property
+    def labels(self) -> list[str]:
+        return [LABELS.get(s.name, s.name) for s in self.series]
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """What static/charts/charts.js draws: the series API's answer, with labels."""
+        return {"unit": self.unit, "times": [at.isoformat() for at in self.times],
+                "series": [{"name": s.name, "label": label, "values": s.values}
+                           for s, label in zip(self.series, self.labels, strict=True)]}  # fmt: skip
+
+    @property
+    def data_id(self) -> str:
+        return f"{self.slug}-data"
+
+    @property
+    def rows(self) -> list[tuple[datetime, list[str]]]:
+        return [
+            (at, [_shown(s.values[i], self.unit) for s in self.series]) for i, at in enumerate(self.times)
+        ]
+
+
+@login_required
+def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
+    """A server by id or name: its charts over the window in the URL, or one chart's CSV."""
+    if "\x00" in server:
+        raise Http404("no such server")
+    found = get_object_or_404(Server, **({"pk": int(server)} if is_key(server) else {"name": server}))
+    window = picked_window(request.GET, now=timezone.now())
+    charts = server_charts(found, window)
+    if request.GET.get("format") == "csv":
+        return _chart_csv(found, charts, request.GET.get("chart", ""))
+    context = {"server": found, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
+               "residency": _residency_rows(found, window),
+               "lost": _lost(found, window),
+               "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until),
+               "query": urlencode(window.params())}  # fmt: skip
+    return render(request, "dashboard/server.html", context)
+
+
+def picked_window(params: Mapping[str, str], *, now: datetime) -> Window:
+    """The window a page's URL asks for; the last hour when it asks for none, or for a custom
+    window that cannot be drawn (with the reason)."""
+    key = params.get("window", "1h")
+    ttft = params.get("ttft", "client")
+    ttft = ttft if ttft in traffic_series.TTFTS else "client"
+    if key == "custom":
+        try:
+            return _custom(params, ttft=ttft, now=now)
+        except SeriesError as exc:
+            return _last("1h", ttft=ttft, now=now, error=f"Custom window not drawn: {exc.message}.")
+    return _last(key if key in WINDOWS else "1h", ttft=ttft, now=now)
+
+
+def _last(key: str, *, ttft: str, now: datetime, error: str = "") -> Window:
+    length, bucket = WINDOWS[key]
+    asked = {"since": (now - length).isoformat(), "until": now.isoformat()}
+    query = traffic_series.parse_query({"metric": "requests", "bucket": str(bucket), **asked}, now=now)
+    return Window(key, query.since, query.until, bucket, ttft, error)
+
+
+def _custom(params: Mapping[str, str], *, ttft: str, now: datetime) -> Window:
+    since, until = params.get("since", ""), params.get("until", "")
+    if not since or not until:
+        raise SeriesError("bad_window", "give both its start and its end")
+    query = None
+    for bucket in traffic_series.BUCKETS:
+        query = traffic_series.parse_query(
+            {"metric": "requests", "bucket": str(bucket), "since": since, "until": until}, now=now
+        )
+        if (query.until - query.since).total_seconds() / bucket <= CUSTOM_POINTS:
+            break
+    assert query is not None
+    return Window("custom", query.since, query.until, query.bucket, ttft)
+
+
+def server_charts(server: Server, window: Window) -> list[Chart]:
+    """The page's charts, each from the series API's selectors over the same window and bucket."""
+
+    def read(metric: str) -> list[Series]:
+        query = SeriesQuery(
+            metric, "server", str(server.pk), window.since, window.until, window.bucket, window.ttft
+        )
+        return traffic_series.series(query).series
+
+    requests = read("requests")[0]
+    recorded = Series("recorded_rate", [None if v is None else v / window.bucket for v in requests.values])
+    ttft = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
+    tokens_note = "Prompt tokens served from the prefix cache, weighted by tokens"
+    evictions_note = "Per bucket; blocks removed come from its KV events, which are kept for hours"
+    charts = [
+        ("hit-rate", "Hit rate", tokens_note, "ratio", read("hit_rate") + read("engine_hit_rate")),
+        ("ttft", "Time to first token", f"p50, p90 and p99, {ttft}", "seconds",
+         read("ttft_p50") + read("ttft_p90") + read("ttft_p99")),
+        ("kv-usage", "KV cache usage", "Mean of vllm:kv_cache_usage_perc", "ratio", read("kv_usage")),
+        ("evictions", "Evictions and preemptions", evictions_note, "count",
+         read("evictions") + read("preemptions")),
+        ("request-rate", "Request rate", "Requests per second", "per second",
+         [*read("request_rate"), recorded]),
+        ("lost-tokens", "Prompt tokens lost, by cause", "Per bucket, from the diagnoses of its requests",
+         "tokens", read("lost_tokens")),
+    ]  # fmt: skip
+    times = traffic_series.bucket_starts(
+        SeriesQuery("requests", "server", "", window.since, window.until, window.bucket)
+    )
+    return [Chart(slug, title, note, unit, found, times) for slug, title, note, unit, found in charts]
+
+
+def _chart_csv(server: Server, charts: list[Chart], slug: str) -> HttpResponse:
+    chart = next((c for c in charts if c.slug == slug), None)
+    if chart is None:
+        raise Http404("no such chart")
+    response = HttpResponse(
+        traffic_series.as_csv(chart.times, chart.series), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{server.pk}-{slug}.csv"'
+    return response
+
+
+RESIDENCY_LABELS = {"lifetime": "stayed resident", "idle_before_eviction": "sat idle before eviction",
+                    "reuse_gap": "waited between two reuses"}  # fmt: skip
+
+
+def _residency_rows(server: Server, window: Window) -> list[dict[str, Any]]:
+    """The residency table: lifetimes from KV events, then vLLM's three block histograms (cells
+    None where it does not expose them)."""
+    found = block_residency(server_id=server.pk, since=window.since, until=window.until)
+    span = f"KV events, {found.since:%H:%M} to {found.until:%H:%M} UTC"
+    rows: list[tuple[str, str, Spread | None]] = [
+        ("stayed resident (stored to removed)", span, found.event_lifetime)
+    ]
+    rows += [(RESIDENCY_LABELS[name], "vLLM's histogram over the window", spread)
+             for name, spread in found.engine.items()]  # fmt: skip
+    return [
+        {"label": label, "source": source, "cells": _spread_cells(spread)} for label, source, spread in rows
+    ]
+
+
+def _spread_cells(spread: Spread | None) -> list[str] | None:
+    if spread is None:
+        return None
+    return [
+        f"{spread.count:,}",
+        *("—" if v is None else f"{v:,.1f} s" for v in (spread.p50, spread.p90, spread.p99)),
+    ]
+
+
+def _lost(server: Server, window: Window) -> list[tuple[str, int]]:
+    lost = lost_tokens_by_cause(since=window.since, until=window.until, server_id=server.pk)
+    labels = dict(RequestDiagnosis.Cause.choices)
+    return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
+
+
+def _shown(value: float | None, unit: str) -> str:
+    """A table cell: a ratio in per cent, seconds to the millisecond, counts whole or to 0.01."""
+    if value is None:
+        return "—"
+    if unit == "ratio":
+        return f"{100 * value:.1f} %"
+    if unit == "seconds":
+        return f"{value:.3f} s"
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
+
+
+def _local(moment: datetime) -> str:
+    """A time as a datetime-local field shows it (UTC, to the minute)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")

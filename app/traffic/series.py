@@ -1,0 +1,348 @@
+"""Time series for charts and the series API, read from the per-minute rollups (never raw request
+records) and aggregated into buckets in SQL; and, for one server, from its scrapes and KV events.
+
+What the rollups hold per minute is summed per bucket, and ratios are taken of the sums: a bucket's
+hit rate weighs each request by its tokens, a TTFT quantile comes from the bucket's summed histogram.
+"""
+
+import csv
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.fleet.models import Server
+from app.traffic.models import KVEvent
+from app.traffic.selectors import LOST_COLUMNS
+from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+
+ROLLUP_METRICS = ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99", "lost_tokens", "requests")
+# A server's own readings: its /metrics scrapes and its KV events (scope=server only).
+SERVER_METRICS = ("engine_hit_rate", "kv_usage", "evictions", "preemptions", "request_rate")
+METRICS = ROLLUP_METRICS + SERVER_METRICS
+SCOPES = ("fleet", "server", "template", "tenant")
+BUCKETS = (60, 300, 900, 3600, 21600, 86400)
+TTFTS = ("client", "server")
+MAX_POINTS = 2000
+MAX_WINDOW = timedelta(days=31)
+MAX_ID = 255
+UNITS = {
+    "hit_rate": "ratio", "engine_hit_rate": "ratio", "kv_usage": "ratio", "ttft_p50": "seconds",
+    "ttft_p90": "seconds", "ttft_p99": "seconds", "lost_tokens": "tokens", "requests": "requests",
+    "evictions": "blocks", "preemptions": "preemptions", "request_rate": "requests per second",
+}  # fmt: skip
+_QUANTILES = {"ttft_p50": 0.5, "ttft_p90": 0.9, "ttft_p99": 0.99}
+
+
+def _bin(column: str) -> str:
+    """The start of the bucket `column` falls in, buckets counted from a fixed origin so that a
+    bucket of a day starts at midnight UTC and one of an hour on the hour."""
+    return f"date_bin(make_interval(secs => %(bucket)s), {column}, TIMESTAMPTZ '2000-01-01')"
+
+
+class SeriesError(ValueError):
+    """A request for a series that cannot be answered; `code` says which parameter, for a 400."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesQuery:
+    metric: str
+    scope: str
+    id: str  # "" for the fleet; a server's id or name, a template's id, a tenant's name
+    since: datetime
+    until: datetime
+    bucket: int  # seconds
+    ttft: str = "client"  # which TTFT: as the client saw it (gateway, application) or vLLM's own
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str  # the metric, or for lost_tokens the cause
+    values: list[float | None]  # one per bucket; None where nothing was measured
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesSet:
+    query: SeriesQuery
+    unit: str
+    source: str  # the table the numbers come from
+    times: list[datetime]  # the start of each bucket
+    series: list[Series]
+
+
+def parse_query(params: Mapping[str, str], *, now: datetime) -> SeriesQuery:
+    """A SeriesQuery from request parameters; SeriesError names the first bad one.
+
+    since/until: ISO 8601 (with a zone, else UTC) or Unix seconds; until defaults to now, since to
+    one hour before until. Both are rounded down to the bucket, so buckets start on its multiples.
+    """
+    metric = _choice(params, "metric", METRICS, None)
+    scope = _choice(params, "scope", SCOPES, "fleet")
+    ttft = _choice(params, "ttft", TTFTS, "client")
+    bucket = int(_choice(params, "bucket", tuple(str(b) for b in BUCKETS), "60"))
+    ident = params.get("id", "").strip()
+    if (scope == "fleet") != (ident == ""):
+        raise SeriesError("bad_id", "id names the server, template or tenant, and only for those scopes")
+    if len(ident) > MAX_ID or "\x00" in ident:
+        raise SeriesError("bad_id", f"an id is at most {MAX_ID} characters, without NUL")
+    if scope == "template" and not is_key(ident):
+        raise SeriesError("bad_id", "a template's id is a number")
+    if metric in SERVER_METRICS and scope != "server":
+        raise SeriesError("bad_scope", f"{metric} is a server's own reading: use scope=server")
+    if metric.startswith("ttft_") and scope == "tenant":
+        raise SeriesError(
+            "bad_scope", "TTFT is not rolled up per tenant; hit_rate, lost_tokens and requests are"
+        )
+    until = _time(params, "until", now)
+    since = _time(params, "since", until - timedelta(hours=1))
+    since, until = _floor(since, bucket), _ceil(until, bucket)
+    if since >= until:
+        raise SeriesError("bad_window", "since must come before until")
+    if until - since > MAX_WINDOW:
+        raise SeriesError("bad_window", f"a window is at most {MAX_WINDOW.days} days")
+    if (until - since).total_seconds() / bucket > MAX_POINTS:
+        raise SeriesError("bad_bucket", f"at most {MAX_POINTS} buckets: choose a longer bucket")
+    return SeriesQuery(metric, scope, ident, since, until, bucket, ttft)
+
+
+def _choice(params: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str | None) -> str:
+    value = params.get(name) or default
+    if value not in allowed:
+        raise SeriesError(f"bad_{name}", f"{name} is one of {', '.join(allowed)}")
+    return value
+
+
+def _time(params: Mapping[str, str], name: str, default: datetime) -> datetime:
+    text = params.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        moment = (
+            datetime.fromtimestamp(float(text), UTC) if _is_number(text) else datetime.fromisoformat(text)
+        )
+    except (ValueError, OverflowError, OSError):
+        raise SeriesError(f"bad_{name}", f"{name} is ISO 8601 or Unix seconds") from None
+    if not 1970 <= moment.year <= 9000:  # room to round to a bucket and add a window
+        raise SeriesError(f"bad_{name}", f"{name} is after 1970 and before 9000")
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def is_key(text: str) -> bool:
+    """Whether `text` is a primary key PostgreSQL's bigint holds (ASCII digits only)."""
+    return text.isascii() and text.isdigit() and int(text) < 2**63
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _floor(moment: datetime, bucket: int) -> datetime:
+    seconds = int(moment.timestamp())
+    return datetime.fromtimestamp(seconds - seconds % bucket, UTC)
+
+
+def _ceil(moment: datetime, bucket: int) -> datetime:
+    floor = _floor(moment, bucket)
+    return floor if floor == moment else floor + timedelta(seconds=bucket)
+
+
+def series(query: SeriesQuery) -> SeriesSet:
+    """The series of a parsed query, one value per bucket of [since, until)."""
+    if query.metric in SERVER_METRICS:
+        server_id = _server_id(query.id)
+        return _server_series(query, server_id)
+    table, where, params = _scope(query)
+    if query.metric == "lost_tokens":
+        return _lost_tokens(query, table, where, params)
+    if query.metric.startswith("ttft_"):
+        return _ttft(query, table, where, params)
+    if table in ("traffic_lossminute", "traffic_losshour"):  # a tenant: only the diagnoses carry one
+        columns = {"hit_rate": "sum(reused_tokens)::float8 / nullif(sum(diagnosed_prompt_tokens), 0)",
+                   "requests": "sum(requests)"}  # fmt: skip
+    else:
+        columns = {"hit_rate": "sum(cached_tokens)::float8 / nullif(sum(cache_known_prompt_tokens), 0)",
+                   "requests": "sum(requests)"}  # fmt: skip
+    rows = _bucketed(table, columns[query.metric], where, params, query)
+    empty = 0.0 if query.metric == "requests" else None
+    values = _on_grid(query, {at: row[0] for at, row in rows.items()}, empty)
+    return _set(query, table, [Series(query.metric, values)])
+
+
+def _scope(query: SeriesQuery) -> tuple[str, str, dict[str, Any]]:
+    """The rollup table a query reads and its WHERE clause: request rollups (by the hour for buckets
+    of whole hours), or for a tenant (and for lost tokens, which only the diagnoses have) the loss
+    rollups."""
+    hours = query.bucket % 3600 == 0  # a week of whole hours is 168 rows per group, not 10,080
+    if query.scope == "tenant" or query.metric == "lost_tokens":
+        table = "traffic_losshour" if hours else "traffic_lossminute"
+    else:
+        table = "traffic_hourrollup" if hours else "traffic_minuterollup"
+    if query.scope == "server":
+        return table, "server_id = %(id)s", {"id": _server_id(query.id)}
+    if query.scope == "template":
+        return table, "template_id = %(id)s", {"id": int(query.id)}
+    if query.scope == "tenant":
+        return table, "tenant = %(id)s", {"id": query.id}
+    return table, "true", {}
+
+
+def _server_id(ident: str) -> int:
+    """A server's primary key from its id or its name; SeriesError when there is none."""
+    found = Server.objects.filter(**({"pk": int(ident)} if is_key(ident) else {"name": ident}))
+    pk = found.values_list("pk", flat=True).first()
+    if pk is None:
+        raise SeriesError("unknown_server", f"no server {ident!r}")
+    return pk
+
+
+def _bucketed(
+    table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
+) -> dict[datetime, tuple[Any, ...]]:
+    """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
+    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour") else time
+    sql = f"""
+        SELECT {_bin(time)} AS b, {columns}
+        FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, "bucket": query.bucket, "since": query.since, "until": query.until})
+        return {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
+
+
+def bucket_starts(query: SeriesQuery) -> list[datetime]:
+    count = int((query.until - query.since).total_seconds()) // query.bucket
+    return [query.since + timedelta(seconds=i * query.bucket) for i in range(count)]
+
+
+def _on_grid(query: SeriesQuery, found: dict[datetime, Any], empty: float | None) -> list[float | None]:
+    """One value per bucket: what was found, else `empty` (0 for counts, None for ratios)."""
+    values = [found.get(at) for at in bucket_starts(query)]
+    return [empty if value is None else float(value) for value in values]
+
+
+def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
+    return SeriesSet(query, UNITS[query.metric], source, bucket_starts(query), found)
+
+
+def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
+    """Prompt tokens lost per cause per bucket; the causes that lost nothing in the window left out."""
+    causes = list(LOST_COLUMNS)
+    rows = _bucketed(table, ", ".join(f"sum({LOST_COLUMNS[c]})" for c in causes), where, params, query)
+    found = []
+    for i, cause in enumerate(causes):
+        values = _on_grid(query, {at: row[i] for at, row in rows.items()}, 0.0)
+        if any(values):
+            found.append(Series(cause, values))
+    return _set(query, table, found)
+
+
+def _ttft(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
+    """A TTFT quantile per bucket, from the bucket's summed histogram (as PromQL's histogram_quantile).
+
+    The cumulative counts are summed position by position (one sum per histogram bucket), which
+    PostgreSQL does in one pass, rather than unnesting every row's array."""
+    column = f"{query.ttft}_ttft_buckets"
+    sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2))
+    rows = _bucketed(table, sums, where, params, query)
+    q = _QUANTILES[query.metric]
+    found = {
+        at: histogram_quantile(q, TTFT_BUCKETS_SECONDS, [int(n) for n in counts])
+        for at, counts in rows.items()
+    }
+    name = f"{query.metric} ({query.ttft})"
+    return _set(query, table, [Series(name, _on_grid(query, found, None))])
+
+
+# What each of a server's own readings is made of: scraped series (as exposed), or KV events.
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+FINISHED_REQUESTS = ("vllm:request_success_total",)
+# A counter's first sample in the window needs the one before it: look back this far for it.
+_LOOKBACK = timedelta(minutes=10)
+
+_COUNTER_SQL = f"""
+WITH s AS (
+    SELECT ss.scraped_at, ss.value, ss.value - lag(ss.value) OVER w AS delta
+    FROM traffic_scrapesample ss JOIN traffic_metricseries m ON m.id = ss.series_id
+    WHERE ss.server_id = %(server)s AND m.name = ANY(%(names)s)
+      AND ss.scraped_at >= %(lookback)s AND ss.scraped_at < %(until)s
+    WINDOW w AS (PARTITION BY ss.series_id ORDER BY ss.scraped_at)
+)
+SELECT {_bin("scraped_at")} AS b, sum(CASE WHEN delta < 0 THEN value ELSE delta END)
+FROM s WHERE delta IS NOT NULL AND scraped_at >= %(since)s GROUP BY b
+"""
+"""How much counters grew per bucket, a reset counting in full (as app.domain.hitrate.counter_increase):
+growth between two scrapes falls in the bucket of the later one."""
+
+
+def _counter_growth(query: SeriesQuery, server_id: int, names: tuple[str, ...]) -> dict[datetime, float]:
+    window = {"since": query.since, "until": query.until, "lookback": query.since - _LOOKBACK}
+    params: dict[str, Any] = {"server": server_id, "names": list(names), "bucket": query.bucket, **window}
+    with connection.cursor() as cursor:
+        cursor.execute(_COUNTER_SQL, params)
+        return {at: float(grown) for at, grown in cursor.fetchall()}
+
+
+def _server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
+    """A server's own readings per bucket: from its scrapes, or (evictions) its KV events."""
+    metric = query.metric
+    if metric == "engine_hit_rate":
+        hits = _counter_growth(query, server_id, PREFIX_CACHE_HITS)
+        queries = _counter_growth(query, server_id, PREFIX_CACHE_QUERIES)
+        found: dict[datetime, float | None] = {
+            at: hits.get(at, 0.0) / q for at, q in queries.items() if q > 0
+        }
+        return _set(query, "traffic_scrapesample", [Series(metric, _on_grid(query, found, None))])
+    if metric in ("preemptions", "request_rate"):
+        grown = _counter_growth(
+            query, server_id, PREEMPTIONS if metric == "preemptions" else FINISHED_REQUESTS
+        )
+        per = query.bucket if metric == "request_rate" else 1
+        # No pull in a bucket is not zero: nothing is known of it (the server was down, or not yet watched).
+        values = _on_grid(query, {at: v / per for at, v in grown.items()}, None)
+        return _set(query, "traffic_scrapesample", [Series(metric, values)])
+    if metric == "kv_usage":
+        where = (
+            "server_id = %(id)s AND series_id IN (SELECT id FROM traffic_metricseries WHERE name = %(name)s)"
+        )
+        params = {"id": server_id, "name": KV_USAGE}
+        rows = _bucketed("traffic_scrapesample", "avg(value)", where, params, query, time="scraped_at")
+        return _set(
+            query,
+            "traffic_scrapesample",
+            [Series(metric, _on_grid(query, {at: r[0] for at, r in rows.items()}, None))],
+        )
+    where = f"server_id = %(id)s AND kind = {int(KVEvent.Kind.REMOVED)}"
+    rows = _bucketed("traffic_kvevent", "count(*)", where, {"id": server_id}, query, time="emitted_at")
+    return _set(
+        query, "traffic_kvevent", [Series(metric, _on_grid(query, {at: r[0] for at, r in rows.items()}, 0.0))]
+    )
+
+
+def as_csv(times: list[datetime], found: list[Series]) -> str:
+    """A `time` column (ISO 8601, UTC), then one column per series: floats as Python writes them
+    (repr, so that a reader gets the very numbers of the JSON), an empty cell for None."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["time", *(s.name for s in found)])
+    for i, at in enumerate(times):
+        writer.writerow([at.isoformat(), *("" if s.values[i] is None else repr(s.values[i]) for s in found)])
+    return out.getvalue()
+
+
+def table_rows(found: SeriesSet) -> list[tuple[datetime, list[float | None]]]:
+    """The numbers of a SeriesSet by bucket: (bucket start, one value per series), as a table shows them."""
+    return [(at, [s.values[i] for s in found.series]) for i, at in enumerate(found.times)]

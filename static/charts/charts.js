@@ -1,0 +1,110 @@
+// Draws every <figure data-chart> with uPlot (served from node_modules by Django's static files).
+// A figure's numbers come from its <script type="application/json"> block, or from a same-origin
+// URL in data-src answering as GET /api/v1/series does: {unit, times: [ISO 8601], series: [{name,
+// label?, values}]}. Colours come from the page's CSS variables, so charts follow light and dark;
+// they are drawn again when the scheme or the width changes.
+(function () {
+  "use strict";
+  const dark = window.matchMedia("(prefers-color-scheme: dark)");
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function format(unit, value) {
+    if (value === null || value === undefined) return "—";
+    if (value === 0) return "0";
+    if (unit === "ratio") return (100 * value).toFixed(value < 0.1 && value > 0 ? 1 : 0) + " %";
+    if (unit === "seconds") return value < 1 ? (1000 * value).toFixed(0) + " ms" : value.toFixed(2) + " s";
+    if (Math.abs(value) >= 1e6) return (value / 1e6).toFixed(1) + " M";
+    if (Math.abs(value) >= 1e4) return (value / 1e3).toFixed(0) + " k";
+    return Number.isInteger(value) ? String(value) : value.toFixed(2);
+  }
+
+  // Times in UTC, as the tables under the charts and the page's window are: a day's tick of a long
+  // window shows its date alone, so that seven of them fit side by side.
+  function utc(seconds, long) {
+    const iso = new Date(seconds * 1000).toISOString();
+    if (!long) return iso.slice(11, 16);
+    return seconds % 86400 === 0 ? iso.slice(5, 10) : iso.slice(5, 10) + " " + iso.slice(11, 16);
+  }
+
+  // Values with no neighbour (nothing measured on either side) are drawn as dots: a line needs two.
+  function isolated(values) {
+    const found = [];
+    values.forEach((v, i) => {
+      if (v !== null && (i === 0 || values[i - 1] === null) && (i === values.length - 1 || values[i + 1] === null)) found.push(i);
+    });
+    return found;
+  }
+
+  // Whole steps for counts: an axis of blocks or tokens never reads 0.25.
+  const WHOLE = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
+  function options(figure, data, times, width) {
+    const muted = cssVar("--muted"), line = cssVar("--line");
+    const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 } };
+    const y = { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) };
+    if (data.unit === "count" || data.unit === "tokens" || data.unit === "requests") y.incrs = WHOLE;
+    const long = times.length > 1 && times[times.length - 1] - times[0] > 2 * 86400;
+    const x = { ...axis, space: 60, values: (u, ticks) => ticks.map((t) => utc(t, long)) };
+    return {
+      width: width,
+      height: 220,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      scales: { x: { time: true }, y: data.unit === "ratio" ? { range: [0, 1] } : { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
+      axes: [x, y],
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false } },
+      series: [
+        { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
+        ...data.series.map((s, i) => ({
+          label: s.label || s.name,
+          stroke: cssVar("--series-" + ((i % 8) + 1)),
+          width: 2,
+          points: data.times.length < 40 ? { show: true } : { show: true, size: 6, filter: () => isolated(s.values) },
+          value: (u, v) => format(data.unit, v),
+        })),
+      ],
+    };
+  }
+
+  function draw(figure, data) {
+    const target = figure.querySelector(".chart-canvas");
+    if (figure._plot) figure._plot.destroy();
+    target.textContent = "";
+    if (!data.series.length) {
+      target.textContent = "Nothing in this window.";
+      target.classList.add("empty");
+      figure.dataset.drawn = "empty";
+      return;
+    }
+    const times = data.times.map((t) => (typeof t === "number" ? t : Date.parse(t) / 1000));
+    const aligned = [times, ...data.series.map((s) => s.values)];
+    figure._plot = new uPlot(options(figure, data, times, target.clientWidth || 600), aligned, target);
+    figure.dataset.drawn = "true";
+  }
+
+  function load(figure) {
+    if (figure._data) return Promise.resolve(figure._data);
+    const block = figure.querySelector('script[type="application/json"]');
+    const got = block
+      ? Promise.resolve(JSON.parse(block.textContent))
+      : fetch(figure.dataset.src, { headers: { Accept: "application/json" } }).then((r) => r.json());
+    return got.then((data) => (figure._data = data));
+  }
+
+  function drawAll() {
+    document.querySelectorAll("figure[data-chart]").forEach((figure) => load(figure).then((data) => draw(figure, data)));
+  }
+
+  let resizing;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(drawAll, 150);
+  });
+  dark.addEventListener("change", drawAll);
+  document.addEventListener("htmx:afterSettle", drawAll);
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", drawAll);
+  else drawAll();
+})();

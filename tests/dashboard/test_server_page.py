@@ -1,0 +1,126 @@
+"""A server's page: its charts' numbers (as a table and as CSV) from its pulls, requests and KV events,
+the window in the URL, residency, and the Fleet table's link to it."""
+
+import csv
+import io
+import itertools
+from datetime import datetime, timedelta
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.dashboard.server_traffic import a_served_server
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def signed_in(client: Client) -> Client:
+    client.force_login(User.objects.create_user("engineer"))
+    return client
+
+
+def chart_csv(client: Client, path: str, chart: str, **params: str) -> dict[datetime, list[str]]:
+    response = client.get(path, {**params, "chart": chart, "format": "csv"})
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    return {datetime.fromisoformat(row[0]): row[1:] for row in rows[1:]} | {datetime.min: rows[0]}
+
+
+def test_the_page_asks_for_a_login(client: Client) -> None:
+    server, _ = a_served_server()
+    assert client.get(f"/servers/{server.pk}/").status_code == 302
+
+
+def test_the_hit_rate_chart_holds_the_requests_and_the_counters_rates(signed_in: Client) -> None:
+    server, start = a_served_server()
+    found = chart_csv(signed_in, f"/servers/{server.name}/", "hit-rate")
+    assert found[datetime.min] == ["time", "hit_rate", "engine_hit_rate"]
+    for minute in range(10):
+        requests_rate, counters_rate = found[start + timedelta(minutes=minute)]
+        assert float(requests_rate) == 100 * minute / 1000  # minute m: 100 m of 1,000 cached
+        assert float(counters_rate) == 0.4  # 40 hits per 100 queried, each pull
+
+
+def test_request_rate_kv_usage_and_preemptions_come_from_the_pulls(signed_in: Client) -> None:
+    server, start = a_served_server()
+    path = f"/servers/{server.pk}/"
+    minute = start + timedelta(minutes=3)
+    rate = chart_csv(signed_in, path, "request-rate")
+    assert [float(v) for v in rate[minute]] == [0.2, 1 / 60]  # 12 finished a minute; 1 recorded
+    assert float(chart_csv(signed_in, path, "kv-usage")[minute][0]) == pytest.approx(0.3)
+    evictions = chart_csv(signed_in, path, "evictions")
+    assert evictions[datetime.min] == ["time", "evictions", "preemptions"]
+    assert [float(v) for v in evictions[start]] == [1.0, 1.0]  # a block removed 30 s in; a pull's odd count
+    assert float(evictions[start + timedelta(minutes=1)][0]) == 1.0  # the other, 90 s in
+
+
+def test_the_table_under_a_chart_shows_the_numbers_of_its_csv(signed_in: Client) -> None:
+    server, start = a_served_server()
+    html = signed_in.get(f"/servers/{server.pk}/").content.decode()
+    assert html.count('<figure class="chart"') == 6
+    row = html[html.index(f"{start + timedelta(minutes=3):%Y-%m-%d %H:%M}</td>") :]
+    assert row.index("30.0 %") < row.index("40.0 %") < row.index("</tr>")  # requests, counters
+    assert 'id="hit-rate-data" type="application/json"' in html
+
+
+def test_residency_lifetimes_come_from_the_kv_events(signed_in: Client) -> None:
+    server, _ = a_served_server()
+    html = signed_in.get(f"/servers/{server.pk}/").content.decode()
+    row = html[html.index("stayed resident (stored to removed)") :]
+    row = row[: row.index("</tr>")]
+    assert ">2<" in row and "60.0 s" in row  # two blocks, 30 and 90 s: the median 60 s
+    assert "not exposed" in html  # vLLM's block histograms: no --kv-cache-metrics on this server
+
+
+@pytest.mark.parametrize(
+    ("params", "bucket", "minutes"),
+    [({}, 60, 60), ({"window": "6h"}, 300, 360), ({"window": "7d"}, 3600, 7 * 24 * 60)],
+)
+def test_the_window_in_the_url_picks_the_span_and_its_bucket(
+    signed_in: Client, params: dict[str, str], bucket: int, minutes: int
+) -> None:
+    server, _ = a_served_server()
+    found = chart_csv(signed_in, f"/servers/{server.pk}/", "ttft", **params)
+    times = sorted(t for t in found if t != datetime.min)
+    assert len(times) in (minutes * 60 // bucket, minutes * 60 // bucket + 1)
+    assert all((b - a).total_seconds() == bucket for a, b in itertools.pairwise(times))
+
+
+def test_a_custom_window_is_kept_in_the_url_and_a_bad_one_falls_back_to_the_last_hour(
+    signed_in: Client,
+) -> None:
+    server, start = a_served_server()
+    custom = {
+        "window": "custom",
+        "since": f"{start:%Y-%m-%dT%H:%M}",
+        "until": f"{start + timedelta(minutes=10):%Y-%m-%dT%H:%M}",
+    }
+    html = signed_in.get(f"/servers/{server.pk}/", custom).content.decode()
+    assert f'value="{start:%Y-%m-%dT%H:%M}"' in html and "window=custom" in html
+    assert (
+        len(
+            [
+                t
+                for t in chart_csv(signed_in, f"/servers/{server.pk}/", "hit-rate", **custom)
+                if t != datetime.min
+            ]
+        )
+        == 10
+    )
+    bad = signed_in.get(f"/servers/{server.pk}/", {"window": "custom", "since": "soon"}).content.decode()
+    assert "Custom window not drawn" in bad
+
+
+def test_the_fleet_table_links_each_server_to_its_page(signed_in: Client) -> None:
+    server, _ = a_served_server()
+    assert f'href="/servers/{server.pk}/"' in signed_in.get("/").content.decode()
+
+
+def test_an_unknown_server_or_chart_is_a_404(signed_in: Client) -> None:
+    server, _ = a_served_server()
+    assert signed_in.get("/servers/nobody/").status_code == 404
+    assert signed_in.get("/servers/99999999999999999999/").status_code == 404  # beyond a bigint: a name
+    assert signed_in.get("/servers/a%00b/").status_code == 404
+    assert signed_in.get(f"/servers/{server.pk}/", {"chart": "nope", "format": "csv"}).status_code == 404
