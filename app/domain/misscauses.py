@@ -37,17 +37,18 @@ had resident on its server (salts are known to be dropped on some cache paths).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Container, Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
-from itertools import repeat, takewhile
+from itertools import repeat
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from app.domain.blockhash import TokenIds
 from app.domain.generations import Generations
+from app.domain.leading import leading
 
 
 class Cause(StrEnum):
@@ -311,7 +312,7 @@ class FleetHistory:
         reusable = min(reusable_blocks(prompt, size), len(chain))
         reused = min(cached // size, reusable)
         here = self._resident.get(request.server, {})
-        resident_here = _leading(chain[:reusable], here)
+        resident_here = leading(chain[:reusable], here)
         funnel = Funnel(
             prompt_tokens=prompt,
             seen_before=self._seen.leading(chain[:reusable]) * size,
@@ -415,7 +416,7 @@ class FleetHistory:
                 or self._groups.get(server, ("alone", server)) != group
             ):
                 continue
-            run = _leading(chain, resident)
+            run = leading(chain, resident)
             if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
                 best = (server, run)
         return best
@@ -532,7 +533,7 @@ def _remember_followers(
     follows it. A known next block is the same tokens after the same parent (its hash covers both):
     only its place in the memory moves, the common case of a shared prefix, done in one C loop."""
     parents: list[int | None] = [None, *chain]
-    kept = max(_leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
+    kept = max(leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
     deque(map(blocks.move_to_end, parents[:kept]), maxlen=0)
     tail = b"" if token_ids is None else np.asarray(token_ids[kept * size :], dtype=np.int64).tobytes()
     width = size * _TOKEN_BYTES
@@ -548,16 +549,10 @@ def _remember_followers(
 _TOKEN_BYTES = 8  # a token id remembered as an int64
 
 
-def _leading(chain: Sequence[Hashable], holding: Container[Hashable]) -> int:
-    """How many of the chain's leading blocks `holding` has, one after the other (takewhile with
-    the container's own __contains__: no Python step per block for a dict or a set)."""
-    return len(list(takewhile(holding.__contains__, chain)))
-
-
 def _divergence(request: RequestPrompt, chain: list[int], family: _Family, size: int) -> int:
     """The first token where the prompt departs from the longest prefix its family had: block-exact
     from the chain, token-exact within the block when both sides' token ids are known."""
-    shared = _leading(chain, family.blocks)
+    shared = leading(chain, family.blocks)
     parent = chain[shared - 1] if shared else None
     remembered = family.blocks.get(parent, b"")
     if request.token_ids is None or not remembered:
