@@ -269,14 +269,14 @@ class FleetHistory:
         if self._waiting:
             for block, stored in dict(zip(blocks, stored_at, strict=True)).items():  # the last of a block
                 self._revise_waiting(server, block, (server, stored, at))
-        self._evicted.setdefault(server, _Evictions()).write(blocks, server, stored_at, at)
+        self._evicted.setdefault(server, _Evictions(server)).write(blocks, server, stored_at, at)
         self._last_removed.write(blocks, server, stored_at, at)
         self._seen.write_all(blocks, True)
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
         earlier = self._earlier_epochs.setdefault(server, Generations())
-        earlier.write_all(self._evicted.pop(server, _Evictions()).blocks(), True)
+        earlier.write_all(self._evicted.pop(server, _Evictions(server)).blocks(), True)
         resident = self._resident.get(server, {})
         for block in self._ranks.get(server, {}).pop(rank, set()):
             earlier[block] = True
@@ -311,12 +311,12 @@ class FleetHistory:
         chain = list(request.block_hashes)
         reusable = min(reusable_blocks(prompt, size), len(chain))
         reused = min(cached // size, reusable)
-        here = self._resident.get(request.server, {})
-        resident_here = leading(chain[:reusable], here)
+        runs = self._runs(request, chain[:reusable])  # its own server's among them
+        resident_here = runs.get(request.server, 0)
         funnel = Funnel(
             prompt_tokens=prompt,
             seen_before=self._seen.leading(chain[:reusable]) * size,
-            resident_anywhere=self._best_server(request, chain[:reusable])[1] * size,
+            resident_anywhere=_best(runs)[1] * size,
             resident_here=resident_here * size,
             reused=cached,
         )
@@ -405,21 +405,22 @@ class FleetHistory:
         self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
     ) -> tuple[int | None, int]:
         """The compatible server holding the longest run of the chain's leading blocks, and the run."""
+        return _best(self._runs(request, chain, exclude=exclude))
+
+    def _runs(
+        self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
+    ) -> dict[int, int]:
+        """The run of the chain's leading blocks each compatible server holds (that holds its first)."""
         if not chain:
-            return None, 0
+            return {}
         group = self._groups.get(request.server, ("alone", request.server))
-        best: tuple[int | None, int] = (None, 0)
-        for server, resident in self._resident.items():
-            if (
-                server == exclude
-                or chain[0] not in resident
-                or self._groups.get(server, ("alone", server)) != group
-            ):
-                continue
-            run = leading(chain, resident)
-            if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
-                best = (server, run)
-        return best
+        return {
+            server: leading(chain, resident)
+            for server, resident in self._resident.items()
+            if server != exclude
+            and chain[0] in resident
+            and self._groups.get(server, ("alone", server)) == group
+        }
 
     def remember(self, request: RequestPrompt) -> None:
         """Add a request's chain to what the fleet has seen, without diagnosing it (one diagnosed
@@ -439,14 +440,16 @@ _Eviction: TypeAlias = tuple[int, datetime | None, datetime]
 
 
 class _Evictions:
-    """Blocks' last removals, kept as three mappings of plain values rather than one of `_Eviction`
+    """Blocks' last removals, kept as mappings of plain values rather than one of `_Eviction`
     tuples: the history holds a million of them, and a dict holding tuples is one the garbage
     collector walks, entry by entry, at each of its full collections (a quarter of the replay's
-    time); one holding only ints and datetimes it does not track. The tuple is built when read."""
+    time); one holding only ints and datetimes it does not track. The tuple is built when read.
+    `server`: the one server all removals are from, None when each block's is kept."""
 
-    __slots__ = ("_removed_at", "_server", "_stored_at")
+    __slots__ = ("_one_server", "_removed_at", "_server", "_stored_at")
 
-    def __init__(self) -> None:
+    def __init__(self, server: int | None = None) -> None:
+        self._one_server = server
         self._removed_at: Generations[int, datetime] = Generations()
         self._server: Generations[int, int] = Generations()
         self._stored_at: Generations[int, datetime | None] = Generations()
@@ -456,14 +459,15 @@ class _Evictions:
     ) -> None:
         """The blocks' latest removal (into the newest generation), each stored at its `stored_at`."""
         self._removed_at.write_all(blocks, at)
-        self._server.write_all(blocks, server)
+        if self._one_server is None:
+            self._server.write_all(blocks, server)
         self._stored_at.new.update(zip(blocks, stored_at, strict=True))
 
     def get(self, block: int) -> _Eviction | None:
         removed_at = self._removed_at.get(block)
         if removed_at is None:
             return None
-        server = self._server.get(block)
+        server = self._one_server if self._one_server is not None else self._server.get(block)
         assert server is not None  # written together, turned together
         return server, self._stored_at.get(block), removed_at
 
@@ -489,6 +493,15 @@ class _BlockCause:
     def evicted(cls, eviction: _Eviction) -> _BlockCause:
         server, stored_at, removed_at = eviction
         return cls(Cause.EVICTED, server=server, stored_at=stored_at, removed_at=removed_at)
+
+
+def _best(runs: dict[int, int]) -> tuple[int | None, int]:
+    """The server of the longest run (the lowest of equal ones) and its run; (None, 0) for none."""
+    best: tuple[int | None, int] = (None, 0)
+    for server, run in runs.items():
+        if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
+            best = (server, run)
+    return best
 
 
 def _unknown(request: RequestPrompt) -> Unknown | None:
