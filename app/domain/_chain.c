@@ -14,6 +14,8 @@
  *   first_tail / later_tail: the CBOR of the first block's extra keys and of every later block's;
  *   seed: the parent of the first block (blockhash.NONE_HASH, vLLM's, kept in one place).
  *   Returns the 32-byte digests of the blocks, concatenated.
+ *
+ * leading(keys, holding) -> int: see below.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -116,8 +118,43 @@ done:
     return result;
 }
 
+/* leading(keys, holding) -> int: how many of the sequence's leading keys `holding` contains, one
+ * after the other (app/domain/leading.py). The diagnosis asks it of every request's chain several
+ * times, against dicts of a million blocks; in Python each key cost a call of __contains__ through
+ * takewhile. A dict's or a set's own contains is called here directly, anything else's through
+ * its __contains__, as in Python. */
+static PyObject *leading(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "leading(keys, holding)");
+        return NULL;
+    }
+    PyObject *keys = PySequence_Fast(args[0], "leading: keys must be a sequence");
+    if (keys == NULL) {
+        return NULL;
+    }
+    Py_ssize_t held = 0;
+    /* The size and the item read again each time: a __contains__ in Python may change the list. */
+    for (; held < PySequence_Fast_GET_SIZE(keys); held++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, held);
+        Py_INCREF(key);
+        int found = PySequence_Contains(args[1], key);
+        Py_DECREF(key);
+        if (found < 0) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+        if (!found) {
+            break;
+        }
+    }
+    Py_DECREF(keys);
+    return PyLong_FromSsize_t(held);
+}
+
 static PyMethodDef methods[] = {
     {"chain_digests", chain_digests, METH_VARARGS, "The sha256_cbor digests of every full block, concatenated."},
+    {"leading", (PyCFunction)(void (*)(void))leading, METH_FASTCALL,
+     "How many of the leading keys the container holds, one after the other."},
     {NULL, NULL, 0, NULL},
 };
 

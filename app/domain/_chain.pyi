@@ -1,4 +1,6 @@
 # The signature of the C extension built from _chain.c (see its header comment).
+from collections.abc import Container, Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -11,3 +13,4 @@ def chain_digests(
     seed: bytes,
     /,
 ) -> bytes: ...
+def leading(keys: Sequence[object], holding: Container[object], /) -> int: ...

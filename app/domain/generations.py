@@ -7,8 +7,9 @@ worth of writes. A read of an old entry through `setdefault` writes it again (it
 """
 
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import takewhile
 from typing import Generic, TypeVar
+
+from app.domain.leading import leading
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -59,11 +60,10 @@ class Generations(Generic[K, V]):
 
     def leading(self, keys: Sequence[K]) -> int:
         """How many of the leading keys are held, one after the other, in either generation: runs
-        in the new one are counted by takewhile with the dict's own __contains__ (no Python step
-        per key), a key of the old one steps over."""
-        held = len(list(takewhile(self.new.__contains__, keys)))
+        in the new one are counted at once (app.domain.leading), a key of the old one steps over."""
+        held = leading(keys, self.new)
         while held < len(keys) and keys[held] in self.old:
-            held += 1 + len(list(takewhile(self.new.__contains__, keys[held + 1 :])))
+            held += 1 + leading(keys[held + 1 :], self.new)
         return held
 
     def write_all(self, keys: Iterable[K], value: V) -> None:

@@ -37,17 +37,18 @@ had resident on its server (salts are known to be dropped on some cache paths).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
-from itertools import repeat, takewhile
+from itertools import repeat
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from app.domain.blockhash import TokenIds
 from app.domain.generations import Generations
+from app.domain.leading import leading
 
 
 class Cause(StrEnum):
@@ -152,9 +153,10 @@ class Diagnosis:
 class _Family:
     """What earlier requests of one template (or family) and salt had: their blocks, and for each
     block the tokens of a block that followed it (a recent request's), for a token-exact
-    divergence. Bounded: the oldest blocks are forgotten first."""
+    divergence, as int64 bytes (a tuple of ints per block was a container the garbage collector
+    tracked, hundreds of thousands of them). Bounded: the oldest blocks are forgotten first."""
 
-    blocks: OrderedDict[int | None, tuple[int, ...]] = field(default_factory=OrderedDict)
+    blocks: OrderedDict[int | None, bytes] = field(default_factory=OrderedDict)
 
 
 FAMILY_MEMORY_BLOCKS = 65_536  # blocks remembered per template and salt
@@ -179,9 +181,9 @@ class FleetHistory:
         self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
         self._epochs: dict[tuple[int, int], int] = {}
         # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
-        self._evicted: dict[int, Generations[int, _Eviction]] = {}  # server -> block -> last eviction
+        self._evicted: dict[int, _Evictions] = {}  # server -> block -> last eviction
         self._earlier_epochs: dict[int, Generations[int, bool]] = {}  # server -> blocks before a restart
-        self._last_removed: Generations[int, _Eviction] = Generations()  # block -> last eviction anywhere
+        self._last_removed = _Evictions()  # block -> last eviction anywhere
         self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], _Family] = {}
@@ -263,20 +265,18 @@ class FleetHistory:
         self._held(server, rank).difference_update(blocks)
         if len(ranks) > 1:  # a copy another rank of the server still holds stays
             blocks = [block for block in blocks if not any(block in other for other in ranks.values())]
-        stored_at = map(self._resident.get(server, {}).pop, blocks, repeat(None))
-        evictions = dict(zip(blocks, zip(repeat(server), stored_at, repeat(at)), strict=False))
+        stored_at = list(map(self._resident.get(server, {}).pop, blocks, repeat(None)))
         if self._waiting:
-            for block, eviction in evictions.items():
-                self._revise_waiting(server, block, eviction)
-        # Written into their newest generation, as their latest removal.
-        self._evicted.setdefault(server, Generations()).new.update(evictions)
-        self._last_removed.new.update(evictions)
+            for block, stored in dict(zip(blocks, stored_at, strict=True)).items():  # the last of a block
+                self._revise_waiting(server, block, (server, stored, at))
+        self._evicted.setdefault(server, _Evictions(server)).write(blocks, server, stored_at, at)
+        self._last_removed.write(blocks, server, stored_at, at)
         self._seen.write_all(blocks, True)
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
         earlier = self._earlier_epochs.setdefault(server, Generations())
-        earlier.write_all(self._evicted.pop(server, Generations()), True)
+        earlier.write_all(self._evicted.pop(server, _Evictions(server)).blocks(), True)
         resident = self._resident.get(server, {})
         for block in self._ranks.get(server, {}).pop(rank, set()):
             earlier[block] = True
@@ -311,12 +311,12 @@ class FleetHistory:
         chain = list(request.block_hashes)
         reusable = min(reusable_blocks(prompt, size), len(chain))
         reused = min(cached // size, reusable)
-        here = self._resident.get(request.server, {})
-        resident_here = _leading(chain[:reusable], here)
+        runs = self._runs(request, chain[:reusable])  # its own server's among them
+        resident_here = runs.get(request.server, 0)
         funnel = Funnel(
             prompt_tokens=prompt,
             seen_before=self._seen.leading(chain[:reusable]) * size,
-            resident_anywhere=self._best_server(request, chain[:reusable])[1] * size,
+            resident_anywhere=_best(runs)[1] * size,
             resident_here=resident_here * size,
             reused=cached,
         )
@@ -405,21 +405,22 @@ class FleetHistory:
         self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
     ) -> tuple[int | None, int]:
         """The compatible server holding the longest run of the chain's leading blocks, and the run."""
+        return _best(self._runs(request, chain, exclude=exclude))
+
+    def _runs(
+        self, request: RequestPrompt, chain: list[int], *, exclude: int | None = None
+    ) -> dict[int, int]:
+        """The run of the chain's leading blocks each compatible server holds (that holds its first)."""
         if not chain:
-            return None, 0
+            return {}
         group = self._groups.get(request.server, ("alone", request.server))
-        best: tuple[int | None, int] = (None, 0)
-        for server, resident in self._resident.items():
-            if (
-                server == exclude
-                or chain[0] not in resident
-                or self._groups.get(server, ("alone", server)) != group
-            ):
-                continue
-            run = _leading(chain, resident)
-            if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
-                best = (server, run)
-        return best
+        return {
+            server: leading(chain, resident)
+            for server, resident in self._resident.items()
+            if server != exclude
+            and chain[0] in resident
+            and self._groups.get(server, ("alone", server)) == group
+        }
 
     def remember(self, request: RequestPrompt) -> None:
         """Add a request's chain to what the fleet has seen, without diagnosing it (one diagnosed
@@ -435,8 +436,48 @@ class FleetHistory:
 
 
 _Eviction: TypeAlias = tuple[int, datetime | None, datetime]
-"""A block's removal: (server, stored at or None when before the replayed events began, removed at).
-A plain tuple: the events build one per evicted block, with zip, faster than any class."""
+"""A block's removal: (server, stored at or None when before the replayed events began, removed at)."""
+
+
+class _Evictions:
+    """Blocks' last removals, kept as mappings of plain values rather than one of `_Eviction`
+    tuples: the history holds a million of them, and a dict holding tuples is one the garbage
+    collector walks, entry by entry, at each of its full collections (a quarter of the replay's
+    time); one holding only ints and datetimes it does not track. The tuple is built when read.
+    `server`: the one server all removals are from, None when each block's is kept."""
+
+    __slots__ = ("_one_server", "_removed_at", "_server", "_stored_at")
+
+    def __init__(self, server: int | None = None) -> None:
+        self._one_server = server
+        self._removed_at: Generations[int, datetime] = Generations()
+        self._server: Generations[int, int] = Generations()
+        self._stored_at: Generations[int, datetime | None] = Generations()
+
+    def write(
+        self, blocks: Sequence[int], server: int, stored_at: list[datetime | None], at: datetime
+    ) -> None:
+        """The blocks' latest removal (into the newest generation), each stored at its `stored_at`."""
+        self._removed_at.write_all(blocks, at)
+        if self._one_server is None:
+            self._server.write_all(blocks, server)
+        self._stored_at.new.update(zip(blocks, stored_at, strict=True))
+
+    def get(self, block: int) -> _Eviction | None:
+        removed_at = self._removed_at.get(block)
+        if removed_at is None:
+            return None
+        server = self._one_server if self._one_server is not None else self._server.get(block)
+        assert server is not None  # written together, turned together
+        return server, self._stored_at.get(block), removed_at
+
+    def blocks(self) -> Iterator[int]:
+        return iter(self._removed_at)
+
+    def turn(self) -> None:
+        self._removed_at.turn()
+        self._server.turn()
+        self._stored_at.turn()
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,6 +493,15 @@ class _BlockCause:
     def evicted(cls, eviction: _Eviction) -> _BlockCause:
         server, stored_at, removed_at = eviction
         return cls(Cause.EVICTED, server=server, stored_at=stored_at, removed_at=removed_at)
+
+
+def _best(runs: dict[int, int]) -> tuple[int | None, int]:
+    """The server of the longest run (the lowest of equal ones) and its run; (None, 0) for none."""
+    best: tuple[int | None, int] = (None, 0)
+    for server, run in runs.items():
+        if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
+            best = (server, run)
+    return best
 
 
 def _unknown(request: RequestPrompt) -> Unknown | None:
@@ -490,42 +540,37 @@ def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:
 
 
 def _remember_followers(
-    blocks: OrderedDict[int | None, tuple[int, ...]], chain: list[int], token_ids: TokenIds | None, size: int
+    blocks: OrderedDict[int | None, bytes], chain: list[int], token_ids: TokenIds | None, size: int
 ) -> None:
     """Record, for each parent of the chain (None: the first block's), the tokens of the block that
     follows it. A known next block is the same tokens after the same parent (its hash covers both):
     only its place in the memory moves, the common case of a shared prefix, done in one C loop."""
     parents: list[int | None] = [None, *chain]
-    kept = max(_leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
+    kept = max(leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
     deque(map(blocks.move_to_end, parents[:kept]), maxlen=0)
-    if token_ids is None:
-        tail: list[int] = []
-    else:
-        found = token_ids[kept * size :]
-        tail = found.tolist() if isinstance(found, np.ndarray) else list(found)
+    tail = b"" if token_ids is None else np.asarray(token_ids[kept * size :], dtype=np.int64).tobytes()
+    width = size * _TOKEN_BYTES
     for offset, parent in enumerate(parents[kept:]):
         index = kept + offset
         if index < len(chain) and chain[index] in blocks and parent in blocks:
             blocks.move_to_end(parent)  # a known pair after a forgotten one
             continue
-        blocks[parent] = tuple(tail[offset * size : (offset + 1) * size])
+        blocks[parent] = tail[offset * width : (offset + 1) * width]
         blocks.move_to_end(parent)
 
 
-def _leading(chain: Sequence[Hashable], holding: Container[Hashable]) -> int:
-    """How many of the chain's leading blocks `holding` has, one after the other (takewhile with
-    the container's own __contains__: no Python step per block for a dict or a set)."""
-    return len(list(takewhile(holding.__contains__, chain)))
+_TOKEN_BYTES = 8  # a token id remembered as an int64
 
 
 def _divergence(request: RequestPrompt, chain: list[int], family: _Family, size: int) -> int:
     """The first token where the prompt departs from the longest prefix its family had: block-exact
     from the chain, token-exact within the block when both sides' token ids are known."""
-    shared = _leading(chain, family.blocks)
+    shared = leading(chain, family.blocks)
     parent = chain[shared - 1] if shared else None
-    theirs = family.blocks.get(parent, ())
-    if request.token_ids is None or not theirs:
+    remembered = family.blocks.get(parent, b"")
+    if request.token_ids is None or not remembered:
         return shared * size
+    theirs = np.frombuffer(remembered, np.int64).tolist()
     ours = _tokens(request.token_ids, shared * size, (shared + 1) * size)
     same = next(
         (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))

@@ -1,6 +1,15 @@
 """The forgetting mapping of a kept history: what is written each generation stays, the rest goes."""
 
+import pytest
+
 from app.domain.generations import Generations
+from tests.domain.leading_paths import LEADING_PATHS, use_leading_path
+
+
+@pytest.fixture(autouse=True, params=LEADING_PATHS)
+def leading_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: chains' leading blocks counted in Python, then in app/domain/_chain.c."""
+    use_leading_path(request.param, monkeypatch)
 
 
 def test_an_entry_lives_two_generations_unless_written_again() -> None:

@@ -18,6 +18,14 @@ from app.domain.misscauses import (
     Unknown,
     reusable_blocks,
 )
+from tests.domain.leading_paths import LEADING_PATHS, use_leading_path
+
+
+@pytest.fixture(autouse=True, params=LEADING_PATHS)
+def leading_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test twice: chains' leading blocks counted in Python, then in app/domain/_chain.c."""
+    use_leading_path(request.param, monkeypatch)
+
 
 SIZE = 16
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
