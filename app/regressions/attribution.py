@@ -8,7 +8,7 @@ from typing import Any
 from app.prompts.models import DeployMarker, TemplateVersion
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, version_requests
-from app.traffic.models import RequestRecord
+from app.traffic.models import KVEvent, RequestRecord
 
 Kind = Regression.Kind
 
@@ -37,8 +37,17 @@ SUSPECT_MIN_GAIN = 0.1  # of the template's requests: a version that took less d
 
 
 def cause_shift(before: Sequence[Minute], after: Sequence[Minute]) -> dict[str, dict[str, float]]:
-    """Each cause's lost tokens as a share of the prompt tokens, before and after the change."""
-    return {"before": _shares(before), "after": _shares(after)}
+    """Each cause's lost tokens as a share of the prompt tokens, before the change and in the first
+    SHIFT_WINDOW after it: the after segment runs to the end of the window, and a restart or a cut
+    minutes later would otherwise show in its shift and name the drop."""
+    return {"before": _shares(before), "after": _shares(_first(after))}
+
+
+SHIFT_WINDOW = timedelta(minutes=2)  # the change's own minute (it may be mixed) and the next
+
+
+def _first(after: Sequence[Minute]) -> Sequence[Minute]:
+    return [minute for minute in after if minute.minute < after[0].minute + SHIFT_WINDOW] if after else after
 
 
 def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
@@ -61,13 +70,14 @@ def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
 
 
 def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at: datetime) -> bool:
-    """Whether what the causes name happened at the change. A capacity drop is a new process with
-    fewer blocks (vLLM sizes its cache at start-up): its first requests are `restarted`; evictions
-    rising without one are a larger working set (a template commit's new prefixes, say), not the
-    server's doing. A salt rotation is the tenant's requests carrying a salt they did not carry
-    before; `salt` misses without one are prefixes another tenant's salt computed first."""
-    if kind == Kind.CAPACITY:
-        return any(minute.lost.get("restarted") for minute in after[:RESTART_MINUTES])
+    """Whether what the causes name happened at the change. A restart is a new process: the
+    server's KV events start a new epoch there. So is a capacity drop (vLLM sizes its cache at
+    start-up); evictions rising without one are a larger working set (a template commit's new
+    prefixes, say), not the server's doing. A salt rotation is the tenant's requests carrying a salt
+    they did not carry before; `salt` misses without one are prefixes another tenant's salt computed
+    first."""
+    if kind in (Kind.CAPACITY, Kind.RESTART):
+        return key[2] is not None and restarted_near(key[2], changed_at)
     if kind == Kind.SALT_ROTATION:
         records = RequestRecord.objects.filter(tenant=key[3])
         earlier = records.filter(arrived_at__gte=changed_at - SALT_WINDOW, arrived_at__lt=changed_at)
@@ -78,7 +88,25 @@ def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at:
 
 
 SALT_WINDOW = timedelta(minutes=10)
-RESTART_MINUTES = 3  # a capacity drop's restart shows in the first minutes after the change
+# The change's minute is the first after the drop, and a restart inside a minute may leave it mixed:
+# the new epoch's first event is looked for from the minute before to the end of the shift's window.
+RESTART_SLACK = timedelta(minutes=1)
+EPOCH_LOOKBACK = timedelta(hours=1)  # the epoch the server was in before: its events of the last hour
+
+
+def restarted_near(server_id: int, changed_at: datetime) -> bool:
+    """Whether the server's KV events start a new epoch (a new process) close to the change."""
+    start, end = changed_at - RESTART_SLACK, changed_at + SHIFT_WINDOW
+    events = KVEvent.objects.filter(server_id=server_id)
+    earlier = (
+        events.filter(emitted_at__gte=start - EPOCH_LOOKBACK, emitted_at__lt=start)
+        .order_by("-emitted_at")
+        .values_list("epoch", flat=True)
+        .first()
+    )
+    if earlier is None:  # no events before it: nothing says the epoch changed here
+        return False
+    return events.filter(emitted_at__gte=start, emitted_at__lt=end, epoch__gt=earlier).exists()
 
 
 def suspects(

@@ -38,7 +38,7 @@ RECENT_MINUTES = 5  # a regression's rate now: over its scope's last minutes wit
 @dataclass(frozen=True, slots=True)
 class _Window:
     since: datetime
-    until: datetime  # the end of the last whole minute the diagnosis has had time to sum
+    until: datetime  # as far as the diagnosis has had time to sum: the last minute read in part
 
 
 def detect_regressions(*, now: datetime) -> int:
@@ -56,12 +56,13 @@ def detect_regressions(*, now: datetime) -> int:
 
 
 def _window(now: datetime) -> _Window:
-    """Up to the last whole minute the diagnosis has summed: it diagnoses what arrived up to its
-    delay ago (a run every 30 s; one not run yet leaves that minute with fewer requests, the same
-    rate, and the next detection reads it whole)."""
-    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
-    until = settled.replace(second=0, microsecond=0)
-    return _Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
+    """Up to what the diagnosis has summed: it diagnoses what arrived up to its delay ago, so the
+    last minute is read in part (fewer requests, the same rate; the next run reads it whole). Whole
+    minutes only would read a minute at the earliest a minute and the delay after it ends: a run
+    just after the hour (as beat's may be) would wait a cycle more for every drop."""
+    until = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
+    since = until.replace(second=0, microsecond=0)
+    return _Window(since - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
 
 
 def _active(key: ScopeKey) -> Regression | None:
