@@ -28,9 +28,9 @@ segments the series admits (Bonferroni), since the split and its neighbours were
 Changes below `min_confidence` are dropped, weakest first, each drop re-testing its neighbours over
 the joined segments. Two changes the same way a minute apart are one, inside that minute (it holds
 both rates); its figures are the segments either side. A regression is a drop that is material
-(`min_drop`) with `min_requests_before` and `_after` on its sides. TTFT: log p90 over its von Neumann noise scale, so that an l2 cost is a
-unit-variance Gaussian deviance; the same search and test. Deterministic, so that a backfill over
-history finds what the online check found.
+(`min_drop`) with `min_requests_before` and `_after` on its sides. TTFT: log p90 over its von
+Neumann noise scale, so that an l2 cost is a unit-variance Gaussian deviance; the same search and
+test. Deterministic, so that a backfill over history finds what the online check found.
 """
 
 from __future__ import annotations

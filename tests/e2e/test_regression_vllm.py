@@ -2,10 +2,11 @@
 a regression opens on the template with that commit as suspect, and the server's own KV events say
 that the prompts after it had no block in common with the ones before.
 
-About four minutes of real traffic through the gateway (the detection reads whole minutes): a
-template repository with two commits of `support` (the second moves the time to the top), imported
-by Prefixscope; about a minute and a half of prompts naming the first commit, then as long naming the
-second, whose prompts carry a token that changes with every request at position 3 (a timestamp, as
+About five minutes of real traffic through the gateway (the detection reads minutes): a template
+repository with two commits of `support` (the second moves the time to the top), imported by
+Prefixscope; two and a half minutes of prompts naming the first commit, then as long naming the
+second (the commit lands inside a minute, which then holds both rates: two and a half minutes make
+sure of two minutes on each side of it, whose agreement says how much minutes scatter), whose prompts carry a token that changes with every request at position 3 (a timestamp, as
 token ids). Then the diagnosis and the detection run as beat runs them, minute by minute.
 """
 
@@ -37,7 +38,7 @@ from tests.e2e.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 SIZE = 32
-PHASE_SECONDS = 95  # of each version's traffic: more than a whole minute, and 50 requests
+PHASE_SECONDS = 150  # of each version's traffic: two minutes besides the one the commit lands in
 rng = random.Random()  # a new run, new tokens: the session's server keeps what other tests sent
 BASE = [rng.randrange(1000, 30_000) for _ in range(6 * SIZE)]
 STABLE = "You are the support assistant.\nFollow the policies.\nCurrent time: {{ now }}\nQuestion: {{ q }}\n"
