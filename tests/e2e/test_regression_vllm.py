@@ -6,8 +6,9 @@ About five minutes of real traffic through the gateway (the detection reads minu
 repository with two commits of `support` (the second moves the time to the top), imported by
 Prefixscope; two and a half minutes of prompts naming the first commit, then as long naming the
 second (the commit lands inside a minute, which then holds both rates: two and a half minutes make
-sure of two minutes on each side of it, whose agreement says how much minutes scatter), whose prompts carry a token that changes with every request at position 3 (a timestamp, as
-token ids). Then the diagnosis and the detection run as beat runs them, minute by minute.
+sure of two minutes on each side of it, whose agreement says how much minutes scatter), whose
+prompts carry a token that changes with every request at position 3 (a timestamp, as token ids).
+Then the diagnosis and the detection run as beat runs them, minute by minute.
 """
 
 import random
