@@ -37,10 +37,11 @@ SUSPECT_MIN_GAIN = 0.1  # of the template's requests: a version that took less d
 
 
 def cause_shift(before: Sequence[Minute], after: Sequence[Minute]) -> dict[str, dict[str, float]]:
-    """Each cause's lost tokens as a share of the prompt tokens, before the change and in the first
-    SHIFT_WINDOW after it: the after segment runs to the end of the window, and a restart or a cut
-    minutes later would otherwise show in its shift and name the drop."""
-    return {"before": _shares(before), "after": _shares(_first(after))}
+    """Each cause's lost tokens as a share of the prompt tokens: before the change, in the first
+    SHIFT_WINDOW after it ("after": what names the drop; the after segment runs to the end of the
+    window, and a restart minutes later would otherwise show in it), and since it ("since": whether
+    a new process stayed short of blocks)."""
+    return {"before": _shares(before), "after": _shares(_first(after)), "since": _shares(after)}
 
 
 SHIFT_WINDOW = timedelta(minutes=2)  # the change's own minute (it may be mixed) and the next
@@ -60,13 +61,24 @@ def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
 
 
 def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
-    """The kind named by the cause that rose the most (below_block and cold name none)."""
-    before, after = shift["before"], shift["after"]
-    rises = {cause: after.get(cause, 0.0) - before.get(cause, 0.0) for cause in after}
+    """The kind named by the cause that rose the most just after the change (below_block and cold
+    name none). A new process (a restart or a capacity drop: its first minutes miss as `restarted`
+    or `evicted`) is a capacity drop when evictions rose more than restarted misses since it: a
+    restart warms up again, a smaller cache keeps evicting."""
+    cause = _most_risen(shift["before"], shift["after"])
+    kind = _KIND_OF_CAUSE.get(cause, Kind.UNKNOWN) if cause else Kind.UNKNOWN
+    if kind in (Kind.RESTART, Kind.CAPACITY) and "since" in shift:
+        since = _most_risen(shift["before"], shift["since"], among=("evicted", "restarted"))
+        kind = Kind.CAPACITY if since == "evicted" else Kind.RESTART
+    return kind
+
+
+def _most_risen(
+    before: dict[str, float], after: dict[str, float], among: Sequence[str] | None = None
+) -> str | None:
+    rises = {cause: after.get(cause, 0.0) - before.get(cause, 0.0) for cause in among or after}
     cause = max(rises, key=lambda name: rises[name], default=None)
-    if cause is None or rises[cause] <= 0:
-        return Kind.UNKNOWN
-    return _KIND_OF_CAUSE.get(cause, Kind.UNKNOWN)
+    return cause if cause is not None and rises[cause] > 0 else None
 
 
 def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at: datetime) -> bool:
