@@ -113,7 +113,9 @@ def _open(key: ScopeKey, minutes: list[Minute], window: _Window, *, now: datetim
     )  # fmt: skip
     _cost(regression, after, window)
     if scope == Scope.TEMPLATE and template_id is not None:
-        pair = evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
+        pair = evidence.before_after_pair(
+            template_id, changed_at=change.minute, now=now, version_id=regression.suspect_version_id
+        )
         regression.evidence = {"pair": pair}
     try:
         with transaction.atomic():
