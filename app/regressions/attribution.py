@@ -73,6 +73,17 @@ def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
     return kind
 
 
+def kind_at(key: ScopeKey, shift: dict[str, dict[str, float]], *, changed_at: datetime) -> Kind:
+    """The kind of a scope's drop: on a server whose KV events start a new epoch at the change, a
+    new process (every miss of its first minutes is its empty cache's, whichever cause the diagnosis
+    names: a salt's prefixes too), a capacity drop or a restart as kind_of tells them apart;
+    otherwise the cause that rose the most (kind_of)."""
+    if key[0] == Regression.Scope.SERVER and key[2] is not None and restarted_near(key[2], changed_at):
+        since = _most_risen(shift["before"], shift["since"], among=("evicted", "restarted"))
+        return Kind.CAPACITY if since == "evicted" else Kind.RESTART
+    return kind_of(shift)
+
+
 def _most_risen(
     before: dict[str, float], after: dict[str, float], among: Sequence[str] | None = None
 ) -> str | None:

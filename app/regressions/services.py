@@ -138,7 +138,7 @@ def _attributed(
     """The drop's kind, cause shift and suspects; None when it is not this scope's to open (another
     scope's kind, or a cause whose change did not happen)."""
     shift = attribution.cause_shift(before, after)
-    kind = attribution.kind_of(shift)
+    kind = attribution.kind_at(key, shift, changed_at=change.minute)
     candidates: list[dict[str, Any]] = []
     if key[0] == Scope.TEMPLATE and key[1] is not None:
         candidates = attribution.suspects(

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from app.fleet.models import Server
-from app.regressions.attribution import cause_shift, confirmed, kind_of, restarted_near
+from app.regressions.attribution import cause_shift, confirmed, kind_at, kind_of, restarted_near
 from app.regressions.models import Regression
 from app.regressions.series import Minute
 from app.traffic.models import KVEvent
@@ -89,3 +89,21 @@ def test_a_new_process_that_keeps_evicting_is_a_capacity_drop(later: str, kind: 
     first = [minute(changed_at + timedelta(minutes=m), restarted=40_000) for m in range(2)]
     rest = [minute(changed_at + timedelta(minutes=m), **{later: 30_000}) for m in range(2, 9)]
     assert kind_of(cause_shift(before, [*first, *rest])) == kind
+
+
+def test_a_server_restarted_at_the_change_is_a_new_process_whatever_cause_its_first_minutes_name(
+    server: Server,
+) -> None:
+    """Seed 11: a capacity cut whose first minutes missed mostly as `salt` (prefixes of a salt the
+    new cache had not seen): the server's own new epoch names it, not the diagnosis' causes."""
+    changed_at = change_minute()
+    store_events(server, 0, changed_at - timedelta(minutes=30), minutes=30)
+    store_events(server, 1, changed_at + timedelta(seconds=30), minutes=10)
+    before = [minute(changed_at - timedelta(minutes=m)) for m in range(10, 0, -1)]
+    first = [minute(changed_at + timedelta(minutes=m), salt=20_000, restarted=10_000) for m in range(2)]
+    rest = [minute(changed_at + timedelta(minutes=m), evicted=30_000) for m in range(2, 9)]
+    shift = cause_shift(before, [*first, *rest])
+    assert kind_of(shift) == Kind.SALT_ROTATION
+    assert kind_at(("server", None, server.pk, ""), shift, changed_at=changed_at) == Kind.CAPACITY
+    elsewhere = changed_at - timedelta(minutes=10)  # no new epoch near: the causes name it
+    assert kind_at(("server", None, server.pk, ""), shift, changed_at=elsewhere) == Kind.SALT_ROTATION
