@@ -9,26 +9,36 @@ Hit rate: the cost is a binomial deviance whose trials are requests, not tokens 
 hit or miss together: whole blocks, whole prompts); a minute of n requests at token-weighted rate r
 is n trials and n * r successes. Requests of one minute share a cache state, so minutes scatter more
 than a binomial says: Williams' overdispersion model (Applied Statistics 31, 1982) counts them as
-n / (1 + (n - 1) * rho) trials, with rho fitted by moments: the Pearson statistics of adjacent
-minutes, each clipped at 9 so that a real change (one pair) does not pass for scatter, average as
-chi-squared(1)'s would. rho = 0, a binomial over requests, is the floor (rates in [0, 1] vary no
-more than a Bernoulli's), so minutes with more requests never weigh more than their scatter allows.
+n / (1 + (n - 1) * rho) trials, with rho fitted by moments on the Pearson statistics of adjacent
+minutes, each clipped at 9 (3 sigma), robustly: a change spoils the pair across it (both pairs
+around a minute it falls inside), and on a short history those pairs would pass for scatter (two
+minutes before a drop: three pairs, one across it, rho 0.25, and 118 requests a minute counted as
+four trials). So a start first: the mean of the smallest pairs, all but the two largest (two at
+least), matched to its expectation for chi-squared(1) draws (the order statistics' integral), so
+that it stays unbiased on scatter alone; then the pairs beyond 25 (5 sigma) at the start's rho are
+changes and are left out, and the mean of the others is matched to E[min(X, 9) | X < 25], again
+until the pairs left out no longer change. Without a pair that far out, as on fault-free traffic,
+this is the plain clipped mean over all pairs. rho = 0, a binomial over requests, is the floor
+(rates in [0, 1] vary no more than a Bernoulli's), so minutes with more requests never weigh more
+than their scatter allows.
 
 A test then disposes: a change's neighbouring segments' deviance as one rate minus as two is a
 likelihood ratio, chi-squared(1) for a fixed split; its p-value is multiplied by the n(n - 1)/2
 segments the series admits (Bonferroni), since the split and its neighbours were both searched for.
 Changes below `min_confidence` are dropped, weakest first, each drop re-testing its neighbours over
-the joined segments. A regression is a drop that is material (`min_drop`) with `min_requests_before`
-and `_after` on its sides. TTFT: log p90 over its von Neumann noise scale, so that an l2 cost is a
-unit-variance Gaussian deviance; the same search and test. Deterministic, so that a backfill over
-history finds what the online check found.
+the joined segments. Two changes the same way a minute apart are one, inside that minute (it holds
+both rates); its figures are the segments either side. A regression is a drop that is material
+(`min_drop`) with `min_requests_before` and `_after` on its sides. TTFT: log p90 over its von
+Neumann noise scale, so that an l2 cost is a unit-variance Gaussian deviance; the same search and
+test. Deterministic, so that a backfill over history finds what the online check found.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from itertools import pairwise
 from operator import attrgetter
@@ -41,6 +51,13 @@ from ruptures.base import BaseCost
 # Adjacent minutes' Pearson statistics count up to 9 (3 sigma) each, so that a change, one pair,
 # barely moves their mean, which must then come to E[min(X, 9)] for X chi-squared(1).
 _CLIP, _CLIPPED_MEAN = 9.0, 0.995007
+# The start leaves out the two largest pairs (a change inside a minute spoils both pairs around it);
+# a pair beyond 25 (5 sigma) at the start's rho is a change, not scatter, and is left out of the fit,
+# whose target is then E[min(X, 9) | X < 25].
+_TRIMMED, _OUTLIER = 2, 25.0
+_OUTLIER_TAIL = math.erfc(math.sqrt(_OUTLIER / 2.0))
+_USUAL_CLIPPED_MEAN = (_CLIPPED_MEAN - _CLIP * _OUTLIER_TAIL) / (1.0 - _OUTLIER_TAIL)
+_MAX_ROUNDS = 10  # pairs left out and rho agree after one or two in practice
 _MIN_LOG_SIGMA = 0.01  # a 1% floor: a flat TTFT series would otherwise make every wobble a change
 
 FloatArray = NDArray[np.float64]
@@ -80,6 +97,11 @@ class DetectionConfig:
         return {
             "method": f"ruptures {ruptures.__version__} Pelt, then each split refined and tested",
             "rate_cost": "binomial deviance over requests, Williams overdispersion",
+            "dispersion": (
+                f"adjacent minutes' Pearson statistics clipped at {_CLIP:g}: a start without the "
+                f"{_TRIMMED} largest, then without those beyond {_OUTLIER:g}, each mean matched to "
+                "its chi-squared(1) expectation"
+            ),
             "ttft_cost": "l2 on log p90 over its von Neumann scale",
             "confidence": "likelihood ratio, chi-squared(1), Bonferroni over n(n-1)/2 segments",
             **asdict(self),
@@ -184,9 +206,37 @@ def rate_changes(points: Sequence[MinutePoint], config: DetectionConfig) -> list
     requests = np.array([point.requests for point in points], dtype=np.float64)
     rates = np.array([point.reused_tokens / point.prompt_tokens for point in points])
     rho = _dispersion(requests, rates)
+    cost = _binomial_cost(requests, rates, rho)
+    splits = _confirmed(cost, _proposed(cost, config), config)
+    return _merged([_rate_change(points, split, rho, config) for split in splits], config)
+
+
+def _merged(changes: list[RateChange], config: DetectionConfig) -> list[RateChange]:
+    """Two changes the same way a minute apart are one, inside that minute: a change within a
+    minute leaves it between both rates, a segment of its own. The change is that minute; its
+    figures are the segments either side of it, its confidence the lower."""
+    found: list[RateChange] = []
+    for change in changes:
+        last = found[-1] if found else None
+        if last is None or change.index - last.index != 1 or (change.drop > 0) != (last.drop > 0):
+            found.append(change)
+            continue
+        drop = last.rate_before - change.rate_after
+        found[-1] = replace(
+            last, rate_after=change.rate_after, requests_after=change.requests_after,
+            prompt_tokens_after=change.prompt_tokens_after, drop=drop,
+            statistic=min(last.statistic, change.statistic),
+            confidence=min(last.confidence, change.confidence),
+            material=drop >= config.min_drop,
+            enough_evidence=last.requests_before >= config.min_requests_before
+            and change.requests_after >= config.min_requests_after,
+        )  # fmt: skip
+    return found
+
+
+def _binomial_cost(requests: FloatArray, rates: FloatArray, rho: float) -> _SegmentCost:
     trials = requests / (1.0 + (requests - 1.0) * rho)
-    splits = _splits(_SegmentCost(_binomial_deviance), np.column_stack((trials * rates, trials)), config)
-    return [_rate_change(points, split, rho, config) for split in splits]
+    return _SegmentCost(_binomial_deviance).fit(np.column_stack((trials * rates, trials)))
 
 
 def latest_drop(points: Sequence[MinutePoint], config: DetectionConfig) -> RateChange | None:
@@ -212,7 +262,8 @@ def level_changes(values: Sequence[tuple[datetime, float]], config: DetectionCon
     # von Neumann's mean squared successive difference: a step barely moves it, heavy tails do.
     scale = max(math.sqrt(float(np.mean(np.diff(logs) ** 2)) / 2.0), _MIN_LOG_SIGMA)
     signal = np.column_stack((logs / scale, (logs / scale) ** 2))
-    splits = _splits(_SegmentCost(_gaussian_deviance), signal, config)
+    cost = _SegmentCost(_gaussian_deviance).fit(signal)
+    splits = _confirmed(cost, _proposed(cost, config), config)
     return [_level_change(values, logs, split, config) for split in splits]
 
 
@@ -222,17 +273,22 @@ def latest_rise(values: Sequence[tuple[datetime, float]], config: DetectionConfi
     return rises[-1] if rises else None
 
 
-def _splits(cost: _SegmentCost, signal: FloatArray, config: DetectionConfig) -> list[_Split]:
-    """PELT's changes that the test confirms, each tested against its neighbours.
+def _proposed(cost: _SegmentCost, config: DetectionConfig) -> list[int]:
+    """PELT's changes (the index of each first point after one), each placed exactly."""
+    points = len(cost.signal)
+    search = ruptures.Pelt(custom_cost=cost, min_size=config.min_segment_points, jump=config.search_jump)
+    penalty = config.penalty_factor * math.log(points)
+    return _refined(cost, [int(end) for end in search.fit(cost.signal).predict(pen=penalty)])
+
+
+def _confirmed(cost: _SegmentCost, indices: list[int], config: DetectionConfig) -> list[_Split]:
+    """The proposed changes that the test confirms, each tested against its neighbours.
 
     The weakest goes first and its neighbours are tested again over the segments it joins, so that
     an unconfirmed wobble next to a drop does not cut the drop's evidence short.
     """
-    points = len(signal)
-    search = ruptures.Pelt(custom_cost=cost, min_size=config.min_segment_points, jump=config.search_jump)
-    penalty = config.penalty_factor * math.log(points)
-    ends = [int(end) for end in search.fit(signal).predict(pen=penalty)]
-    indices = _refined(cost, ends)
+    points = len(cost.signal)
+    indices = list(indices)
     while True:
         bounds = [0, *indices, points]
         splits = [
@@ -317,23 +373,62 @@ def _level_change(
 
 
 def _dispersion(requests: FloatArray, rates: FloatArray) -> float:
-    """Williams' rho in [0, 1] that brings adjacent minutes' clipped Pearson statistics to chi2(1)'s."""
+    """Williams' rho in [0, 1] from adjacent minutes' Pearson statistics, robust to changes (see the
+    module's docstring): a start that leaves out the largest, then the mean over the pairs that do
+    not stand out at it, until the pairs left out are those of the step before."""
     n1, n2, r1, r2 = requests[:-1], requests[1:], rates[:-1], rates[1:]
     pooled = (n1 * r1 + n2 * r2) / (n1 + n2)
     # A pair at rate 0 or 1 agrees exactly: its statistic is 0, not 0 / 0.
     spread = np.maximum(pooled * (1.0 - pooled), 1e-12)
     gaps = (r1 - r2) ** 2
 
-    def mean_statistic(rho: float) -> float:
-        variance = spread * (1.0 / n1 + 1.0 / n2 + rho * (2.0 - 1.0 / n1 - 1.0 / n2))
-        return float(np.mean(np.minimum(gaps / variance, _CLIP)))
+    def statistics(rho: float) -> FloatArray:
+        return gaps / (spread * (1.0 / n1 + 1.0 / n2 + rho * (2.0 - 1.0 / n1 - 1.0 / n2)))
 
-    if mean_statistic(0.0) <= _CLIPPED_MEAN:
+    def clipped_mean(rho: float, among: NDArray[np.bool_]) -> float:
+        return float(np.mean(np.minimum(statistics(rho)[among], _CLIP)))
+
+    kept = max(len(gaps) - _TRIMMED, min(len(gaps), 2))  # two at least: one alone is too noisy
+    rho = _bisected(
+        lambda rho: float(np.mean(np.sort(np.minimum(statistics(rho), _CLIP))[:kept])),
+        _trimmed_mean_expected(len(gaps), kept),
+    )
+    usual = np.zeros(len(gaps), dtype=bool)  # none yet: the first round always fits
+    for _ in range(_MAX_ROUNDS):
+        found = statistics(rho) < _OUTLIER
+        if not found.any() or np.array_equal(found, usual):
+            break
+        usual = found
+        rho = _bisected(functools.partial(clipped_mean, among=usual), _USUAL_CLIPPED_MEAN)
+    return rho
+
+
+@functools.cache
+def _trimmed_mean_expected(pairs: int, kept: int) -> float:
+    """E[mean of the `kept` smallest of `pairs` chi-squared(1) draws, each clipped at _CLIP].
+
+    The j-th smallest exceeds x when fewer than j draws are below it, a binomial(pairs, F(x)) count,
+    so the sum of the kept smallest is the integral over [0, _CLIP] of sum_i (kept - i) P(count = i),
+    i < kept. (Adjacent pairs share a minute, so they are not quite independent: close enough.)
+    """
+    root = np.linspace(0.0, math.sqrt(_CLIP), 2001)  # x = root^2: smooth where chi2(1)'s density is not
+    below = np.clip(np.vectorize(math.erf)(root / math.sqrt(2.0)), 1e-300, 1.0 - 1e-16)
+    total = np.zeros_like(root)
+    for count in range(kept):
+        log_choose = math.lgamma(pairs + 1) - math.lgamma(count + 1) - math.lgamma(pairs - count + 1)
+        chance = np.exp(log_choose + count * np.log(below) + (pairs - count) * np.log1p(-below))
+        total += (kept - count) * chance
+    return float(np.trapezoid(total * 2.0 * root, root)) / kept
+
+
+def _bisected(statistic: Callable[[float], float], target: float) -> float:
+    """The rho in [0, 1] where a statistic falling with rho comes to `target`, on the cautious side."""
+    if statistic(0.0) <= target:
         return 0.0
     low, high = 0.0, 1.0
-    for _ in range(40):  # the statistic falls as rho grows: bisect, ending on the cautious side
+    for _ in range(40):
         middle = (low + high) / 2.0
-        low, high = (middle, high) if mean_statistic(middle) > _CLIPPED_MEAN else (low, middle)
+        low, high = (middle, high) if statistic(middle) > target else (low, middle)
     return high
 
 

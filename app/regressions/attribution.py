@@ -8,7 +8,7 @@ from typing import Any
 from app.prompts.models import DeployMarker, TemplateVersion
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, version_requests
-from app.traffic.models import RequestRecord
+from app.traffic.models import KVEvent, RequestRecord
 
 Kind = Regression.Kind
 
@@ -39,8 +39,18 @@ SUSPECT_MIN_GAIN = 0.1  # of the template's requests: a version that took less d
 
 
 def cause_shift(before: Sequence[Minute], after: Sequence[Minute]) -> dict[str, dict[str, float]]:
-    """Each cause's lost tokens as a share of the prompt tokens, before and after the change."""
-    return {"before": _shares(before), "after": _shares(after)}
+    """Each cause's lost tokens as a share of the prompt tokens: before the change, in the first
+    SHIFT_WINDOW after it ("after": what names the drop; the after segment runs to the end of the
+    window, and a restart minutes later would otherwise show in it), and since it ("since": whether
+    a new process stayed short of blocks)."""
+    return {"before": _shares(before), "after": _shares(_first(after)), "since": _shares(after)}
+
+
+SHIFT_WINDOW = timedelta(minutes=2)  # the change's own minute (it may be mixed) and the next
+
+
+def _first(after: Sequence[Minute]) -> Sequence[Minute]:
+    return [minute for minute in after if minute.minute < after[0].minute + SHIFT_WINDOW] if after else after
 
 
 def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
@@ -53,23 +63,46 @@ def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
 
 
 def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
-    """The kind named by the cause that rose the most (below_block and cold name none)."""
-    before, after = shift["before"], shift["after"]
-    rises = {cause: after.get(cause, 0.0) - before.get(cause, 0.0) for cause in after}
+    """The kind named by the cause that rose the most just after the change (below_block and cold
+    name none). A new process (a restart or a capacity drop: its first minutes miss as `restarted`
+    or `evicted`) is a capacity drop when evictions rose more than restarted misses since it: a
+    restart warms up again, a smaller cache keeps evicting."""
+    cause = _most_risen(shift["before"], shift["after"])
+    kind = _KIND_OF_CAUSE.get(cause, Kind.UNKNOWN) if cause else Kind.UNKNOWN
+    if kind in (Kind.RESTART, Kind.CAPACITY) and "since" in shift:
+        since = _most_risen(shift["before"], shift["since"], among=("evicted", "restarted"))
+        kind = Kind.CAPACITY if since == "evicted" else Kind.RESTART
+    return kind
+
+
+def kind_at(key: ScopeKey, shift: dict[str, dict[str, float]], *, changed_at: datetime) -> Kind:
+    """The kind of a scope's drop: on a server whose KV events start a new epoch at the change, a
+    new process (every miss of its first minutes is its empty cache's, whichever cause the diagnosis
+    names: a salt's prefixes too), a capacity drop or a restart as kind_of tells them apart;
+    otherwise the cause that rose the most (kind_of)."""
+    if key[0] == Regression.Scope.SERVER and key[2] is not None and restarted_near(key[2], changed_at):
+        since = _most_risen(shift["before"], shift["since"], among=("evicted", "restarted"))
+        return Kind.CAPACITY if since == "evicted" else Kind.RESTART
+    return kind_of(shift)
+
+
+def _most_risen(
+    before: dict[str, float], after: dict[str, float], among: Sequence[str] | None = None
+) -> str | None:
+    rises = {cause: after.get(cause, 0.0) - before.get(cause, 0.0) for cause in among or after}
     cause = max(rises, key=lambda name: rises[name], default=None)
-    if cause is None or rises[cause] <= 0:
-        return Kind.UNKNOWN
-    return _KIND_OF_CAUSE.get(cause, Kind.UNKNOWN)
+    return cause if cause is not None and rises[cause] > 0 else None
 
 
 def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at: datetime) -> bool:
-    """Whether what the causes name happened at the change. A capacity drop is a new process with
-    fewer blocks (vLLM sizes its cache at start-up): its first requests are `restarted`; evictions
-    rising without one are a larger working set (a template commit's new prefixes, say), not the
-    server's doing. A salt rotation is the tenant's requests carrying a salt they did not carry
-    before; `salt` misses without one are prefixes another tenant's salt computed first."""
-    if kind == Kind.CAPACITY:
-        return any(minute.lost.get("restarted") for minute in after[:RESTART_MINUTES])
+    """Whether what the causes name happened at the change. A restart is a new process: the
+    server's KV events start a new epoch there. So is a capacity drop (vLLM sizes its cache at
+    start-up); evictions rising without one are a larger working set (a template commit's new
+    prefixes, say), not the server's doing. A salt rotation is the tenant's requests carrying a salt
+    they did not carry before; `salt` misses without one are prefixes another tenant's salt computed
+    first."""
+    if kind in (Kind.CAPACITY, Kind.RESTART):
+        return key[2] is not None and restarted_near(key[2], changed_at)
     if kind == Kind.SALT_ROTATION:
         records = RequestRecord.objects.filter(tenant=key[3])
         earlier = records.filter(arrived_at__gte=changed_at - SALT_WINDOW, arrived_at__lt=changed_at)
@@ -80,7 +113,25 @@ def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at:
 
 
 SALT_WINDOW = timedelta(minutes=10)
-RESTART_MINUTES = 3  # a capacity drop's restart shows in the first minutes after the change
+# The change's minute is the first after the drop, and a restart inside a minute may leave it mixed:
+# the new epoch's first event is looked for from the minute before to the end of the shift's window.
+RESTART_SLACK = timedelta(minutes=1)
+EPOCH_LOOKBACK = timedelta(hours=1)  # the epoch the server was in before: its events of the last hour
+
+
+def restarted_near(server_id: int, changed_at: datetime) -> bool:
+    """Whether the server's KV events start a new epoch (a new process) close to the change."""
+    start, end = changed_at - RESTART_SLACK, changed_at + SHIFT_WINDOW
+    events = KVEvent.objects.filter(server_id=server_id)
+    earlier = (
+        events.filter(emitted_at__gte=start - EPOCH_LOOKBACK, emitted_at__lt=start)
+        .order_by("-emitted_at")
+        .values_list("epoch", flat=True)
+        .first()
+    )
+    if earlier is None:  # no events before it: nothing says the epoch changed here
+        return False
+    return events.filter(emitted_at__gte=start, emitted_at__lt=end, epoch__gt=earlier).exists()
 
 
 def suspects(

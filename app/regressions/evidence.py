@@ -18,15 +18,18 @@ from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
 
 
-def before_after_pair(template_id: int, *, changed_at: datetime, now: datetime) -> dict[str, Any]:
-    """The first request after the change that lost tokens to the prompt changing, and the last one
-    of the same template and tenant before the change, compared (a permalink saved by Compare)."""
+def before_after_pair(
+    template_id: int, *, changed_at: datetime, now: datetime, version_id: int | None = None
+) -> dict[str, Any]:
+    """The first request after the change that lost tokens to the prompt changing (of `version_id`,
+    the suspect, when given: the change's minute may still hold requests of the version before),
+    and the last one of the same template and tenant before the change, compared (a permalink saved
+    by Compare)."""
     diagnoses = RequestDiagnosis.objects.filter(template_id=template_id).select_related("server")
-    after = (
-        diagnoses.filter(arrived_at__gte=changed_at, cause=RequestDiagnosis.Cause.PROMPT_CHANGED)
-        .order_by("arrived_at")
-        .first()
-    )
+    changed = diagnoses.filter(arrived_at__gte=changed_at, cause=RequestDiagnosis.Cause.PROMPT_CHANGED)
+    if version_id is not None:
+        changed = changed.filter(template_version_id=version_id)
+    after = changed.order_by("arrived_at").first()
     if after is None:
         return {}
     before = (

@@ -38,16 +38,17 @@ DETECTED_FIELDS = [
 @dataclass(frozen=True, slots=True)
 class Window:
     since: datetime
-    until: datetime  # the end of the last whole minute the diagnosis has had time to sum
+    until: datetime  # as far as the diagnosis has summed: the last minute read in part
 
 
 def window_of(now: datetime) -> Window:
-    """Up to the last whole minute the diagnosis has summed: it diagnoses what arrived up to its
-    delay ago (a run every 30 s; one not run yet leaves that minute with fewer requests, the same
-    rate, and the next detection reads it whole)."""
-    settled = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
-    until = settled.replace(second=0, microsecond=0)
-    return Window(until - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
+    """Up to what the diagnosis has summed: it diagnoses what arrived up to its delay ago, so the
+    last minute is read in part (fewer requests, the same rate; the next run reads it whole). Whole
+    minutes only would read a minute at the earliest a minute and the delay after it ends: a run
+    just after the minute (as beat's may be) would wait a cycle more for every drop."""
+    until = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
+    since = until.replace(second=0, microsecond=0)
+    return Window(since - timedelta(minutes=settings.PREFIXSCOPE_REGRESSION_WINDOW_MINUTES), until)
 
 
 def current(key: ScopeKey, metric: str, window: Window) -> Regression | None:

@@ -1,6 +1,6 @@
 """Regressions opened, updated and resolved from the per-minute rollups, once a minute.
 
-Each run reads the last PREFIXSCOPE_REGRESSION_WINDOW_MINUTES of whole, diagnosed minutes of every
+Each run reads the last PREFIXSCOPE_REGRESSION_WINDOW_MINUTES of diagnosed minutes (the last in part) of every
 template, template on a server, template for a tenant, server, tenant and of the fleet (a server's,
 a tenant's and the fleet's without the tokens lost to prompts changing: a template commit is its
 template's regression alone). A scope with an active regression has it updated (its rate now, its
@@ -136,7 +136,9 @@ def _open(
     )  # fmt: skip
     _cost(regression, after, window)
     if scope in TEMPLATE_SCOPES and template_id is not None:
-        pair = evidence.before_after_pair(template_id, changed_at=change.minute, now=now)
+        pair = evidence.before_after_pair(
+            template_id, changed_at=change.minute, now=now, version_id=regression.suspect_version_id
+        )
         regression.evidence = {"pair": pair}
     return saved(regression)
 
@@ -170,7 +172,7 @@ def _attributed(
     """The drop's kind, cause shift and suspects; None when it is not this scope's to open (another
     scope's kind, or a cause whose change did not happen)."""
     shift = attribution.cause_shift(before, after)
-    kind = attribution.kind_of(shift)
+    kind = attribution.kind_at(key, shift, changed_at=change.minute)
     candidates = suspects_of(key, change.minute, window)
     if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
         kind = Regression.Kind.TEMPLATE_COMMIT
