@@ -3,8 +3,8 @@
 Keyset pagination on (arrived_at, server, request id), never OFFSET and never a count: a page costs
 the same however deep it is. The time window always bounds the query with constants, so PostgreSQL
 prunes the day partitions outside it when it plans. Its indexes (RequestRecord.Meta) are
-``request_time`` for any filter, ``request_server_time`` for a server and ``request_template_time``
-for a template.
+``request_time`` for any filter (partial: each query states its condition, EXPLORER_ROWS) and
+``request_template_time`` for a template.
 
 The filters come as text (a page's query string, an API call's parameters) and are checked by one
 form, so that the page and the API accept and refuse the same values.
@@ -24,7 +24,7 @@ from app.domain.keyset import Cursor, decode_cursor, encode_cursor, filters_fing
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.models import EXPLORER_ROWS, RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
 from collectors import records
 
@@ -193,7 +193,9 @@ _SHOWN = ("server_id", "request_id", "arrived_at", "tenant", "prompt_tokens", "c
 
 def matching_requests(filters: RequestFilters, *, after: Cursor | None) -> QuerySet[RequestRecord]:
     # Constants on arrived_at: the planner prunes the partitions outside the window.
-    records = RequestRecord.objects.filter(arrived_at__gte=filters.since, arrived_at__lt=filters.until)
+    records = RequestRecord.objects.filter(
+        EXPLORER_ROWS, arrived_at__gte=filters.since, arrived_at__lt=filters.until
+    )
     if after is not None:
         # A row comparison, (arrived_at, server_id, request_id) < (...): an index condition on
         # request_time, estimated as a range (an OR of three was not, and got a sort). Django builds it

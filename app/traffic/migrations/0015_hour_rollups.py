@@ -43,7 +43,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("fleet", "0003_served_models"),
         ("prompts", "0006_template_regression_min_drop"),
-        ("traffic", "0014_request_record_explorer_indexes"),
+        ("traffic", "0014_request_record_explorer_index"),
     ]
 
     operations = [
