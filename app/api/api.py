@@ -10,7 +10,9 @@ from app.api.ingest.rest import router as ingest_router
 from app.api.regressions import router as regressions_router
 from app.api.requests import router as requests_router
 from app.api.series import router as series_router
+from app.api.servers import router as servers_router
 from app.api.templates import router as templates_router
+from app.api.tokens import router as tokens_router
 from app.core.middleware import database_unavailable
 
 api = NinjaAPI(
@@ -31,3 +33,5 @@ api.add_router("/v1", diagnosis_router)
 api.add_router("/v1", requests_router)
 api.add_router("/v1", regressions_router)
 api.add_router("/v1", series_router)
+api.add_router("/v1", servers_router)
+api.add_router("/v1", tokens_router)

@@ -11,9 +11,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.security import django_auth
 from pydantic import model_validator
 
+from app.api.auth import READERS
 from app.compare import selectors
 from app.compare.models import Comparison
 from app.compare.results import Result, comparison_result
@@ -23,7 +23,7 @@ from app.compare.tokenization import MAX_TOKEN_ID, Prompt, PromptError
 from app.domain.divergence import Side
 from app.fleet.models import Server
 
-router = Router(tags=["compare"], auth=django_auth)
+router = Router(tags=["compare"], auth=READERS)
 
 
 class RequestKeyIn(Schema):

@@ -7,8 +7,8 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.security import django_auth
 
+from app.api.auth import READERS
 from app.api.schemas import ErrorAnswer
 from app.traffic.selectors import (
     LOSS_GROUPS,
@@ -23,7 +23,7 @@ from app.traffic.selectors import (
     unexpected_hits,
 )
 
-router = Router(tags=["diagnosis"], auth=django_auth)
+router = Router(tags=["diagnosis"], auth=READERS)
 
 
 class Funnel(Schema):

@@ -13,7 +13,8 @@ from django.utils import timezone
 from ninja import Field, Router, Schema, Status
 from ninja.pagination import LimitOffsetPagination, paginate
 
-from app.api.templates import READ_AUTH, READERS, WRITE_AUTH, WRITERS, ErrorOut
+from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
+from app.api.templates import ErrorOut
 from app.prompts import selectors, services
 from app.prompts.models import PrefixFamily, Template
 

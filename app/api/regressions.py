@@ -1,7 +1,7 @@
 """Regressions: drops of a scope's delivered hit rate or rises of its TTFT p90, what each is attributed
 to, and its cost
-(app/regressions). Read by a logged-in user's session or an ingest token; a note (acknowledge, mute)
-is a person's, by a logged-in user's session only (with X-CSRFToken)."""
+(app/regressions). Read by a logged-in user's session or personal API token; a note (acknowledge, mute)
+is a person's too (a session sends X-CSRFToken), never an ingest token's."""
 
 from datetime import datetime
 from typing import Any, Literal
@@ -10,9 +10,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from ninja.pagination import LimitOffsetPagination, paginate
-from ninja.security import django_auth
 
-from app.api.templates import READ_AUTH, READERS, ErrorOut, KillerOut, killer_out
+from app.api.auth import PEOPLE, READ_AUTH, READERS
+from app.api.templates import ErrorOut, KillerOut, killer_out
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
@@ -190,11 +190,11 @@ def get_regression(request: HttpRequest, regression_id: int) -> Any:
 
 @router.post(
     "/regressions/{regression_id}/note",
-    auth=django_auth,
+    auth=PEOPLE,
     response={200: RegressionOut, 404: ErrorOut},
     summary="Acknowledge or mute a regression, or open it again, with a note",
-    description="A person's: a logged-in user's session, with Django's CSRF token as X-CSRFToken. A resolved "
-    "regression stays resolved; its note is saved.",
+    description="A person's: a logged-in user's session, with Django's CSRF token as X-CSRFToken, or "
+    "personal API token. A resolved regression stays resolved; its note is saved.",
     url_name="regression-note",
 )
 def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> Any:

@@ -9,8 +9,8 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.security import django_auth
 
+from app.api.auth import READERS
 from app.api.diagnosis import Diagnosed, diagnosed_answer
 from app.api.ingest.rest import router as ingest_router
 from app.compare.selectors import RecordKey, previous_request_key
@@ -27,7 +27,7 @@ from app.traffic.explorer import (
 )
 from app.traffic.selectors import diagnosed_requests
 
-router = Router(tags=["requests"], auth=django_auth)
+router = Router(tags=["requests"], auth=READERS)
 
 
 class Problem(Schema):
@@ -85,7 +85,7 @@ class RequestList(Schema):
 # declared here on a router of its own would meet the ingest's POST-only view (a 405).
 @ingest_router.get(
     "/requests",
-    auth=django_auth,
+    auth=READERS,
     tags=["requests"],
     response={200: RequestList, 400: Problem},
     summary="List requests",

@@ -11,9 +11,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Field, Router, Schema, Status
-from ninja.security import django_auth
 
-from app.api.ingest.rest import IngestTokenAuth
+from app.api.auth import READERS
 from app.traffic import series as traffic_series
 
 router = Router(tags=["series"])
@@ -61,7 +60,7 @@ CSV (`format=csv` or `Accept: text/csv`): a `time` column, then one column per s
 
 @router.get(
     "/series",
-    auth=[django_auth, IngestTokenAuth()],
+    auth=READERS,
     response={200: SeriesOut, 400: SeriesError},
     summary="A time series of hit rate, TTFT, lost tokens or requests",
     description=DESCRIPTION,

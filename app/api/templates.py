@@ -1,10 +1,11 @@
 """Template repositories, templates and their versions, deploy markers, and the git push webhook.
 
-Reads: a logged-in user's session, or an ingest token. Writes: a staff user's session (with
-Django's CSRF token as X-CSRFToken), or an ingest token; an ingest token registers http(s)
-URLs only, never a path or file:// URL on the server. The webhook is authenticated by the
-repository's shared secret. Webhook secrets are never in an answer. A template's cache killers come
-without prompt text unless asked for (``samples=true``) by a user holding prompts.read_prompt_text.
+Reads: a logged-in user's session or personal API token (app/api/auth.py). Writes: a staff user's
+session (with Django's CSRF token as X-CSRFToken) or personal token, or an ingest token; an ingest
+token registers http(s) URLs only, never a path or file:// URL on the server. The webhook is
+authenticated by the repository's shared secret. Webhook secrets are never in an answer. A template's
+cache killers come without prompt text unless asked for (``samples=true``) by a user holding
+prompts.read_prompt_text.
 """
 
 from datetime import datetime
@@ -15,10 +16,8 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from ninja.pagination import LimitOffsetPagination, paginate
-from ninja.security import django_auth
-from ninja.security.session import SessionAuthIsStaff
 
-from app.api.ingest.rest import IngestTokenAuth
+from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.api.models import IngestToken
 from app.compare.killers import Samples, killer_samples
 from app.fleet.models import Server
@@ -27,13 +26,6 @@ from app.prompts.models import CacheKiller, DeployMarker, Template, TemplateRepo
 
 router = Router(tags=["templates"])
 
-READERS = [django_auth, IngestTokenAuth()]
-WRITERS = [SessionAuthIsStaff(), IngestTokenAuth()]
-READ_AUTH = "Authenticated by a logged-in user's session, or an ingest token (Authorization: Bearer)."
-WRITE_AUTH = (
-    "Authenticated by a staff user's session (send Django's CSRF token as X-CSRFToken), or an ingest "
-    "token (Authorization: Bearer)."
-)
 WEBHOOK_MAX_BYTES = 25 * 1024 * 1024  # GitHub's cap on a delivery
 
 

@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from urllib.parse import urlsplit
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.text import slugify
 
@@ -102,8 +102,76 @@ def register_server(
     return server
 
 
+class NameTaken(ValueError):
+    """A server (a proposed one too) has that name already."""
+
+
+def create_server(*, name: str, base_url: str, scrape_interval_seconds: int = 15, **endpoints: str) -> Server:
+    """A new active server (its /metrics pulls begin); `endpoints`: the other fields update_server
+    takes. NameTaken when a server of that name exists: a proposed one is accepted, not registered."""
+    try:
+        with transaction.atomic():
+            server = Server.objects.create(
+                name=name, base_url=base_url, scrape_interval_seconds=scrape_interval_seconds,
+                state=Server.State.ACTIVE, **endpoints,
+            )  # fmt: skip
+    except IntegrityError:
+        raise NameTaken(f"a server named {name} exists already") from None
+    logger.info("registered server %s", name)
+    return server
+
+
+def update_server(
+    *,
+    server_id: int,
+    base_url: str,
+    metrics_url: str = "",
+    kv_events_endpoint: str = "",
+    kv_replay_endpoint: str = "",
+    kv_topic: str = "",
+    model: str = "",
+    tenant: str = "",
+    scrape_interval_seconds: int = 15,
+) -> Server:
+    """Change a registered server's endpoints, model, tenant or pull interval; its name stays (request
+    records name their server by it) and so does its state. ServerStateError when it is gone or proposed
+    (a proposed server is accepted or merged, not edited)."""
+    with transaction.atomic():
+        server = locked_server(server_id)
+        if server.state == Server.State.PROPOSED:
+            raise ServerStateError(f"{server.name} is proposed: accept it or merge it first")
+        changes = {
+            "base_url": base_url, "metrics_url": metrics_url, "kv_events_endpoint": kv_events_endpoint,
+            "kv_replay_endpoint": kv_replay_endpoint, "kv_topic": kv_topic, "model": model,
+            "tenant": tenant, "scrape_interval_seconds": scrape_interval_seconds,
+        }  # fmt: skip
+        for field, value in changes.items():
+            setattr(server, field, value)
+        server.save(update_fields=list(changes))
+    logger.info("updated server %s", server.name)
+    return server
+
+
+def set_server_enabled(*, server_id: int, enabled: bool) -> Server:
+    """Disable a server (its pulls stop; its data stays) or enable it again (active: its pulls
+    resume at once). ServerStateError when it is gone or proposed."""
+    with transaction.atomic():
+        server = locked_server(server_id)
+        if server.state == Server.State.PROPOSED:
+            raise ServerStateError(f"{server.name} is proposed: accept it or merge it first")
+        server.state = Server.State.ACTIVE if enabled else Server.State.DISABLED
+        server.next_scrape_at = None
+        server.save(update_fields=["state", "next_scrape_at"])
+    logger.info("server %s is %s", server.name, server.state)
+    return server
+
+
 class ServerStateError(ValueError):
     """The server is gone, or not in the state the change needs (a person changed it meanwhile)."""
+
+
+class ServerGone(ServerStateError):
+    """No server has that id: merged or deleted meanwhile (or never there)."""
 
 
 def accept_server(*, server_id: int, base_url: str) -> Server:
@@ -123,7 +191,7 @@ def locked_server(server_id: int) -> Server:
     """The server, locked FOR UPDATE until the transaction ends; ServerStateError when it is gone."""
     server = Server.objects.select_for_update().filter(pk=server_id).first()
     if server is None:
-        raise ServerStateError(f"no server {server_id}: merged or deleted meanwhile")
+        raise ServerGone(f"no server {server_id}: merged or deleted meanwhile")
     return server
 
 
