@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "app.dashboard",
     "app.compare",
     "app.api",
+    "app.setup",
 ]
 
 MIDDLEWARE = [

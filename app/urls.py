@@ -22,5 +22,6 @@ urlpatterns = [
     path("compare/", include("app.compare.urls")),
     path("templates/", include("app.prompts.urls")),
     path("regressions/", include("app.regressions.urls")),
+    path("setup/", include("app.setup.urls")),
     path("", include("app.dashboard.urls")),
 ]

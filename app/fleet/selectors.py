@@ -1,5 +1,7 @@
 """Reads of the fleet: what a server serves, as a request's block hashes need it."""
 
+from django.db.models import Case, QuerySet, When
+
 from app.domain.blockhash import LoraKey
 from app.fleet.models import Server
 
@@ -31,3 +33,9 @@ def request_lora(server: Server, model: str) -> LoraKey | None:
     if not model or model == server.model or model in server.base_models or server.models_read_at is None:
         return None
     raise UnknownModel(f"server {server.name} serves no model {model!r}")
+
+
+def servers_to_set_up() -> QuerySet[Server]:
+    """Every server for the set-up page: the proposed ones first (they wait for a person), then by name."""
+    proposed_first = Case(When(state=Server.State.PROPOSED, then=0), default=1)
+    return Server.objects.order_by(proposed_first, "name")
