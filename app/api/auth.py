@@ -7,11 +7,14 @@
   reads nothing.
 
 The bearer auths come first in each list: django-ninja stops at the first auth that raises, and the
-session auth raises on a POST without a CSRF token (a script's POST with a token has none).
+session auth raises on a POST without a CSRF token (a script's POST with a token has none). The
+session auths here look only at requests that carry a session cookie, so a script whose token is
+refused is answered 401, not 403 for a CSRF token it never needed.
 """
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
 from django.utils import timezone
@@ -48,9 +51,27 @@ class PersonalTokenAuth(HttpBearer):
         raise AssertionError("unused: __call__ reads the header")  # HttpBearer declares it abstract
 
 
-PEOPLE = [PersonalTokenAuth(), SessionAuth()]
+class _WithSessionCookie:
+    """A session auth that passes (None: the next auth, or 401) on a request without a session cookie,
+    before django-ninja's CSRF check, which would answer 403."""
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if settings.SESSION_COOKIE_NAME not in request.COOKIES:
+            return None
+        return super().__call__(request)  # type: ignore[misc]
+
+
+class PersonSession(_WithSessionCookie, SessionAuth):
+    """A logged-in user's session (a POST with X-CSRFToken)."""
+
+
+class StaffSession(_WithSessionCookie, SessionAuthIsStaff):
+    """A logged-in staff user's session (a POST with X-CSRFToken)."""
+
+
+PEOPLE = [PersonalTokenAuth(), PersonSession()]
 """Any logged-in user, or a user's personal token."""
-STAFF = [PersonalTokenAuth(staff_only=True), SessionAuthIsStaff()]
+STAFF = [PersonalTokenAuth(staff_only=True), StaffSession()]
 """A staff user's session or personal token: set-up writes (servers, ingest tokens)."""
 READERS = PEOPLE
 """The read routes: people only; an ingest token reads nothing."""

@@ -9,10 +9,9 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Router, Schema, Status
-from ninja.security.session import SessionAuth
 
 from app.api import services
-from app.api.auth import PEOPLE, STAFF, STAFF_AUTH
+from app.api.auth import PEOPLE, STAFF, STAFF_AUTH, PersonSession
 from app.api.models import IngestToken, PersonalToken
 
 router = Router(tags=["tokens"])
@@ -106,7 +105,7 @@ def list_personal_tokens(request: HttpRequest) -> Any:
 
 @router.post(
     "/me/tokens",
-    auth=SessionAuth(),
+    auth=PersonSession(),
     response={201: PersonalTokenCreated},
     summary="Create a personal API token",
     description="It reads the API as you. The answer holds its secret, the only time it is shown. A "
