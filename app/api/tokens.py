@@ -83,7 +83,9 @@ def create_ingest_token(request: HttpRequest, body: TokenIn) -> Any:
     auth=STAFF,
     response={200: IngestTokenOut, 404: Problem},
     summary="Revoke an ingest token",
-    description="Its source's batches are refused (401) from now on. " + STAFF_AUTH,
+    description=f"Its source's batches are refused (401) from now on: at once by the web process that "
+    f"answers, by the others within {services.TOKEN_MEMORY_SECONDS} s (each remembers live tokens that "
+    "long). " + STAFF_AUTH,
 )
 def revoke_ingest_token(request: HttpRequest, token_id: int) -> Any:
     try:

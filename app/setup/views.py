@@ -153,7 +153,10 @@ def ingest_tokens(request: HtmxHttpRequest) -> HttpResponse:
                 form.add_error("name", str(exc))
             else:
                 form = TokenForm()
-    context = {"tokens": IngestToken.objects.order_by("revoked", "name"), "form": form, "created": created}
+    context = {
+        "tokens": IngestToken.objects.order_by("revoked", "name"), "form": form, "created": created,
+        "memory_seconds": tokens.TOKEN_MEMORY_SECONDS,
+    }  # fmt: skip
     return render(request, "setup/ingest_tokens.html", context | {"section": "ingest-tokens"})
 
 

@@ -13,6 +13,7 @@ from app.prompts.history import import_template_history
 from app.prompts.models import DeployMarker, Template, TemplateRepository
 from app.prompts.services import register_repository
 from tests.prompts.conftest import GitRepo
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 REPOSITORIES = "/api/v1/templates/repositories"
@@ -88,7 +89,8 @@ def test_repositories_are_read_with_their_progress_and_without_credentials(
     engineer: Client, token: str
 ) -> None:
     register_repository(location="https://bot:pa55@git.example.com/p.git", globs=["*.j2"], secret="hush")
-    for reader in (engineer, Client(headers={"Authorization": f"Bearer {token}"})):
+    assert Client(headers={"Authorization": f"Bearer {token}"}).get(REPOSITORIES).status_code == 401  # ingest
+    for reader in (engineer, Client(headers=reader_bearer())):
         [repository] = reader.get(REPOSITORIES).json()
         assert repository["location"] == "https://git.example.com/p.git"
         assert repository["state"] == "idle"

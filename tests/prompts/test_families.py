@@ -23,6 +23,7 @@ from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
 from tests.fixtures import load_json
 from tests.sessions import session, wait_for_lock_waits
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 INGEST, FAMILIES = "/api/v1/requests", "/api/v1/families"
@@ -256,7 +257,7 @@ def test_binding_a_family_gives_its_later_requests_the_template(token: str, serv
 
 def test_the_api_lists_families_most_requests_first(token: str, server: Server) -> None:
     ingest(token, [record(name) for name in SUPPORT[:3]] + [record("completion-evict-0")])
-    response = Client().get(FAMILIES, headers={"Authorization": f"Bearer {token}"})
+    response = Client().get(FAMILIES, headers=reader_bearer())
 
     assert response.status_code == 200
     answer = response.json()

@@ -10,7 +10,6 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from app.api.services import create_ingest_token
 from app.compare.killers import find_all_killers, find_template_killers
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller
@@ -18,6 +17,7 @@ from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from tests.regressions.test_detection import demo
 from tests.regressions.virtual_fleet import VirtualRun, run_virtually
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MOVED_LINE = "Current time: {{ now }} | Request ID: {{ request_id }}"
@@ -69,7 +69,7 @@ def test_the_killers_found_with_it_stay_with_it_whatever_later_searches_find(fou
     regression.refresh_from_db()
     assert regression.evidence["killers"] == frozen
 
-    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    bearer = reader_bearer()
     served = Client().get(f"/api/v1/regressions/{regression.pk}", headers=bearer).json()["killers"]
     first = served[0]  # the one nearest the pair's divergence
     assert (first["kind"], first["position_token"], first["samples"]) == (

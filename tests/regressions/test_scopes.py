@@ -10,10 +10,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from app.api.services import create_ingest_token
 from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 from tests.regressions.test_detection import demo, detected, fault_commit
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,7 +88,7 @@ def test_a_slower_server_opens_a_ttft_regression_on_that_server(tmp_path: Path) 
     assert slow.rate_after == pytest.approx(slow.rate_before, abs=0.05)  # the cache did not change
     assert slow.requests_before >= 50 and slow.requests_after >= 50
 
-    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    bearer = reader_bearer()
     listed = Client().get("/api/v1/regressions?metric=ttft", headers=bearer).json()["items"]
     assert [(r["scope"], r["server"], r["metric"]) for r in listed] == [("server", "virtual-1", "ttft")]
     assert listed[0]["ttft"] == {

@@ -15,6 +15,7 @@ from app.regressions.services import detect_regressions
 from app.traffic.models import RequestDiagnosis
 from tests.regressions.test_detection import demo, fault_commit
 from tests.regressions.virtual_fleet import PREFILL_TOKENS_PER_SECOND, VirtualRun, run_virtually
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,7 +33,7 @@ def _get(client: Client, path: str, headers: dict[str, str]) -> Any:
 
 
 def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found: VirtualRun) -> None:
-    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    bearer = reader_bearer()
     client = Client()
 
     listed = _get(client, "/api/v1/regressions", bearer)

@@ -13,7 +13,6 @@ from django.test import Client
 from django.utils import timezone
 from pytest_django import Settings
 
-from app.api.services import create_ingest_token
 from app.celery import celery_app
 from app.regressions import hooks, webhook
 from app.regressions.models import Regression
@@ -22,6 +21,7 @@ from app.regressions.tasks import notify_webhook
 from tests.regressions.test_detection import demo, fault_commit
 from tests.regressions.virtual_fleet import VirtualRun, run_virtually
 from tests.regressions.webhook_server import SECRET_PATH, Answer, Webhook, running_webhook
+from tests.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SITE = "https://prefixscope.example"
@@ -93,7 +93,7 @@ def test_the_webhook_hears_of_the_regression_opened_and_resolved_once_each(
         "HTTP 200",
     )
     assert (sent["resolved"]["outcome"], sent["resolved"]["attempts"]) == ("sent", 1)
-    bearer = {"Authorization": f"Bearer {create_ingest_token(name='ci')}"}
+    bearer = reader_bearer()
     served = Client().get(f"/api/v1/regressions/{regression.pk}", headers=bearer).json()["webhook"]
     assert (served["opened"]["outcome"], served["resolved"]["detail"]) == ("sent", "HTTP 200")
     assert "regression" in caplog.text and SECRET_PATH not in caplog.text and "SECRET" not in caplog.text
