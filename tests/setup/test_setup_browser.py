@@ -42,6 +42,7 @@ def test_a_new_user_sets_up_the_fleet_without_the_admin(
     page.get_by_role("button", name="Register").click()
     expect(page.locator("ul.messages")).to_contain_text("vllm-0 is registered")
 
+    shot(page, "servers-proposed", scheme)
     proposed = page.locator("tr", has_text="vllm-gw-7")
     proposed.get_by_label("Base URL of vllm-gw-7").fill("http://127.0.0.1:18001")
     proposed.get_by_role("button", name="Accept").click()  # htmx: the list is swapped in place
