@@ -18,7 +18,8 @@ from app.core.middleware import database_unavailable
 api = NinjaAPI(
     title="Prefixscope API",
     version="1",
-    description="Explains the prefix-cache misses of a vLLM fleet. Ingest endpoints take an ingest token.",
+    description="Explains the prefix-cache misses of a vLLM fleet. Ingest endpoints take an ingest token; "
+    "the others a logged-in session or a personal API token (Set-up, Your API tokens: /setup/tokens/).",
     urls_namespace="api",
 )
 # django-ninja answers its views' exceptions itself (a 500, with a traceback in DEBUG): PostgreSQL
