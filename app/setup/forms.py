@@ -1,8 +1,10 @@
 from collections.abc import Callable
+from typing import Any
 
 from django import forms
 
 from app.fleet.endpoints import http_url_problem, zmq_endpoint_problem
+from app.prompts.forms import RepositoryForm
 
 
 class EndpointsForm(forms.Form):
@@ -64,3 +66,13 @@ def _checked(value: str, problem_of: Callable[[str], str | None]) -> str:
     if problem:
         raise forms.ValidationError(problem)
     return value
+
+
+class RepositoryEditForm(RepositoryForm):
+    """A registered repository's location, globs and branch; its webhook secret changes only when one
+    is typed (blank keeps it). Its name stays."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.fields["name"]
+        self.fields["secret"].help_text = "Blank: keep the current one"

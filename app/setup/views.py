@@ -25,7 +25,10 @@ from app.dashboard.forms import ProposedServerForm
 from app.fleet import selectors as fleet_selectors
 from app.fleet import services as fleet
 from app.fleet.models import Server
-from app.setup.forms import EndpointsForm, ServerForm, TokenForm
+from app.prompts import git
+from app.prompts import services as prompts
+from app.prompts.models import TemplateRepository
+from app.setup.forms import EndpointsForm, RepositoryEditForm, ServerForm, TokenForm
 from app.traffic.services.servers import merge_server
 
 SERVERS = "setup/servers.html"
@@ -193,6 +196,35 @@ def revoke_personal_token(request: HtmxHttpRequest, token_id: int) -> HttpRespon
         raise PermissionDenied from None  # another user's, or none
     messages.success(request, f"{revoked.name}: revoked; calls with it are refused from now on.")
     return redirect("setup:personal-tokens")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def repository(request: HtmxHttpRequest, repository_id: int) -> HttpResponse:
+    """Staff point a template repository at another location, globs or branch, or change its webhook
+    secret; its next import reads the new history. The list with its progress is app/prompts' page."""
+    _staff_only(request)
+    found = get_object_or_404(TemplateRepository, pk=repository_id)
+    # A URL's credentials are never shown: the location comes without them, and given back so it
+    # keeps them.
+    shown = git.redacted(found.location)
+    initial = {"location": shown, "globs": ", ".join(found.globs), "branch": found.branch}
+    form = RepositoryEditForm(request.POST if request.method == "POST" else None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            prompts.update_repository(
+                found, location=found.location if data["location"] == shown else data["location"],
+                globs=data["globs"], branch=data["branch"],
+                secret=data["secret"] or None,
+            )  # fmt: skip
+        except (ValueError, prompts.RepositoryConflict) as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"{found.name}: saved; its next import reads it from there.")
+            return redirect("prompts:repositories")
+    context = {"repository": found, "form": form, "section": "repositories"}
+    return render(request, "setup/repository.html", context)
 
 
 def _staff_only(request: HtmxHttpRequest) -> None:

@@ -12,6 +12,7 @@ from django.test import Client
 
 from app.api.models import IngestToken, PersonalToken
 from app.fleet.models import Server
+from app.prompts.models import TemplateRepository
 from app.traffic.models import RequestRecord
 from tests.api.test_ingest import record
 from tests.api.test_secrets_stay_out_of_logs import every_log_record, secrets_in
@@ -211,3 +212,40 @@ def test_nobody_revokes_another_users_token(engineer: Client) -> None:
 
 def test_the_set_up_is_in_the_navigation(engineer: Client) -> None:
     assert '<a href="/setup/servers/">Set-up</a>' in engineer.get("/setup/tokens/").content.decode()
+
+
+def test_staff_repoint_a_template_repository_and_keep_its_secret_unless_typed(
+    staff: Client, engineer: Client
+) -> None:
+    repository = TemplateRepository.objects.create(
+        name="prompts", location="https://git.example.com/prompts.git", globs=["*.j2"], webhook_secret="hush",
+        last_imported_sha="a" * 40,
+    )  # fmt: skip
+    url = f"/setup/repositories/{repository.pk}/"
+    moved = {
+        "location": "https://git.example.com/moved.git",
+        "globs": "templates/*.j2, *.md",
+        "branch": "main",
+    }
+
+    assert engineer.post(url, moved | {"secret": "mine"}).status_code == 403
+    assert 'value="hush"' not in staff.get(url).content.decode()  # the secret is never shown
+    assert staff.post(url, moved | {"secret": ""}).status_code == 302
+
+    repository.refresh_from_db()
+    assert (repository.name, repository.location, repository.globs, repository.branch) == (
+        "prompts", "https://git.example.com/moved.git", ["templates/*.j2", "*.md"], "main"
+    )  # fmt: skip
+    assert repository.webhook_secret == "hush" and repository.last_imported_sha == ""  # another history
+    staff.post(url, moved | {"secret": "new"})
+    repository.refresh_from_db()
+    assert repository.webhook_secret == "new"
+    with_credentials = "https://bot:pa55@git.example.com/moved.git"
+    TemplateRepository.objects.filter(pk=repository.pk).update(location=with_credentials)
+    page = staff.get(url).content.decode()
+    assert "pa55" not in page and 'value="https://git.example.com/moved.git"' in page
+    staff.post(url, moved | {"branch": "release"})  # the location given back as shown
+    repository.refresh_from_db()
+    assert (repository.location, repository.branch) == (with_credentials, "release")
+    refused = staff.post(url, moved | {"location": "ftp://x/y"})
+    assert refused.status_code == 200 and "errorlist" in refused.content.decode()

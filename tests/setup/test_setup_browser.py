@@ -90,6 +90,11 @@ def test_a_new_user_sets_up_the_fleet_without_the_admin(
     # htmx polls the list while an import runs: the page follows it without a reload.
     expect(page.locator(f"#repository-{repository.pk}")).to_contain_text("Idle", timeout=10_000)
     expect(page.locator("#repository-list[hx-trigger]")).to_have_count(0)  # and stops once it is done
+    page.locator(f"#repository-{repository.pk}").get_by_role("link", name="Edit").click()
+    page.get_by_label("Branch").fill("release")
+    shot(page, "repository-edit", scheme)
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator("ul.messages")).to_contain_text("prompts: saved")
 
     page.goto(f"{live_server.url}/setup/tokens/")
     page.get_by_label("Name").fill("grafana")
