@@ -162,6 +162,7 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
                 "cost": template_cost(template.pk, window, lost_here),
                 "memory": prefix_memory(template.pk, window),
                 "families": list(selectors.families_of(template.pk)[:50]),
+                "regressions": list(selectors.regressions_of(template.pk)),
                 **_killers(request, template, now=now)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 

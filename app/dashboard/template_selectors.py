@@ -116,6 +116,14 @@ def open_regressions_by_template(*, servers: Servers = None) -> dict[int, int]:
     return {row["template_id"]: row["open"] for row in counted}
 
 
+def regressions_of(template_id: int, *, servers: Servers = None, limit: int = 20) -> QuerySet[Regression]:
+    """The template's regressions (on any of its scopes), unresolved first, then newest change first."""
+    found = Regression.objects.filter(template_id=template_id).select_related("server", "suspect_version")
+    if servers is not None:
+        found = found.filter(Q(server__isnull=True) | Q(server_id__in=servers))
+    return found.order_by("resolved_at", "-changed_at")[:limit]
+
+
 def prefill_sums(
     *, template_id: int, since: datetime, until: datetime, servers: Servers = None
 ) -> PrefillSums:

@@ -15,6 +15,7 @@ from django.db.models import Sum
 from django.test import Client, override_settings
 
 from app.domain.kvmemory import KvCacheShape
+from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
 from tests.dashboard.template_traffic import History, a_template_history
@@ -180,3 +181,28 @@ def test_the_memory_a_prefix_holds_is_its_reused_tokens_times_the_models_kv_byte
     reused = 500  # half of 1,000 tokens on average
     assert f'<td class="num">{reused}</td>' in row
     assert f'<td class="num">{2 * 2 * 4 * 64 * 2:,}</td>' in row  # K and V, layers, heads, dim, 2 bytes
+
+
+def test_a_week_reads_the_hourly_rollups_to_the_same_figures(signed_in: Client, history: History) -> None:
+    html = signed_in.get("/templates/", {"window": "7d"}).content.decode()
+    assert row_of(html, f"template-{history.support.pk}")[1:3] == ["40", "50.0 %"]
+
+
+def test_its_unresolved_regressions_are_counted_and_every_one_listed(
+    signed_in: Client, history: History
+) -> None:
+    # Regressions as the detection stores them (it reads the diagnoses' reuse, which these records,
+    # without KV events, do not have): one open at version two, one muted, one resolved.
+    for i, state in enumerate(("open", "muted", "resolved")):
+        at = history.start + timedelta(minutes=10 + i)  # one row per scope and change point
+        Regression.objects.create(
+            scope="template", template=history.support, changed_at=at, detected_at=at, updated_at=at,
+            rate_before=0.8, rate_after=0.2, rate_now=0.2, requests_before=20, requests_after=20,
+            confidence=0.999, state=state, suspect_version=history.two,
+        )  # fmt: skip
+    html = signed_in.get("/templates/").content.decode()
+    assert row_of(html, f"template-{history.support.pk}")[5] == "1"  # neither muted nor resolved
+    page = signed_in.get(f"/templates/{history.support.pk}/").content.decode()
+    for regression in Regression.objects.filter(template=history.support):
+        assert f'href="/regressions/{regression.pk}/"' in page
+    assert f"<code>{history.two.commit_sha[:7]}</code>" in page
