@@ -15,6 +15,7 @@ from django.db.models import Sum
 from django.test import Client, override_settings
 
 from app.domain.kvmemory import KvCacheShape
+from app.prompts.services import record_deploy
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
@@ -206,3 +207,15 @@ def test_its_unresolved_regressions_are_counted_and_every_one_listed(
     for regression in Regression.objects.filter(template=history.support):
         assert f'href="/regressions/{regression.pk}/"' in page
     assert f"<code>{history.two.commit_sha[:7]}</code>" in page
+
+
+def test_a_deploy_marks_a_version_live_before_its_first_request(signed_in: Client, history: History) -> None:
+    deployed = history.start + timedelta(minutes=8)
+    record_deploy(template="support", version=history.two.commit_sha[:7], deployed_at=deployed)
+    html = signed_in.get(f"/templates/{history.support.pk}/", {"version": history.two.pk}).content.decode()
+    script = re.search(r'id="hit-rate-data" type="application/json">(.*?)</script>', html, re.S)
+    assert script is not None
+    marks = {m["id"]: m for m in json.loads(script[1])["markers"]}
+    assert marks[str(history.two.pk)]["at"] == deployed.isoformat()
+    assert "(deploy)" in marks[str(history.two.pk)]["label"]
+    assert f"live {deployed:%Y-%m-%d %H:%M} UTC</h2>" in html  # its effect measured from the deploy
