@@ -84,14 +84,14 @@
         a.setAttribute("aria-label", "Version " + m.label);
         a.dataset.version = m.id;
         a.style.left = u.valToPos(m.t, "x") + "px";
-        a.addEventListener("click", (event) => open(event, a));
+        a.addEventListener("click", (event) => openVersion(event, a));
         u.over.append(a);
       });
     }
     function line(u) {
       const ctx = u.ctx;
       ctx.save();
-      ctx.strokeStyle = cssVar("--accent");
+      ctx.strokeStyle = cssVar("--muted"); // apart from the series, which take the accent first
       ctx.lineWidth = 2 * devicePixelRatio;
       ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
       found.forEach((m) => {
@@ -106,7 +106,7 @@
     return { hooks: { draw: [line], ready: [place], setSize: [place] } };
   }
 
-  function open(event, link) {
+  function openVersion(event, link) {
     const panel = document.getElementById("version-panel");
     if (!window.htmx || !panel) return; // the link's own page load, with the version in its URL
     event.preventDefault();
