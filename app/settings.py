@@ -10,6 +10,7 @@ import dj_database_url
 import django_stubs_ext
 from celery.schedules import crontab
 
+from app.domain.kvmemory import parse_kv_shapes
 from app.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 # Lets generic Django classes be subscripted at run time (ModelAdmin[Server]) for mypy.
@@ -233,6 +234,9 @@ PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE = env_float("PREFIXSCOPE_REGRESSION_MIN_CO
 PREFIXSCOPE_REGRESSION_MIN_REQUESTS = env_int("PREFIXSCOPE_REGRESSION_MIN_REQUESTS", 50, minimum=1)
 PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND = env_float("PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND", 10_000, minimum=1)
 PREFIXSCOPE_GPU_HOUR_PRICE = env_float("PREFIXSCOPE_GPU_HOUR_PRICE", 2.50, minimum=0)
+# The KV-cache shape of each served model (layers, KV heads, head dimension, KV dtype), for the GPU
+# memory a template's prefix holds: "Qwen/Qwen3-8B=36:8:128;meta-llama/Llama-3.1-8B=32:8:128:fp8".
+PREFIXSCOPE_MODEL_KV_SHAPES = parse_kv_shapes(env_str("PREFIXSCOPE_MODEL_KV_SHAPES", ""))
 # A webhook (Slack-compatible JSON) told of each regression opened and resolved; unset: none. Its URL
 # is a secret (Slack's carry their token in the path): it is never logged. Links in its notices start
 # with BASE_URL, where people reach this site.

@@ -20,6 +20,7 @@ urlpatterns = [
     path("api/", api.urls),
     path("v1/traces", otlp.traces, name="otlp-traces"),
     path("compare/", include("app.compare.urls")),
+    # The Templates list is the dashboard's /templates/; repositories and families below it are prompts'.
     path("templates/", include("app.prompts.urls")),
     path("regressions/", include("app.regressions.urls")),
     path("setup/", include("app.setup.urls")),

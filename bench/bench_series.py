@@ -1,4 +1,4 @@
-"""How long GET /api/v1/series and the server page take over a week of minute rollups.
+"""How long GET /api/v1/series, the server page and the template pages take over a week of minute rollups.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_series [--servers 20] [--runs 5]
 
@@ -121,9 +121,14 @@ def main() -> None:
             "&since={week}&format=csv",
             "server page 1h": "/servers/vllm-0/",
             "server page 7d": "/servers/vllm-0/?window=7d",
+            "templates list 1h": "/templates/",
+            "templates list 7d": "/templates/?window=7d",
+            "template page 1h": "/templates/{support}/",
+            "template page 7d": "/templates/{support}/?window=7d",
         }  # fmt: skip
         now = timezone.now()
-        times = {"day": int(now.timestamp() - 86400), "week": int(now.timestamp() - 7 * 86400)}
+        times = {"day": int(now.timestamp() - 86400), "week": int(now.timestamp() - 7 * 86400),
+                 "support": Template.objects.get(name="support").pk}  # fmt: skip
         for name, url in calls.items():
             target = url.format(**times)
             assert client.get(target).status_code == 200, target

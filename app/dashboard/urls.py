@@ -1,6 +1,6 @@
 from django.urls import path
 
-from app.dashboard import explorer, server_page, views
+from app.dashboard import explorer, server_page, template_page, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -13,5 +13,6 @@ urlpatterns = [
     path("requests/<str:server>/<path:request_id>/", views.request_detail, name="request-detail"),
     # Below /templates/ (the repositories, app.prompts.urls): a template's page shows prompt text, which
     # only the layers above traffic and compare may read.
-    path("templates/<int:template_id>/", views.template_detail, name="template-detail"),
+    path("templates/", template_page.template_list, name="templates"),
+    path("templates/<int:template_id>/", template_page.template_detail, name="template-detail"),
 ]

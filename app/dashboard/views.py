@@ -3,19 +3,18 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.compare.killers import Samples, killer_samples
+from app.compare.killers import Samples
 from app.core.http import HtmxHttpRequest
 from app.dashboard.explorer import request_extras
 from app.dashboard.forms import ProposedServerForm
@@ -23,8 +22,8 @@ from app.dashboard.metrics import PrefixscopeCollector
 from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
-from app.prompts.killers import SampleKey, killer_at, may_read_prompts, template_killers
-from app.prompts.models import CacheKiller, Template
+from app.prompts.killers import SampleKey, killer_at, template_killers
+from app.prompts.models import CacheKiller
 from app.traffic.models import RequestDiagnosis
 from app.traffic.selectors import (
     LossRow,
@@ -162,21 +161,6 @@ def _interval(seconds: int) -> str:
     if seconds % 60:
         return f"{seconds} seconds"
     return "minute" if seconds == 60 else f"{seconds // 60} minutes"
-
-
-@login_required
-def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
-    """A template's cache killers, costliest first; with samples of the varying text for a viewer who
-    may read prompts (decoded now, while their token ids are kept)."""
-    template = get_object_or_404(Template.objects.select_related("repository"), pk=template_id)
-    found = list(template_killers(template.pk))
-    readable = may_read_prompts(request.user)
-    samples = killer_samples(found, now=timezone.now()) if readable else {}
-    names = dict(Server.objects.values_list("pk", "name"))
-    context = {"template": template, "rows": _killer_rows(found, names, samples), "readable": readable,
-               "latest": found[0] if found else None,
-               "every": _interval(settings.PREFIXSCOPE_KILLER_EVERY_SECONDS)}  # fmt: skip
-    return render(request, "dashboard/template.html", context)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,3 +78,21 @@ def tokens_that_fit(shape: KvCacheShape, budget_bytes: int) -> int:
     if budget_bytes < 0:
         raise ValueError(f"a byte budget cannot be negative, got {budget_bytes}")
     return budget_bytes // kv_bytes_per_token(shape)
+
+
+def parse_kv_shapes(text: str) -> dict[str, KvCacheShape]:
+    """Model KV shapes from ``model=layers:kv_heads:head_dim[:kv_cache_dtype]`` items separated by
+    ``;`` (a model name may hold ``/``, ``:`` and ``=``: the shape is what follows its last ``=``).
+
+    Raises ValueError, naming the item, for one that is not of that form.
+    """
+    shapes: dict[str, KvCacheShape] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        model, _, shape = item.rpartition("=")
+        parts = shape.split(":")
+        if not model or len(parts) not in (3, 4) or not all(p.isdigit() for p in parts[:3]):
+            raise ValueError(f"{item!r} is not model=layers:kv_heads:head_dim[:kv_cache_dtype]")
+        layers, kv_heads, head_dim = (int(p) for p in parts[:3])
+        dtype = parts[3] if len(parts) == 4 else "auto"
+        shapes[model.strip()] = KvCacheShape(layers, kv_heads, head_dim, dtype)
+    return shapes

@@ -56,6 +56,7 @@
       axes: [x, y],
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
+      plugins: data.markers && data.markers.length ? [markers(data)] : [],
       series: [
         { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
         ...data.series.map((s, i) => ({
@@ -67,6 +68,52 @@
         })),
       ],
     };
+  }
+
+  // A version's marker: a dashed vertical line at the moment it went live, and over it a link (a
+  // keyboard stop with the version's name) that opens the version's panel, by htmx where the page has it.
+  function markers(data) {
+    const found = (data.markers || []).map((m) => ({ ...m, t: Date.parse(m.at) / 1000 }));
+    function place(u) {
+      u.over.querySelectorAll("a.chart-marker").forEach((a) => a.remove());
+      found.forEach((m) => {
+        const a = document.createElement("a");
+        a.className = "chart-marker";
+        a.href = m.href;
+        a.title = m.label;
+        a.setAttribute("aria-label", "Version " + m.label);
+        a.dataset.version = m.id;
+        a.style.left = u.valToPos(m.t, "x") + "px";
+        a.addEventListener("click", (event) => openVersion(event, a));
+        u.over.append(a);
+      });
+    }
+    function line(u) {
+      const ctx = u.ctx;
+      ctx.save();
+      ctx.strokeStyle = cssVar("--muted"); // apart from the series, which take the accent first
+      ctx.lineWidth = 2 * devicePixelRatio;
+      ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
+      found.forEach((m) => {
+        const x = Math.round(u.valToPos(m.t, "x", true));
+        ctx.beginPath();
+        ctx.moveTo(x, u.bbox.top);
+        ctx.lineTo(x, u.bbox.top + u.bbox.height);
+        ctx.stroke();
+      });
+      ctx.restore();
+    }
+    return { hooks: { draw: [line], ready: [place], setSize: [place] } };
+  }
+
+  function openVersion(event, link) {
+    const panel = document.getElementById("version-panel");
+    if (!window.htmx || !panel) return; // the link's own page load, with the version in its URL
+    event.preventDefault();
+    window.htmx.ajax("GET", link.href, { target: "#version-panel", swap: "outerHTML" }).then(() => {
+      history.pushState({}, "", link.href);
+      document.getElementById("version-panel").scrollIntoView({ block: "start" });
+    });
   }
 
   function draw(figure, data) {

@@ -11,6 +11,7 @@ from app.domain.kvmemory import (
     bytes_per_element,
     kv_bytes_for_tokens,
     kv_bytes_per_token,
+    parse_kv_shapes,
     tokens_that_fit,
 )
 from tests.fixtures import VLLM_CPU_FIXTURES
@@ -94,3 +95,18 @@ def test_the_captured_servers_kv_cache_dtype_is_known() -> None:
 
     shape = KvCacheShape(layers=2, kv_heads=2, head_dim=64, kv_cache_dtype=match.group(1))
     assert kv_bytes_per_token(shape) == 1024
+
+
+def test_model_shapes_are_read_from_the_settings_text() -> None:
+    shapes = parse_kv_shapes(" Qwen/Qwen3-8B=36:8:128 ; org/m=v:2=4:2:64:fp8;")
+    assert shapes == {
+        "Qwen/Qwen3-8B": KvCacheShape(36, 8, 128),
+        "org/m=v:2": KvCacheShape(4, 2, 64, "fp8"),  # the shape follows the last "="
+    }
+    assert parse_kv_shapes("") == {}
+
+
+@pytest.mark.parametrize("text", ["qwen", "qwen=36:8", "=36:8:128", "qwen=36:8:x", "qwen=36:8:128:int3"])
+def test_a_shape_not_of_the_form_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_kv_shapes(text)

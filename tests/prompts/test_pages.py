@@ -12,7 +12,7 @@ from app.prompts.services import register_repository
 from tests.prompts.conftest import GitRepo
 
 pytestmark = pytest.mark.django_db
-PAGE = "/templates/"
+PAGE = "/templates/repositories/"
 
 
 def test_the_page_asks_for_a_login(client: Client) -> None:
@@ -26,7 +26,7 @@ def test_the_page_lists_repositories_with_their_import_progress(engineer: Client
         state="running", commits_imported=30, commits_total=120
     )
     html = engineer.get(PAGE).content.decode()
-    assert "<html" in html and 'href="/templates/"' in html  # the nav link
+    assert "<html" in html and 'href="/templates/"' in html  # the nav link, to the Templates list
     assert "https://git.example.com/prompts.git" in html and "pa55" not in html
     assert 'value="25"' in html and "30 / 120" in html and "Importing" in html
     assert 'hx-trigger="every 2s"' in html  # polls while it runs

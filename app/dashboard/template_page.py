@@ -1,0 +1,328 @@
+"""The Templates list and a template's page.
+
+The list: every template's delivered hit rate over the window in the URL, its change against the
+window before, the prompt tokens its requests lost and its open regressions; sortable, the sort in
+the URL too. The page: hit rate, TTFT, lost tokens and requests over the window with a marker where
+each version went live (a marker opens the version: its diff and its effect), its miss causes,
+cache killers, prefix families, what its lost reuse costs, and the KV memory its prefix holds.
+
+Every number comes from the per-minute or hourly rollups, never raw request records; every chart's
+numbers are a table on the page and a CSV (`?chart=<slug>&format=csv`).
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+
+from app.compare.killers import killer_samples
+from app.core.http import HtmxHttpRequest
+from app.dashboard import template_selectors as selectors
+from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
+from app.dashboard.template_selectors import Effect, LiveVersion, Servers, Totals
+from app.dashboard.views import _interval, _killer_rows
+from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
+from app.domain.prefill import prefill_tokens_per_second
+from app.fleet.models import Server
+from app.prompts.killers import may_read_prompts, template_killers
+from app.prompts.models import Template
+from app.regressions.evidence import diff_rows
+from app.traffic import series as traffic_series
+from app.traffic.models import RequestDiagnosis
+from app.traffic.series import Series, SeriesQuery
+
+SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
+# Causes a cache could not have helped: a prompt seen for the first time, a tail shorter than a block.
+UNAVOIDABLE = ("cold", "below_block")
+EFFECT_MINUTES = 60  # the equal windows before and after a version went live
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRow:
+    template: Template
+    now: Totals
+    before: Totals  # the window of the same length just before
+    lost_tokens: int
+    open_regressions: int
+
+    @property
+    def change(self) -> float | None:
+        if self.now.hit_rate is None or self.before.hit_rate is None:
+            return None
+        return self.now.hit_rate - self.before.hit_rate
+
+    @property
+    def shown_hit_rate(self) -> str:
+        return _percent(self.now.hit_rate)
+
+    @property
+    def change_points(self) -> str:
+        """The change in percentage points, signed: "+3.1 pp"."""
+        return "—" if self.change is None else f"{100 * self.change:+.1f} pp"
+
+
+def _percent(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{100 * ratio:.1f} %"
+
+
+def _sort_key(key: str) -> Any:
+    values = {"name": lambda r: r.template.name, "requests": lambda r: r.now.requests,
+              "hit_rate": lambda r: r.now.hit_rate, "change": lambda r: r.change,
+              "lost": lambda r: r.lost_tokens, "regressions": lambda r: r.open_regressions}  # fmt: skip
+    return values[key]
+
+
+def template_rows(window: Window, *, sort: str, servers: Servers = None) -> list[TemplateRow]:
+    """Every template with its figures over the window and the one before, sorted by `sort`
+    (a field of SORTS, "-" first for descending); templates without a figure last."""
+    length = window.until - window.since
+    now = selectors.totals_by_template(since=window.since, until=window.until, servers=servers)
+    before = selectors.totals_by_template(since=window.since - length, until=window.since, servers=servers)
+    lost = selectors.lost_by_template(since=window.since, until=window.until, servers=servers)
+    regressions = selectors.open_regressions_by_template(servers=servers)
+    rows = [
+        TemplateRow(t, now.get(t.pk, Totals()), before.get(t.pk, Totals()),
+                    sum(lost.get(t.pk, {}).values()), regressions.get(t.pk, 0))
+        for t in Template.objects.all()
+    ]  # fmt: skip
+    field = sort.lstrip("-")
+    value = _sort_key(field if field in SORTS else "lost")
+    known = sorted((r for r in rows if value(r) is not None), key=value, reverse=sort.startswith("-"))
+    return known + [r for r in rows if value(r) is None]
+
+
+@login_required
+def template_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Every template, its hit rate, trend, lost tokens and open regressions, over the window asked for."""
+    window = picked_window(request.GET, now=timezone.now())
+    sort = request.GET.get("sort", "-lost")
+    sort = sort if sort.lstrip("-") in SORTS else "-lost"
+    rows = template_rows(window, sort=sort)
+    query = urlencode(window.params())
+    headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))
+               for field, label in (("name", "Template"), ("requests", "Requests"), ("hit_rate", "Hit rate"),
+                                    ("change", "Change"), ("lost", "Prompt tokens lost"),
+                                    ("regressions", "Open regressions"))]  # fmt: skip
+    context = {"rows": rows, "window": window, "windows": [*WINDOWS, "custom"], "sort": sort,
+               "headers": headers, "query": query}  # fmt: skip
+    return render(request, "dashboard/templates.html", context)
+
+
+def _next_sort(current: str, field: str) -> str:
+    """A header's link: its field descending, or ascending when the list is sorted by it descending."""
+    return field if current == f"-{field}" else f"-{field}"
+
+
+def _aria_sort(current: str, field: str) -> str:
+    if current.lstrip("-") != field:
+        return "none"
+    return "descending" if current.startswith("-") else "ascending"
+
+
+@dataclass(frozen=True, slots=True)
+class MarkedChart(Chart):
+    """A chart with a vertical marker where each version in its window went live."""
+
+    markers: tuple[dict[str, str], ...] = ()
+
+    @property
+    def data(self) -> dict[str, Any]:
+        drawn: dict[str, Any] = Chart.data.fget(self)  # type: ignore[attr-defined]
+        return drawn | {"markers": list(self.markers)}
+
+
+@login_required
+def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
+    """A template's page over the window in the URL, one chart's CSV, or (htmx) one version's panel."""
+    template = get_object_or_404(Template.objects.select_related("repository"), pk=template_id)
+    now = timezone.now()
+    window = picked_window(request.GET, now=now)
+    query = urlencode(window.params())
+    versions = selectors.live_versions(template.pk)
+    charts = template_charts(template, window, versions, query=query)
+    if request.GET.get("format") == "csv":
+        return _chart_csv(template, charts, request.GET.get("chart", ""))
+    picked = _version_panel(template, _picked_version(request.GET.get("version", ""), versions), now=now)
+    context = {"template": template, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
+               "query": query, "versions": versions, "version": picked}  # fmt: skip
+    if request.htmx and request.htmx.target == "version-panel":
+        return render(request, "dashboard/template.html#version-panel", context)
+    totals = selectors.template_totals(template_id=template.pk, since=window.since, until=window.until)
+    lost = selectors.lost_by_template(since=window.since, until=window.until, template_id=template.pk)
+    lost_here = lost.get(template.pk, {})
+    context |= {"totals": totals, "hit_rate": _percent(totals.hit_rate), "lost": _lost_rows(lost_here),
+                "lost_total": sum(lost_here.values()),
+                "cost": template_cost(template.pk, window, lost_here),
+                "memory": prefix_memory(template.pk, window),
+                "families": list(selectors.families_of(template.pk)[:50]),
+                "regressions": list(selectors.regressions_of(template.pk)),
+                **_killers(request, template, now=now)}  # fmt: skip
+    return render(request, "dashboard/template.html", context)
+
+
+def template_charts(
+    template: Template, window: Window, versions: list[LiveVersion], *, query: str
+) -> list[MarkedChart]:
+    """Hit rate, TTFT, lost tokens by cause and requests, read as the series API reads a template."""
+
+    def read(metric: str) -> list[Series]:
+        asked = SeriesQuery(metric, "template", str(template.pk), window.since, window.until, window.bucket,
+                            window.ttft)  # fmt: skip
+        return traffic_series.series(asked).series
+
+    ttft = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
+    markers = tuple(_marker(v, template, query) for v in versions
+                    if v.live_at is not None and window.since <= v.live_at < window.until)  # fmt: skip
+    charts = [
+        ("hit-rate", "Hit rate", "Prompt tokens served from the prefix cache, weighted by tokens", "ratio",
+         read("hit_rate")),
+        ("ttft", "Time to first token", f"p50, p90 and p99, {ttft}", "seconds",
+         read("ttft_p50") + read("ttft_p90") + read("ttft_p99")),
+        ("lost-tokens", "Prompt tokens lost, by cause", "Per bucket, from the diagnoses of its requests",
+         "tokens", read("lost_tokens")),
+        ("requests", "Requests", "Per bucket", "count", read("requests")),
+    ]  # fmt: skip
+    times = traffic_series.bucket_starts(
+        SeriesQuery("requests", "template", "", window.since, window.until, window.bucket)
+    )
+    return [
+        MarkedChart(slug, title, note, unit, found, times, markers)
+        for slug, title, note, unit, found in charts
+    ]
+
+
+def _marker(live: LiveVersion, template: Template, query: str) -> dict[str, str]:
+    version = live.version
+    assert live.live_at is not None
+    href = reverse("dashboard:template-detail", args=[template.pk]) + f"?{query}&version={version.pk}"
+    label = f"{version.commit_sha[:7]} live {live.live_at:%Y-%m-%d %H:%M} UTC ({live.source})"
+    return {"at": live.live_at.isoformat(), "label": label, "href": href, "id": str(version.pk)}
+
+
+def _picked_version(asked: str, versions: list[LiveVersion]) -> LiveVersion | None:
+    return next((v for v in versions if str(v.version.pk) == asked), None)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPanel:
+    live: LiveVersion
+    previous: LiveVersion | None  # the version committed just before it
+    diff: list[Any]  # (DiffLine, what the page says of a moved line)
+    effect: Effect | None  # None for a version never seen live
+
+    @property
+    def before_rate(self) -> str:
+        return _percent(self.effect.before.hit_rate if self.effect else None)
+
+    @property
+    def after_rate(self) -> str:
+        return _percent(self.effect.after.hit_rate if self.effect else None)
+
+    @property
+    def change_points(self) -> str:
+        change = self.effect.change if self.effect else None
+        return "no hit rate on one side" if change is None else f"{100 * change:+.1f} percentage points"
+
+
+def _version_panel(template: Template, live: LiveVersion | None, *, now: datetime) -> VersionPanel | None:
+    if live is None:
+        return None
+    version = live.version
+    previous = (
+        template.versions.filter(committed_at__lt=version.committed_at).order_by("-committed_at").first()
+    )
+    effect = None
+    if live.live_at is not None:
+        effect = selectors.version_effect(template_id=template.pk, live_at=live.live_at, now=now,
+                                          minutes=EFFECT_MINUTES)  # fmt: skip
+    before = LiveVersion(previous, None, "") if previous else None
+    return VersionPanel(live, before, diff_rows(version.diff), effect)
+
+
+def _chart_csv(template: Template, charts: list[MarkedChart], slug: str) -> HttpResponse:
+    chart = next((c for c in charts if c.slug == slug), None)
+    if chart is None:
+        raise Http404("no such chart")
+    response = HttpResponse(
+        traffic_series.as_csv(chart.times, chart.series), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="template-{template.pk}-{slug}.csv"'
+    return response
+
+
+def _lost_rows(lost: dict[str, int]) -> list[tuple[str, int]]:
+    labels = dict(RequestDiagnosis.Cause.choices)
+    return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    avoidable_tokens: int  # lost in the window to every cause but UNAVOIDABLE
+    tokens_per_hour: float
+    prefill_tokens_per_second: float
+    rate_source: str  # "measured" (from its requests' TTFT) or "configured"
+    gpu_seconds_per_hour: float
+    money_per_hour: float
+    gpu_hour_price: float
+
+
+def template_cost(template_id: int, window: Window, lost: dict[str, int]) -> Cost:
+    """What its lost reuse costs, as a regression's cost is reckoned (app/regressions/services.py):
+    prompt tokens prefilled that a cache could have served, per hour of the window; GPU seconds at the
+    prefill rate measured from its requests' TTFT over uncached tokens, else the configured rate;
+    money at the configured GPU-hour price."""
+    avoidable = sum(tokens for cause, tokens in lost.items() if cause not in UNAVOIDABLE)
+    hours = (window.until - window.since) / timedelta(hours=1)
+    sums = selectors.prefill_sums(template_id=template_id, since=window.since, until=window.until)
+    measured = prefill_tokens_per_second(sums)
+    rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
+    per_hour = avoidable / hours
+    gpu = per_hour / rate
+    price = settings.PREFIXSCOPE_GPU_HOUR_PRICE
+    return Cost(
+        avoidable, per_hour, rate, "measured" if measured else "configured", gpu, gpu / 3600 * price, price
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    server: Server
+    prefix_tokens: int  # what its requests reused on average: hit rate x mean prompt tokens
+    bytes_per_token: int | None  # None: the model's KV shape is not configured
+    prefix_bytes: int | None
+
+
+def prefix_memory(template_id: int, window: Window) -> list[MemoryRow]:
+    """Per server that served the template in the window, the KV memory one copy of its reused prefix
+    holds there: the tokens its requests reused on average, times the KV bytes per token of the
+    server's model (PREFIXSCOPE_MODEL_KV_SHAPES, app/domain/kvmemory.py)."""
+    found = selectors.totals_by_server(template_id=template_id, since=window.since, until=window.until)
+    servers = Server.objects.in_bulk(list(found))
+    rows = []
+    for server_id, totals in sorted(found.items(), key=lambda pair: servers[pair[0]].name):
+        server = servers[server_id]
+        rate = totals.hit_rate or 0.0
+        tokens = round(rate * totals.prompt_tokens / totals.requests) if totals.requests else 0
+        shape = settings.PREFIXSCOPE_MODEL_KV_SHAPES.get(server.model)
+        per_token = kv_bytes_per_token(shape) if shape else None
+        rows.append(
+            MemoryRow(server, tokens, per_token, kv_bytes_for_tokens(shape, tokens) if shape else None)
+        )
+    return rows
+
+
+def _killers(request: HtmxHttpRequest, template: Template, *, now: datetime) -> dict[str, Any]:
+    found = list(template_killers(template.pk))
+    readable = may_read_prompts(request.user)
+    samples = killer_samples(found, now=now) if readable else {}
+    names = dict(Server.objects.values_list("pk", "name"))
+    return {"killers": _killer_rows(found, names, samples), "readable": readable,
+            "latest": found[0] if found else None,
+            "every": _interval(settings.PREFIXSCOPE_KILLER_EVERY_SECONDS)}  # fmt: skip

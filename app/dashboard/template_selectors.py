@@ -1,0 +1,199 @@
+"""Reads behind the Templates list and a template's page: sums of the request and loss rollups per
+template over a window (the hourly ones for a window of whole hours), never raw request records.
+
+Every read takes `servers`, the ids of the servers a viewer may see (None: every one), so that a
+viewer's tenants can narrow them later without another query shape.
+"""
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min, Q, QuerySet, Sum
+
+from app.domain.prefill import PrefillSums
+from app.prompts.models import PrefixFamily, TemplateVersion
+from app.regressions.models import Regression
+from app.traffic.models import HourRollup, LossHour, LossMinute, MinuteRollup
+from app.traffic.selectors import LOST_COLUMNS
+
+Servers = Collection[int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """A template's request rollups summed over a window (of some servers)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_known_prompt_tokens: int = 0  # prompt tokens of the requests that reported cached tokens
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Delivered hit rate, weighted by tokens; None when no request reported its cached tokens."""
+        known = self.cache_known_prompt_tokens
+        return self.cached_tokens / known if known else None
+
+
+_TOTALS = ("requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens")
+
+
+def _whole_hours(since: datetime, until: datetime) -> bool:
+    return all(moment.minute == moment.second == moment.microsecond == 0 for moment in (since, until))
+
+
+def _requests(since: datetime, until: datetime, servers: Servers) -> QuerySet[Any]:
+    """The request rollup rows of [since, until): by the hour when both ends are whole hours."""
+    if _whole_hours(since, until):
+        rows: QuerySet[Any] = HourRollup.objects.filter(hour__gte=since, hour__lt=until)
+    else:
+        rows = MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
+    return rows if servers is None else rows.filter(server_id__in=servers)
+
+
+def _losses(since: datetime, until: datetime, servers: Servers) -> QuerySet[Any]:
+    if _whole_hours(since, until):
+        rows: QuerySet[Any] = LossHour.objects.filter(hour__gte=since, hour__lt=until)
+    else:
+        rows = LossMinute.objects.filter(minute__gte=since, minute__lt=until)
+    return rows if servers is None else rows.filter(server_id__in=servers)
+
+
+def totals_by_template(
+    *, since: datetime, until: datetime, servers: Servers = None, template_id: int | None = None
+) -> dict[int, Totals]:
+    """Each template's totals over [since, until) (templates without requests left out)."""
+    rows = _requests(since, until, servers).filter(template__isnull=False)
+    if template_id is not None:
+        rows = rows.filter(template_id=template_id)
+    summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
+        **{name: Sum(name) for name in _TOTALS}
+    )
+    return {row["template_id"]: Totals(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
+
+
+def totals_by_server(
+    *, template_id: int, since: datetime, until: datetime, servers: Servers = None
+) -> dict[int, Totals]:
+    """One template's totals over [since, until) per server that served it."""
+    rows = _requests(since, until, servers).filter(template_id=template_id)
+    summed: Iterable[dict[str, Any]] = rows.values("server_id").annotate(
+        **{name: Sum(name) for name in _TOTALS}
+    )
+    return {row["server_id"]: Totals(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
+
+
+def template_totals(*, template_id: int, since: datetime, until: datetime, servers: Servers = None) -> Totals:
+    return totals_by_template(since=since, until=until, servers=servers, template_id=template_id).get(
+        template_id, Totals()
+    )
+
+
+def lost_by_template(
+    *, since: datetime, until: datetime, servers: Servers = None, template_id: int | None = None
+) -> dict[int, dict[str, int]]:
+    """Each template's prompt tokens lost per miss cause over [since, until), from the loss rollups."""
+    rows = _losses(since, until, servers).filter(template__isnull=False)
+    if template_id is not None:
+        rows = rows.filter(template_id=template_id)
+    summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
+        **{cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
+    )
+    return {row["template_id"]: {cause: row[cause] or 0 for cause in LOST_COLUMNS} for row in summed}
+
+
+def open_regressions_by_template(*, servers: Servers = None) -> dict[int, int]:
+    """How many regressions of each template are open or acknowledged (neither resolved nor muted);
+    a regression of the template on one server counts where that server is visible."""
+    found = Regression.objects.filter(
+        template__isnull=False, state__in=(Regression.State.OPEN, Regression.State.ACKNOWLEDGED)
+    )
+    if servers is not None:
+        found = found.filter(Q(server__isnull=True) | Q(server_id__in=servers))
+    counted = found.values("template_id").annotate(open=Count("id"))
+    return {row["template_id"]: row["open"] for row in counted}
+
+
+def regressions_of(template_id: int, *, servers: Servers = None, limit: int = 20) -> QuerySet[Regression]:
+    """The template's regressions (on any of its scopes), unresolved first, then newest change first."""
+    found = Regression.objects.filter(template_id=template_id).select_related("server", "suspect_version")
+    if servers is not None:
+        found = found.filter(Q(server__isnull=True) | Q(server_id__in=servers))
+    return found.order_by("resolved_at", "-changed_at")[:limit]
+
+
+def prefill_sums(
+    *, template_id: int, since: datetime, until: datetime, servers: Servers = None
+) -> PrefillSums:
+    """The TTFT-over-uncached-tokens sums of the template's requests (app/domain/prefill.py)."""
+    found = (
+        _requests(since, until, servers)
+        .filter(template_id=template_id)
+        .aggregate(
+            count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
+            xx=Sum("prefill_uncached_squares"), xy=Sum("prefill_cross_sum"),
+        )
+    )  # fmt: skip
+    return PrefillSums(**{name: value or 0 for name, value in found.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class LiveVersion:
+    """A version of a template and when it went live: its first deploy marker, else the first request
+    that named it; None when neither is known (committed, never seen serving)."""
+
+    version: TemplateVersion
+    live_at: datetime | None
+    source: str  # "deploy", "first request" or ""
+
+
+def live_versions(template_id: int) -> list[LiveVersion]:
+    """The template's versions, the latest live first (those never live last, newest commit first)."""
+    versions = TemplateVersion.objects.filter(template_id=template_id).annotate(
+        deployed=Min("deploys__deployed_at", filter=Q(deploys__source="api"))
+    )
+    found = []
+    for version in versions.defer("content"):
+        if version.deployed is not None:
+            found.append(LiveVersion(version, version.deployed, "deploy"))
+        else:
+            source = "first request" if version.first_seen_at else ""
+            found.append(LiveVersion(version, version.first_seen_at, source))
+    never = [v for v in found if v.live_at is None]
+    live = sorted((v for v in found if v.live_at is not None), key=lambda v: v.live_at, reverse=True)  # type: ignore[arg-type, return-value]
+    return live + never
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A version's effect: the template's totals over equal windows just before and after it went live."""
+
+    minutes: int  # of each window; shorter than asked when the version went live less than that ago
+    before: Totals
+    after: Totals
+
+    @property
+    def change(self) -> float | None:
+        if self.before.hit_rate is None or self.after.hit_rate is None:
+            return None
+        return self.after.hit_rate - self.before.hit_rate
+
+
+def version_effect(
+    *, template_id: int, live_at: datetime, now: datetime, minutes: int = 60, servers: Servers = None
+) -> Effect:
+    """The template's hit rate in the `minutes` after `live_at` (to now at most) and in as many before it,
+    in whole minutes: the minute it went live counts as after."""
+    start = live_at.replace(second=0, microsecond=0)
+    end = min(start + timedelta(minutes=minutes), now.replace(second=0, microsecond=0))
+    span = max(end - start, timedelta(minutes=1))
+    after = template_totals(template_id=template_id, since=start, until=start + span, servers=servers)
+    before = template_totals(template_id=template_id, since=start - span, until=start, servers=servers)
+    return Effect(int(span.total_seconds() // 60), before, after)
+
+
+def families_of(template_id: int) -> QuerySet[PrefixFamily]:
+    """The prefix families bound to the template, most requests first."""
+    return PrefixFamily.objects.filter(template_id=template_id).select_related("sample_server")
