@@ -251,6 +251,12 @@ PREFIXSCOPE_BASE_URL = env_str("PREFIXSCOPE_BASE_URL", "http://localhost:8000")
 PREFIXSCOPE_KILLER_WINDOW_MINUTES = env_int("PREFIXSCOPE_KILLER_WINDOW_MINUTES", 60, minimum=1)
 PREFIXSCOPE_KILLER_MAX_REQUESTS = env_int("PREFIXSCOPE_KILLER_MAX_REQUESTS", 2000, minimum=10)
 
+# Prefixscope's own /metrics: per label (template, version, server, tenant) the TOP_N values with the
+# most prompt tokens today keep their name; the rest are summed under "other" (bounded series).
+PREFIXSCOPE_METRICS_TOP_N = env_int("PREFIXSCOPE_METRICS_TOP_N", 20, minimum=1)
+# Eviction thrashing: a block stored again within this many seconds of its removal counts as a thrash.
+PREFIXSCOPE_THRASH_SECONDS = env_int("PREFIXSCOPE_THRASH_SECONDS", 300, minimum=1)
+
 # Prefix families: requests without template metadata are grouped by the salt-neutral hash of
 # their first FAMILY_BLOCKS full blocks (fewer when the prompt has fewer). Changing it starts new
 # families: the old ones keep their names and bindings but see no new requests.

@@ -1,39 +1,67 @@
-"""Prefixscope's own /metrics: what it collected and what it could not, read from PostgreSQL per scrape.
+"""Prefixscope's own /metrics: what it found, what it collected and what it could not, read from
+PostgreSQL per scrape.
 
 A custom collector (not counters in memory) because the numbers live in the database and every
-web process must report the same values. Each family is one aggregate query over small tables.
+web, worker or collector process must report the same values. Each family (or set of families from
+one table) is one aggregate query over small tables or rollups; the traffic families are in
+app/dashboard/metrics_traffic.py.
 """
 
 from collections.abc import Iterator
+from datetime import timedelta
 
-from django.db.models import Sum
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from django.db.models import Count, Max, Sum
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.dashboard.metrics_traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
 from app.regressions.models import Regression
-from app.traffic.models import KVGap, KVStream, RejectedInput
+from app.traffic.models import CollectorProcess, KVGap, KVStream, LossMinute, MinuteRollup, RejectedInput
+
+# A collector process not heard from in a day is gone (renamed, scaled down): no longer exported.
+PROCESS_FORGOTTEN_AFTER = timedelta(days=1)
 
 
 class PrefixscopeCollector(Collector):
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        yield self._servers()
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        yield from self._servers()
         yield self._rejected()
-        yield self._lost_batches()
-        yield self._stream_positions()
+        yield from self._gaps()
+        yield from self._streams()
         yield from self._regressions()
+        yield from self._rollup_progress()
+        yield from self._processes(now)
+        yield from token_families(now)
+        yield from ttft_families(now)
+        yield from killer_families()
 
-    def _servers(self) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(
-            "prefixscope_server_up",
-            "1 when the server's last /metrics pull worked.",
-            labels=["server", "model"],
+    def _servers(self) -> Iterator[GaugeMetricFamily]:
+        """Scrape health per server: up, when last pulled, and how often it should be."""
+        labels = ["server", "model"]
+        up = GaugeMetricFamily(
+            "prefixscope_server_up", "1 when the server's last /metrics pull worked.", labels=labels
         )
-        for name, model, state in Server.objects.exclude(state=Server.State.DISABLED).values_list(
-            "name", "model", "state"
+        last = GaugeMetricFamily(
+            "prefixscope_server_last_scrape_timestamp_seconds",
+            "When Prefixscope last pulled the server's /metrics (worked or not).",
+            labels=labels,
+        )
+        interval = GaugeMetricFamily(
+            "prefixscope_server_scrape_interval_seconds",
+            "How often the server's /metrics is pulled.",
+            labels=labels,
+        )
+        for name, model, state, at, every in Server.objects.exclude(state=Server.State.DISABLED).values_list(
+            "name", "model", "state", "last_scraped_at", "scrape_interval_seconds"
         ):
-            family.add_metric([name, model], 1.0 if state == Server.State.ACTIVE else 0.0)
-        return family
+            up.add_metric([name, model], 1.0 if state == Server.State.ACTIVE else 0.0)
+            interval.add_metric([name, model], float(every))
+            if at is not None:
+                last.add_metric([name, model], at.timestamp())
+        yield from (up, last, interval)
 
     def _rejected(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
@@ -47,25 +75,103 @@ class PrefixscopeCollector(Collector):
             family.add_metric([server or "", source, reason], float(count))
         return family
 
-    def _lost_batches(self) -> CounterMetricFamily:
-        family = CounterMetricFamily(
+    def _gaps(self) -> Iterator[CounterMetricFamily]:
+        """KV sequence gaps per server: how many, the batches replayed, the batches lost for good.
+        A ZMQ reconnection is silent on the wire: what it missed shows up here as a gap."""
+        gaps = CounterMetricFamily(
+            "prefixscope_kv_event_gaps", "KV event sequence gaps seen.", labels=["server"]
+        )
+        replayed = CounterMetricFamily(
+            "prefixscope_kv_event_batches_replayed", "Missed KV event batches the replay endpoint sent back.",
+            labels=["server"],
+        )  # fmt: skip
+        lost = CounterMetricFamily(
             "prefixscope_kv_event_batches_lost",
             "KV event batches neither received nor replayed.",
             labels=["server"],
         )
-        for row in KVGap.objects.values("server__name").annotate(lost=Sum("lost")):
-            family.add_metric([row["server__name"]], float(row["lost"] or 0))
-        return family
+        found = KVGap.objects.values("server__name").annotate(
+            n=Count("id"), back=Sum("recovered"), gone=Sum("lost")
+        )
+        for row in found.order_by():
+            gaps.add_metric([row["server__name"]], float(row["n"]))
+            replayed.add_metric([row["server__name"]], float(row["back"] or 0))
+            lost.add_metric([row["server__name"]], float(row["gone"] or 0))
+        yield from (gaps, replayed, lost)
 
-    def _stream_positions(self) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(
+    def _streams(self) -> Iterator[Metric]:
+        """Per KV stream: the newest event's time (a stall), restarts, and blocks stored, removed and
+        stored again soon after removal (eviction thrashing)."""
+        labels = ["server", "dp_rank"]
+        newest = GaugeMetricFamily(
             "prefixscope_kv_event_last_timestamp_seconds",
             "Batch time of the newest stored KV event.",
-            labels=["server", "dp_rank"],
+            labels=labels,
         )
-        for server, rank, at in KVStream.objects.values_list("server__name", "dp_rank", "last_event_at"):
-            family.add_metric([server, str(rank)], at.timestamp())
-        return family
+        restarts = CounterMetricFamily(
+            "prefixscope_kv_stream_restarts",
+            "Times the server's KV event sequence started over.",
+            labels=labels,
+        )
+        blocks = {
+            column: CounterMetricFamily(f"prefixscope_kv_{column}", help_text, labels=labels)
+            for column, help_text in (
+                ("blocks_stored", "Blocks the server reported stored (BlockStored)."),
+                ("blocks_removed", "Blocks the server reported removed (BlockRemoved): evictions."),
+                (
+                    "blocks_thrashed",
+                    "Blocks stored again within PREFIXSCOPE_THRASH_SECONDS of their removal.",
+                ),
+            )
+        }
+        for row in KVStream.objects.values("server__name", "dp_rank", "last_event_at", "epoch", *blocks):
+            key = [row["server__name"], str(row["dp_rank"])]
+            newest.add_metric(key, row["last_event_at"].timestamp())
+            restarts.add_metric(key, float(row["epoch"]))
+            for column, family in blocks.items():
+                family.add_metric(key, float(row[column]))
+        yield from (newest, restarts, *blocks.values())
+
+    def _rollup_progress(self) -> Iterator[GaugeMetricFamily]:
+        """The newest minute of the request rollups and of the diagnoses' rollups: ingest and
+        analysis lag is time() minus them, while requests arrive."""
+        family = GaugeMetricFamily(
+            "prefixscope_rollup_newest_minute_timestamp_seconds",
+            "Start of the newest minute summed into a rollup (requests: ingested; diagnoses: analysed).",
+            labels=["rollup"],
+        )
+        for rollup, model in (("requests", MinuteRollup), ("diagnoses", LossMinute)):
+            newest = model.objects.aggregate(newest=Max("minute"))["newest"]
+            if newest is not None:
+                family.add_metric([rollup], newest.timestamp())
+        yield family
+
+    def _processes(self, now: object) -> Iterator[GaugeMetricFamily]:
+        """What collector processes hold in memory, as they last reported it (CollectorProcess)."""
+        labels = ["kind", "name"]
+        reported = GaugeMetricFamily(
+            "prefixscope_collector_last_report_timestamp_seconds",
+            "When a collector process (gateway, KV subscriber) last reported itself.",
+            labels=labels,
+        )
+        queued = GaugeMetricFamily(
+            "prefixscope_collector_queue_depth",
+            "Records (gateway) or KV event rows (subscriber) waiting in the process's memory.",
+            labels=labels,
+        )
+        spill = GaugeMetricFamily(
+            "prefixscope_gateway_spill_file_bytes",
+            "Size of the gateway's spill file (records kept while PostgreSQL was away), as last reported.",
+            labels=["name"],
+        )
+        horizon = timezone.now() - PROCESS_FORGOTTEN_AFTER
+        for process in CollectorProcess.objects.filter(reported_at__gte=horizon):
+            key = [process.kind, process.name]
+            reported.add_metric(key, process.reported_at.timestamp())
+            queued.add_metric(key, float(process.queue_depth))
+            if process.kind == CollectorProcess.Kind.GATEWAY:
+                spill.add_metric([process.name], float(process.spill_bytes))
+        yield from (reported, queued, spill)
 
     def _regressions(self) -> Iterator[GaugeMetricFamily]:
         """One sample per regression not resolved (a handful: they open rarely and close): muted ones

@@ -33,7 +33,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 from django.utils import timezone
 
 from app.fleet.services import servers_named
-from app.traffic.models import RequestRecord
+from app.traffic.models import CollectorProcess, RequestRecord
+from app.traffic.services.collector_processes import report_collector_process
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = RequestRecord.Source.GATEWAY.value
 QUEUE_FULL = "queue full: record dropped"
+REPORT_SECONDS = 10.0
 Store = Callable[..., IngestOutcome]  # ingest_request_records(facts, *, source, now, default_server)
 # A spill line is RequestFacts as JSON: msgspec writes and checks the struct (times in RFC 3339).
 _SPILL_ENCODER = msgspec.json.Encoder()
@@ -77,6 +79,7 @@ class GatewayWriter:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._retry_at = 0.0  # monotonic time before which the database is not tried again
+        self._reported_at = 0.0  # monotonic time of the last report of queue and spill file
         self._thread = threading.Thread(target=self._run, name="gateway-writer", daemon=True)
 
     # --- the proxy's side: never blocks ----------------------------------------------------
@@ -109,7 +112,7 @@ class GatewayWriter:
                 if len(self._queue) < self.batch_size:
                     self._stopping.wait(self.flush_seconds)  # let a batch gather: a write costs per batch
                 batch = self._take_batch()
-                if batch or self.spill_path.exists():
+                if batch or self.spill_path.exists() or self._report_due():
                     self._write_or_keep(batch)
             if self.spill_path.exists():
                 self._retry_at = 0.0
@@ -139,6 +142,7 @@ class GatewayWriter:
             return
         close_old_connections()
         try:
+            self._report()
             self._replay()
             self._store(items)
             self._flush_rejected()
@@ -154,6 +158,24 @@ class GatewayWriter:
         if self._retry_at:
             logger.info("database back; spilled request records replayed")
         self._retry_at = 0.0
+
+    def _report_due(self) -> bool:
+        return time.monotonic() - self._reported_at >= REPORT_SECONDS
+
+    def _report(self) -> None:
+        """Every REPORT_SECONDS, the queue's depth and the spill file's size for /metrics (before
+        the spill file is replayed: what piled up while the database was away is seen once)."""
+        if not self._report_due():
+            return
+        spill_bytes = self.spill_path.stat().st_size if self.spill_path.exists() else 0
+        report_collector_process(
+            kind=CollectorProcess.Kind.GATEWAY,
+            name=self.server,
+            queue_depth=len(self._queue),
+            spill_bytes=spill_bytes,
+            now=timezone.now(),
+        )
+        self._reported_at = time.monotonic()
 
     def _store(self, items: Sequence[RequestFacts]) -> None:
         """Store in batches; a batch the database refuses for its data is stored item by item."""

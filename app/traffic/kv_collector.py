@@ -14,11 +14,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import zmq
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 
+from app.domain.thrash import RecentRemovals
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVStream
-from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.kv_events import (
+    GapRecord,
+    KVEventRow,
+    StreamCounts,
+    StreamPosition,
+    store_kv_events,
+)
 from app.traffic.services.rejections import count_rejected_input
 from collectors.kv_events.client import KVTransportError, fetch_replay, open_subscriber
 from collectors.kv_events.parse import (
@@ -35,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = "kv_events"
 MAX_PENDING_ROWS = 500_000
+PRUNE_SECONDS = 30.0
 
 
 @dataclass(slots=True)
@@ -43,6 +52,8 @@ class Pending:
     positions: dict[tuple[int, int], StreamPosition] = field(default_factory=dict)
     gaps: list[GapRecord] = field(default_factory=list)
     rejected: dict[tuple[int, str], int] = field(default_factory=dict)  # (server id, reason) -> count
+    # (server id, rank) -> [blocks stored, removed, stored again soon after removal]
+    counts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.positions or self.gaps or self.rejected)
@@ -100,6 +111,8 @@ class KVEventCollector:
         self.streams: dict[tuple[int, int], SequenceState] = {}
         self.pending = Pending()
         self.last_flush = time.monotonic()
+        self.removals: dict[tuple[int, int], RecentRemovals] = {}
+        self.pruned_at = time.time()
 
     def subscribe(self, servers: Iterable[Server]) -> None:
         """Connect to servers not yet subscribed, then catch up on what they published meanwhile."""
@@ -175,12 +188,28 @@ class KVEventCollector:
         self.pending.rows += event_rows(
             batch, server_id=server.pk, epoch=epoch, seq=seq, received_at=self.now()
         )
+        self._count_blocks((server.pk, rank), batch)
         position = StreamPosition(server.pk, rank, epoch, seq, datetime.fromtimestamp(batch.ts, tz=UTC))
         previous = self.pending.positions.get((server.pk, rank))
         if previous is None or (position.epoch, position.last_seq) > (previous.epoch, previous.last_seq):
             self.pending.positions[(server.pk, rank)] = position
         for rejected in batch.rejected:
             self._reject(server, rejected.reason, 1)
+
+    def _count_blocks(self, key: tuple[int, int], batch: EventBatch) -> None:
+        """Tally stored and removed blocks, and blocks stored again soon after their removal."""
+        removals = self.removals.get(key)
+        if removals is None:
+            removals = self.removals[key] = RecentRemovals(settings.PREFIXSCOPE_THRASH_SECONDS)
+        counts = self.pending.counts.setdefault(key, [0, 0, 0])
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                counts[0] += len(event.block_hashes)
+                counts[2] += sum(removals.stored(h, batch.ts) for h in event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                counts[1] += len(event.block_hashes)
+                for block_hash in event.block_hashes:
+                    removals.removed(block_hash, batch.ts)
 
     def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> None:
         """Buffer batches first..last from the replay endpoint and record what it lacked as lost.
@@ -244,7 +273,10 @@ class KVEventCollector:
             return 0
         try:
             stored = store_kv_events(
-                rows=pending.rows, positions=list(pending.positions.values()), gaps=pending.gaps
+                rows=pending.rows,
+                positions=list(pending.positions.values()),
+                gaps=pending.gaps,
+                counts=[StreamCounts(*key, *tally) for key, tally in pending.counts.items()],
             )
             self._count_rejections(pending.rejected)
         except (OperationalError, InterfaceError) as exc:  # PostgreSQL away: keep the buffer, retry
@@ -259,7 +291,17 @@ class KVEventCollector:
             self.pending = Pending(rejected=refused)
             return 0
         self.pending = Pending()
+        self._prune_removals()
         return stored
+
+    def _prune_removals(self) -> None:
+        """Now and then (a pass over every remembered removal is not for each flush)."""
+        now = time.time()
+        if now - self.pruned_at < PRUNE_SECONDS:
+            return
+        self.pruned_at = now
+        for removals in self.removals.values():
+            removals.prune(now)
 
     def _count_rejections(self, rejected: dict[tuple[int, str], int]) -> None:
         for (server_id, reason), count in rejected.items():

@@ -373,6 +373,11 @@ class KVStream(models.Model):
     epoch = models.IntegerField(default=0, help_text="Raised each time the sequence restarts")
     last_seq = models.BigIntegerField()
     last_event_at = models.DateTimeField()
+    # Running totals for /metrics (counters: they only grow). A thrash is a block stored again
+    # within PREFIXSCOPE_THRASH_SECONDS of its removal (app/domain/thrash.py).
+    blocks_stored = models.BigIntegerField(default=0, db_default=0)
+    blocks_removed = models.BigIntegerField(default=0, db_default=0)
+    blocks_thrashed = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["server", "dp_rank"], name="kv_stream_identity")]
@@ -403,6 +408,29 @@ class KVGap(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id} seq {self.first_seq}-{self.last_seq}: {self.lost} lost"
+
+
+class CollectorProcess(models.Model):
+    """What a long-running collector process knows only in memory, reported every few seconds so
+    that /metrics (served by any web process) can export it: the gateway's queue and spill file,
+    the KV subscriber's buffered rows. A row not reported for a while is a process that stopped
+    (or cannot reach PostgreSQL: a gateway's spill file then grows unseen until it can again)."""
+
+    class Kind(models.TextChoices):
+        GATEWAY = "gateway", "Gateway"
+        KV_SUBSCRIBER = "kv_subscriber", "KV-event subscriber"
+
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    name = models.CharField(max_length=200, help_text="The gateway's server; the subscriber's host")
+    reported_at = models.DateTimeField()
+    queue_depth = models.PositiveIntegerField(default=0, help_text="Records or rows waiting in memory")
+    spill_bytes = models.PositiveBigIntegerField(default=0, help_text="Size of the gateway's spill file")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["kind", "name"], name="collector_process_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 
 class ResidentBlock(models.Model):

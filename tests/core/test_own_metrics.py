@@ -1,4 +1,8 @@
-"""Prefixscope's own /metrics reports servers, rejected input and lost KV batches from the database."""
+"""Prefixscope's own /metrics reports, from the database's rollups, what it found (reuse and losses by
+cause, TTFT, cache killers) and how its collectors fare, the same from any process."""
+
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -6,7 +10,9 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.fleet.models import Server
-from app.traffic.models import KVGap, RejectedInput
+from app.prompts.models import CacheKiller, Template
+from app.traffic.models import HourRollup, KVGap, KVStream, LossHour, MinuteRollup, RejectedInput
+from app.traffic.services.collector_processes import report_collector_process
 
 pytestmark = pytest.mark.django_db
 
@@ -41,3 +47,159 @@ def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -
     reason = (("reason", "not msgpack"), ("server", "vllm-up"), ("source", "kv_events"))
     assert values[("prefixscope_rejected_inputs_total", reason)] == 3.0
     assert values[("prefixscope_kv_event_batches_lost_total", (("server", "vllm-down"),))] == 3.0
+
+
+NOW = timezone.now()
+TODAY = NOW.replace(minute=0, second=0, microsecond=0)
+
+
+def loss_hour(server: Server, template: Template | None, tenant: str, **tokens: int) -> LossHour:
+    prompt = tokens.pop("prompt", 1000)
+    return LossHour.objects.create(
+        server=server, template=template, tenant=tenant, hour=TODAY, requests=10, diagnosed=10,
+        prompt_tokens=prompt, diagnosed_prompt_tokens=prompt, **tokens,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def fleet() -> tuple[Server, Server]:
+    return (
+        Server.objects.create(name="vllm-0", base_url="http://a:8000", model="llama"),
+        Server.objects.create(name="vllm-1", base_url="http://b:8000", model="llama"),
+    )
+
+
+def test_reused_and_lost_tokens_are_summed_per_template_server_and_tenant(
+    client: Client, fleet: tuple[Server, Server]
+) -> None:
+    support = Template.objects.create(name="support")
+    a, b = fleet
+    loss_hour(a, support, "acme", reused_tokens=600, evicted_tokens=300, seen_before_tokens=900)
+    loss_hour(b, support, "acme", reused_tokens=100, prompt_changed_tokens=800, seen_before_tokens=900)
+    loss_hour(b, None, "", prompt=50, cold_tokens=50)
+    # Yesterday's hours are not in today's counters.
+    LossHour.objects.create(
+        server=a, template=support, tenant="acme", hour=TODAY - timedelta(days=1), requests=5, diagnosed=5,
+        diagnosed_prompt_tokens=10_000, reused_tokens=10_000,
+    )  # fmt: skip
+
+    values = samples(client)
+
+    assert values[("prefixscope_template_prompt_tokens_total", (("template", "support"),))] == 2000
+    assert values[("prefixscope_template_reused_tokens_total", (("template", "support"),))] == 700
+    assert values[("prefixscope_template_shared_prefix_tokens_total", (("template", "support"),))] == 1800
+    lost = "prefixscope_template_lost_tokens_total"
+    assert values[(lost, (("cause", "evicted"), ("template", "support")))] == 300
+    assert values[(lost, (("cause", "prompt_changed"), ("template", "support")))] == 800
+    assert values[(lost, (("cause", "cold"), ("template", "none")))] == 50
+    server = (("model", "llama"), ("server", "vllm-1"))
+    assert values[("prefixscope_server_reused_tokens_total", server)] == 100
+    assert values[("prefixscope_server_prompt_tokens_total", server)] == 1050
+    assert values[("prefixscope_tenant_reused_tokens_total", (("tenant", "acme"),))] == 700
+    assert values[("prefixscope_tenant_requests_total", (("tenant", "none"),))] == 10
+
+
+def test_labels_past_the_top_n_by_traffic_are_summed_under_other(
+    client: Client, fleet: tuple[Server, Server], settings: Any
+) -> None:
+    settings.PREFIXSCOPE_METRICS_TOP_N = 2
+    for name, prompt in [("big", 5000), ("mid", 3000), ("small", 200), ("tiny", 100)]:
+        loss_hour(fleet[0], Template.objects.create(name=name), "", prompt=prompt, reused_tokens=prompt // 2)
+
+    values = samples(client)
+
+    templates = {
+        dict(labels)["template"]: value
+        for (name, labels), value in values.items()
+        if name == "prefixscope_template_prompt_tokens_total"
+    }
+    assert templates == {"big": 5000, "mid": 3000, "other": 300}
+    assert values[("prefixscope_template_reused_tokens_total", (("template", "other"),))] == 150
+
+
+def test_ttft_histograms_per_template_come_from_the_hour_rollups(
+    client: Client, fleet: tuple[Server, Server]
+) -> None:
+    support = Template.objects.create(name="support")
+    # Cumulative per bound of TTFT_BUCKETS_SECONDS, then the total: 2 under 0.1 s, 3 under 0.5 s, 4 in all.
+    buckets = [0] * 7 + [2, 2, 3] + [3] * 12 + [4]
+    for server in fleet:
+        HourRollup.objects.create(
+            server=server, template=support, hour=TODAY, requests=4, prompt_tokens=400, cached_tokens=0,
+            client_ttft_count=4, client_ttft_sum_seconds=3.0, client_ttft_buckets=buckets,
+            server_ttft_count=4, server_ttft_sum_seconds=1.0, server_ttft_buckets=buckets,
+        )  # fmt: skip
+
+    values = samples(client)
+
+    family = "prefixscope_template_ttft_client_seconds"
+    assert values[(family + "_bucket", (("le", "0.1"), ("template", "support")))] == 4
+    assert values[(family + "_bucket", (("le", "0.5"), ("template", "support")))] == 6
+    assert values[(family + "_bucket", (("le", "+Inf"), ("template", "support")))] == 8
+    assert values[(family + "_count", (("template", "support"),))] == 8
+    assert values[(family + "_sum", (("template", "support"),))] == 6.0
+    assert values[("prefixscope_template_ttft_server_seconds_sum", (("template", "support"),))] == 2.0
+
+
+def test_cache_killers_are_exported_per_template_kind_and_block(
+    client: Client, fleet: tuple[Server, Server]
+) -> None:
+    support = Template.objects.create(name="support")
+    for block, kind, lost in [(3, "timestamp", 9000), (7, "id", 400)]:
+        CacheKiller.objects.create(
+            template=support, block_size=16, computed_at=NOW, window_start=NOW - timedelta(hours=1),
+            window_end=NOW, mode="tokens", position_token=block * 16, block_index=block, kind=kind,
+            requests=100, requests_affected=90, continuations=100, tokens_lost=lost,
+        )  # fmt: skip
+
+    values = samples(client)
+
+    killer = (("block", "3"), ("kind", "timestamp"), ("template", "support"))
+    assert values[("prefixscope_cache_killer_lost_tokens", killer)] == 9000
+    assert values[("prefixscope_cache_killers", (("kind", "id"), ("template", "support")))] == 1
+
+
+def test_collector_health_reports_scrapes_streams_rollups_and_processes(
+    client: Client, fleet: tuple[Server, Server]
+) -> None:
+    a, _ = fleet
+    Server.objects.filter(pk=a.pk).update(last_scraped_at=NOW, scrape_interval_seconds=30)
+    KVStream.objects.create(
+        server=a, dp_rank=0, epoch=2, last_seq=40, last_event_at=NOW,
+        blocks_stored=500, blocks_removed=200, blocks_thrashed=30,
+    )  # fmt: skip
+    KVGap.objects.create(server=a, epoch=2, first_seq=5, last_seq=9, recovered=5, lost=0, detected_at=NOW)
+    MinuteRollup.objects.create(server=a, minute=TODAY, requests=1, prompt_tokens=1, cached_tokens=0)
+    report_collector_process(kind="gateway", name="vllm-0", queue_depth=12, spill_bytes=4096, now=NOW)
+    report_collector_process(kind="kv_subscriber", name="collectors-1", queue_depth=300, now=NOW)
+
+    values = samples(client)
+
+    server = (("model", "llama"), ("server", "vllm-0"))
+    assert values[("prefixscope_server_last_scrape_timestamp_seconds", server)] == NOW.timestamp()
+    assert values[("prefixscope_server_scrape_interval_seconds", server)] == 30
+    stream = (("dp_rank", "0"), ("server", "vllm-0"))
+    assert values[("prefixscope_kv_stream_restarts_total", stream)] == 2
+    assert values[("prefixscope_kv_blocks_thrashed_total", stream)] == 30
+    assert values[("prefixscope_kv_blocks_removed_total", stream)] == 200
+    assert values[("prefixscope_kv_event_gaps_total", (("server", "vllm-0"),))] == 1
+    assert values[("prefixscope_kv_event_batches_replayed_total", (("server", "vllm-0"),))] == 5
+    assert values[("prefixscope_rollup_newest_minute_timestamp_seconds", (("rollup", "requests"),))] == (
+        TODAY.timestamp()
+    )
+    assert ("prefixscope_rollup_newest_minute_timestamp_seconds", (("rollup", "diagnoses"),)) not in values
+    assert values[("prefixscope_gateway_spill_file_bytes", (("name", "vllm-0"),))] == 4096
+    subscriber = (("kind", "kv_subscriber"), ("name", "collectors-1"))
+    assert values[("prefixscope_collector_queue_depth", subscriber)] == 300
+    assert values[("prefixscope_collector_last_report_timestamp_seconds", subscriber)] == NOW.timestamp()
+
+
+def test_every_family_is_read_with_one_query_whatever_the_fleet_size(
+    client: Client, fleet: tuple[Server, Server], django_assert_max_num_queries: Any
+) -> None:
+    templates = [Template.objects.create(name=f"t{i}") for i in range(30)]
+    for template in templates:
+        for server in fleet:
+            loss_hour(server, template, f"tenant-{template.pk % 7}", reused_tokens=10)
+    with django_assert_max_num_queries(15):
+        client.get("/metrics")

@@ -46,7 +46,7 @@ def test_the_file_uses_the_compose_spec_without_a_version_key() -> None:
 
 @pytest.mark.parametrize(
     "service",
-    ["postgres", "valkey", *APP_SERVICES, "prometheus", "vllm"],
+    ["postgres", "valkey", *APP_SERVICES, "prometheus", "grafana", "vllm"],
 )
 def test_every_service_is_defined(service: str) -> None:
     assert service in SERVICES
@@ -102,7 +102,13 @@ def test_migrate_runs_once() -> None:
 
 @pytest.mark.parametrize(
     ("service", "probe"),
-    [("postgres", "pg_isready"), ("valkey", "ping"), ("web", "/healthz"), ("prometheus", "/-/ready")],
+    [
+        ("postgres", "pg_isready"),
+        ("valkey", "ping"),
+        ("web", "/healthz"),
+        ("prometheus", "/-/ready"),
+        ("grafana", "/api/health"),
+    ],
 )
 def test_health_checks_probe_the_service(service: str, probe: str) -> None:
     assert probe in " ".join(SERVICES[service]["healthcheck"]["test"])
@@ -201,3 +207,16 @@ def test_prometheus_scrapes_the_compose_services(job: str, service: str) -> None
     scrape = next(s for s in config["scrape_configs"] if s["job_name"] == job)
     targets = [target for group in scrape["static_configs"] for target in group["targets"]]
     assert f"{service}:8000" in targets
+
+
+def test_grafana_is_provisioned_from_the_repo_beside_prometheus() -> None:
+    mounted = mounts("grafana")
+    provisioning = mounted["/etc/grafana/provisioning"]
+    assert provisioning == ROOT / "deploy" / "grafana" / "provisioning"
+    assert list((provisioning / "datasources").glob("*.yml"))
+    provider = yaml.safe_load(next((provisioning / "dashboards").glob("*.yml")).read_text())
+    dashboards = mounted[provider["providers"][0]["options"]["path"]]
+    assert dashboards == ROOT / "deploy" / "grafana" / "dashboards"
+    assert list(dashboards.glob("*.json"))
+    assert SERVICES["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    assert any(port.endswith(":3000") for port in SERVICES["grafana"]["ports"])

@@ -12,7 +12,7 @@ from app.fleet.models import Server
 from app.traffic.kv_collector import KVEventCollector, event_rows
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import KVEventRow
-from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
 from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
 
 pytestmark = pytest.mark.django_db
@@ -321,3 +321,38 @@ def test_event_rows_are_one_per_block_with_its_parent_in_the_table_s_column_orde
         KVEventRow(3, 1, 2, 9, 2, 0, at, at, KVEvent.Kind.CLEARED, None, None, None, "CPU", "", None),
     ]
     assert all(type(row) is KVEventRow for row in rows)
+
+
+def thrashes_in(payloads: list[tuple[int, bytes]], window: float) -> tuple[int, int, int]:
+    """Blocks stored, removed and stored again within `window` seconds of their removal, counted
+    straight from the decoded batches."""
+    stored = removed = thrashed = 0
+    removed_at: dict[int, float] = {}
+    for _, payload in payloads:
+        batch = decode_batch(payload)
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                stored += len(event.block_hashes)
+                for block_hash in event.block_hashes:
+                    when = removed_at.pop(block_hash, None)
+                    thrashed += when is not None and batch.ts - when <= window
+            elif isinstance(event, BlockRemoved):
+                removed += len(event.block_hashes)
+                removed_at.update(dict.fromkeys(event.block_hashes, batch.ts))
+    return stored, removed, thrashed
+
+
+def test_blocks_stored_again_soon_after_their_eviction_are_counted_as_thrash(context, server, vllm) -> None:  # type: ignore[no-untyped-def]
+    # The capture twice, the second time a minute later: what the first evicted, the second stores again.
+    first = captured_payloads(shift_to=time.time() - 60)
+    second = [(seq + len(first), payload) for seq, payload in captured_payloads(shift_to=time.time())]
+    collector = start_collector(context, server, vllm)
+    for seq, payload in first + second:
+        vllm.publish(seq, payload)
+    run_until_stored(collector, 2 * CAPTURED_ROWS)
+
+    stream = KVStream.objects.get(server=server)
+    expected = thrashes_in(first + second, window=300)
+    assert expected[2] > 0
+    assert (stream.blocks_stored, stream.blocks_removed, stream.blocks_thrashed) == expected
+    collector.close()

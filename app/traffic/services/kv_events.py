@@ -67,8 +67,23 @@ _KV_COLUMNS = ", ".join(KVEventRow._fields)
 _KEY_COLUMNS = "server_id, dp_rank, epoch, seq, event_index, block_index"
 
 
+@dataclass(frozen=True, slots=True)
+class StreamCounts:
+    """Blocks one stream stored, removed and stored again soon after removal, since the last flush."""
+
+    server_id: int
+    dp_rank: int
+    stored: int
+    removed: int
+    thrashed: int
+
+
 def store_kv_events(
-    *, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition], gaps: Sequence[GapRecord] = ()
+    *,
+    rows: Sequence[KVEventRow],
+    positions: Sequence[StreamPosition],
+    gaps: Sequence[GapRecord] = (),
+    counts: Sequence[StreamCounts] = (),
 ) -> int:
     """Store KV event rows once each, update the block index and the stream positions, atomically.
 
@@ -82,6 +97,7 @@ def store_kv_events(
         _apply_residency(cursor, new_rows, positions)
         _save_positions(cursor, positions)
         _save_gaps(cursor, gaps)
+        _add_counts(cursor, counts)
     return len(new_rows)
 
 
@@ -255,6 +271,17 @@ def _save_positions(cursor: Any, positions: Sequence[StreamPosition]) -> None:
             "epoch = EXCLUDED.epoch, last_seq = EXCLUDED.last_seq, last_event_at = EXCLUDED.last_event_at "
             "WHERE (EXCLUDED.epoch, EXCLUDED.last_seq) > (s.epoch, s.last_seq)",
             [p.server_id, p.dp_rank, p.epoch, p.last_seq, p.last_event_at],
+        )
+
+
+def _add_counts(cursor: Any, counts: Sequence[StreamCounts]) -> None:
+    """Add to the streams' running totals (their rows exist: positions are saved first)."""
+    for c in counts:
+        cursor.execute(
+            "UPDATE traffic_kvstream SET blocks_stored = blocks_stored + %s, "
+            "blocks_removed = blocks_removed + %s, blocks_thrashed = blocks_thrashed + %s "
+            "WHERE server_id = %s AND dp_rank = %s",
+            [c.stored, c.removed, c.thrashed, c.server_id, c.dp_rank],
         )
 
 

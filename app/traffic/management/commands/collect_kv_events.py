@@ -3,16 +3,20 @@
 import gc
 import logging
 import signal
+import socket
 import time
 from typing import Any
 
 import zmq
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
+from django.utils import timezone
 
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
 from app.traffic.kv_collector import KVEventCollector
+from app.traffic.models import CollectorProcess
+from app.traffic.services.collector_processes import report_collector_process
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +54,12 @@ class Command(BaseCommand):
                     next_scan = time.monotonic() + rescan_seconds
                     try:
                         collector.subscribe(Server.objects.exclude(state=Server.State.DISABLED))
+                        report_collector_process(
+                            kind=CollectorProcess.Kind.KV_SUBSCRIBER,
+                            name=socket.gethostname(),
+                            queue_depth=len(collector.pending.rows),
+                            now=timezone.now(),
+                        )
                     except DatabaseError as exc:  # PostgreSQL away: keep collecting, look again later
                         logger.warning("cannot read the servers to subscribe to: %s", exc)
                 collector.poll(timeout_ms=200)
