@@ -13,6 +13,7 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.security import django_auth
 
 from app.api.templates import READ_AUTH, READERS, ErrorOut, KillerOut, killer_out
+from app.api.viewers import caller_viewer
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
@@ -171,8 +172,9 @@ class NoteIn(Schema):
 @paginate(LimitOffsetPagination)
 def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
     return selectors.regressions(
-        state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or ""
-    )
+        state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or "",
+        viewer=caller_viewer(request),
+    )  # fmt: skip
 
 
 @router.get(
@@ -184,7 +186,9 @@ def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) ->
     url_name="regression",
 )
 def get_regression(request: HttpRequest, regression_id: int) -> Any:
-    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    regression = (
+        selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
+    )
     return regression if regression is not None else Status(404, {"error": "no such regression"})
 
 
@@ -198,7 +202,9 @@ def get_regression(request: HttpRequest, regression_id: int) -> Any:
     url_name="regression-note",
 )
 def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> Any:
-    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    regression = (
+        selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
+    )
     if regression is None:
         return Status(404, {"error": "no such regression"})
     return services.note_regression(
