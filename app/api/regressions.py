@@ -14,6 +14,7 @@ from ninja.security import django_auth
 
 from app.api.templates import READ_AUTH, READERS, ErrorOut, KillerOut, killer_out
 from app.api.viewers import caller_viewer
+from app.compare.killers import visible_killers
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
@@ -123,10 +124,15 @@ class RegressionOut(Schema):
         return regression.suspect_version.commit_sha if regression.suspect_version else None
 
     @staticmethod
-    def resolve_killers(regression: Regression) -> list[dict[str, Any]]:
+    def resolve_killers(regression: Regression, context: dict[str, Any]) -> list[dict[str, Any]]:
+        """The frozen killers, each listing the sample requests the caller sees."""
         frozen = evidence.frozen_killers(regression)
-        names = dict(Server.objects.values_list("pk", "name")) if frozen else {}
-        return [killer_out(f.killer, names, None, None) | {"found_at": f.found_at} for f in frozen]
+        if not frozen:
+            return []
+        viewer = caller_viewer(context["request"])
+        names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+        _, seen = visible_killers([f.killer for f in frozen], viewer=viewer)
+        return [killer_out(f.killer, names, None, None, seen) | {"found_at": f.found_at} for f in frozen]
 
     @staticmethod
     def resolve_webhook(regression: Regression) -> dict[str, Any]:

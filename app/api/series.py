@@ -14,6 +14,7 @@ from ninja import Field, Router, Schema, Status
 from ninja.security import django_auth
 
 from app.api.ingest.rest import IngestTokenAuth
+from app.api.viewers import caller_viewer
 from app.traffic import series as traffic_series
 
 router = Router(tags=["series"])
@@ -80,7 +81,8 @@ def series(
     params = {"metric": metric, "scope": scope, "id": id, "since": since, "until": until,
               "bucket": bucket, "ttft": ttft}  # fmt: skip
     try:
-        found = traffic_series.series(traffic_series.parse_query(params, now=timezone.now()))
+        query = traffic_series.parse_query(params, now=timezone.now())
+        found = traffic_series.series(query, viewer=caller_viewer(request))
     except traffic_series.SeriesError as exc:
         return Status(400, SeriesError(code=exc.code, message=exc.message))
     if format == "csv" or (not format and "text/csv" in request.headers.get("Accept", "")):

@@ -39,19 +39,19 @@ class RecordPairForm(forms.Form):
 
     def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.scope = viewer
+        self.viewer = viewer
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         # Another tenant's request is no more a recorded request to this viewer than a made-up key.
         for name in ("a", "b", "b_previous"):
-            if data.get(name) and request_record(data[name], viewer=self.scope) is None:
+            if data.get(name) and request_record(data[name], viewer=self.viewer) is None:
                 self.add_error(name, "not a recorded request")
                 data.pop(name)
         if self.errors:
             return data
         if data.get("b_previous"):
-            previous = previous_request_key(data["b_previous"], viewer=self.scope)
+            previous = previous_request_key(data["b_previous"], viewer=self.viewer)
             if previous is None:
                 raise forms.ValidationError(NO_PREVIOUS)
             data["a"], data["b"] = previous, data["b_previous"]

@@ -211,7 +211,7 @@ def _token_ids(keys: set[SampleKey], *, now: datetime, viewer: Viewer) -> dict[S
     return {
         SampleKey(server_id, request_id, arrived_at): ids
         for server_id, request_id, arrived_at, ids in rows
-        if keeps_token_ids(arrived_at, cutoff)
+        if ids is not None and keeps_token_ids(arrived_at, cutoff)
     }
 
 

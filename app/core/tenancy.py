@@ -68,6 +68,20 @@ class Viewer:
         """Templates: the viewer's tenants' and the shared (unassigned) ones."""
         return self._filter(templates, Q(tenant__in=self._names) | Q(tenant=""))
 
+    def repositories(self, repositories: QuerySet[M]) -> QuerySet[M]:
+        """Template repositories holding a template the viewer sees (a repository before its first
+        import holds none: admins only)."""
+        if not self.tenants:
+            return self._filter(repositories, Q())
+        templates = repositories.model._meta.get_field("templates").related_model
+        seen = self.templates(templates._default_manager.all()).values("repository_id")  # type: ignore[union-attr]
+        return repositories.filter(pk__in=seen)
+
+    def families(self, families: QuerySet[M]) -> QuerySet[M]:
+        """Prefix families group requests across salts, so across tenants: a tenant sees those whose
+        sample request came through a server one of its tenants owns."""
+        return self._filter(families, Q(sample_server__tenant__in=self._names))
+
     def traffic(self, rows: QuerySet[M]) -> QuerySet[M]:
         """Rows with a `tenant` and a `server` (records, diagnoses, rollups): the viewer's tenants',
         and tenant-less ones on a server one of them owns. The owned servers are a subquery, not a

@@ -106,7 +106,7 @@ class RequestFilterForm(forms.Form):
         super().__init__({"window": DEFAULT_WINDOW} | given, label_suffix="", **kwargs)
         # The choices, and the names a filter accepts, are the viewer's: another tenant's server is
         # no more a valid choice than a server that does not exist.
-        self.scope = viewer
+        self.viewer = viewer
         self.fields["server"].queryset = viewer.servers(Server.objects.order_by("name"))  # type: ignore[attr-defined]
         self.fields["template"].queryset = viewer.templates(Template.objects.order_by("name"))  # type: ignore[attr-defined]
 
@@ -116,7 +116,7 @@ class RequestFilterForm(forms.Form):
         if low is not None and high is not None and low > high:
             self.add_error("hit_max", "the upper bound of the hit % is below its lower bound")
         if data.get("version"):
-            templates = self.scope.templates(Template.objects.all())
+            templates = self.viewer.templates(Template.objects.all())
             found = TemplateVersion.objects.filter(
                 commit_sha__istartswith=data["version"], template__in=templates
             )
@@ -140,7 +140,7 @@ class RequestFilterForm(forms.Form):
             template_id=data["template"].pk if data.get("template") else None,
             version_ids=data.get("version_ids") or None, tenant=data.get("tenant") or None,
             cause=data.get("cause") or None, hit_min=data.get("hit_min"), hit_max=data.get("hit_max"),
-            missed_only=bool(data.get("missed")), viewer=self.scope,
+            missed_only=bool(data.get("missed")), viewer=self.viewer,
         )  # fmt: skip
 
     def pinned(self, filters: RequestFilters) -> dict[str, str]:
@@ -205,7 +205,7 @@ _SHOWN = ("server_id", "request_id", "arrived_at", "tenant", "prompt_tokens", "c
 
 def matching_requests(filters: RequestFilters, *, after: Cursor | None) -> QuerySet[RequestRecord]:
     # Constants on arrived_at: the planner prunes the partitions outside the window.
-    records = filters.scope.traffic(RequestRecord.objects.all()).filter(
+    records = filters.viewer.traffic(RequestRecord.objects.all()).filter(
         EXPLORER_ROWS, arrived_at__gte=filters.since, arrived_at__lt=filters.until
     )
     if after is not None:
