@@ -44,12 +44,9 @@ class RecordPairForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         # Another tenant's request is no more a recorded request to this viewer than a made-up key.
-        for name in ("a", "b", "b_previous"):
-            if data.get(name) and request_record(data[name], viewer=self.viewer) is None:
-                self.add_error(name, "not a recorded request")
-                data.pop(name)
-        if self.errors:
-            return data
+        keys = [data[name] for name in ("a", "b", "b_previous") if data.get(name)]
+        if any(request_record(key, viewer=self.viewer) is None for key in keys):
+            raise forms.ValidationError("not a recorded request")
         if data.get("b_previous"):
             previous = previous_request_key(data["b_previous"], viewer=self.viewer)
             if previous is None:
@@ -99,6 +96,11 @@ class PromptPairForm(forms.Form):
     a_salt = forms.CharField(label="A's cache salt", required=False, max_length=1024)
     b_salt = forms.CharField(label="B's cache salt", required=False, max_length=1024)
 
+    def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        servers = self.fields["server"].queryset  # type: ignore[attr-defined]
+        self.fields["server"].queryset = viewer.servers(servers)  # type: ignore[attr-defined]
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         for field in ("a_prompt", "b_prompt"):
@@ -123,7 +125,9 @@ class PromptPairForm(forms.Form):
 
 def pair_form(data: Any, *, viewer: Viewer = SEES_ALL) -> RecordPairForm | PromptPairForm:
     """The form a POST filled in (its hidden ``mode``); recorded requests of those `viewer` sees."""
-    return RecordPairForm(data, viewer=viewer) if data.get("mode") == "records" else PromptPairForm(data)
+    if data.get("mode") == "records":
+        return RecordPairForm(data, viewer=viewer)
+    return PromptPairForm(data, viewer=viewer)
 
 
 class ExplorerFilter(forms.Form):

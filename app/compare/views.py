@@ -96,7 +96,7 @@ def _start_context(
     template, server = filters.get("template"), filters.get("server")
     return {
         "records_form": form if isinstance(form, RecordPairForm) else RecordPairForm(),
-        "prompts_form": form if isinstance(form, PromptPairForm) else PromptPairForm(),
+        "prompts_form": form if isinstance(form, PromptPairForm) else PromptPairForm(viewer=viewer),
         "explorer": explorer,
         "requests": selectors.recent_requests(
             template_id=template.pk if template else None,

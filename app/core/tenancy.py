@@ -8,10 +8,13 @@ A user belongs to tenants (app/core/models.py Membership). Their `Viewer` filter
 - Servers and templates are things a tenant owns. One with a tenant is seen by that tenant's users;
   one without ("" tenant: not assigned, e.g. a shared server or a template every tenant renders) is
   shared and seen by every user of some tenant, as the Server model's help text always said.
-- Traffic (request records, their diagnoses, the per-minute and per-hour rollups) belongs to the
-  tenant it names. A row without a tenant belongs to its server's owner: a server assigned to tenant
-  A carries A's traffic. On a shared server, tenant-less rows could be anyone's, so only admins see
-  them: whatever cannot be attributed is never shown to a tenant.
+- Traffic (request records, their diagnoses, the loss rollups) belongs to the tenant it names. A row
+  without a tenant belongs to its server's or its template's owner: a server or template assigned to
+  tenant A carries A's traffic. A tenant-less row of a shared server and a shared template could be
+  anyone's, so only admins see it: whatever cannot be attributed is never shown to a tenant.
+- The request rollups (per server, template and minute) name no tenant: a tenant sees the rows of
+  the servers and templates its tenants own, as above. Its figures on a shared server come from
+  the loss rollups, which name the tenant, or from the rows of its own templates.
 - A regression belongs to its tenant; one without (a server's, a template's or the fleet's) is an
   aggregate of whatever traffic went through its viewer, and is seen through its server's or
   template's owner only, else by admins alone (an aggregate of shared traffic is several tenants').
@@ -36,6 +39,11 @@ VIEW_ALL_TENANTS: Final = "core.view_all_tenants"
 PROPOSED: Final = "proposed"  # app.fleet.models.Server.State.PROPOSED (the fleet app is a layer above)
 
 M = TypeVar("M", bound=Model)
+
+_OWNED_SQL = (
+    "server_id IN (SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s)) OR "
+    "template_id IN (SELECT id FROM prompts_template WHERE tenant = ANY(%(viewer_tenants)s))"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,24 +91,45 @@ class Viewer:
         return self._filter(families, Q(sample_server__tenant__in=self._names))
 
     def traffic(self, rows: QuerySet[M]) -> QuerySet[M]:
-        """Rows with a `tenant` and a `server` (records, diagnoses, rollups): the viewer's tenants',
-        and tenant-less ones on a server one of them owns. The owned servers are a subquery, not a
-        join: the explorer's keyset plans stay on the records' own indexes."""
+        """Rows with a `tenant`, a `server` and a `template` (records, diagnoses, loss rollups): the
+        viewer's tenants', and tenant-less ones of a server or template one of them owns."""
         if not self.tenants:
             return self._filter(rows, Q())
-        servers = rows.model._meta.get_field("server").related_model
-        owned = servers._default_manager.filter(tenant__in=self._names).values("pk")  # type: ignore[union-attr]
-        return rows.filter(Q(tenant__in=self._names) | Q(tenant="", server__in=owned))
+        return rows.filter(Q(tenant__in=self._names) | (Q(tenant="") & self._owned(rows)))
+
+    def rollups(self, rows: QuerySet[M]) -> QuerySet[M]:
+        """Rows with a `server` and a `template` and no tenant (the request rollups): those of a
+        server or a template one of the viewer's tenants owns. A shared server's rows of a shared
+        template sum several tenants' requests: admins only."""
+        if not self.tenants:
+            return self._filter(rows, Q())
+        return rows.filter(self._owned(rows))
+
+    def _owned(self, rows: QuerySet[M]) -> Q:
+        """Of a server or a template one of the viewer's tenants owns: subqueries, not joins, so that
+        the explorer's keyset plans stay on the records' own indexes."""
+        meta = rows.model._meta
+        servers = meta.get_field("server").related_model._default_manager  # type: ignore[union-attr]
+        templates = meta.get_field("template").related_model._default_manager  # type: ignore[union-attr]
+        return Q(server__in=servers.filter(tenant__in=self._names).values("pk")) | Q(
+            template__in=templates.filter(tenant__in=self._names).values("pk")
+        )
 
     def traffic_sql(self) -> tuple[str, dict[str, Any]]:
-        """traffic()'s condition for raw SQL over a table with `tenant` and `server_id` columns."""
+        """traffic()'s condition in raw SQL, over a table with `tenant`, `server_id` and `template_id`."""
         if self.tenants is None:
             return "true", {}
-        condition = (
-            "(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND server_id IN "
-            "(SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s))))"
-        )
-        return condition, {"viewer_tenants": self._names}
+        return f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND {_OWNED_SQL}))", self._sql_params
+
+    def rollups_sql(self) -> tuple[str, dict[str, Any]]:
+        """rollups()'s condition in raw SQL, over a table with `server_id` and `template_id`."""
+        if self.tenants is None:
+            return "true", {}
+        return f"({_OWNED_SQL})", self._sql_params
+
+    @property
+    def _sql_params(self) -> dict[str, Any]:
+        return {"viewer_tenants": self._names}
 
     def regressions(self, regressions: QuerySet[M]) -> QuerySet[M]:
         """Regressions of the viewer's tenants, or of a server or template one of them owns."""

@@ -56,11 +56,11 @@ def proposed_servers(
 def _rows(
     servers: QuerySet[Server], *, now: datetime, window: timedelta, counters: dict[int, float], viewer: Viewer
 ) -> list[ServerRow]:
-    """Each server's requests and hit rate of the traffic the viewer sees (a shared server's: of the
-    viewer's tenants only); its own counters' hit rate is the server's, whoever's traffic it was."""
+    """Each server's requests and hit rate of the request rollups the viewer sees (a shared server's:
+    of the viewer's templates only); its own counters' hit rate is the server's, whoever's traffic."""
     totals = {
         row["server_id"]: row
-        for row in viewer.traffic(MinuteRollup.objects.all())
+        for row in viewer.rollups(MinuteRollup.objects.all())
         .filter(minute__gte=now - window, minute__lt=now, server__in=servers.values("pk"))
         .values("server_id")
         .annotate(

@@ -192,7 +192,7 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
         table = "traffic_losshour" if hours else "traffic_lossminute"
     else:
         table = "traffic_hourrollup" if hours else "traffic_minuterollup"
-    seen, params = viewer.traffic_sql()
+    seen, params = viewer.traffic_sql() if table.startswith("traffic_loss") else viewer.rollups_sql()
     if query.scope == "server":
         return table, f"server_id = %(id)s AND {seen}", {"id": _server_id(query.id, viewer), **params}
     if query.scope == "template":
