@@ -64,8 +64,8 @@ class Fleet:
     bravo_comparison: Comparison
     alpha_repository: TemplateRepository
     bravo_repository: TemplateRepository
-    alpha_family: PrefixFamily | None
-    bravo_family: PrefixFamily | None
+    alpha_family: PrefixFamily
+    bravo_family: PrefixFamily
 
 
 def _server(name: str, tenant: str) -> Server:
@@ -122,8 +122,8 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
     bravo_keys = _ingest(bravo_server, "bravo", "bravo-billing", [*two, "salt-b-1"], at=at)
     bravo_keys += _ingest(shared, "bravo", "bravo-billing", ["salt-a-2"], at=at + timedelta(seconds=6))
     # Without a template: each makes a prefix family, sampled on its tenant's server.
-    alpha_keys += _ingest(alpha_server, "alpha", "", ["with-request-id"], at=at + timedelta(seconds=8))
-    bravo_keys += _ingest(bravo_server, "bravo", "", ["report-full"], at=at + timedelta(seconds=9))
+    alpha_keys += _ingest(alpha_server, "alpha", "", ["evict-0"], at=at + timedelta(seconds=8))
+    bravo_keys += _ingest(bravo_server, "bravo", "", ["evict-1"], at=at + timedelta(seconds=9))
     # No tenant on a shared server: anyone's, so only admins see it (app/core/tenancy.py).
     _ingest(shared, "", "", ["shared-prefix-I"], at=at + timedelta(seconds=7))
     refresh_minute_rollups(since=at - timedelta(minutes=1), until=now)
@@ -141,13 +141,14 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
         )  # fmt: skip
         Template.objects.filter(pk=template.pk).update(repository=repositories[tenant])
     families = {f.sample_server_id: f for f in PrefixFamily.objects.all()}
+    assert set(families) == {alpha_server.pk, bravo_server.pk, shared.pk}
     alpha_user, bravo_user = _member("alpha-engineer", "alpha"), _member("bravo-engineer", "bravo")
     return Fleet(
         alpha_server, bravo_server, shared, alpha_keys, bravo_keys, alpha_template, bravo_template,
         _regression(alpha_template, "alpha", now), _regression(bravo_template, "bravo", now),
         _compared(alpha_keys[:2], alpha_user, now), _compared(bravo_keys[:2], bravo_user, now),
         repositories["alpha"], repositories["bravo"],
-        families.get(alpha_server.pk), families.get(bravo_server.pk),
+        families[alpha_server.pk], families[bravo_server.pk],
     )  # fmt: skip
 
 
@@ -208,9 +209,7 @@ PAGES = {
     "compare:detail": lambda f, own: [reverse("compare:detail", args=[_cmp(f, own).slug])],
     "prompts:repositories": lambda f, own: [reverse("prompts:repositories")],
     "prompts:families": lambda f, own: [reverse("prompts:families")],
-    "prompts:family": lambda f, own: [
-        reverse("prompts:family", args=[fam.pk]) for fam in [_fam(f, own)] if fam
-    ],
+    "prompts:family": lambda f, own: [reverse("prompts:family", args=[_fam(f, own).pk])],
     "regressions:list": lambda f, own: [reverse("regressions:list") + "?state=all"],
     "regressions:detail": lambda f, own: [reverse("regressions:detail", args=[_reg(f, own).pk])],
     "api:list_requests": lambda f, own: ["/api/v1/requests"],
@@ -284,7 +283,7 @@ def _repo(f: Fleet, own: bool) -> TemplateRepository:
     return f.alpha_repository if own else f.bravo_repository
 
 
-def _fam(f: Fleet, own: bool) -> PrefixFamily | None:
+def _fam(f: Fleet, own: bool) -> PrefixFamily:
     return f.alpha_family if own else f.bravo_family
 
 
@@ -319,6 +318,11 @@ def test_alpha_reads_its_own_rows_and_never_bravos(name: str, fleet: Fleet, alph
         assert response.status_code == 404, (url, response.status_code)
         # Nothing but the path asked for (a 404 page shows it, as for a row that does not exist).
         assert LEAK not in response.content.replace(url.split("?")[0].encode(), b""), url
+
+
+def test_the_miss_causes_sum_alphas_losses_only(fleet: Fleet, alpha: Client, admin: Client) -> None:
+    alphas, every = alpha.get("/api/v1/miss-causes").json(), admin.get("/api/v1/miss-causes").json()
+    assert 0 < sum(alphas.values()) < sum(every.values())
 
 
 def test_series_of_bravos_are_not_alphas(fleet: Fleet, alpha: Client, admin: Client) -> None:
@@ -419,11 +423,8 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     assert alpha.post(reverse("prompts:import-now", args=[fleet.bravo_repository.pk])).status_code == 404
     deploy = {"template": "alpha-support", "version": "1a2b3c4d5e6f", "server": "bravo-gpu"}
     assert alpha.post("/api/v1/deploys", deploy, content_type="application/json").status_code == 404
-    if fleet.bravo_family is not None:
-        patched = alpha.patch(
-            f"/api/v1/families/{fleet.bravo_family.pk}", {"name": "mine"}, content_type="application/json"
-        )
-        assert patched.status_code == 404
+    family = f"/api/v1/families/{fleet.bravo_family.pk}"
+    assert alpha.patch(family, {"name": "mine"}, content_type="application/json").status_code == 404
     assert (
         alpha.post(reverse("dashboard:proposed-server", args=[fleet.bravo_server.pk]), {}).status_code == 404
     )
