@@ -36,9 +36,8 @@ def start(request: HtmxHttpRequest) -> HttpResponse:
                 return redirect(compared.comparison)
             result = comparison_result(compared.comparison, compared.sides, now=now)
             return render(request, "compare/result.html", _result_context(result, None, now=now))
-    explorer = ExplorerFilter(
-        request.GET or None, auto_id="id_explorer_%s", viewer=viewer
-    )  # paste has "server"
+    # The paste form has a "server" field too: the explorer's ids are prefixed.
+    explorer = ExplorerFilter(request.GET or None, auto_id="id_explorer_%s", viewer=viewer)
     template = "compare/compare.html" + ("#request-list" if request.htmx else "")
     return render(request, template, _start_context(form, explorer, viewer=viewer, user_id=request.user.pk))
 

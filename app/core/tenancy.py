@@ -16,14 +16,14 @@ A user belongs to tenants (app/core/models.py Membership). Their `Viewer` filter
   the servers and templates its tenants own, as above. Its figures on a shared server come from
   the loss rollups, which name the tenant, or from the rows of its own templates.
 - A regression belongs to its tenant; one without (a server's, a template's or the fleet's) is an
-  aggregate of whatever traffic went through its viewer, and is seen through its server's or
+  aggregate of whatever traffic went through its scope, and is seen through its server's or
   template's owner only, else by admins alone (an aggregate of shared traffic is several tenants').
 
 Nothing here reads engine-wide figures (a server's own /metrics counters, its KV events): those are
 the server's, seen by whoever sees the server.
 
-A row out of viewer is absent, so its page answers 404, never 403: a viewer learns nothing of another
-tenant's servers or requests, not even that they exist.
+A row a viewer may not see is absent, so its page answers 404, never 403: a viewer learns nothing
+of another tenant's servers or requests, not even that they exist.
 """
 
 from dataclasses import dataclass

@@ -104,9 +104,10 @@ def families(request: HtmxHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def family(request: HtmxHttpRequest, family_id: int) -> HttpResponse:
     """One prefix family; staff name it and bind it to a template (later requests carry it)."""
-    found = get_object_or_404(selectors.families(viewer=viewer_of(request.user)), pk=family_id)
+    viewer = viewer_of(request.user)
+    found = get_object_or_404(selectors.families(viewer=viewer), pk=family_id)
     data = request.POST if request.method == "POST" else None
-    form = FamilyForm(data, initial={"name": found.name, "template": found.template})
+    form = FamilyForm(data, initial={"name": found.name, "template": found.template}, viewer=viewer)
     if request.method == "POST":
         if not request.user.is_staff:
             raise PermissionDenied
