@@ -14,12 +14,14 @@ from ninja import Field, Query, Router, Schema, Status
 from pydantic import model_validator
 
 from app.api.auth import READERS
+from app.api.viewers import caller_viewer
 from app.compare import selectors
 from app.compare.models import Comparison
 from app.compare.results import Result, comparison_result
 from app.compare.services import MAX_BLOCK_SIZE, ComparisonError, SideInput, create_comparison
 from app.compare.summary import Estimate
 from app.compare.tokenization import MAX_TOKEN_ID, Prompt, PromptError
+from app.core.tenancy import Viewer
 from app.domain.divergence import Side
 from app.fleet.models import Server
 
@@ -212,10 +214,10 @@ class BlocksQuery(Schema):
     url_name="compare-post",
 )
 def compare(request: HttpRequest, body: CompareIn) -> Any:
-    now = timezone.now()
+    now, viewer = timezone.now(), caller_viewer(request)
     try:
-        server = _server(body.server)
-        a, b = _side(body.a, previous_of=body.b), _side(body.b)
+        server = _server(body.server, viewer)
+        a, b = _side(body.a, viewer, previous_of=body.b), _side(body.b, viewer)
         compared = create_comparison(
             a=a, b=b, server=server, model=body.model or "", block_size=body.block_size,
             created_by=request.user, now=now,
@@ -236,7 +238,7 @@ def compare(request: HttpRequest, body: CompareIn) -> Any:
 )
 def get_comparison(request: HttpRequest, slug: str, query: Query[BlocksQuery]) -> Any:
     try:
-        comparison = selectors.comparison(slug)
+        comparison = selectors.comparison(slug, viewer=caller_viewer(request), user_id=request.user.pk)
     except Comparison.DoesNotExist:
         return Status(404, {"error": "no such comparison"})
     now = timezone.now()
@@ -244,20 +246,20 @@ def get_comparison(request: HttpRequest, slug: str, query: Query[BlocksQuery]) -
     return _answer(request, result, include_blocks=query.include_blocks, now=now)
 
 
-def _server(name: str | None) -> Server | None:
+def _server(name: str | None, viewer: Viewer) -> Server | None:
     if not name:
         return None
-    server = Server.objects.filter(name=name).first()
+    server = viewer.servers(Server.objects.filter(name=name)).first()
     if server is None:
         raise ComparisonError(f"no server named {name!r}")
     return server
 
 
-def _side(side: SideIn, *, previous_of: SideIn | None = None) -> SideInput:
+def _side(side: SideIn, viewer: Viewer, *, previous_of: SideIn | None = None) -> SideInput:
     if side.request is not None:
-        return SideInput(record=_key(side.request))
+        return SideInput(record=_key(side.request, viewer))
     if side.previous:
-        return _previous(previous_of)
+        return _previous(previous_of, viewer)
     if side.text is not None:
         prompt = Prompt(text=side.text)
     elif side.messages is not None:
@@ -267,15 +269,19 @@ def _side(side: SideIn, *, previous_of: SideIn | None = None) -> SideInput:
     return SideInput(prompt=prompt, cache_salt=side.cache_salt, lora_adapter=side.lora_adapter)
 
 
-def _key(request: RequestKeyIn) -> selectors.RecordKey:
-    server = _server(request.server)
+def _key(request: RequestKeyIn, viewer: Viewer) -> selectors.RecordKey:
+    """The key of a recorded request the caller sees; another tenant's is answered as a missing one."""
+    server = _server(request.server, viewer)
     assert server is not None
-    return selectors.RecordKey(server.pk, request.request_id, request.arrived_at)
+    key = selectors.RecordKey(server.pk, request.request_id, request.arrived_at)
+    if selectors.request_record(key, viewer=viewer) is None:
+        raise ComparisonError(f"no request {key.request_id!r} recorded at {key.arrived_at.isoformat()}")
+    return key
 
 
-def _previous(later: SideIn | None) -> SideInput:
+def _previous(later: SideIn | None, viewer: Viewer) -> SideInput:
     assert later is not None and later.request is not None  # CompareIn checked it
-    previous = selectors.previous_request_key(_key(later.request))
+    previous = selectors.previous_request_key(_key(later.request, viewer), viewer=viewer)
     if previous is None:
         raise ComparisonError("there is no earlier request on b's server under b's cache salt and model")
     return SideInput(record=previous)

@@ -10,6 +10,7 @@ from ninja import Field, Query, Router, Schema, Status
 
 from app.api.auth import READERS
 from app.api.schemas import ErrorAnswer
+from app.api.viewers import caller_viewer
 from app.traffic.selectors import (
     LOSS_GROUPS,
     DiagnosedRequest,
@@ -60,7 +61,7 @@ class Diagnosed(Schema):
     description="Every record of the request id on that server (one per arrival), newest first.",
 )
 def request_diagnosis(request: HttpRequest, server: str, request_id: str) -> Any:
-    found = diagnosed_requests(server_name=server, request_id=request_id)
+    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=caller_viewer(request))
     if not found:
         return Status(404, {"error": "no such request on that server"})
     return [diagnosed_answer(item) for item in found]
@@ -97,7 +98,8 @@ class CauseWindow(Schema):
 @router.get("/miss-causes", response=dict[str, int], summary="Prompt tokens lost per cause")
 def miss_causes(request: HttpRequest, window: Query[CauseWindow]) -> dict[str, int]:
     until = window.until or timezone.now()
-    return lost_tokens_by_cause(since=window.since or until - timedelta(hours=1), until=until)
+    since = window.since or until - timedelta(hours=1)
+    return lost_tokens_by_cause(since=since, until=until, viewer=caller_viewer(request))
 
 
 class LossQuery(CauseWindow):
@@ -125,7 +127,9 @@ class LossGroup(Schema):
 def loss_groups(request: HttpRequest, query: Query[LossQuery]) -> list[dict[str, Any]]:
     until = query.until or timezone.now()
     since = query.since or until - timedelta(hours=1)
-    found = losses(since=since, until=until, by=query.by, per_minute=query.per_minute)
+    found = losses(
+        since=since, until=until, by=query.by, per_minute=query.per_minute, viewer=caller_viewer(request)
+    )
     return [_loss_group(row, LOSS_GROUPS[query.by]) for row in found]
 
 
@@ -156,7 +160,8 @@ class Routing(Schema):
 )
 def routing(request: HttpRequest, window: Query[CauseWindow]) -> list[RoutingGroup]:
     until = window.until or timezone.now()
-    return routing_effectiveness(since=window.since or until - timedelta(hours=1), until=until)
+    since = window.since or until - timedelta(hours=1)
+    return routing_effectiveness(since=since, until=until, viewer=caller_viewer(request))
 
 
 class Tenant(Schema):
@@ -188,7 +193,7 @@ class Audit(Schema):
 @router.get("/tenants/audit", response=Audit, summary="Salt isolation per tenant, and unexpected hits")
 def tenants_audit(request: HttpRequest, window: Query[CauseWindow]) -> dict[str, Any]:
     until = window.until or timezone.now()
-    since = window.since or until - timedelta(hours=1)
+    since, viewer = window.since or until - timedelta(hours=1), caller_viewer(request)
     hits = [
         {
             "server": hit.server.name,
@@ -199,6 +204,6 @@ def tenants_audit(request: HttpRequest, window: Query[CauseWindow]) -> dict[str,
             "reused_tokens": hit.reused_tokens,
             "prompt_tokens": hit.prompt_tokens,
         }
-        for hit in unexpected_hits(since=since)
+        for hit in unexpected_hits(since=since, viewer=viewer)
     ]
-    return {"tenants": tenant_audit(since=since, until=until), "unexpected_hits": hits}
+    return {"tenants": tenant_audit(since=since, until=until, viewer=viewer), "unexpected_hits": hits}

@@ -15,6 +15,7 @@ from ninja.pagination import LimitOffsetPagination, paginate
 
 from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.api.templates import ErrorOut
+from app.api.viewers import caller_viewer
 from app.prompts import selectors, services
 from app.prompts.models import PrefixFamily, Template
 
@@ -67,7 +68,7 @@ class FamilyOut(Schema):
 )
 @paginate(LimitOffsetPagination)
 def list_families(request: HttpRequest) -> Any:
-    return selectors.families()  # sliced by the pagination: one page read
+    return selectors.families(viewer=caller_viewer(request))  # sliced by the pagination: one page read
 
 
 @router.patch(
@@ -81,13 +82,15 @@ def list_families(request: HttpRequest) -> Any:
     url_name="family",
 )
 def update_family(request: HttpRequest, family_id: int, body: FamilyIn) -> Any:
-    family = selectors.families().filter(pk=family_id).first()
+    viewer = caller_viewer(request)
+    family = selectors.families(viewer=viewer).filter(pk=family_id).first()
     if family is None:
         return Status(404, {"error": "no such family"})
     given = body.model_fields_set
     template = family.template
     if "template_id" in given:
-        template = Template.objects.filter(pk=body.template_id).first() if body.template_id else None
+        templates = viewer.templates(Template.objects.all())
+        template = templates.filter(pk=body.template_id).first() if body.template_id else None
         if body.template_id and template is None:
             return Status(404, {"error": "no such template"})
     name = body.name if "name" in given and body.name is not None else family.name

@@ -13,6 +13,8 @@ from ninja.pagination import LimitOffsetPagination, paginate
 
 from app.api.auth import PEOPLE, READ_AUTH, READERS
 from app.api.templates import ErrorOut, KillerOut, killer_out
+from app.api.viewers import caller_viewer
+from app.compare.killers import visible_killers
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
@@ -122,10 +124,15 @@ class RegressionOut(Schema):
         return regression.suspect_version.commit_sha if regression.suspect_version else None
 
     @staticmethod
-    def resolve_killers(regression: Regression) -> list[dict[str, Any]]:
+    def resolve_killers(regression: Regression, context: dict[str, Any]) -> list[dict[str, Any]]:
+        """The frozen killers, each listing the sample requests the caller sees."""
         frozen = evidence.frozen_killers(regression)
-        names = dict(Server.objects.values_list("pk", "name")) if frozen else {}
-        return [killer_out(f.killer, names, None, None) | {"found_at": f.found_at} for f in frozen]
+        if not frozen:
+            return []
+        viewer = caller_viewer(context["request"])
+        names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+        _, seen = visible_killers([f.killer for f in frozen], viewer=viewer)
+        return [killer_out(f.killer, names, None, None, seen) | {"found_at": f.found_at} for f in frozen]
 
     @staticmethod
     def resolve_webhook(regression: Regression) -> dict[str, Any]:
@@ -171,8 +178,9 @@ class NoteIn(Schema):
 @paginate(LimitOffsetPagination)
 def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
     return selectors.regressions(
-        state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or ""
-    )
+        state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or "",
+        viewer=caller_viewer(request),
+    )  # fmt: skip
 
 
 @router.get(
@@ -184,7 +192,9 @@ def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) ->
     url_name="regression",
 )
 def get_regression(request: HttpRequest, regression_id: int) -> Any:
-    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    regression = (
+        selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
+    )
     return regression if regression is not None else Status(404, {"error": "no such regression"})
 
 
@@ -198,7 +208,9 @@ def get_regression(request: HttpRequest, regression_id: int) -> Any:
     url_name="regression-note",
 )
 def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> Any:
-    regression = selectors.regressions(state="all").filter(pk=regression_id).first()
+    regression = (
+        selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
+    )
     if regression is None:
         return Status(404, {"error": "no such regression"})
     return services.note_regression(

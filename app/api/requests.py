@@ -13,6 +13,7 @@ from ninja import Field, Query, Router, Schema, Status
 from app.api.auth import READERS
 from app.api.diagnosis import Diagnosed, diagnosed_answer
 from app.api.ingest.rest import router as ingest_router
+from app.api.viewers import caller_viewer
 from app.compare.selectors import RecordKey, previous_request_key
 from app.domain.keyset import BadCursor
 from app.prompts.killers import may_read_prompts
@@ -97,7 +98,7 @@ class RequestList(Schema):
 def list_requests(request: HttpRequest, query: Query[RequestListQuery]) -> Any:
     params = {name: str(value) for name, value in query.dict().items() if value not in (None, "")}
     limit = _limit(params.pop("limit", None))
-    form = RequestFilterForm(params)
+    form = RequestFilterForm(params, viewer=caller_viewer(request))
     if limit is None or not form.is_valid():
         fields = {} if limit is not None else {"limit": [f"a whole number from 1 to {MAX_PAGE_SIZE}"]}
         fields |= {name: [str(e) for e in errors] for name, errors in form.errors.items()}
@@ -179,14 +180,15 @@ class RequestDetail(Diagnosed):
     description="Every record of the request id on that server (one per arrival), newest first.",
 )
 def request_detail(request: HttpRequest, server: str, request_id: str) -> Any:
-    found = diagnosed_requests(server_name=server, request_id=request_id)
+    viewer = caller_viewer(request)
+    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=viewer)
     if not found:
         return Status(404, {"code": "not_found", "message": "no such request on that server"})
     readable, now = may_read_prompts(request.user), timezone.now()
     answers = []
     for item in found:
         record = item.record
-        previous = previous_request_key(RecordKey.of(record))
+        previous = previous_request_key(RecordKey.of(record), viewer=viewer)
         earlier = (
             None
             if previous is None

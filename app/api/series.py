@@ -13,6 +13,7 @@ from django.utils import timezone
 from ninja import Field, Router, Schema, Status
 
 from app.api.auth import READERS
+from app.api.viewers import caller_viewer
 from app.traffic import series as traffic_series
 
 router = Router(tags=["series"])
@@ -79,7 +80,8 @@ def series(
     params = {"metric": metric, "scope": scope, "id": id, "since": since, "until": until,
               "bucket": bucket, "ttft": ttft}  # fmt: skip
     try:
-        found = traffic_series.series(traffic_series.parse_query(params, now=timezone.now()))
+        query = traffic_series.parse_query(params, now=timezone.now())
+        found = traffic_series.series(query, viewer=caller_viewer(request))
     except traffic_series.SeriesError as exc:
         return Status(400, SeriesError(code=exc.code, message=exc.message))
     if format == "csv" or (not format and "text/csv" in request.headers.get("Accept", "")):

@@ -19,7 +19,8 @@ from ninja.pagination import LimitOffsetPagination, paginate
 
 from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.api.models import IngestToken
-from app.compare.killers import Samples, killer_samples
+from app.api.viewers import caller_viewer
+from app.compare.killers import Samples, killer_samples, visible_killers
 from app.fleet.models import Server
 from app.prompts import git, killers, selectors, services, tasks, webhooks
 from app.prompts.models import CacheKiller, DeployMarker, Template, TemplateRepository, TemplateVersion
@@ -280,7 +281,9 @@ def register_repository(request: HttpRequest, body: RepositoryIn) -> Any:
     url_name="templates-repositories",
 )
 def list_repositories(request: HttpRequest) -> Any:
-    return [RepositoryOut.of(repository) for repository in selectors.repositories()]
+    return [
+        RepositoryOut.of(repository) for repository in selectors.repositories(viewer=caller_viewer(request))
+    ]
 
 
 @router.get(
@@ -292,7 +295,7 @@ def list_repositories(request: HttpRequest) -> Any:
     url_name="templates-repository",
 )
 def get_repository(request: HttpRequest, repository_id: int) -> Any:
-    repository = TemplateRepository.objects.filter(pk=repository_id).first()
+    repository = selectors.repositories(viewer=caller_viewer(request)).filter(pk=repository_id).first()
     if repository is None:
         return Status(404, {"error": "no such repository"})
     return RepositoryOut.of(repository)
@@ -307,7 +310,7 @@ def get_repository(request: HttpRequest, repository_id: int) -> Any:
     url_name="templates-repository-import",
 )
 def import_repository(request: HttpRequest, repository_id: int) -> Any:
-    repository = TemplateRepository.objects.filter(pk=repository_id).first()
+    repository = selectors.repositories(viewer=caller_viewer(request)).filter(pk=repository_id).first()
     if repository is None:
         return Status(404, {"error": "no such repository"})
     if not tasks.queue_import(repository.pk):
@@ -324,7 +327,7 @@ def import_repository(request: HttpRequest, repository_id: int) -> Any:
     url_name="templates",
 )
 def list_templates(request: HttpRequest) -> Any:
-    return [TemplateOut.of(template) for template in selectors.templates()]
+    return [TemplateOut.of(template) for template in selectors.templates(viewer=caller_viewer(request))]
 
 
 @router.get(
@@ -337,7 +340,7 @@ def list_templates(request: HttpRequest) -> Any:
 )
 @paginate(LimitOffsetPagination)
 def list_versions(request: HttpRequest, template_id: int) -> Any:
-    template = get_object_or_404(Template, pk=template_id)
+    template = get_object_or_404(selectors.templates(viewer=caller_viewer(request)), pk=template_id)
     return [VersionOut.of(version) for version in selectors.versions(template)]
 
 
@@ -350,7 +353,7 @@ def list_versions(request: HttpRequest, template_id: int) -> Any:
     url_name="template-version",
 )
 def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
-    template = Template.objects.filter(pk=template_id).first()
+    template = selectors.templates(viewer=caller_viewer(request)).filter(pk=template_id).first()
     version = selectors.find_version(template, name) if template else None
     if version is None:
         return Status(404, {"error": "no such template or version"})
@@ -369,28 +372,35 @@ def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
     url_name="template-killers",
 )
 def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQuery]) -> Any:
-    template = Template.objects.filter(pk=template_id).first()
+    viewer = caller_viewer(request)
+    template = selectors.templates(viewer=viewer).filter(pk=template_id).first()
     if template is None:
         return Status(404, {"error": "no such template"})
-    found = list(killers.template_killers(template.pk))
+    found, seen = visible_killers(list(killers.template_killers(template.pk)), viewer=viewer)
     texts: dict[int, Samples] | None = None
     if query.samples and killers.may_read_prompts(request.user):
-        texts = killer_samples(found, now=timezone.now())
+        texts = killer_samples(found, now=timezone.now(), viewer=viewer)
     missing = "the viewer may not read prompt text" if query.samples and texts is None else None
-    names = dict(Server.objects.values_list("pk", "name"))
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
     first = found[0] if found else None
     return {
         "template": template.name, "computed_at": first.computed_at if first else None,
         "window_start": first.window_start if first else None,
         "window_end": first.window_end if first else None,
-        "killers": [killer_out(k, names, texts.get(k.pk) if texts else None, missing) for k in found],
+        "killers": [killer_out(k, names, texts.get(k.pk) if texts else None, missing, seen) for k in found],
     }  # fmt: skip
 
 
 def killer_out(
-    killer: CacheKiller, names: dict[int, str], samples: Samples | None, missing: str | None
+    killer: CacheKiller,
+    names: dict[int, str],
+    samples: Samples | None,
+    missing: str | None,
+    seen: set[killers.SampleKey] | None = None,
 ) -> dict[str, Any]:
+    """A killer as KillerOut, listing the sample requests in `seen` (None: all of them)."""
     keys = [killers.SampleKey.of(stored) for stored in killer.samples]
+    keys = [key for key in keys if seen is None or key in seen]
     return {f: getattr(killer, f) for f in KILLER_FIELDS} | {
         "sample_requests": [
             {"server": names.get(k.server_id, "?"), "request_id": k.request_id, "arrived_at": k.arrived_at}
@@ -411,7 +421,8 @@ def killer_out(
     url_name="deploys-post",
 )
 def record_deploy(request: HttpRequest, body: DeployIn) -> Any:
-    server = Server.objects.filter(name=body.server).first() if body.server else None
+    servers = caller_viewer(request).servers(Server.objects.all())
+    server = servers.filter(name=body.server).first() if body.server else None
     if body.server and server is None:
         return Status(404, {"error": f"no server named {body.server!r}"})
     try:

@@ -4,9 +4,10 @@ from typing import Any
 
 from django import forms
 
-from app.compare.selectors import RecordKey, previous_request_key
+from app.compare.selectors import RecordKey, previous_request_key, request_record
 from app.compare.services import MAX_BLOCK_SIZE, SideInput
 from app.compare.tokenization import PromptError, parse_prompt
+from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
 from app.prompts.models import Template
 
@@ -36,10 +37,18 @@ class RecordPairForm(forms.Form):
     b = RecordKeyField(required=False)
     b_previous = RecordKeyField(required=False)
 
+    def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.viewer = viewer
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        # Another tenant's request is no more a recorded request to this viewer than a made-up key.
+        keys = [data[name] for name in ("a", "b", "b_previous") if data.get(name)]
+        if any(request_record(key, viewer=self.viewer) is None for key in keys):
+            raise forms.ValidationError("not a recorded request")
         if data.get("b_previous"):
-            previous = previous_request_key(data["b_previous"])
+            previous = previous_request_key(data["b_previous"], viewer=self.viewer)
             if previous is None:
                 raise forms.ValidationError(NO_PREVIOUS)
             data["a"], data["b"] = previous, data["b_previous"]
@@ -87,6 +96,11 @@ class PromptPairForm(forms.Form):
     a_salt = forms.CharField(label="A's cache salt", required=False, max_length=1024)
     b_salt = forms.CharField(label="B's cache salt", required=False, max_length=1024)
 
+    def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        servers = self.fields["server"].queryset  # type: ignore[attr-defined]
+        self.fields["server"].queryset = viewer.servers(servers)  # type: ignore[attr-defined]
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         for field in ("a_prompt", "b_prompt"):
@@ -109,9 +123,11 @@ class PromptPairForm(forms.Form):
         }
 
 
-def pair_form(data: Any) -> RecordPairForm | PromptPairForm:
-    """The form a POST filled in (its hidden ``mode``)."""
-    return RecordPairForm(data) if data.get("mode") == "records" else PromptPairForm(data)
+def pair_form(data: Any, *, viewer: Viewer = SEES_ALL) -> RecordPairForm | PromptPairForm:
+    """The form a POST filled in (its hidden ``mode``); recorded requests of those `viewer` sees."""
+    if data.get("mode") == "records":
+        return RecordPairForm(data, viewer=viewer)
+    return PromptPairForm(data, viewer=viewer)
 
 
 class ExplorerFilter(forms.Form):
@@ -123,3 +139,8 @@ class ExplorerFilter(forms.Form):
     server = forms.ModelChoiceField(
         queryset=Server.objects.all(), required=False, empty_label="any server", to_field_name="name"
     )
+
+    def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["template"].queryset = viewer.templates(Template.objects.all())  # type: ignore[attr-defined]
+        self.fields["server"].queryset = viewer.servers(Server.objects.all())  # type: ignore[attr-defined]

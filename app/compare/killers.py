@@ -26,10 +26,11 @@ from operator import or_
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from app.compare.tokenization import Detokenizer
 from app.core.retention import kept_token_ids_since
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.killers import Prompt, find_killers, sample_texts
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
@@ -161,20 +162,25 @@ class Samples:
     missing: str = ""
 
 
-def killer_samples(killers: Sequence[CacheKiller], *, now: datetime) -> dict[int, Samples]:
+def killer_samples(
+    killers: Sequence[CacheKiller], *, now: datetime, viewer: Viewer = SEES_ALL
+) -> dict[int, Samples]:
     """The samples' text of each killer (by id), decoded from its sample requests' token ids where
     retention still keeps them. Prompt text: call it only for a viewer who may read prompts
     (app.prompts.killers.may_read_prompts), and never log what it gives."""
     return {
         killer.pk: samples
-        for killer, samples in zip(killers, samples_in_order(killers, now=now), strict=True)
+        for killer, samples in zip(killers, samples_in_order(killers, now=now, viewer=viewer), strict=True)
     }
 
 
-def samples_in_order(killers: Sequence[CacheKiller], *, now: datetime) -> list[Samples]:
-    """``killer_samples`` in the killers' order, for killers not stored (a regression's frozen copies)."""
+def samples_in_order(
+    killers: Sequence[CacheKiller], *, now: datetime, viewer: Viewer = SEES_ALL
+) -> list[Samples]:
+    """``killer_samples`` in the killers' order, for killers not stored (a regression's frozen copies).
+    Only the text of sample requests the viewer sees."""
     keys = {SampleKey.of(stored) for killer in killers for stored in killer.samples}
-    tokens = _token_ids(keys, now=now)
+    tokens = _token_ids(keys, now=now, viewer=viewer)
     servers = {server.pk: server for server in Server.objects.all()}
     return [_samples_of(killer, tokens, servers) for killer in killers]
 
@@ -192,19 +198,46 @@ def _samples_of(
     return Samples(texts, "" if texts else "the sample requests end before the killer's token")
 
 
-def _token_ids(keys: set[SampleKey], *, now: datetime) -> dict[SampleKey, list[int]]:
-    """The token ids of these records that retention still keeps."""
+def _token_ids(keys: set[SampleKey], *, now: datetime, viewer: Viewer) -> dict[SampleKey, list[int]]:
+    """The token ids of these records that retention still keeps, and the viewer sees."""
     if not keys:
         return {}
-    wanted = reduce(
-        or_, (Q(server_id=k.server_id, request_id=k.request_id, arrived_at=k.arrived_at) for k in keys)
-    )
-    rows = RequestRecord.objects.filter(wanted, token_ids__isnull=False).values_list(
-        "server_id", "request_id", "arrived_at", "token_ids"
+    rows = (
+        _records(keys, viewer)
+        .filter(token_ids__isnull=False)
+        .values_list("server_id", "request_id", "arrived_at", "token_ids")
     )
     cutoff = kept_token_ids_since(now)
     return {
         SampleKey(server_id, request_id, arrived_at): ids
         for server_id, request_id, arrived_at, ids in rows
-        if keeps_token_ids(arrived_at, cutoff)
+        if ids is not None and keeps_token_ids(arrived_at, cutoff)
     }
+
+
+def _records(keys: set[SampleKey], viewer: Viewer) -> QuerySet[RequestRecord]:
+    wanted = reduce(
+        or_, (Q(server_id=k.server_id, request_id=k.request_id, arrived_at=k.arrived_at) for k in keys)
+    )
+    return viewer.traffic(RequestRecord.objects.all()).filter(wanted)
+
+
+def visible_killers(
+    killers: Sequence[CacheKiller], *, viewer: Viewer
+) -> tuple[list[CacheKiller], set[SampleKey]]:
+    """The killers a viewer sees, and which of their sample requests: a killer is found in the
+    traffic of a salt, which several tenants share when they send none, so a tenant sees a killer
+    when it sees one of its samples, and only those samples. Admins see all."""
+    keys = {SampleKey.of(stored) for killer in killers for stored in killer.samples}
+    if viewer.sees_all:
+        return list(killers), keys
+    seen = (
+        {
+            SampleKey(*row)
+            for row in _records(keys, viewer).values_list("server_id", "request_id", "arrived_at")
+        }
+        if keys
+        else set()
+    )
+    shown = [k for k in killers if any(SampleKey.of(stored) in seen for stored in k.samples)]
+    return shown, seen

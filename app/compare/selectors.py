@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from django.contrib.postgres.aggregates import RegrCount, RegrSlope
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.db.models.functions import Coalesce
 
 from app.compare.models import Comparison, ComparisonSide
 from app.compare.summary import PrefillSlope
 from app.core.retention import kept_token_ids_since
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.divergence import Compatibility, shared_leading_blocks
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
@@ -55,16 +56,18 @@ class RecordKey:
 # --- request records ---------------------------------------------------------------------------
 
 
-def request_record(key: RecordKey) -> RequestRecord | None:
-    """The record with this key, its server and template joined, or None."""
+def request_record(key: RecordKey, *, viewer: Viewer = SEES_ALL) -> RequestRecord | None:
+    """The record with this key, its server and template joined, or None (also when the viewer does
+    not see it)."""
     return (
-        RequestRecord.objects.select_related("server", "template", "template_version")
+        viewer.traffic(RequestRecord.objects.all())
+        .select_related("server", "template", "template_version")
         .filter(server_id=key.server_id, request_id=key.request_id, arrived_at=key.arrived_at)
         .first()
     )
 
 
-def previous_request_key(key: RecordKey) -> RecordKey | None:
+def previous_request_key(key: RecordKey, *, viewer: Viewer = SEES_ALL) -> RecordKey | None:
     """The earlier request vLLM could best have reused from when it served ``key``'s request.
 
     vLLM reuses a cached block only on the server that holds it, and only for a request under
@@ -73,19 +76,20 @@ def previous_request_key(key: RecordKey) -> RecordKey | None:
     one whose block hashes share the longest leading run with its own, and the latest of those
     that share as much (the latest of all when no hashes are recorded). It looks back
     PREVIOUS_LOOKBACK and at the latest PREVIOUS_CANDIDATES requests, so that a busy server's
-    history is not read whole. None when there is none, or no record with that key.
+    history is not read whole. None when there is none, or no record with that key; of the records
+    the viewer sees.
     """
     record = (
-        RequestRecord.objects.filter(
-            server_id=key.server_id, request_id=key.request_id, arrived_at=key.arrived_at
-        )
+        viewer.traffic(RequestRecord.objects.all())
+        .filter(server_id=key.server_id, request_id=key.request_id, arrived_at=key.arrived_at)
         .only("model", "salt_hash", "block_hashes")
         .first()
     )
     if record is None:
         return None
     candidates = (
-        RequestRecord.objects.filter(
+        viewer.traffic(RequestRecord.objects.all())
+        .filter(
             server_id=key.server_id,
             model=record.model,
             salt_hash=record.salt_hash,
@@ -111,11 +115,17 @@ class ExplorerRow:
 
 
 def recent_requests(
-    *, template_id: int | None = None, server_id: int | None = None, limit: int = 50
+    *,
+    template_id: int | None = None,
+    server_id: int | None = None,
+    limit: int = 50,
+    viewer: Viewer = SEES_ALL,
 ) -> list[ExplorerRow]:
-    """The latest request records, newest first, without their token ids or hashes (the explorer)."""
+    """The latest request records the viewer sees, newest first, without their token ids or hashes
+    (the explorer)."""
     records: QuerySet[RequestRecord] = (
-        RequestRecord.objects.select_related("server", "template", "template_version")
+        viewer.traffic(RequestRecord.objects.all())
+        .select_related("server", "template", "template_version")
         .defer("token_ids", "block_hashes")
         .annotate(has_tokens=Q(token_ids__isnull=False))
         .order_by("-arrived_at")
@@ -180,9 +190,25 @@ def prefill_slope(server: Server | None, *, now: datetime) -> PrefillSlope:
 # --- comparisons -------------------------------------------------------------------------------
 
 
-def comparison(slug: str) -> Comparison:
-    """The comparison with this slug, its sides prefetched. Raises Comparison.DoesNotExist."""
-    return Comparison.objects.prefetch_related("sides__server").get(slug=slug)
+def comparison(slug: str, *, viewer: Viewer = SEES_ALL, user_id: int | None = None) -> Comparison:
+    """The comparison with this slug, its sides prefetched. Raises Comparison.DoesNotExist, also for
+    one the viewer may not see (visible_comparisons)."""
+    return visible_comparisons(viewer, user_id=user_id).prefetch_related("sides__server").get(slug=slug)
+
+
+def visible_comparisons(viewer: Viewer, *, user_id: int | None) -> QuerySet[Comparison]:
+    """The comparisons a viewer sees: their own, and those of two recorded requests they see both of
+    (a regression's evidence pair, a colleague's link). A pasted prompt is its author's alone; a
+    comparison whose records retention dropped, its author's and admins'."""
+    if viewer.sees_all:
+        return Comparison.objects.all()
+    seen_record = viewer.traffic(RequestRecord.objects.all()).filter(
+        server_id=OuterRef("server_id"), request_id=OuterRef("request_id"), arrived_at=OuterRef("arrived_at")
+    )
+    unseen_side = ComparisonSide.objects.filter(comparison=OuterRef("pk")).exclude(
+        Q(source=ComparisonSide.Source.RECORD) & Q(Exists(seen_record))
+    )
+    return Comparison.objects.filter(Q(created_by_id=user_id) | ~Exists(unseen_side))
 
 
 def comparison_sides(comparison: Comparison) -> tuple[ComparisonSide, ComparisonSide]:
@@ -191,8 +217,10 @@ def comparison_sides(comparison: Comparison) -> tuple[ComparisonSide, Comparison
     return by_letter["a"], by_letter["b"]
 
 
-def recent_comparisons(*, limit: int = 10) -> QuerySet[Comparison]:
-    return Comparison.objects.prefetch_related("sides__server")[:limit]
+def recent_comparisons(
+    *, limit: int = 10, viewer: Viewer = SEES_ALL, user_id: int | None = None
+) -> QuerySet[Comparison]:
+    return visible_comparisons(viewer, user_id=user_id).prefetch_related("sides__server")[:limit]
 
 
 def tokens_kept(created_at: datetime, *, now: datetime) -> bool:

@@ -15,6 +15,7 @@ from app.compare.models import Comparison
 from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, create_comparison
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import Viewer, viewer_of
 
 
 @login_required
@@ -22,7 +23,8 @@ from app.core.http import HtmxHttpRequest
 def start(request: HtmxHttpRequest) -> HttpResponse:
     """Pick two recorded requests or paste two prompts. A valid POST saves the comparison and goes
     to its permalink, or shows it at once when the prompts' tokens may not be kept."""
-    form = pair_form(request.POST) if request.method == "POST" else None
+    viewer = viewer_of(request.user)
+    form = pair_form(request.POST, viewer=viewer) if request.method == "POST" else None
     if form is not None and form.is_valid():
         now = timezone.now()
         try:
@@ -34,9 +36,10 @@ def start(request: HtmxHttpRequest) -> HttpResponse:
                 return redirect(compared.comparison)
             result = comparison_result(compared.comparison, compared.sides, now=now)
             return render(request, "compare/result.html", _result_context(result, None, now=now))
-    explorer = ExplorerFilter(request.GET or None, auto_id="id_explorer_%s")  # the paste form has "server"
+    # The paste form has a "server" field too: the explorer's ids are prefixed.
+    explorer = ExplorerFilter(request.GET or None, auto_id="id_explorer_%s", viewer=viewer)
     template = "compare/compare.html" + ("#request-list" if request.htmx else "")
-    return render(request, template, _start_context(form, explorer))
+    return render(request, template, _start_context(form, explorer, viewer=viewer, user_id=request.user.pk))
 
 
 @login_required
@@ -45,7 +48,7 @@ def detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     """A comparison's permalink. ``side``, ``start`` and ``end`` open a fold: htmx gets the opened
     stretch alone (#token-run), a plain request the page with that stretch open."""
     try:
-        comparison = selectors.comparison(slug)
+        comparison = selectors.comparison(slug, viewer=viewer_of(request.user), user_id=request.user.pk)
     except Comparison.DoesNotExist:
         raise Http404("no such comparison") from None
     now = timezone.now()
@@ -81,15 +84,23 @@ def _result_context(result: Result, reveal: Reveal | None, *, now: datetime) -> 
     }
 
 
-def _start_context(form: RecordPairForm | PromptPairForm | None, explorer: ExplorerFilter) -> dict[str, Any]:
+def _start_context(
+    form: RecordPairForm | PromptPairForm | None,
+    explorer: ExplorerFilter,
+    *,
+    viewer: Viewer,
+    user_id: int | None,
+) -> dict[str, Any]:
     filters = explorer.cleaned_data if explorer.is_valid() else {}
     template, server = filters.get("template"), filters.get("server")
     return {
         "records_form": form if isinstance(form, RecordPairForm) else RecordPairForm(),
-        "prompts_form": form if isinstance(form, PromptPairForm) else PromptPairForm(),
+        "prompts_form": form if isinstance(form, PromptPairForm) else PromptPairForm(viewer=viewer),
         "explorer": explorer,
         "requests": selectors.recent_requests(
-            template_id=template.pk if template else None, server_id=server.pk if server else None
+            template_id=template.pk if template else None,
+            server_id=server.pk if server else None,
+            viewer=viewer,
         ),
-        "comparisons": selectors.recent_comparisons(),
+        "comparisons": selectors.recent_comparisons(viewer=viewer, user_id=user_id),
     }

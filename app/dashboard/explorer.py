@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET
 from app.compare.selectors import RecordKey, previous_request_key
 from app.compare.tokenization import Detokenizer
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.domain.keyset import BadCursor
 from app.prompts.killers import may_read_prompts
 from app.traffic.explorer import (
@@ -40,7 +41,7 @@ from app.traffic.selectors import DiagnosedRequest
 def requests_explorer(request: HtmxHttpRequest) -> HttpResponse:
     """The filter form and one page of matching requests; invalid filters or a cursor of other
     filters show the form with its errors and no rows (status 400)."""
-    form = RequestFilterForm(request.GET)
+    form = RequestFilterForm(request.GET, viewer=viewer_of(request.user))
     context: dict[str, object] = {"form": form, "page": None, "next_url": None, "first_url": None}
     if form.is_valid():
         filters = form.filters(now=timezone.now())
@@ -154,14 +155,19 @@ class PromptShown:
 
 
 def request_extras(
-    found: DiagnosedRequest, *, user: AbstractBaseUser | AnonymousUser, names: dict[int, str], now: datetime
+    found: DiagnosedRequest,
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    names: dict[int, str],
+    now: datetime,
+    viewer: Viewer = SEES_ALL,
 ) -> dict[str, object]:
     """What the request page shows of one arrival beside its diagnosis: its key for Compare, the
     earlier request Compare pairs it with, its block chain, and its prompt for a viewer who may."""
     record = found.record
     key = RecordKey.of(record)
     ids = kept_token_ids(record, now=now) if may_read_prompts(user) else None
-    previous = previous_request_key(key)
+    previous = previous_request_key(key, viewer=viewer)
     previous_url = (
         reverse("dashboard:request-detail", args=[names.get(previous.server_id, "?"), previous.request_id])
         if previous is not None

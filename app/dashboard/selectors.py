@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Max, QuerySet, Sum
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.hitrate import counter_increase
 from app.fleet.models import Server
 from app.traffic.models import KVGap, KVStream, MinuteRollup, RejectedInput, ScrapeSample
@@ -27,32 +28,40 @@ class ServerRow:
         return None if self.counter_hit_rate is None else 100 * self.counter_hit_rate
 
 
-def fleet_overview(*, now: datetime, window: timedelta = timedelta(hours=1)) -> list[ServerRow]:
+def fleet_overview(
+    *, now: datetime, window: timedelta = timedelta(hours=1), viewer: Viewer = SEES_ALL
+) -> list[ServerRow]:
     """Every registered server's requests and hit rates over the last `window` (proposed
     servers are left out: see proposed_servers).
 
     Two hit rates, because they come from different places: the one of recorded requests (from
     rollups) and the one of the server's own counters (from scraped /metrics).
     """
-    servers = Server.objects.exclude(state=Server.State.PROPOSED)
-    return _rows(servers, now=now, window=window, counters=counter_hit_rates(since=now - window, until=now))
+    servers = viewer.servers(Server.objects.exclude(state=Server.State.PROPOSED))
+    counters = counter_hit_rates(since=now - window, until=now)
+    return _rows(servers, now=now, window=window, counters=counters, viewer=viewer)
 
 
-def proposed_servers(*, now: datetime, window: timedelta = timedelta(hours=1)) -> list[ServerRow]:
+def proposed_servers(
+    *, now: datetime, window: timedelta = timedelta(hours=1), viewer: Viewer = SEES_ALL
+) -> list[ServerRow]:
     """Servers that ingested data named and no person registered (a typo, a span without a
     server attribute), oldest first, with their requests over the last `window`."""
-    servers = Server.objects.filter(state=Server.State.PROPOSED).order_by("created_at", "name")
-    return _rows(servers, now=now, window=window, counters={})
+    servers = viewer.servers(Server.objects.filter(state=Server.State.PROPOSED)).order_by(
+        "created_at", "name"
+    )
+    return _rows(servers, now=now, window=window, counters={}, viewer=viewer)
 
 
 def _rows(
-    servers: QuerySet[Server], *, now: datetime, window: timedelta, counters: dict[int, float]
+    servers: QuerySet[Server], *, now: datetime, window: timedelta, counters: dict[int, float], viewer: Viewer
 ) -> list[ServerRow]:
+    """Each server's requests and hit rate of the request rollups the viewer sees (a shared server's:
+    of the viewer's templates only); its own counters' hit rate is the server's, whoever's traffic."""
     totals = {
         row["server_id"]: row
-        for row in MinuteRollup.objects.filter(
-            minute__gte=now - window, minute__lt=now, server__in=servers.values("pk")
-        )
+        for row in viewer.rollups(MinuteRollup.objects.all())
+        .filter(minute__gte=now - window, minute__lt=now, server__in=servers.values("pk"))
         .values("server_id")
         .annotate(
             requests=Sum("requests"), known=Sum("cache_known_prompt_tokens"), cached=Sum("cached_tokens")
@@ -102,21 +111,37 @@ class CollectionRow:
     rejected: int
 
 
-def collection_health() -> tuple[list[CollectionRow], list[RejectedInput], list[KVGap]]:
-    """Per-server collection state, the rejection tallies by reason, and the latest gaps."""
+def collection_health(
+    *, viewer: Viewer = SEES_ALL
+) -> tuple[list[CollectionRow], list[RejectedInput], list[KVGap]]:
+    """Per-server collection state, the rejection tallies by reason, and the latest gaps, of the
+    servers the viewer sees."""
     last_event = dict(
-        KVStream.objects.values("server_id").annotate(at=Max("last_event_at")).values_list("server_id", "at")
+        viewer.by_server(KVStream.objects.all())
+        .values("server_id")
+        .annotate(at=Max("last_event_at"))
+        .values_list("server_id", "at")
     )
-    lost = dict(KVGap.objects.values("server_id").annotate(n=Sum("lost")).values_list("server_id", "n"))
+    lost = dict(
+        viewer.by_server(KVGap.objects.all())
+        .values("server_id")
+        .annotate(n=Sum("lost"))
+        .values_list("server_id", "n")
+    )
     rejected = dict(
-        RejectedInput.objects.values("server_id").annotate(n=Sum("count")).values_list("server_id", "n")
+        viewer.by_server(RejectedInput.objects.all())
+        .values("server_id")
+        .annotate(n=Sum("count"))
+        .values_list("server_id", "n")
     )
     rows = [
         CollectionRow(
             server, last_event.get(server.pk), lost.get(server.pk) or 0, rejected.get(server.pk) or 0
         )
-        for server in Server.objects.all()
+        for server in viewer.servers(Server.objects.all())
     ]
-    reasons = list(RejectedInput.objects.select_related("server").order_by("-last_seen_at")[:50])
-    gaps = list(KVGap.objects.select_related("server")[:50])
+    reasons = list(
+        viewer.by_server(RejectedInput.objects.all()).select_related("server").order_by("-last_seen_at")[:50]
+    )
+    gaps = list(viewer.by_server(KVGap.objects.all()).select_related("server")[:50])
     return rows, reasons, gaps

@@ -17,6 +17,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.fleet.models import Server
 from app.traffic import series as traffic_series
 from app.traffic.models import RequestDiagnosis
@@ -100,15 +101,19 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
     """A server by id or name: its charts over the window in the URL, or one chart's CSV."""
     if "\x00" in server:
         raise Http404("no such server")
-    found = get_object_or_404(Server, **({"pk": int(server)} if is_key(server) else {"name": server}))
+    viewer = viewer_of(request.user)
+    found = get_object_or_404(
+        viewer.servers(Server.objects.all()), **({"pk": int(server)} if is_key(server) else {"name": server})
+    )
     window = picked_window(request.GET, now=timezone.now())
-    charts = server_charts(found, window)
+    charts = server_charts(found, window, viewer=viewer)
     if request.GET.get("format") == "csv":
         return _chart_csv(found, charts, request.GET.get("chart", ""))
     context = {"server": found, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
                "residency": _residency_rows(found, window),
-               "lost": _lost(found, window),
-               "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until),
+               "lost": _lost(found, window, viewer),
+               "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until,
+                                       viewer=viewer),
                "query": urlencode(window.params())}  # fmt: skip
     return render(request, "dashboard/server.html", context)
 
@@ -149,14 +154,15 @@ def _custom(params: Mapping[str, str], *, ttft: str, now: datetime) -> Window:
     return Window("custom", query.since, query.until, query.bucket, ttft)
 
 
-def server_charts(server: Server, window: Window) -> list[Chart]:
-    """The page's charts, each from the series API's selectors over the same window and bucket."""
+def server_charts(server: Server, window: Window, *, viewer: Viewer = SEES_ALL) -> list[Chart]:
+    """The page's charts, each from the series API's selectors over the same window and bucket, of
+    the traffic the viewer sees (the server's own readings are the server's, whoever's traffic)."""
 
     def read(metric: str) -> list[Series]:
         query = SeriesQuery(
             metric, "server", str(server.pk), window.since, window.until, window.bucket, window.ttft
         )
-        return traffic_series.series(query).series
+        return traffic_series.series(query, viewer=viewer).series
 
     requests = read("requests")[0]
     recorded = Series("recorded_rate", [None if v is None else v / window.bucket for v in requests.values])
@@ -220,8 +226,8 @@ def _spread_cells(spread: Spread | None) -> list[str] | None:
     ]
 
 
-def _lost(server: Server, window: Window) -> list[tuple[str, int]]:
-    lost = lost_tokens_by_cause(since=window.since, until=window.until, server_id=server.pk)
+def _lost(server: Server, window: Window, viewer: Viewer) -> list[tuple[str, int]]:
+    lost = lost_tokens_by_cause(since=window.since, until=window.until, server_id=server.pk, viewer=viewer)
     labels = dict(RequestDiagnosis.Cause.choices)
     return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
 

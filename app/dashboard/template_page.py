@@ -22,11 +22,12 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
 
-from app.compare.killers import killer_samples
+from app.compare.killers import killer_samples, visible_killers
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard import template_selectors as selectors
 from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
-from app.dashboard.template_selectors import Effect, LiveVersion, Servers, Totals
+from app.dashboard.template_selectors import Effect, LiveVersion, Totals
 from app.dashboard.views import _interval, _killer_rows
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
 from app.domain.prefill import prefill_tokens_per_second
@@ -79,18 +80,18 @@ def _sort_key(key: str) -> Any:
     return values[key]
 
 
-def template_rows(window: Window, *, sort: str, servers: Servers = None) -> list[TemplateRow]:
+def template_rows(window: Window, *, sort: str, viewer: Viewer = SEES_ALL) -> list[TemplateRow]:
     """Every template with its figures over the window and the one before, sorted by `sort`
     (a field of SORTS, "-" first for descending); templates without a figure last."""
     length = window.until - window.since
-    now = selectors.totals_by_template(since=window.since, until=window.until, servers=servers)
-    before = selectors.totals_by_template(since=window.since - length, until=window.since, servers=servers)
-    lost = selectors.lost_by_template(since=window.since, until=window.until, servers=servers)
-    regressions = selectors.open_regressions_by_template(servers=servers)
+    now = selectors.totals_by_template(since=window.since, until=window.until, viewer=viewer)
+    before = selectors.totals_by_template(since=window.since - length, until=window.since, viewer=viewer)
+    lost = selectors.lost_by_template(since=window.since, until=window.until, viewer=viewer)
+    regressions = selectors.open_regressions_by_template(viewer=viewer)
     rows = [
         TemplateRow(t, now.get(t.pk, Totals()), before.get(t.pk, Totals()),
                     sum(lost.get(t.pk, {}).values()), regressions.get(t.pk, 0))
-        for t in Template.objects.all()
+        for t in viewer.templates(Template.objects.all())
     ]  # fmt: skip
     field = sort.lstrip("-")
     value = _sort_key(field if field in SORTS else "lost")
@@ -104,7 +105,7 @@ def template_list(request: HtmxHttpRequest) -> HttpResponse:
     window = picked_window(request.GET, now=timezone.now())
     sort = request.GET.get("sort", "-lost")
     sort = sort if sort.lstrip("-") in SORTS else "-lost"
-    rows = template_rows(window, sort=sort)
+    rows = template_rows(window, sort=sort, viewer=viewer_of(request.user))
     query = urlencode(window.params())
     headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))
                for field, label in (("name", "Template"), ("requests", "Requests"), ("hit_rate", "Hit rate"),
@@ -141,41 +142,50 @@ class MarkedChart(Chart):
 @login_required
 def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     """A template's page over the window in the URL, one chart's CSV, or (htmx) one version's panel."""
-    template = get_object_or_404(Template.objects.select_related("repository"), pk=template_id)
+    viewer = viewer_of(request.user)
+    template = get_object_or_404(
+        viewer.templates(Template.objects.select_related("repository")), pk=template_id
+    )
     now = timezone.now()
     window = picked_window(request.GET, now=now)
     query = urlencode(window.params())
     versions = selectors.live_versions(template.pk)
-    charts = template_charts(template, window, versions, query=query)
+    charts = template_charts(template, window, versions, query=query, viewer=viewer)
     if request.GET.get("format") == "csv":
         return _chart_csv(template, charts, request.GET.get("chart", ""))
-    picked = _version_panel(template, _picked_version(request.GET.get("version", ""), versions), now=now)
+    picked = _version_panel(
+        template, _picked_version(request.GET.get("version", ""), versions), now=now, viewer=viewer
+    )
     context = {"template": template, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
                "query": query, "versions": versions, "version": picked}  # fmt: skip
     if request.htmx and request.htmx.target == "version-panel":
         return render(request, "dashboard/template.html#version-panel", context)
-    totals = selectors.template_totals(template_id=template.pk, since=window.since, until=window.until)
-    lost = selectors.lost_by_template(since=window.since, until=window.until, template_id=template.pk)
+    totals = selectors.template_totals(
+        template_id=template.pk, since=window.since, until=window.until, viewer=viewer
+    )
+    lost = selectors.lost_by_template(
+        since=window.since, until=window.until, template_id=template.pk, viewer=viewer
+    )
     lost_here = lost.get(template.pk, {})
     context |= {"totals": totals, "hit_rate": _percent(totals.hit_rate), "lost": _lost_rows(lost_here),
                 "lost_total": sum(lost_here.values()),
-                "cost": template_cost(template.pk, window, lost_here),
-                "memory": prefix_memory(template.pk, window),
-                "families": list(selectors.families_of(template.pk)[:50]),
-                "regressions": list(selectors.regressions_of(template.pk)),
-                **_killers(request, template, now=now)}  # fmt: skip
+                "cost": template_cost(template.pk, window, lost_here, viewer=viewer),
+                "memory": prefix_memory(template.pk, window, viewer=viewer),
+                "families": list(selectors.families_of(template.pk, viewer=viewer)[:50]),
+                "regressions": list(selectors.regressions_of(template.pk, viewer=viewer)),
+                **_killers(request, template, now=now, viewer=viewer)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 
 
 def template_charts(
-    template: Template, window: Window, versions: list[LiveVersion], *, query: str
+    template: Template, window: Window, versions: list[LiveVersion], *, query: str, viewer: Viewer = SEES_ALL
 ) -> list[MarkedChart]:
     """Hit rate, TTFT, lost tokens by cause and requests, read as the series API reads a template."""
 
     def read(metric: str) -> list[Series]:
         asked = SeriesQuery(metric, "template", str(template.pk), window.since, window.until, window.bucket,
                             window.ttft)  # fmt: skip
-        return traffic_series.series(asked).series
+        return traffic_series.series(asked, viewer=viewer).series
 
     ttft = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
     markers = tuple(_marker(v, template, query) for v in versions
@@ -231,7 +241,9 @@ class VersionPanel:
         return "no hit rate on one side" if change is None else f"{100 * change:+.1f} percentage points"
 
 
-def _version_panel(template: Template, live: LiveVersion | None, *, now: datetime) -> VersionPanel | None:
+def _version_panel(
+    template: Template, live: LiveVersion | None, *, now: datetime, viewer: Viewer
+) -> VersionPanel | None:
     if live is None:
         return None
     version = live.version
@@ -241,7 +253,7 @@ def _version_panel(template: Template, live: LiveVersion | None, *, now: datetim
     effect = None
     if live.live_at is not None:
         effect = selectors.version_effect(template_id=template.pk, live_at=live.live_at, now=now,
-                                          minutes=EFFECT_MINUTES)  # fmt: skip
+                                          minutes=EFFECT_MINUTES, viewer=viewer)  # fmt: skip
     before = LiveVersion(previous, None, "") if previous else None
     return VersionPanel(live, before, diff_rows(version.diff), effect)
 
@@ -273,14 +285,18 @@ class Cost:
     gpu_hour_price: float
 
 
-def template_cost(template_id: int, window: Window, lost: dict[str, int]) -> Cost:
+def template_cost(
+    template_id: int, window: Window, lost: dict[str, int], *, viewer: Viewer = SEES_ALL
+) -> Cost:
     """What its lost reuse costs, as a regression's cost is reckoned (app/regressions/services.py):
     prompt tokens prefilled that a cache could have served, per hour of the window; GPU seconds at the
     prefill rate measured from its requests' TTFT over uncached tokens, else the configured rate;
     money at the configured GPU-hour price."""
     avoidable = sum(tokens for cause, tokens in lost.items() if cause not in UNAVOIDABLE)
     hours = (window.until - window.since) / timedelta(hours=1)
-    sums = selectors.prefill_sums(template_id=template_id, since=window.since, until=window.until)
+    sums = selectors.prefill_sums(
+        template_id=template_id, since=window.since, until=window.until, viewer=viewer
+    )
     measured = prefill_tokens_per_second(sums)
     rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
     per_hour = avoidable / hours
@@ -299,11 +315,13 @@ class MemoryRow:
     prefix_bytes: int | None
 
 
-def prefix_memory(template_id: int, window: Window) -> list[MemoryRow]:
+def prefix_memory(template_id: int, window: Window, *, viewer: Viewer = SEES_ALL) -> list[MemoryRow]:
     """Per server that served the template in the window, the KV memory one copy of its reused prefix
     holds there: the tokens its requests reused on average, times the KV bytes per token of the
     server's model (PREFIXSCOPE_MODEL_KV_SHAPES, app/domain/kvmemory.py)."""
-    found = selectors.totals_by_server(template_id=template_id, since=window.since, until=window.until)
+    found = selectors.totals_by_server(
+        template_id=template_id, since=window.since, until=window.until, viewer=viewer
+    )
     servers = Server.objects.in_bulk(list(found))
     rows = []
     for server_id, totals in sorted(found.items(), key=lambda pair: servers[pair[0]].name):
@@ -318,11 +336,13 @@ def prefix_memory(template_id: int, window: Window) -> list[MemoryRow]:
     return rows
 
 
-def _killers(request: HtmxHttpRequest, template: Template, *, now: datetime) -> dict[str, Any]:
-    found = list(template_killers(template.pk))
+def _killers(
+    request: HtmxHttpRequest, template: Template, *, now: datetime, viewer: Viewer
+) -> dict[str, Any]:
+    found, seen = visible_killers(list(template_killers(template.pk)), viewer=viewer)
     readable = may_read_prompts(request.user)
-    samples = killer_samples(found, now=now) if readable else {}
-    names = dict(Server.objects.values_list("pk", "name"))
-    return {"killers": _killer_rows(found, names, samples), "readable": readable,
+    samples = killer_samples(found, now=now, viewer=viewer) if readable else {}
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+    return {"killers": _killer_rows(found, names, samples, seen=seen), "readable": readable,
             "latest": found[0] if found else None,
             "every": _interval(settings.PREFIXSCOPE_KILLER_EVERY_SECONDS)}  # fmt: skip

@@ -1,24 +1,22 @@
 """Reads behind the Templates list and a template's page: sums of the request and loss rollups per
 template over a window (the hourly ones for a window of whole hours), never raw request records.
 
-Every read takes `servers`, the ids of the servers a viewer may see (None: every one), so that a
-viewer's tenants can narrow them later without another query shape.
+Every read takes the `viewer` (app/core/tenancy.py): a tenant's user sums only the rows it may see.
 """
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet, Sum
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily, TemplateVersion
 from app.regressions.models import Regression
 from app.traffic.models import HourRollup, LossHour, LossMinute, MinuteRollup
 from app.traffic.selectors import LOST_COLUMNS
-
-Servers = Collection[int] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,28 +42,28 @@ def _whole_hours(since: datetime, until: datetime) -> bool:
     return all(moment.minute == moment.second == moment.microsecond == 0 for moment in (since, until))
 
 
-def _requests(since: datetime, until: datetime, servers: Servers) -> QuerySet[Any]:
+def _requests(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]:
     """The request rollup rows of [since, until): by the hour when both ends are whole hours."""
     if _whole_hours(since, until):
         rows: QuerySet[Any] = HourRollup.objects.filter(hour__gte=since, hour__lt=until)
     else:
         rows = MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
-    return rows if servers is None else rows.filter(server_id__in=servers)
+    return viewer.rollups(rows)
 
 
-def _losses(since: datetime, until: datetime, servers: Servers) -> QuerySet[Any]:
+def _losses(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]:
     if _whole_hours(since, until):
         rows: QuerySet[Any] = LossHour.objects.filter(hour__gte=since, hour__lt=until)
     else:
         rows = LossMinute.objects.filter(minute__gte=since, minute__lt=until)
-    return rows if servers is None else rows.filter(server_id__in=servers)
+    return viewer.traffic(rows)
 
 
 def totals_by_template(
-    *, since: datetime, until: datetime, servers: Servers = None, template_id: int | None = None
+    *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL, template_id: int | None = None
 ) -> dict[int, Totals]:
     """Each template's totals over [since, until) (templates without requests left out)."""
-    rows = _requests(since, until, servers).filter(template__isnull=False)
+    rows = _requests(since, until, viewer).filter(template__isnull=False)
     if template_id is not None:
         rows = rows.filter(template_id=template_id)
     summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
@@ -75,27 +73,29 @@ def totals_by_template(
 
 
 def totals_by_server(
-    *, template_id: int, since: datetime, until: datetime, servers: Servers = None
+    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
 ) -> dict[int, Totals]:
     """One template's totals over [since, until) per server that served it."""
-    rows = _requests(since, until, servers).filter(template_id=template_id)
+    rows = _requests(since, until, viewer).filter(template_id=template_id)
     summed: Iterable[dict[str, Any]] = rows.values("server_id").annotate(
         **{name: Sum(name) for name in _TOTALS}
     )
     return {row["server_id"]: Totals(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
 
 
-def template_totals(*, template_id: int, since: datetime, until: datetime, servers: Servers = None) -> Totals:
-    return totals_by_template(since=since, until=until, servers=servers, template_id=template_id).get(
+def template_totals(
+    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
+) -> Totals:
+    return totals_by_template(since=since, until=until, viewer=viewer, template_id=template_id).get(
         template_id, Totals()
     )
 
 
 def lost_by_template(
-    *, since: datetime, until: datetime, servers: Servers = None, template_id: int | None = None
+    *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL, template_id: int | None = None
 ) -> dict[int, dict[str, int]]:
     """Each template's prompt tokens lost per miss cause over [since, until), from the loss rollups."""
-    rows = _losses(since, until, servers).filter(template__isnull=False)
+    rows = _losses(since, until, viewer).filter(template__isnull=False)
     if template_id is not None:
         rows = rows.filter(template_id=template_id)
     summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
@@ -104,32 +104,30 @@ def lost_by_template(
     return {row["template_id"]: {cause: row[cause] or 0 for cause in LOST_COLUMNS} for row in summed}
 
 
-def open_regressions_by_template(*, servers: Servers = None) -> dict[int, int]:
+def open_regressions_by_template(*, viewer: Viewer = SEES_ALL) -> dict[int, int]:
     """How many regressions of each template are open or acknowledged (neither resolved nor muted);
     a regression of the template on one server counts where that server is visible."""
     found = Regression.objects.filter(
         template__isnull=False, state__in=(Regression.State.OPEN, Regression.State.ACKNOWLEDGED)
     )
-    if servers is not None:
-        found = found.filter(Q(server__isnull=True) | Q(server_id__in=servers))
+    found = viewer.regressions(found)
     counted = found.values("template_id").annotate(open=Count("id"))
     return {row["template_id"]: row["open"] for row in counted}
 
 
-def regressions_of(template_id: int, *, servers: Servers = None, limit: int = 20) -> QuerySet[Regression]:
+def regressions_of(template_id: int, *, viewer: Viewer = SEES_ALL, limit: int = 20) -> QuerySet[Regression]:
     """The template's regressions (on any of its scopes), unresolved first, then newest change first."""
     found = Regression.objects.filter(template_id=template_id).select_related("server", "suspect_version")
-    if servers is not None:
-        found = found.filter(Q(server__isnull=True) | Q(server_id__in=servers))
+    found = viewer.regressions(found)
     return found.order_by("resolved_at", "-changed_at")[:limit]
 
 
 def prefill_sums(
-    *, template_id: int, since: datetime, until: datetime, servers: Servers = None
+    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
 ) -> PrefillSums:
     """The TTFT-over-uncached-tokens sums of the template's requests (app/domain/prefill.py)."""
     found = (
-        _requests(since, until, servers)
+        _requests(since, until, viewer)
         .filter(template_id=template_id)
         .aggregate(
             count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
@@ -182,18 +180,20 @@ class Effect:
 
 
 def version_effect(
-    *, template_id: int, live_at: datetime, now: datetime, minutes: int = 60, servers: Servers = None
+    *, template_id: int, live_at: datetime, now: datetime, minutes: int = 60, viewer: Viewer = SEES_ALL
 ) -> Effect:
     """The template's hit rate in the `minutes` after `live_at` (to now at most) and in as many before it,
     in whole minutes: the minute it went live counts as after."""
     start = live_at.replace(second=0, microsecond=0)
     end = min(start + timedelta(minutes=minutes), now.replace(second=0, microsecond=0))
     span = max(end - start, timedelta(minutes=1))
-    after = template_totals(template_id=template_id, since=start, until=start + span, servers=servers)
-    before = template_totals(template_id=template_id, since=start - span, until=start, servers=servers)
+    after = template_totals(template_id=template_id, since=start, until=start + span, viewer=viewer)
+    before = template_totals(template_id=template_id, since=start - span, until=start, viewer=viewer)
     return Effect(int(span.total_seconds() // 60), before, after)
 
 
-def families_of(template_id: int) -> QuerySet[PrefixFamily]:
+def families_of(template_id: int, *, viewer: Viewer = SEES_ALL) -> QuerySet[PrefixFamily]:
     """The prefix families bound to the template, most requests first."""
-    return PrefixFamily.objects.filter(template_id=template_id).select_related("sample_server")
+    return viewer.families(PrefixFamily.objects.filter(template_id=template_id)).select_related(
+        "sample_server"
+    )

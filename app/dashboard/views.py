@@ -6,7 +6,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -14,8 +14,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from app.compare.killers import Samples
+from app.compare.killers import Samples, visible_killers
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import Viewer, viewer_of
 from app.dashboard.explorer import request_extras
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.metrics import PrefixscopeCollector
@@ -54,7 +55,7 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     template = "dashboard/home.html"
     if request.htmx:
         template += "#fleet-table"
-    return render(request, template, _fleet())
+    return render(request, template, _fleet(viewer=viewer_of(request.user)))
 
 
 @login_required
@@ -65,17 +66,20 @@ def proposed_server(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
     partial, and an event that refreshes the fleet table once the fleet changed."""
     if not request.user.is_staff:
         raise PermissionDenied
+    viewer = viewer_of(request.user)
+    if not viewer.servers(Server.objects.filter(pk=server_id)).exists():
+        raise Http404("no such server")
     form = ProposedServerForm(request.POST, auto_id=f"proposed-{server_id}-%s")
     if not form.is_valid():
         template = "dashboard/home.html" + ("#proposed-servers" if request.htmx else "")
-        return render(request, template, _fleet(invalid={server_id: form}))
+        return render(request, template, _fleet(invalid={server_id: form}, viewer=viewer))
     try:
         messages.success(request, _decide(server_id, form.cleaned_data))
     except ServerStateError as exc:  # accepted, merged or deleted by someone else meanwhile
         messages.error(request, str(exc))
     if not request.htmx:
         return redirect("dashboard:home")
-    response = render(request, "dashboard/home.html#proposed-servers", _fleet())
+    response = render(request, "dashboard/home.html#proposed-servers", _fleet(viewer=viewer))
     response["HX-Trigger"] = "fleet-changed"
     return response
 
@@ -89,24 +93,25 @@ def _decide(server_id: int, data: dict[str, Any]) -> str:
     return f"Merged into {data['into']}: {moved} request records moved, {joined} joined to its own."
 
 
-def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None) -> dict[str, object]:
-    """The Fleet page: registered servers, and the proposed ones each with its form (a posted
-    invalid one with its errors)."""
+def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None, viewer: Viewer) -> dict[str, object]:
+    """The Fleet page, of what the viewer sees: registered servers, and the proposed ones each with
+    its form (a posted invalid one with its errors)."""
     now = timezone.now()
     proposed = [
         (row, (invalid or {}).get(row.server.pk) or _form_for(row.server))
-        for row in proposed_servers(now=now)
+        for row in proposed_servers(now=now, viewer=viewer)
     ]
     hour_ago = now - timedelta(hours=1)
     labels = dict(RequestDiagnosis.Cause.choices)
-    lost = lost_tokens_by_cause(since=hour_ago, until=now)
+    lost = lost_tokens_by_cause(since=hour_ago, until=now, viewer=viewer)
+    by_template = losses(since=hour_ago, until=now, by="template_version", viewer=viewer)[:10]
     return {
-        "rows": fleet_overview(now=now),
+        "rows": fleet_overview(now=now, viewer=viewer),
         "proposed": proposed,
         "lost": sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1]),
-        "misses": recent_misses(since=hour_ago),
-        "by_template": _shown_groups(losses(since=hour_ago, until=now, by="template_version")[:10]),
-        "routing": routing_effectiveness(since=hour_ago, until=now),
+        "misses": recent_misses(since=hour_ago, viewer=viewer),
+        "by_template": _shown_groups(by_template),
+        "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),
     }
 
 
@@ -130,7 +135,7 @@ def _form_for(server: Server) -> ProposedServerForm:
 @login_required
 def collection(request: HtmxHttpRequest) -> HttpResponse:
     """Whether every server is heard: pulls, KV event streams, gaps and refused input."""
-    rows, reasons, gaps = collection_health()
+    rows, reasons, gaps = collection_health(viewer=viewer_of(request.user))
     return render(request, "dashboard/collection.html", {"rows": rows, "reasons": reasons, "gaps": gaps})
 
 
@@ -138,9 +143,15 @@ def collection(request: HtmxHttpRequest) -> HttpResponse:
 def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> HttpResponse:
     """One request's records (one per arrival) with why their prompt tokens were not reused, and the
     cache killers of its template under its salt, marking the one its divergence is at."""
-    found = diagnosed_requests(server_name=server, request_id=request_id)
-    names = dict(Server.objects.values_list("pk", "name"))
+    viewer = viewer_of(request.user)
+    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=viewer)
+    if not found:
+        raise Http404("no such request")
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
     killers = {t: list(template_killers(t)) for t in {i.record.template_id for i in found} if t is not None}
+    shown = {t: visible_killers(of_template, viewer=viewer) for t, of_template in killers.items()}
+    killers = {t: visible for t, (visible, _) in shown.items()}
+    seen = set().union(*(keys for _, keys in shown.values()))
     items = []
     for i in found:
         salted = [k for k in killers.get(i.record.template_id or 0, []) if k.salt_hash == i.record.salt_hash]
@@ -148,8 +159,9 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
         here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
         items.append(
             {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
-             "killers": _killer_rows(salted, names, {}, here=here), "at_killer": here,
-             **request_extras(i, user=request.user, names=names, now=timezone.now())}
+             "killers": _killer_rows(salted, names, {}, here=here, seen=seen),
+             "at_killer": here,
+             **request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)}
         )  # fmt: skip
     return render(
         request, "dashboard/request.html", {"server": server, "request_id": request_id, "found": items}
@@ -178,12 +190,14 @@ def _killer_rows(
     samples: dict[int, Samples],
     *,
     here: CacheKiller | None = None,
+    seen: set[SampleKey],
 ) -> list[KillerRow]:
+    """The killers' rows, linking to the sample requests the viewer sees (`seen`)."""
     rows = []
     for killer in killers:
         block = f"block {killer.block_index}"
         where = block if killer.position_token is None else f"token {killer.position_token} ({block})"
-        keys = [SampleKey.of(stored) for stored in killer.samples]
+        keys = [key for stored in killer.samples if (key := SampleKey.of(stored)) in seen]
         links = [
             (
                 k.request_id,
@@ -221,10 +235,8 @@ def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> 
 @login_required
 def tenants(request: HtmxHttpRequest) -> HttpResponse:
     """The tenants' salt audit: what isolation cost each tenant, and the hits it should not have had."""
-    now = timezone.now()
+    now, viewer = timezone.now(), viewer_of(request.user)
     day_ago = now - timedelta(days=1)
-    return render(
-        request,
-        "dashboard/tenants.html",
-        {"tenants": tenant_audit(since=day_ago, until=now), "hits": unexpected_hits(since=day_ago)},
-    )
+    audit = tenant_audit(since=day_ago, until=now, viewer=viewer)
+    hits = unexpected_hits(since=day_ago, viewer=viewer)
+    return render(request, "dashboard/tenants.html", {"tenants": audit, "hits": hits})

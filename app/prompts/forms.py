@@ -1,5 +1,8 @@
+from typing import Any
+
 from django import forms
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.prompts import git
 from app.prompts.models import Template
 
@@ -51,3 +54,7 @@ class FamilyForm(forms.Form):
         empty_label="Not bound",
         help_text="Requests ingested from now on carry it; requests stored before keep theirs",
     )
+
+    def __init__(self, *args: Any, viewer: Viewer = SEES_ALL, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["template"].queryset = viewer.templates(Template.objects.order_by("name"))  # type: ignore[attr-defined]

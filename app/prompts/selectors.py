@@ -4,19 +4,30 @@ import re
 
 from django.db.models import Count, Q, QuerySet
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.prompts.models import PrefixFamily, Template, TemplateRepository, TemplateVersion
 
 SHORT_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
 
-def repositories() -> QuerySet[TemplateRepository]:
-    """Every registered repository with its number of templates (``template_count``), by name."""
-    return TemplateRepository.objects.annotate(template_count=Count("templates")).order_by("name")
+def repositories(*, viewer: Viewer = SEES_ALL) -> QuerySet[TemplateRepository]:
+    """Every registered repository the viewer sees with its number of templates (``template_count``),
+    by name."""
+    return (
+        viewer.repositories(TemplateRepository.objects.all())
+        .annotate(template_count=Count("templates"))
+        .order_by("name")
+    )
 
 
-def templates() -> QuerySet[Template]:
-    """Every template with its repository and number of versions (``version_count``), by name."""
-    return Template.objects.select_related("repository").annotate(version_count=Count("versions"))
+def templates(*, viewer: Viewer = SEES_ALL) -> QuerySet[Template]:
+    """Every template the viewer sees with its repository and number of versions (``version_count``),
+    by name."""
+    return (
+        viewer.templates(Template.objects.all())
+        .select_related("repository")
+        .annotate(version_count=Count("versions"))
+    )
 
 
 def versions(template: Template) -> QuerySet[TemplateVersion]:
@@ -24,10 +35,12 @@ def versions(template: Template) -> QuerySet[TemplateVersion]:
     return template.versions.defer("content", "diff").order_by("-committed_at", "-pk")
 
 
-def families() -> QuerySet[PrefixFamily]:
-    """Every prefix family with its template and sample's server, most requests first."""
-    return PrefixFamily.objects.select_related("template", "sample_server").order_by(
-        "-requests", "-last_seen_at", "pk"
+def families(*, viewer: Viewer = SEES_ALL) -> QuerySet[PrefixFamily]:
+    """Every prefix family the viewer sees with its template and sample's server, most requests first."""
+    return (
+        viewer.families(PrefixFamily.objects.all())
+        .select_related("template", "sample_server")
+        .order_by("-requests", "-last_seen_at", "pk")
     )
 
 

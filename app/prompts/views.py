@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import Viewer, viewer_of
 from app.prompts import git, selectors, services, tasks
 from app.prompts.forms import FamilyForm, RepositoryForm
 from app.prompts.models import PrefixFamily, TemplateRepository
@@ -37,7 +38,7 @@ def repositories(request: HtmxHttpRequest) -> HttpResponse:
                 _queue(request, repository)
                 return redirect("prompts:repositories")
     template = PAGE + ("#repository-list" if request.htmx else "")
-    return render(request, template, _context(form))
+    return render(request, template, _context(form, viewer_of(request.user)))
 
 
 @login_required
@@ -46,9 +47,10 @@ def import_now(request: HtmxHttpRequest, repository_id: int) -> HttpResponse:
     """Staff queue an import of one repository; the page (or, for htmx, the list) follows it."""
     if not request.user.is_staff:
         raise PermissionDenied
-    _queue(request, get_object_or_404(TemplateRepository, pk=repository_id))
+    viewer = viewer_of(request.user)
+    _queue(request, get_object_or_404(selectors.repositories(viewer=viewer), pk=repository_id))
     if request.htmx:
-        return render(request, PAGE + "#repository-list", _context(RepositoryForm()))
+        return render(request, PAGE + "#repository-list", _context(RepositoryForm(), viewer))
     return redirect("prompts:repositories")
 
 
@@ -68,14 +70,14 @@ class RepositoryRow:
     percent: int | None  # of the commits the last import had to read, None before it counted them
 
 
-def _context(form: RepositoryForm) -> dict[str, object]:
+def _context(form: RepositoryForm, viewer: Viewer) -> dict[str, object]:
     rows = [
         RepositoryRow(
             r,
             git.redacted(r.location),
             100 * r.commits_imported // r.commits_total if r.commits_total else None,
         )
-        for r in selectors.repositories()
+        for r in selectors.repositories(viewer=viewer)
     ]
     return {"rows": rows, "polling": any(row.repository.state in POLLED for row in rows), "form": form}
 
@@ -92,7 +94,7 @@ def families(request: HtmxHttpRequest) -> HttpResponse:
     """The prefix families with the most requests, each with a link to one of its requests."""
     rows = [
         FamilyRow(f, f"{f.key % 2**64:016x}", f.blocks * f.block_size)
-        for f in selectors.families()[:FAMILIES_SHOWN]
+        for f in selectors.families(viewer=viewer_of(request.user))[:FAMILIES_SHOWN]
     ]
     context = {"rows": rows, "limit": FAMILIES_SHOWN, "blocks": settings.PREFIXSCOPE_FAMILY_BLOCKS}
     return render(request, "prompts/families.html", context)
@@ -102,9 +104,10 @@ def families(request: HtmxHttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def family(request: HtmxHttpRequest, family_id: int) -> HttpResponse:
     """One prefix family; staff name it and bind it to a template (later requests carry it)."""
-    found = get_object_or_404(selectors.families(), pk=family_id)
+    viewer = viewer_of(request.user)
+    found = get_object_or_404(selectors.families(viewer=viewer), pk=family_id)
     data = request.POST if request.method == "POST" else None
-    form = FamilyForm(data, initial={"name": found.name, "template": found.template})
+    form = FamilyForm(data, initial={"name": found.name, "template": found.template}, viewer=viewer)
     if request.method == "POST":
         if not request.user.is_staff:
             raise PermissionDenied

@@ -1,5 +1,6 @@
 from django.db.models import QuerySet
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 
@@ -8,10 +9,13 @@ STATES = ("active", "all", *Regression.State.values)
 
 
 def regressions(
-    *, state: str = "active", scope: str = "", metric: str = "", kind: str = ""
+    *, state: str = "active", scope: str = "", metric: str = "", kind: str = "", viewer: Viewer = SEES_ALL
 ) -> QuerySet[Regression]:
-    """Regressions newest change first; `state` "active" (not resolved), "all" or one state."""
-    found = Regression.objects.select_related("template", "server", "suspect_version", "noted_by")
+    """Regressions the viewer sees, newest change first; `state` "active" (not resolved), "all" or one
+    state."""
+    found = viewer.regressions(Regression.objects.all()).select_related(
+        "template", "server", "suspect_version", "noted_by"
+    )
     if state == "active":
         found = found.exclude(state=Regression.State.RESOLVED)
     elif state != "all":

@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
 from app.compare.killers import Samples, samples_in_order
+from app.core.tenancy import Viewer, viewer_of
 from app.prompts.killers import may_read_prompts
 from app.regressions import evidence, selectors, services, webhook
 from app.regressions.evidence import FrozenKiller
@@ -25,7 +26,8 @@ def regression_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "active")
     if state not in selectors.STATES:
         state = "active"
-    page = Paginator(selectors.regressions(state=state), PAGE_SIZE).get_page(request.GET.get("page"))
+    found = selectors.regressions(state=state, viewer=viewer_of(request.user))
+    page = Paginator(found, PAGE_SIZE).get_page(request.GET.get("page"))
     context = {"page": page, "state": state, "states": selectors.STATES}
     return render(request, "regressions/list.html", context)
 
@@ -34,7 +36,8 @@ def regression_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
     """One regression: its figures, what it is attributed to and why, its cost; a note from a person."""
-    regression = get_object_or_404(selectors.regressions(state="all"), pk=regression_id)
+    viewer = viewer_of(request.user)
+    regression = get_object_or_404(selectors.regressions(state="all", viewer=viewer), pk=regression_id)
     initial = {
         "state": regression.state if regression.is_active else Regression.State.OPEN,
         "note": regression.note,
@@ -51,7 +54,7 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "regression": regression,
         "form": form,
         "pair": regression.evidence.get("pair", {}),
-        "killers": _killer_rows(regression, readable=may_read_prompts(request.user)),
+        "killers": _killer_rows(regression, readable=may_read_prompts(request.user), viewer=viewer),
         "killer_every": settings.PREFIXSCOPE_KILLER_EVERY_SECONDS,
         "diff": evidence.diff_rows(regression.suspect_version.diff) if regression.suspect_version else [],
         "notices": _notices(regression),
@@ -82,12 +85,14 @@ def _shift(regression: Regression) -> dict[str, object]:
     return {"shift_rows": rows}
 
 
-def _killer_rows(regression: Regression, *, readable: bool) -> list[tuple[FrozenKiller, Samples | None]]:
+def _killer_rows(
+    regression: Regression, *, readable: bool, viewer: Viewer
+) -> list[tuple[FrozenKiller, Samples | None]]:
     """The frozen killers, each with its samples' text for a viewer who may read prompts (else None)."""
     frozen = evidence.frozen_killers(regression)
     if not readable or not frozen:
         return [(killer, None) for killer in frozen]
-    texts = samples_in_order([f.killer for f in frozen], now=timezone.now())
+    texts = samples_in_order([f.killer for f in frozen], now=timezone.now(), viewer=viewer)
     return list(zip(frozen, texts, strict=True))
 
 

@@ -20,6 +20,7 @@ from django.db.models import Exists, ExpressionWrapper, F, FloatField, OuterRef,
 from django.db.models.fields.tuple_lookups import Tuple, TupleLessThan
 
 from app.core.retention import kept_token_ids_since
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.keyset import Cursor, decode_cursor, encode_cursor, filters_fingerprint
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
@@ -54,6 +55,7 @@ class RequestFilters:
     hit_min: float | None = None  # percent of prompt tokens cached, inclusive
     hit_max: float | None = None
     missed_only: bool = False  # lost reusable tokens (more than the tail below one block)
+    viewer: Viewer = SEES_ALL  # whose records the viewer sees (app/core/tenancy.py)
 
 
 class RequestFilterForm(forms.Form):
@@ -96,10 +98,17 @@ class RequestFilterForm(forms.Form):
     missed = forms.BooleanField(required=False, label="Missed only")
     cursor = forms.CharField(required=False, max_length=2000, widget=forms.HiddenInput)
 
-    def __init__(self, data: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, data: Mapping[str, Any] | None = None, *, viewer: Viewer = SEES_ALL, **kwargs: Any
+    ) -> None:
         # The default window is a value of the query like any other: the form shows it chosen.
         given = {name: data.get(name) for name in data} if data is not None else {}
         super().__init__({"window": DEFAULT_WINDOW} | given, label_suffix="", **kwargs)
+        # The choices, and the names a filter accepts, are the viewer's: another tenant's server is
+        # no more a valid choice than a server that does not exist.
+        self.viewer = viewer
+        self.fields["server"].queryset = viewer.servers(Server.objects.order_by("name"))  # type: ignore[attr-defined]
+        self.fields["template"].queryset = viewer.templates(Template.objects.order_by("name"))  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -107,7 +116,10 @@ class RequestFilterForm(forms.Form):
         if low is not None and high is not None and low > high:
             self.add_error("hit_max", "the upper bound of the hit % is below its lower bound")
         if data.get("version"):
-            found = TemplateVersion.objects.filter(commit_sha__istartswith=data["version"])
+            templates = self.viewer.templates(Template.objects.all())
+            found = TemplateVersion.objects.filter(
+                commit_sha__istartswith=data["version"], template__in=templates
+            )
             if data.get("template"):
                 found = found.filter(template=data["template"])
             data["version_ids"] = tuple(found.values_list("pk", flat=True)[: MAX_VERSIONS + 1])
@@ -128,7 +140,7 @@ class RequestFilterForm(forms.Form):
             template_id=data["template"].pk if data.get("template") else None,
             version_ids=data.get("version_ids") or None, tenant=data.get("tenant") or None,
             cause=data.get("cause") or None, hit_min=data.get("hit_min"), hit_max=data.get("hit_max"),
-            missed_only=bool(data.get("missed")),
+            missed_only=bool(data.get("missed")), viewer=self.viewer,
         )  # fmt: skip
 
     def pinned(self, filters: RequestFilters) -> dict[str, str]:
@@ -193,7 +205,7 @@ _SHOWN = ("server_id", "request_id", "arrived_at", "tenant", "prompt_tokens", "c
 
 def matching_requests(filters: RequestFilters, *, after: Cursor | None) -> QuerySet[RequestRecord]:
     # Constants on arrived_at: the planner prunes the partitions outside the window.
-    records = RequestRecord.objects.filter(
+    records = filters.viewer.traffic(RequestRecord.objects.all()).filter(
         EXPLORER_ROWS, arrived_at__gte=filters.since, arrived_at__lt=filters.until
     )
     if after is not None:

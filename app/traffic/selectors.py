@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db.models import F, QuerySet, Sum, Value
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
 from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
 
@@ -25,11 +26,14 @@ class DiagnosedRequest:
         return {cause: tokens for cause, tokens in found.items() if tokens}
 
 
-def diagnosed_requests(*, server_name: str, request_id: str) -> list[DiagnosedRequest]:
-    """The records of one server and request id (one per arrival), newest first, with their
-    diagnoses. Token ids are not read: prompt text stays in the database."""
+def diagnosed_requests(
+    *, server_name: str, request_id: str, viewer: Viewer = SEES_ALL
+) -> list[DiagnosedRequest]:
+    """The records of one server and request id (one per arrival) the viewer sees, newest first, with
+    their diagnoses. Token ids are not read: prompt text stays in the database."""
     records = (
-        RequestRecord.objects.filter(server__name=server_name, request_id=request_id)
+        viewer.traffic(RequestRecord.objects.all())
+        .filter(server__name=server_name, request_id=request_id)
         .defer("token_ids")
         .select_related("server", "template", "template_version")
         .order_by("-arrived_at")
@@ -44,18 +48,20 @@ def diagnosed_requests(*, server_name: str, request_id: str) -> list[DiagnosedRe
     return [DiagnosedRequest(record, diagnoses.get(record.arrived_at)) for record in found]
 
 
-def lost_tokens_by_cause(*, since: datetime, until: datetime, server_id: int | None = None) -> dict[str, int]:
+def lost_tokens_by_cause(
+    *, since: datetime, until: datetime, server_id: int | None = None, viewer: Viewer = SEES_ALL
+) -> dict[str, int]:
     """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
     `since` to `until` (per-minute rollups: a minute counts when it starts in the window)."""
-    minutes = _loss_minutes(since=since, until=until)
+    minutes = _loss_minutes(since=since, until=until, viewer=viewer)
     if server_id is not None:
         minutes = minutes.filter(server_id=server_id)
     sums = minutes.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
     return {cause: tokens or 0 for cause, tokens in sums.items()}
 
 
-def _loss_minutes(*, since: datetime, until: datetime) -> QuerySet[LossMinute]:
-    return LossMinute.objects.filter(minute__gte=since, minute__lt=until)
+def _loss_minutes(*, since: datetime, until: datetime, viewer: Viewer) -> QuerySet[LossMinute]:
+    return viewer.traffic(LossMinute.objects.all()).filter(minute__gte=since, minute__lt=until)
 
 
 LOSS_GROUPS = {
@@ -79,13 +85,15 @@ class LossRow:
     lost: dict[str, int]
 
 
-def losses(*, since: datetime, until: datetime, by: str, per_minute: bool = False) -> list[LossRow]:
+def losses(
+    *, since: datetime, until: datetime, by: str, per_minute: bool = False, viewer: Viewer = SEES_ALL
+) -> list[LossRow]:
     """Lost tokens by cause and the funnel, per group of `by` (a LOSS_GROUPS key), per minute or
     over the whole window; the groups that lost most first (per minute: in time order)."""
     names = LOSS_GROUPS[by]
     keys = (*names, "minute") if per_minute else names
     rows = (
-        _loss_minutes(since=since, until=until)
+        _loss_minutes(since=since, until=until, viewer=viewer)
         .values(*keys)
         .annotate(**_SUMS, requests_=Sum("requests"), unexpected_hits_=Sum("unexpected_hits"))
     )
@@ -138,12 +146,14 @@ class RoutingGroup:
         return self.reused_tokens / self.resident_anywhere_tokens
 
 
-def routing_effectiveness(*, since: datetime, until: datetime) -> list[RoutingGroup]:
+def routing_effectiveness(
+    *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
+) -> list[RoutingGroup]:
     """Per group of compatible servers with diagnosed requests in the window, the tokens routing
     lost most first."""
     per_server = {
         row["server_id"]: row
-        for row in _loss_minutes(since=since, until=until)
+        for row in _loss_minutes(since=since, until=until, viewer=viewer)
         .values("server_id")
         .annotate(
             requests=Sum("requests"),
@@ -184,10 +194,10 @@ class TenantAudit:
     unexpected_hits: int
 
 
-def tenant_audit(*, since: datetime, until: datetime) -> list[TenantAudit]:
+def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL) -> list[TenantAudit]:
     """Every tenant with diagnosed requests in the window, unexpected hits first, then salt cost."""
     rows = (
-        _loss_minutes(since=since, until=until)
+        _loss_minutes(since=since, until=until, viewer=viewer)
         .values("tenant")
         .annotate(
             requests=Sum("requests"),
@@ -206,21 +216,24 @@ def tenant_audit(*, since: datetime, until: datetime) -> list[TenantAudit]:
     return sorted(found, key=lambda row: (-row.unexpected_hits, -row.salt_tokens, row.tenant))
 
 
-def unexpected_hits(*, since: datetime, tenant: str | None = None, limit: int = 50) -> list[RequestDiagnosis]:
+def unexpected_hits(
+    *, since: datetime, tenant: str | None = None, limit: int = 50, viewer: Viewer = SEES_ALL
+) -> list[RequestDiagnosis]:
     """The latest requests since `since` that reused more than their own salt could have had
     resident (salts are known to be dropped on some cache paths), newest first."""
-    hits = RequestDiagnosis.objects.filter(unexpected_hit=True, arrived_at__gte=since)
+    hits = viewer.traffic(RequestDiagnosis.objects.all()).filter(unexpected_hit=True, arrived_at__gte=since)
     if tenant is not None:
         hits = hits.filter(tenant=tenant)
     return list(hits.select_related("server", "template").order_by("-arrived_at")[:limit])
 
 
-def recent_misses(*, since: datetime, limit: int = 15) -> list[RequestDiagnosis]:
+def recent_misses(*, since: datetime, limit: int = 15, viewer: Viewer = SEES_ALL) -> list[RequestDiagnosis]:
     """The diagnosed requests since `since` that lost the most reusable prompt tokens (the tail
     below one block is not reusable, so it does not count), most first, then newest."""
     lost = sum((F(column) for cause, column in LOST_COLUMNS.items() if cause != "below_block"), Value(0))
     return list(
-        RequestDiagnosis.objects.filter(arrived_at__gte=since)
+        viewer.traffic(RequestDiagnosis.objects.all())
+        .filter(arrived_at__gte=since)
         .annotate(reusable_lost=lost)
         .filter(reusable_lost__gt=0)
         .select_related("server", "template")
@@ -228,11 +241,13 @@ def recent_misses(*, since: datetime, limit: int = 15) -> list[RequestDiagnosis]
     )
 
 
-def server_funnel(*, server_id: int, since: datetime, until: datetime) -> dict[str, int]:
+def server_funnel(
+    *, server_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
+) -> dict[str, int]:
     """One server's diagnosed requests in the window and their funnel (prompt, seen before, resident
     anywhere, resident here, reused tokens) with the tokens routing lost (resident on another server)."""
     sums = (
-        _loss_minutes(since=since, until=until)
+        _loss_minutes(since=since, until=until, viewer=viewer)
         .filter(server_id=server_id)
         .aggregate(requests=Sum("diagnosed"), routed_elsewhere_tokens=Sum("routed_elsewhere_tokens"),
                    **{column: Sum(column) for column in _FUNNEL})

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import connection
 
+from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
 from app.traffic.models import KVEvent
@@ -159,12 +160,13 @@ def _ceil(moment: datetime, bucket: int) -> datetime:
     return floor if floor == moment else floor + timedelta(seconds=bucket)
 
 
-def series(query: SeriesQuery) -> SeriesSet:
-    """The series of a parsed query, one value per bucket of [since, until)."""
+def series(query: SeriesQuery, *, viewer: Viewer = SEES_ALL) -> SeriesSet:
+    """The series of a parsed query, one value per bucket of [since, until), of the traffic `viewer`
+    sees (a server's own readings: of a server it sees, else SeriesError unknown_server)."""
     if query.metric in SERVER_METRICS:
-        server_id = _server_id(query.id)
+        server_id = _server_id(query.id, viewer)
         return _server_series(query, server_id)
-    table, where, params = _scope(query)
+    table, where, params = _scope(query, viewer)
     if query.metric == "lost_tokens":
         return _lost_tokens(query, table, where, params)
     if query.metric.startswith("ttft_"):
@@ -181,27 +183,30 @@ def series(query: SeriesQuery) -> SeriesSet:
     return _set(query, table, [Series(query.metric, values)])
 
 
-def _scope(query: SeriesQuery) -> tuple[str, str, dict[str, Any]]:
+def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]]:
     """The rollup table a query reads and its WHERE clause: request rollups (by the hour for buckets
     of whole hours), or for a tenant (and for lost tokens, which only the diagnoses have) the loss
-    rollups."""
+    rollups; of the rows the viewer sees."""
     hours = query.bucket % 3600 == 0  # a week of whole hours is 168 rows per group, not 10,080
     if query.scope == "tenant" or query.metric == "lost_tokens":
         table = "traffic_losshour" if hours else "traffic_lossminute"
     else:
         table = "traffic_hourrollup" if hours else "traffic_minuterollup"
+    seen, params = viewer.traffic_sql() if table.startswith("traffic_loss") else viewer.rollups_sql()
     if query.scope == "server":
-        return table, "server_id = %(id)s", {"id": _server_id(query.id)}
+        return table, f"server_id = %(id)s AND {seen}", {"id": _server_id(query.id, viewer), **params}
     if query.scope == "template":
-        return table, "template_id = %(id)s", {"id": int(query.id)}
+        return table, f"template_id = %(id)s AND {seen}", {"id": int(query.id), **params}
     if query.scope == "tenant":
-        return table, "tenant = %(id)s", {"id": query.id}
-    return table, "true", {}
+        return table, f"tenant = %(id)s AND {seen}", {"id": query.id, **params}
+    return table, seen, params
 
 
-def _server_id(ident: str) -> int:
-    """A server's primary key from its id or its name; SeriesError when there is none."""
-    found = Server.objects.filter(**({"pk": int(ident)} if is_key(ident) else {"name": ident}))
+def _server_id(ident: str, viewer: Viewer) -> int:
+    """A server's primary key from its id or its name; SeriesError when there is none the viewer sees."""
+    found = viewer.servers(Server.objects.all()).filter(
+        **({"pk": int(ident)} if is_key(ident) else {"name": ident})
+    )
     pk = found.values_list("pk", flat=True).first()
     if pk is None:
         raise SeriesError("unknown_server", f"no server {ident!r}")

@@ -5,7 +5,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,6 +17,7 @@ from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
 from collectors.records import canonical_request_id
 from tests.fixtures import load_json
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/requests"
@@ -396,7 +396,7 @@ def test_bad_records_are_counted_per_server_and_reason_in_metrics_and_on_the_col
         ("", "record"): 1.0,
     }
     assert not Server.objects.filter(name="vllm-nobody-registered").exists()
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     html = client.get("/collection/").content.decode()
     row = html[html.index("vllm-cpu") : html.index("</tr>", html.index("vllm-cpu"))]
     assert '<td class="num bad">2</td>' in row

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
@@ -22,13 +21,14 @@ from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def signed_in(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 

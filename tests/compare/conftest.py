@@ -5,7 +5,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -14,6 +13,7 @@ from app.fleet.models import Server
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 from tests.fixtures import load_json
+from tests.users import fleet_viewer
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 
@@ -84,5 +84,5 @@ def record(captured_server: Server) -> Record:
 
 @pytest.fixture
 def signed_in(client: Client, db: None) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client

@@ -6,7 +6,6 @@ from typing import Literal
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
@@ -17,6 +16,7 @@ from app.compare.services import SideInput, create_comparison
 from app.compare.tokenization import Prompt
 from app.fleet.models import Server
 from tests.compare.conftest import Record, capture, prompt_ids
+from tests.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -50,7 +50,7 @@ def _signed_in_page(
     browser: Browser, live_server_url: str, *, color_scheme: Literal["light", "dark"] = "light"
 ) -> Page:
     client = Client()
-    client.force_login(User.objects.create_user(f"engineer-{color_scheme}"))
+    client.force_login(fleet_viewer(f"engineer-{color_scheme}"))
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme)
     session = client.cookies[settings.SESSION_COOKIE_NAME].value
     context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server_url}])

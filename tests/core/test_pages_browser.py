@@ -8,13 +8,13 @@ from typing import Literal
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.db import connections
 from django.test import Client
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from pytest_django.live_server_helper import LiveServer
 
 from app.fleet.models import Server
+from tests.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -51,7 +51,7 @@ def offline_page(
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
     if user:
         client = Client()
-        client.force_login(User.objects.get_or_create(username=user, is_staff=True)[0])
+        client.force_login(fleet_viewer(user, is_staff=True))
         session = client.cookies[settings.SESSION_COOKIE_NAME].value
         context.add_cookies(
             [{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server.url}]

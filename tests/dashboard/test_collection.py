@@ -1,18 +1,18 @@
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import KVGap, KVStream, RejectedInput
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_collection_page_shows_lost_batches_and_refused_input_per_server(client: Client) -> None:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     now = timezone.now()
     heard = Server.objects.create(name="vllm-heard", base_url="http://a:8000", last_scraped_at=now)
     lossy = Server.objects.create(name="vllm-lossy", base_url="http://b:8000", state=Server.State.DOWN)

@@ -1,19 +1,19 @@
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import MetricSeries, MinuteRollup, RequestRecord, ScrapeSample
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def signed_in(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 
@@ -79,7 +79,7 @@ def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signe
 
 @pytest.fixture
 def staff(client: Client) -> Client:
-    client.force_login(User.objects.create_user("operator", is_staff=True))
+    client.force_login(fleet_viewer("operator", is_staff=True))
     return client
 
 
@@ -159,7 +159,7 @@ def test_only_staff_decide_and_only_with_a_csrf_token(signed_in: Client) -> None
     assert signed_in.post(f"/proposed/{typo.pk}/", accept).status_code == 403
     assert signed_in.get(f"/proposed/{typo.pk}/").status_code == 405
     no_token = Client(enforce_csrf_checks=True)
-    no_token.force_login(User.objects.create_user("operator", is_staff=True))
+    no_token.force_login(fleet_viewer("operator", is_staff=True))
     assert no_token.post(f"/proposed/{typo.pk}/", accept).status_code == 403
     typo.refresh_from_db()
     assert typo.state == Server.State.PROPOSED

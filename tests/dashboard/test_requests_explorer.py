@@ -8,13 +8,14 @@ from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Permission
 from django.test import Client
 
 from app.traffic.explorer import PAGE_SIZE
 from app.traffic.models import RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
 from tests.dashboard.explorer_traffic import BLOCK, OLD, Sent, newest_first, record_traffic
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -23,14 +24,14 @@ API = "/api/v1/requests"
 
 @pytest.fixture
 def signed_in(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 
 @pytest.fixture
 def reader() -> Client:
     client = Client()  # not the `client` fixture: a test may hold both viewers
-    user = User.objects.create_user("reader")
+    user = fleet_viewer("reader")
     user.user_permissions.add(Permission.objects.get(codename="read_prompt_text"))
     client.force_login(user)
     return client

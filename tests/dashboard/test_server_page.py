@@ -7,17 +7,17 @@ import itertools
 from datetime import datetime, timedelta
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from tests.dashboard.server_traffic import a_served_server
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def signed_in(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 

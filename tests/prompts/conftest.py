@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from dulwich.repo import Repo
 from dulwich.server import BackendRepo, DictBackend
@@ -17,6 +16,7 @@ from dulwich.web import WSGIRequestHandlerLogger, WSGIServerLogger, make_server,
 
 from app.api.services import create_ingest_token
 from app.celery import celery_app
+from tests.users import fleet_viewer
 
 
 class GitRepo:
@@ -97,13 +97,13 @@ def eager() -> Iterator[None]:
 
 @pytest.fixture
 def staff(client: Client) -> Client:
-    client.force_login(User.objects.create_user("admin", is_staff=True))
+    client.force_login(fleet_viewer("admin", is_staff=True))
     return client
 
 
 @pytest.fixture
 def engineer(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -16,6 +16,7 @@ from app.prompts.models import CacheKiller, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.services.diagnosis import diagnose_requests
 from tests.prompts.killer_traffic import ingest, sim, timestamp_token, volatile_top
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 __all__ = ["sim"]  # the fixture
@@ -33,7 +34,7 @@ def support(client: Client, token: str, sim: Server) -> Template:
 @pytest.fixture
 def reader() -> Client:
     """A logged-in user who may read prompt text."""
-    user = User.objects.create_user("reader")
+    user = fleet_viewer("reader")
     user.user_permissions.add(Permission.objects.get(codename="read_prompt_text"))
     client = Client()
     client.force_login(user)

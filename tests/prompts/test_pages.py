@@ -4,12 +4,12 @@ fragment that polls while an import runs), the register form and the import butt
 from datetime import UTC, datetime
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from app.prompts.models import TemplateRepository
 from app.prompts.services import register_repository
 from tests.prompts.conftest import GitRepo
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 PAGE = "/templates/repositories/"
@@ -79,6 +79,6 @@ def test_the_import_button_queues_an_import_for_staff_only(staff: Client, eager:
     assert response.content.decode().lstrip().startswith('<section id="repository-list"')
     repository.refresh_from_db()
     assert repository.commits_imported == 1
-    staff.force_login(User.objects.create_user("viewer"))
+    staff.force_login(fleet_viewer("viewer"))
     assert staff.post(url).status_code == 403
     assert staff.post(PAGE, {"location": "/srv/x", "globs": "*.j2"}).status_code == 403

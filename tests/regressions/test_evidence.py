@@ -5,7 +5,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -18,6 +18,7 @@ from app.regressions.services import detect_regressions
 from tests.regressions.test_detection import demo
 from tests.regressions.virtual_fleet import VirtualRun, run_virtually
 from tests.tokens import reader_bearer
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MOVED_LINE = "Current time: {{ now }} | Request ID: {{ request_id }}"
@@ -34,7 +35,7 @@ def found(tmp_path: Path) -> VirtualRun:
 
 
 def page(regression: Regression, *, reads_prompts: bool) -> str:
-    user = User.objects.create_user("reader" if reads_prompts else "engineer")
+    user = fleet_viewer("reader" if reads_prompts else "engineer")
     if reads_prompts:
         user.user_permissions.add(Permission.objects.get(codename="read_prompt_text"))
     client = Client()

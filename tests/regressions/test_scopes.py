@@ -6,7 +6,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -14,6 +13,7 @@ from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 from tests.regressions.test_detection import demo, detected, fault_commit
 from tests.tokens import reader_bearer
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,7 +97,7 @@ def test_a_slower_server_opens_a_ttft_regression_on_that_server(tmp_path: Path) 
         "ratio": pytest.approx(slow.ttft_after_seconds / slow.ttft_before_seconds),
     }  # fmt: skip
     client = Client()
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     page = client.get(reverse("regressions:detail", args=[slow.pk])).content.decode()
     assert "TTFT p90 rise on server virtual-1" in page
     assert f"rose from {slow.ttft_before_seconds:.3f} s to {slow.ttft_after_seconds:.3f} s" in page

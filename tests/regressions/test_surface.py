@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
@@ -16,6 +15,7 @@ from app.traffic.models import RequestDiagnosis
 from tests.regressions.test_detection import demo, fault_commit
 from tests.regressions.virtual_fleet import PREFILL_TOKENS_PER_SECOND, VirtualRun, run_virtually
 from tests.tokens import reader_bearer
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,7 +67,7 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
 def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(found: VirtualRun) -> None:
     regression = Regression.objects.get()
     client = Client(enforce_csrf_checks=False)
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
 
     page = client.get(reverse("regressions:detail", args=[regression.pk]))
     assert page.status_code == 200

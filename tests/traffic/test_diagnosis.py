@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 import zmq
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -26,6 +25,7 @@ from app.traffic.tasks import scrape_server
 from collectors.records import RequestFacts
 from simulator.fleet import describe
 from tests.simulator.running import local_config, running_fleet
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -143,7 +143,7 @@ def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: F
     fleet.send(0, prompt(1))
     routed = fleet.send(1, prompt(1))
     diagnose_requests(now=timezone.now() + timedelta(minutes=1))
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
 
     answer = client.get(f"/api/v1/requests/sim-b/{routed}/diagnosis")
     assert answer.status_code == 200
@@ -198,7 +198,7 @@ def test_losses_roll_up_per_minute_into_routing_effectiveness_and_the_tenant_aud
         sorted(LossMinute.objects.values_list("minute", "tenant", "requests", "reused_tokens")) == rows_before
     )
 
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     (group,) = client.get("/api/v1/routing").json()  # the two servers serve one model
     assert sorted(group["servers"]) == ["sim-a", "sim-b"] and group["routed_elsewhere_tokens"] == 160
     reused = sum(d.reused_tokens for d in diagnoses)
