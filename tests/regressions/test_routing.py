@@ -52,8 +52,8 @@ def test_a_routing_change_opens_one_routing_regression_on_the_fleet(tmp_path: Pa
     client = Client()
     client.force_login(User.objects.create_user("engineer"))
     page = client.get(reverse("regressions:detail", args=[routing.pk])).content.decode()
-    assert "Routing change on fleet fleet" in page
-    assert f"{round(placed['stayed_after'] * 100)} % landed on the servers they landed on before" in page
+    assert "Routing change on the fleet" in page
+    assert f"{round(placed['stayed_after'] * 100)} % landed on the servers they had landed on before" in page
     assert "since the change" in page  # the whole segment's causes, beside the first minutes'
 
 
