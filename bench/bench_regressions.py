@@ -1,6 +1,7 @@
 """Regression detection against what the simulator injected: delay per fault, and false regressions.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5] \
+        [--scenarios demo,routing]
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
 (simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
@@ -9,7 +10,11 @@ detection (app.regressions.services.detect_regressions) run after each minute, a
 each fault that should open a regression (the `volatile_top` commit on `support`, the `unsorted_tools`
 commit on `agent`, the capacity cut on server 3) it prints the detection delay in virtual seconds
 after the fault, in detection cycles (runs) after the 50th request of its scope arrived, whether the
-suspect commit was the injected one, and every regression that matches no fault (misattributions).
+suspect commit was the injected one (for the others: whether the kind was), and every regression
+that matches no fault (misattributions). The routing scenario, run for the same seeds, is the demo's
+templates and tenants on servers of 64 blocks (room for the prefixes prefix-aware routing sends each,
+not for all of them) whose router switches to round-robin at minute 10: a routing regression of the
+fleet.
 Then --quiet-hours seeds of a fault-free hour whose traffic swings tenfold (2 requests/s, then 0.2,
 by turns of ten minutes) and stops for five minutes every twenty: the regressions they open (target:
 none). Targets (issue 12): every template fault found within two cycles of its 50th request, with the
@@ -54,19 +59,31 @@ class Fault:
     scope: str
     template: str | None = None  # a template fault's template (its commit is the suspect)
     server: int | None = None  # a capacity cut's server
+    kind: str = Regression.Kind.TEMPLATE_COMMIT
 
 
 FAULTS = [
     Fault("volatile_top", 300, "template", template="support"),
     Fault("unsorted_tools", 780, "template", template="agent"),
-    Fault("capacity_cut", 960, "server", server=3),
+    Fault("capacity_cut", 960, "server", server=3, kind=Regression.Kind.CAPACITY),
 ]
+ROUTING_FAULTS = [Fault("routing_change", 600, "fleet", kind=Regression.Kind.ROUTING)]
 
 
 def demo() -> dict[str, Any]:
     with resolve_scenario("demo").open() as file:
         found: dict[str, Any] = yaml.safe_load(file)
     return found
+
+
+def routing() -> dict[str, Any]:
+    """The demo's templates and tenants on tight servers, their router changed at minute 10."""
+    found = demo()
+    timeline = [{"at": ROUTING_FAULTS[0].at, "routing_change": {"routing": "round_robin"}}]
+    return found | {"duration": 900, "servers": found["servers"] | {"num_blocks": 64}, "timeline": timeline}
+
+
+SCENARIOS = {"demo": (demo, FAULTS), "routing": (routing, ROUTING_FAULTS)}
 
 
 def clear() -> None:
@@ -96,7 +113,9 @@ def _matches(regression: Regression, fault: Fault, run: VirtualRun) -> bool:
         return False
     if fault.template is not None:
         return regression.template is not None and regression.template.name == fault.template
-    return regression.server_id == run.servers[fault.server or 0].pk
+    if fault.server is None:  # the fleet's
+        return True
+    return regression.server_id == run.servers[fault.server].pk
 
 
 def _evicted_after(run: VirtualRun, fault: Fault) -> int:
@@ -112,18 +131,22 @@ def _evicted_after(run: VirtualRun, fault: Fault) -> int:
 
 
 def _in_scope(request: PlannedRequest, fault: Fault) -> bool:
-    return request.template == fault.template if fault.template else request.server == fault.server
+    if fault.template:
+        return request.template == fault.template
+    return fault.server is None or request.server == fault.server
 
 
-def fault_rows(run: VirtualRun, seed: int) -> tuple[list[dict[str, Any]], list[Regression]]:
+def fault_rows(
+    run: VirtualRun, seed: int, faults: list[Fault]
+) -> tuple[list[dict[str, Any]], list[Regression]]:
     regressions = list(Regression.objects.select_related("template", "suspect_version"))
     rows, matched = [], set()
-    for fault in FAULTS:
+    for fault in faults:
         found = next((r for r in regressions if _matches(r, fault, run)), None)
         after = [r for r in run.planned if r.at >= fault.at and _in_scope(r, fault)]
         evidence_at = after[EVIDENCE - 1].at if len(after) >= EVIDENCE else None
         row: dict[str, Any] = {"seed": seed, "fault": fault.name, "found": found is not None}
-        row["effect"] = fault.template is not None or _evicted_after(run, fault) >= MIN_EVICTED_BLOCKS
+        row["effect"] = fault.server is None or _evicted_after(run, fault) >= MIN_EVICTED_BLOCKS
         if found is not None:
             matched.add(found.pk)
             detected_at = (found.detected_at - run.start).total_seconds()
@@ -132,8 +155,9 @@ def fault_rows(run: VirtualRun, seed: int) -> tuple[list[dict[str, Any]], list[R
             commits = [
                 c.sha for c in run.commits if c.template == fault.template and abs(c.time - fault.at) < 1
             ]
-            row["suspect_ok"] = fault.template is None or (
-                found.suspect_version is not None and found.suspect_version.commit_sha in commits
+            row["suspect_ok"] = found.kind == fault.kind and (
+                fault.template is None
+                or (found.suspect_version is not None and found.suspect_version.commit_sha in commits)
             )
         rows.append(row)
     return rows, [r for r in regressions if r.pk not in matched]
@@ -151,28 +175,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--quiet-hours", type=int, default=5, help="seeds of a fault-free hour")
+    parser.add_argument("--scenarios", default="demo,routing", help=f"of {', '.join(SCENARIOS)}")
     args = parser.parse_args()
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
-        rows, stray = [], []
-        for seed in range(args.seeds):
-            run = detected(demo(), seed)
-            found, unmatched = fault_rows(run, seed)
-            rows += found
-            stray += [
-                (
-                    seed,
-                    r.scope,
-                    r.scope_label,
-                    r.metric,
-                    r.kind,
-                    (r.changed_at - run.start).total_seconds(),
-                    r.cause_shift,
-                )
-                for r in unmatched
-            ]
-        report(rows, stray, args.seeds)
+        for name in args.scenarios.split(","):
+            scenario, faults = SCENARIOS[name]
+            rows, stray = [], []
+            for seed in range(args.seeds):
+                run = detected(scenario(), seed)
+                found, unmatched = fault_rows(run, seed, faults)
+                rows += found
+                stray += [
+                    (seed, r.scope, r.scope_label, r.metric, r.kind,
+                     (r.changed_at - run.start).total_seconds(), r.cause_shift)
+                    for r in unmatched
+                ]  # fmt: skip
+            report(name, faults, rows, stray, args.seeds)
         quiet = demo() | {"duration": 3600, "timeline": []}
         false = []
         for seed in range(args.quiet_hours):
@@ -187,13 +207,15 @@ def main() -> None:
         connection.creation.destroy_test_db(test_database, verbosity=0)
 
 
-def report(rows: list[dict[str, Any]], stray: list[tuple[Any, ...]], seeds: int) -> None:
-    print(f"demo scenario, {seeds} seeds; a detection cycle is one minute")
+def report(
+    name: str, faults: list[Fault], rows: list[dict[str, Any]], stray: list[tuple[Any, ...]], seeds: int
+) -> None:
+    print(f"{name} scenario, {seeds} seeds; a detection cycle is one minute")
     print(
         "fault            found  delay s (median, max)  cycles after the 50th request (median, max)", end=""
     )
-    print("  suspect right")
-    for fault in FAULTS:
+    print("  suspect (or kind) right")
+    for fault in faults:
         of = [r for r in rows if r["fault"] == fault.name and r["effect"]]
         idle = sum(1 for r in rows if r["fault"] == fault.name and not r["effect"])
         hits = [r for r in of if r["found"]]

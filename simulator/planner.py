@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import jinja2
 
-from simulator.scenario import SaltChange, Scenario, Template, Tenant
+from simulator.scenario import Routing, RoutingChange, SaltChange, Scenario, Template, Tenant
 from simulator.template_rendering import request_variables, template_environment
 from simulator.template_repo import Commit, version_at
 
@@ -58,7 +58,8 @@ def plan_requests(
     Arrivals are a Poisson process at ``scenario.rate`` over ``[0, duration)``. Each request picks a
     template and a tenant by weight, a server by the routing policy, streams with probability
     ``stream_fraction``, and renders the template version live at its time (``version_at``) with
-    fresh variables (``request_variables``); a tenant's salt follows the timeline's salt changes.
+    fresh variables (``request_variables``); a tenant's salt follows the timeline's salt changes, and
+    the routing policy its routing changes.
     ``start`` is the wall-clock time of virtual second 0 for the ``now`` variable. Request ids are
     ``<scenario>-<seed>-<index>``, so two runs with the same seed repeat them. Raises ValueError when
     a template has no commit at a request's time.
@@ -75,10 +76,11 @@ def plan_requests(
 
 class _Router:
     """Chooses servers. prefix_aware: the server that last served the same template and tenant, else
-    the one with the fewest requests so far (ties: the lowest index)."""
+    the one with the fewest requests so far (ties: the lowest index). Whatever the policy, it keeps
+    where each template and tenant went last, so a switch back to prefix_aware keeps them there."""
 
     def __init__(self, scenario: Scenario) -> None:
-        self.policy = scenario.routing
+        self.policy: Routing = scenario.routing
         self.assigned = [0] * scenario.servers.count
         self.last: dict[tuple[str, str], int] = {}
 
@@ -110,12 +112,14 @@ class _Planner:
         self.router = _Router(scenario)
         self.salts = {tenant.name: tenant.cache_salt for tenant in scenario.tenants}
         self.salt_changes = deque(e for e in scenario.timeline if isinstance(e, SaltChange))
+        self.routing_changes = deque(e for e in scenario.timeline if isinstance(e, RoutingChange))
         self.environment = template_environment()
         self.compiled: dict[str, jinja2.Template] = {}
 
     def plan(self, index: int, at: float) -> PlannedRequest:
         """The request number ``index`` at virtual second ``at`` (calls come in time order)."""
         self._apply_salt_changes(at)
+        self._apply_routing_changes(at)
         template, tenant = self._pick()
         server = self.router.choose(template.name, tenant.name, self.rng)
         stream = self.rng.random() < self.scenario.stream_fraction
@@ -147,6 +151,11 @@ class _Planner:
         while self.salt_changes and self.salt_changes[0].at <= at:
             change = self.salt_changes.popleft()
             self.salts[change.tenant] = change.cache_salt
+
+    def _apply_routing_changes(self, at: float) -> None:
+        """Switch the router to the policy the timeline sets up to virtual second ``at``."""
+        while self.routing_changes and self.routing_changes[0].at <= at:
+            self.router.policy = self.routing_changes.popleft().routing
 
     def _pick(self) -> tuple[Template, Tenant]:
         templates, tenants = self.scenario.templates, self.scenario.tenants

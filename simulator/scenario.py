@@ -2,7 +2,8 @@
 
 A scenario says how many servers there are, which tenants and prompt templates send traffic, at what
 rate, how requests are routed, and what changes at which virtual second: template commits (ordinary
-edits or injected cache-killing faults), tenant salt changes, capacity cuts and server restarts.
+edits or injected cache-killing faults), tenant salt changes, capacity cuts, server restarts and
+routing changes (the router's policy switched).
 ``simulator/scenarios/demo.yaml`` shows every field. Every loader error is a ``ScenarioError`` whose
 ``field`` is the path of the bad field, e.g. ``tenants[1].weight`` or ``timeline[0].change.fault``.
 
@@ -128,7 +129,16 @@ class ServerRestart:
     server: int
 
 
-TimelineEvent = TemplateChange | SaltChange | CapacityCut | ServerRestart
+@dataclass(frozen=True, slots=True)
+class RoutingChange:
+    """From ``at`` on, the router chooses servers by ``routing`` (say, round_robin where it was
+    prefix_aware: a template's requests no longer land on the server holding their prefix)."""
+
+    at: float
+    routing: Routing
+
+
+TimelineEvent = TemplateChange | SaltChange | CapacityCut | ServerRestart | RoutingChange
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,8 +350,9 @@ class _EventContext:
     texts: dict[str, str]
 
 
-_EVENT_KINDS = ("template", "salt_change", "capacity_cut", "server_restart")
+_EVENT_KINDS = ("template", "salt_change", "capacity_cut", "server_restart", "routing_change")
 _EVENT_FIELDS = {
+    "routing_change": ("routing",),
     "salt_change": ("tenant", "cache_salt"),
     "capacity_cut": ("server", "num_blocks"),
     "server_restart": ("server",),
@@ -362,6 +373,8 @@ def _parse_event(data: object, where: str, context: _EventContext) -> TimelineEv
         tenant = inner.choice("tenant", context.tenants)
         inner.get("cache_salt")  # required, so that a forgotten salt is not read as "no salt"
         return SaltChange(at=at, tenant=tenant, cache_salt=inner.optional_string("cache_salt"))
+    if kind == "routing_change":
+        return RoutingChange(at=at, routing=cast(Routing, inner.choice("routing", get_args(Routing))))
     server = inner.integer("server", minimum=0)
     if server >= context.servers.count:
         raise ScenarioError(

@@ -1,14 +1,18 @@
 """What a drop is attributed to: the shift in the causes of the lost tokens, and for a template, the
-version that took its traffic over at the change (the suspect commit), with the runners-up."""
+version that took its traffic over at the change (the suspect commit), with the runners-up; for a
+server or the fleet, whether the router still sends each template's requests where it sent them."""
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Sum
+
+from app.domain.placement import share_stayed
 from app.prompts.models import DeployMarker, TemplateVersion
 from app.regressions.models import Regression
 from app.regressions.series import Minute, ScopeKey, version_requests
-from app.traffic.models import KVEvent, RequestRecord
+from app.traffic.models import KVEvent, LossMinute, RequestRecord
 
 Kind = Regression.Kind
 
@@ -53,6 +57,12 @@ def _first(after: Sequence[Minute]) -> Sequence[Minute]:
     return [minute for minute in after if minute.minute < after[0].minute + SHIFT_WINDOW] if after else after
 
 
+def since_change(shift: dict[str, dict[str, float]], after: Sequence[Minute]) -> dict[str, dict[str, float]]:
+    """The shift with its "since" read again over the minutes since the change up to now (an open
+    regression's: whether what its first minutes showed lasted)."""
+    return {**shift, "since": _shares(after)} if after else shift
+
+
 def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
     prompt = sum(minute.prompt_tokens for minute in minutes)
     lost: dict[str, int] = {}
@@ -75,15 +85,27 @@ def kind_of(shift: dict[str, dict[str, float]]) -> Kind:
     return kind
 
 
-def kind_at(key: ScopeKey, shift: dict[str, dict[str, float]], *, changed_at: datetime) -> Kind:
+def kind_at(
+    key: ScopeKey,
+    shift: dict[str, dict[str, float]],
+    *,
+    changed_at: datetime,
+    placed: dict[str, float] | None = None,
+) -> Kind:
     """The kind of a scope's drop: on a server whose KV events start a new epoch at the change, a
     new process (every miss of its first minutes is its empty cache's, whichever cause the diagnosis
-    names: a salt's prefixes too), a capacity drop or a restart as kind_of tells them apart;
-    otherwise the cause that rose the most (kind_of)."""
+    names: a salt's prefixes too), a capacity drop or a restart as kind_of tells them apart; on a
+    server or the fleet whose requests the router stopped sending where it sent them (`placed`,
+    placement()), a routing change, whether its misses are `routed_elsewhere` or `evicted` (once a
+    server has stored a prefix it was newly sent, and evicted it for want of room, the diagnosis
+    names its next miss an eviction); otherwise the cause that rose the most (kind_of)."""
     if key[0] == Regression.Scope.SERVER and key[2] is not None and restarted_near(key[2], changed_at):
         since = _most_risen(shift["before"], shift["since"], among=("evicted", "restarted"))
         return Kind.CAPACITY if since == "evicted" else Kind.RESTART
-    return kind_of(shift)
+    kind = kind_of(shift)
+    if kind in (Kind.CAPACITY, Kind.ROUTING) and routing_moved(placed):
+        return Kind.ROUTING
+    return kind
 
 
 def _most_risen(
@@ -94,13 +116,23 @@ def _most_risen(
     return cause if cause is not None and rises[cause] > 0 else None
 
 
-def confirmed(kind: Kind, key: ScopeKey, after: Sequence[Minute], *, changed_at: datetime) -> bool:
+def confirmed(
+    kind: Kind,
+    key: ScopeKey,
+    after: Sequence[Minute],
+    *,
+    changed_at: datetime,
+    placed: dict[str, float] | None = None,
+) -> bool:
     """Whether what the causes name happened at the change. A restart is a new process: the
     server's KV events start a new epoch there. So is a capacity drop (vLLM sizes its cache at
     start-up); evictions rising without one are a larger working set (a template commit's new
     prefixes, say), not the server's doing. A salt rotation is the tenant's requests carrying a salt
     they did not carry before; `salt` misses without one are prefixes another tenant's salt computed
-    first."""
+    first. A routing change is the templates' requests landing elsewhere than before (`placed`, from
+    placement()); `routed_elsewhere` misses without one are prefixes the router never kept together."""
+    if kind == Kind.ROUTING:
+        return routing_moved(placed)
     if kind in (Kind.CAPACITY, Kind.RESTART):
         return key[2] is not None and restarted_near(key[2], changed_at)
     if kind == Kind.SALT_ROTATION:
@@ -132,6 +164,63 @@ def restarted_near(server_id: int, changed_at: datetime) -> bool:
     if earlier is None:  # no events before it: nothing says the epoch changed here
         return False
     return events.filter(emitted_at__gte=start, emitted_at__lt=end, epoch__gt=earlier).exists()
+
+
+ROUTING_SCOPES = (Regression.Scope.SERVER, Regression.Scope.FLEET)
+ROUTING_LOOKBACK = timedelta(minutes=30)  # how the router placed the requests before: lately
+ROUTING_MIN_GROUP_REQUESTS = 10  # of a template and tenant on each side: fewer, and its spread is noise
+ROUTING_MIN_FALL = 0.25  # of the share of requests that stayed: less is what routing does anyway
+
+
+def may_be_routing(key: ScopeKey, shift: dict[str, dict[str, float]]) -> bool:
+    """Whether a drop could be a routing change's: a server's or the fleet's whose misses rose as
+    `routed_elsewhere` or `evicted` (what placement() is read for, and only then)."""
+    return key[0] in ROUTING_SCOPES and kind_of(shift) in (Kind.CAPACITY, Kind.ROUTING)
+
+
+def placement(
+    key: ScopeKey, *, since: datetime, changed_at: datetime, until: datetime
+) -> dict[str, float] | None:
+    """How much of each template's requests of each tenant (what a prefix-aware router keeps on the
+    servers holding its prefix) still landed on the servers they landed on before the change, from
+    the loss rollups (app/domain/placement.py): `stayed_after` across the change, and `stayed_before`
+    between the two halves of the ROUTING_LOOKBACK before it (what the router does on its own,
+    thin groups' noise with it: random routing scatters as much before as after). A server's: of the
+    groups it served on either side. None without a group of ROUTING_MIN_GROUP_REQUESTS on each side.
+    Requests without a template are left out: nothing here says which of them share a prefix."""
+    start = max(since, changed_at - ROUTING_LOOKBACK)
+    middle = start + (changed_at - start) / 2
+    rows = (
+        LossMinute.objects.filter(minute__gte=start, minute__lt=until, template__isnull=False)
+        .values_list("template_id", "tenant", "server_id", "minute")
+        .annotate(requests_=Sum("requests"))
+        .order_by()
+    )
+    groups = {(t, tenant) for t, tenant, server, _, _ in rows if key[2] in (None, server)}
+    first: dict[tuple[int, str], dict[int, int]] = {}
+    second: dict[tuple[int, str], dict[int, int]] = {}
+    later: dict[tuple[int, str], dict[int, int]] = {}
+    for template_id, tenant, server_id, minute, requests in rows:
+        if (template_id, tenant) in groups:
+            part = first if minute < middle else second if minute < changed_at else later
+            spread = part.setdefault((template_id, tenant), {})
+            spread[server_id] = spread.get(server_id, 0) + requests
+    earlier = {group: _summed(first.get(group, {}), second.get(group, {})) for group in groups}
+    before = share_stayed(first, second, min_requests=ROUTING_MIN_GROUP_REQUESTS // 2)
+    after = share_stayed(earlier, later, min_requests=ROUTING_MIN_GROUP_REQUESTS)
+    if before is None or after is None:
+        return None
+    return {"stayed_before": round(before, 4), "stayed_after": round(after, 4)}
+
+
+def _summed(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    return {server: a.get(server, 0) + b.get(server, 0) for server in a.keys() | b.keys()}
+
+
+def routing_moved(placed: dict[str, float] | None) -> bool:
+    """Whether the share of requests that stayed where they landed fell by ROUTING_MIN_FALL at the
+    change (placement()); False without the figures to say."""
+    return placed is not None and placed["stayed_before"] - placed["stayed_after"] >= ROUTING_MIN_FALL
 
 
 def suspects(

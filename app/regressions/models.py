@@ -131,5 +131,16 @@ class Regression(models.Model):
         return "fleet"
 
     @property
+    def kind_label(self) -> str:
+        """Its kind as the pages name it. A TTFT rise is opened only when the prefix cache's misses
+        did not rise with it (app/regressions/ttft.py): one no commit explains says so, rather
+        than "Unknown"."""
+        if self.metric != self.Metric.TTFT:
+            return self.get_kind_display()
+        if self.kind == self.Kind.UNKNOWN:
+            return "TTFT rose, not the cache: no cause found"
+        return f"TTFT rose: {self.get_kind_display().lower()}"
+
+    @property
     def is_active(self) -> bool:
         return self.state != self.State.RESOLVED

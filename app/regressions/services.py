@@ -22,6 +22,13 @@ two narrower kinds defer to each other the same way, tenants first (HIT_RATE_SCO
 change is one regression, in the widest scope where it is material. Their suspects are the versions
 that took over their own requests (a canary's version is a small share of the template's).
 
+Routing changes. A server's or the fleet's drop whose misses rose as `routed_elsewhere` or `evicted`
+is a routing change when the router stopped sending each template's requests of each tenant to the
+servers it sent them to before (app/regressions/attribution.py placement(), from the loss rollups'
+requests per server; the figures are kept in the regression's evidence), and is opened on the fleet,
+searched before its servers: a server's is the fleet's when the fleet fell by a minimum drop over
+the same minutes (a router serves the whole fleet), and its own only when it fell alone.
+
 TTFT p90, the second metric, from the request rollups' histograms (the request rollups have no
 tenant: server, template, template on a server, fleet). vLLM's own TTFT where a scope's window has
 more of it than of the client's (app/regressions/series.py ttft_series says why), in points of at
@@ -45,6 +52,7 @@ regressed (its rate before is out of the window by then, so no new drop would be
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,8 +88,9 @@ Scope, Metric, Resolution = Regression.Scope, Regression.Metric, Regression.Reso
 # The template first: a narrower template scope's drop is its template's when it has one; then a
 # tenant's (prefix-aware routing pins a tenant's variant to a few servers, while a canary server
 # takes every tenant's requests: it shows in no one tenant's).
+# The fleet before its servers: a routing change of the whole fleet is the fleet's, not each server's.
 HIT_RATE_SCOPES = (
-    Scope.TEMPLATE, Scope.TEMPLATE_TENANT, Scope.TEMPLATE_SERVER, Scope.SERVER, Scope.TENANT, Scope.FLEET,
+    Scope.TEMPLATE, Scope.TEMPLATE_TENANT, Scope.TEMPLATE_SERVER, Scope.FLEET, Scope.SERVER, Scope.TENANT,
 )  # fmt: skip
 
 
@@ -89,26 +98,30 @@ def detect_regressions(*, now: datetime) -> int:
     """One run of the detection (see the module's docstring); returns the regressions opened."""
     window = window_of(now)
     opened, seen, templates = 0, set[ScopeKey](), dict[int | None, list[Minute]]()
+    fleet: list[Minute] = []
     for scope in HIT_RATE_SCOPES:
         for key, minutes in series.scope_series(scope, since=window.since, until=window.until).items():
             seen.add(key)
             if scope == Scope.TEMPLATE:
                 templates[key[1]] = minutes
+            fleet = minutes if scope == Scope.FLEET else fleet
+            wider = fleet if scope == Scope.SERVER else templates.get(key[1], [])
             regression = current(key, Metric.HIT_RATE, window)
             if regression is not None and not regression.is_active and _rate_still_low(regression, minutes):
                 reopen(regression)
             if regression is not None and regression.is_active:
                 _update(regression, minutes, window, now=now)
             else:
-                opened += _open(key, minutes, window, templates.get(key[1], []), now=now) is not None
+                opened += _open(key, minutes, window, wider, now=now) is not None
     resolve_idle(Metric.HIT_RATE, seen, window, now=now)
     return opened + ttft.detect_ttft(window, now=now)
 
 
 def _open(
-    key: ScopeKey, minutes: list[Minute], window: Window, template: list[Minute], *, now: datetime
+    key: ScopeKey, minutes: list[Minute], window: Window, wider: list[Minute], *, now: datetime
 ) -> Regression | None:
-    """A drop (see the module's docstring); `template`: the minutes of a narrower scope's template."""
+    """A drop (see the module's docstring); `wider`: the minutes of a narrower scope's template, or
+    of the fleet for a server's."""
     config = config_of(key)
     change = latest_drop([minute.point for minute in minutes], config)
     if (
@@ -118,13 +131,17 @@ def _open(
         return None
     before, after = minutes[: change.index], minutes[change.index :]
     if key[0] in NARROW_SCOPES and (
-        _template_moved(template, before, after, config) or _held_by_wider(key, change.minute)
+        _wider_moved(wider, before, after, config) or _held_by_wider(key, change.minute)
     ):
         return None
     found = _attributed(key, change, before, after, window)
-    if found is None:
-        return None
-    kind, shift, candidates = found
+    if found is None or (
+        found.kind == Regression.Kind.ROUTING
+        and key[0] == Scope.SERVER
+        and _wider_moved(wider, before, after, config)
+    ):
+        return None  # a router that changed for the whole fleet: the fleet's regression
+    kind, shift, candidates = found.kind, found.shift, found.candidates
     scope, template_id, server_id, tenant = key
     regression = Regression(
         scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
@@ -140,18 +157,20 @@ def _open(
             template_id, changed_at=change.minute, now=now, version_id=regression.suspect_version_id
         )
         regression.evidence = {"pair": pair}
+    if kind == Regression.Kind.ROUTING:
+        regression.evidence = {"routing": found.placed}
     return saved(regression)
 
 
-def _template_moved(
-    template: list[Minute], before: list[Minute], after: list[Minute], config: DetectionConfig
+def _wider_moved(
+    wider: list[Minute], before: list[Minute], after: list[Minute], config: DetectionConfig
 ) -> bool:
-    """Whether the template as a whole fell by a minimum drop over the narrower scope's minutes
-    before and after its change: then it is the template's to open (its series, mixing more
-    tenants' or servers' rates, may be a minute later to be sure of it)."""
+    """Whether the wider scope (a narrower scope's template, a server's fleet) fell by a minimum drop
+    over the scope's minutes before and after its change: then it is the wider scope's to open (its
+    series, mixing more tenants' or servers' rates, may be a minute later to be sure of it)."""
     start, split = before[0].minute, after[0].minute
-    earlier = [minute for minute in template if start <= minute.minute < split]
-    later = [minute for minute in template if split <= minute.minute <= after[-1].minute]
+    earlier = [minute for minute in wider if start <= minute.minute < split]
+    later = [minute for minute in wider if split <= minute.minute <= after[-1].minute]
     return bool(earlier and later) and _rate(earlier) - _rate(later) >= config.min_drop
 
 
@@ -166,21 +185,34 @@ def _held_by_wider(key: ScopeKey, changed_at: datetime) -> bool:
     return held.exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk")).exists()
 
 
+@dataclass(frozen=True, slots=True)
+class _Attribution:
+    kind: Regression.Kind
+    shift: dict[str, dict[str, float]]
+    candidates: list[dict[str, Any]]
+    placed: dict[str, float] | None  # a server's or the fleet's routing figures, when read
+
+
 def _attributed(
     key: ScopeKey, change: RateChange, before: list[Minute], after: list[Minute], window: Window
-) -> tuple[Regression.Kind, dict[str, dict[str, float]], list[dict[str, Any]]] | None:
-    """The drop's kind, cause shift and suspects; None when it is not this scope's to open (another
-    scope's kind, or a cause whose change did not happen)."""
+) -> _Attribution | None:
+    """The drop's kind, cause shift, suspects and routing figures; None when it is not this scope's
+    to open (another scope's kind, or a cause whose change did not happen)."""
     shift = attribution.cause_shift(before, after)
-    kind = attribution.kind_at(key, shift, changed_at=change.minute)
+    placed = None
+    if attribution.may_be_routing(key, shift):
+        placed = attribution.placement(
+            key, since=before[0].minute, changed_at=change.minute, until=window.until
+        )
+    kind = attribution.kind_at(key, shift, changed_at=change.minute, placed=placed)
     candidates = suspects_of(key, change.minute, window)
     if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
         kind = Regression.Kind.TEMPLATE_COMMIT
     if kind not in attribution.SCOPE_KINDS[key[0]]:
         return None  # another scope's: a salt rotation is its tenant's, a capacity cut its server's
-    if not attribution.confirmed(kind, key, after, changed_at=change.minute):
-        return None  # evictions or salt misses without the server or the salt having changed
-    return kind, shift, candidates
+    if not attribution.confirmed(kind, key, after, changed_at=change.minute, placed=placed):
+        return None  # evictions, salt or routing misses without the server, salt or router changing
+    return _Attribution(kind, shift, candidates, placed)
 
 
 def _update(regression: Regression, minutes: list[Minute], window: Window, *, now: datetime) -> None:
@@ -190,6 +222,7 @@ def _update(regression: Regression, minutes: list[Minute], window: Window, *, no
     recent = after[-RECENT_MINUTES:]
     regression.rate_now = _rate(recent) if recent else regression.rate_now
     regression.requests_after = sum(minute.requests for minute in after)
+    regression.cause_shift = attribution.since_change(regression.cause_shift, after)
     _cost(regression, after, window)
     regression.updated_at = now
     if reverted(regression, window):

@@ -78,11 +78,27 @@ def _ratio(regression: Regression) -> float | None:
 
 
 def _shift(regression: Regression) -> dict[str, object]:
-    """The cause shift as rows: each cause's share of the prompt tokens before and after."""
-    before, after = regression.cause_shift.get("before", {}), regression.cause_shift.get("after", {})
-    causes = sorted(set(before) | set(after), key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
-    rows = [(cause, before.get(cause, 0.0), after.get(cause, 0.0)) for cause in causes]
-    return {"shift_rows": rows}
+    """The cause shift as rows: each cause's share of the prompt tokens before, in the first minutes
+    after (what names the kind) and since the change (the whole segment: whether it lasted; None
+    for a regression opened before it was kept)."""
+    shift = regression.cause_shift
+    before, after, since = shift.get("before", {}), shift.get("after", {}), shift.get("since")
+    causes = set(before) | set(after) | set(since or {})
+    ordered = sorted(causes, key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
+    rows = [
+        (
+            cause,
+            before.get(cause, 0.0),
+            after.get(cause, 0.0),
+            None if since is None else since.get(cause, 0.0),
+        )
+        for cause in ordered
+    ]
+    return {
+        "shift_rows": rows,
+        "shift_since": since is not None,
+        "routing": regression.evidence.get("routing"),
+    }
 
 
 def _killer_rows(

@@ -107,3 +107,32 @@ def test_a_server_restarted_at_the_change_is_a_new_process_whatever_cause_its_fi
     assert kind_at(("server", None, server.pk, ""), shift, changed_at=changed_at) == Kind.CAPACITY
     elsewhere = changed_at - timedelta(minutes=10)  # no new epoch near: the causes name it
     assert kind_at(("server", None, server.pk, ""), shift, changed_at=elsewhere) == Kind.SALT_ROTATION
+
+
+MOVED = {"stayed_before": 0.98, "stayed_after": 0.4}
+STAYED = {"stayed_before": 0.98, "stayed_after": 0.95}
+
+
+@pytest.mark.parametrize(
+    ("lost", "placed", "kind"),
+    [
+        ({"routed_elsewhere": 20_000}, MOVED, Kind.ROUTING),
+        # Once a server has stored a prefix it was newly sent and evicted it for want of room, its
+        # next miss is an eviction: the router that moved the requests is still the cause.
+        ({"evicted": 20_000}, MOVED, Kind.ROUTING),
+        # Evictions while every template's requests stayed where they were: no routing change.
+        ({"evicted": 20_000}, STAYED, Kind.CAPACITY),
+        ({"evicted": 20_000}, None, Kind.CAPACITY),
+        ({"salt": 20_000}, MOVED, Kind.SALT_ROTATION),
+    ],
+)
+def test_a_fleet_drop_is_a_routing_change_where_the_requests_stopped_landing_where_they_did(
+    lost: dict[str, int], placed: dict[str, float] | None, kind: Regression.Kind
+) -> None:
+    changed_at = change_minute()
+    before = [minute(changed_at - timedelta(minutes=m)) for m in range(10, 0, -1)]
+    after = [minute(changed_at + timedelta(minutes=m), **lost) for m in range(3)]
+    shift = cause_shift(before, after)
+    fleet = ("fleet", None, None, "")
+    assert kind_at(fleet, shift, changed_at=changed_at, placed=placed) == kind
+    assert confirmed(Kind.ROUTING, fleet, after, changed_at=changed_at, placed=placed) == (placed is MOVED)

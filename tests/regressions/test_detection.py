@@ -80,6 +80,7 @@ def test_the_demo_opens_a_regression_per_fault_each_with_its_cause(tmp_path: Pat
     # of each fault are its hit rate's regression, not a TTFT one.
     assert not opened(Scope.TEMPLATE_SERVER) and not opened(Scope.TEMPLATE_TENANT)
     assert not Regression.objects.filter(metric=Regression.Metric.TTFT).exists()
+    assert not Regression.objects.filter(kind=Kind.ROUTING).exists()  # the router did not change
 
 
 def test_fault_free_traffic_opens_none(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""A TTFT regression's page and a reverted one's, in Debian's chromium, light and dark (screenshots in
-SCREENSHOTS, to look at): the demo's `volatile_top` commit reverted five minutes later, then a server
-slowing down eight minutes later."""
+"""A TTFT regression's page, a reverted one's and a routing change's, in Debian's chromium, light and
+dark (screenshots in SCREENSHOTS, to look at): the demo's `volatile_top` commit reverted five minutes
+later, then a server slowing down eight minutes later; the router switched to round-robin."""
 
 from pathlib import Path
 
@@ -12,6 +12,7 @@ from app.regressions.models import Regression
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, offline_page
 from tests.core.test_pages_browser import browser as browser  # the fixture
 from tests.regressions.test_detection import demo, detected
+from tests.regressions.test_routing import routing_change
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -53,4 +54,21 @@ def test_a_ttft_regression_and_a_reverted_one_read_in_light_and_dark(
         expect(page.locator("tbody")).to_contain_text("TTFT p90")
         expect(page.locator("tbody")).to_contain_text("(version reverted)")
         page.screenshot(path=str(SCREENSHOTS / f"regressions-{scheme}.png"), full_page=True)
+        assert blocked == []
+
+
+def test_a_routing_regression_reads_in_light_and_dark(
+    browser: Browser, live_server: LiveServer, tmp_path: Path
+) -> None:
+    detected(routing_change(), tmp_path)
+    routing = Regression.objects.get(kind=Regression.Kind.ROUTING)
+    SCREENSHOTS.mkdir(exist_ok=True)
+    schemes: tuple[Scheme, ...] = ("light", "dark")
+    for scheme in schemes:
+        page, blocked = offline_page(browser, live_server, scheme=scheme, user="engineer")
+        page.goto(f"{live_server.url}/regressions/{routing.pk}/")
+        expect(page.locator("h1")).to_have_text("Routing change on the fleet")
+        expect(page.locator("main")).to_contain_text("landed on the servers they had landed on before")
+        expect(page.locator("thead").first).to_contain_text("since the change")
+        page.screenshot(path=str(SCREENSHOTS / f"regression-routing-{scheme}.png"), full_page=True)
         assert blocked == []

@@ -101,6 +101,9 @@ def test_a_slower_server_opens_a_ttft_regression_on_that_server(tmp_path: Path) 
     page = client.get(reverse("regressions:detail", args=[slow.pk])).content.decode()
     assert "TTFT p90 rise on server virtual-1" in page
     assert f"rose from {slow.ttft_before_seconds:.3f} s to {slow.ttft_after_seconds:.3f} s" in page
+    assert "None found: the prefix cache's hit rate held" in page
+    listed_page = client.get(reverse("regressions:list")).content.decode()
+    assert "TTFT rose, not the cache: no cause found" in listed_page and "Unknown" not in listed_page
 
 
 def test_thin_bursty_traffic_with_noisy_ttfts_opens_none(tmp_path: Path) -> None:

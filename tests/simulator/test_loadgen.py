@@ -187,6 +187,29 @@ def test_a_salt_change_switches_the_tenants_cache_salt_from_its_time_on() -> Non
     assert salts("b", 80, 100) == {"salt-b"}
 
 
+def test_a_routing_change_scatters_each_template_and_tenant_from_its_time_on() -> None:
+    data = with_timeline(
+        {"at": 40, "routing_change": {"routing": "round_robin"}},
+        {"at": 70, "routing_change": {"routing": "prefix_aware"}},
+        routing="prefix_aware",
+        rate=20,
+    )
+
+    _, _, requests = plan(data)
+
+    def servers(start: float, end: float) -> dict[tuple[str, str], set[int]]:
+        found: dict[tuple[str, str], set[int]] = {}
+        for r in requests:
+            if start <= r.at < end:
+                found.setdefault((r.template, r.tenant), set()).add(r.server)
+        return found
+
+    assert all(len(s) == 1 for s in servers(0, 40).values())
+    assert all(s == {0, 1, 2, 3} for s in servers(40, 70).values())
+    # Back to prefix-aware: each key stays where round-robin sent it last.
+    assert all(len(s) == 1 for s in servers(70, 100).values())
+
+
 def test_headers_name_the_template_version_tenant_and_request() -> None:
     _, commits, requests = plan(fault_at_50("volatile_top"))
 

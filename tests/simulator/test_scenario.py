@@ -13,6 +13,7 @@ import pytest
 
 from simulator.scenario import (
     CapacityCut,
+    RoutingChange,
     SaltChange,
     ScenarioError,
     ServerRestart,
@@ -191,6 +192,12 @@ def test_a_fault_commit_holds_the_whole_edited_text() -> None:
     assert change.message == "main: show the current time and request id at the top of the prompt"
 
 
+def test_a_routing_change_names_the_policy_from_its_time_on() -> None:
+    data = scenario_data() | {"timeline": [{"at": 30, "routing_change": {"routing": "random"}}]}
+
+    assert parse_scenario(data).timeline == (RoutingChange(at=30.0, routing="random"),)
+
+
 def test_faults_apply_in_timeline_order_to_the_text_as_it_is_by_then() -> None:
     data = scenario_data()
     data["timeline"] = [
@@ -335,6 +342,8 @@ BAD_FIELDS = [
         "timeline[0].server_restart.num_blocks",
     ),
     ("timeline", [{"at": 1, "server_restart": None}], "timeline[0].server_restart"),
+    ("timeline", [{"at": 1, "routing_change": {"routing": "sticky"}}], "timeline[0].routing_change.routing"),
+    ("timeline", [{"at": 1, "routing_change": {}}], "timeline[0].routing_change.routing"),
 ]
 
 
