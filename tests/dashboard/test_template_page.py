@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 from django.db.models import Sum
 from django.test import Client, override_settings
 
@@ -20,13 +19,14 @@ from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
 from tests.dashboard.template_traffic import History, a_template_history
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def signed_in(client: Client) -> Client:
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 
