@@ -79,7 +79,8 @@ class Leases:
             self._connection.close()
         params = connections["default"].get_connection_params()
         params.pop("cursor_factory", None)
-        self._connection = psycopg.connect(**params, autocommit=True, application_name=self.name[:63])
+        params["application_name"] = self.name[:63]  # pg_stat_activity names who holds which lease
+        self._connection = psycopg.connect(**params, autocommit=True)
         keepalive = max(1, round(self.lease_seconds / 3))
         for setting in ("tcp_keepalives_idle", "tcp_keepalives_interval"):
             self._connection.execute(f"SET {setting} = {keepalive}")
