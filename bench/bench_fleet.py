@@ -41,7 +41,7 @@ from django.utils import timezone  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.fleet.services import register_server  # noqa: E402
 from app.traffic.kv_leases import lease_holders  # noqa: E402
-from app.traffic.models import KVEvent, KVStream  # noqa: E402
+from app.traffic.models import KVEvent  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from tests.simulator.running import free_ports  # noqa: E402
 
@@ -52,7 +52,15 @@ LEASE_SECONDS = 2
 def start_fleet(count: int) -> tuple[subprocess.Popen[str], list[dict[str, str]]]:
     http, kv, replay = (port - port % 1000 for port in free_ports(3))  # room for `count` ports each
     args = ["--servers", str(count), "--base-port", str(http), "--kv-base-port", str(kv + 200)]
-    args += ["--replay-base-port", str(replay + 400), "--no-sleep", "--num-blocks", "2048"]
+    args += [
+        "--replay-base-port",
+        str(replay + 400),
+        "--no-sleep",
+        "--num-blocks",
+        "256",
+        "--max-model-len",
+        "4096",
+    ]
     fleet = subprocess.Popen(
         [sys.executable, "-m", "simulator.fleet", *args], stdout=subprocess.PIPE, text=True
     )
@@ -61,19 +69,20 @@ def start_fleet(count: int) -> tuple[subprocess.Popen[str], list[dict[str, str]]
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
-    """About 400 tokens: one of 8 shared 320-token prefixes and a unique tail (hits and evictions)."""
+    """About 720 tokens: one of 8 shared 320-token prefixes and a unique 400-token tail, so that each
+    completion stores a dozen blocks and, the cache full, evicts as many (the events a busy server sends)."""
     rng = random.Random(seed)
     prefixes = [[rng.randrange(50000) for _ in range(320)] for _ in range(8)]
-    return [rng.choice(prefixes) + [rng.randrange(50000) for _ in range(80)] for _ in range(count)]
+    return [rng.choice(prefixes) + [rng.randrange(50000) for _ in range(400)] for _ in range(count)]
 
 
 async def drive(base_urls: list[str], seconds: float, concurrency: int) -> int:
     """Completions round-robin over the fleet for `seconds`; returns how many were answered."""
-    batch, sent = prompts(5000), 0
+    batch, sent, answered = prompts(5000), 0, 0
     deadline = time.monotonic() + seconds
 
     async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal sent
+        nonlocal sent, answered
         while time.monotonic() < deadline:
             number, sent = sent, sent + 1
             body = {"model": "tiny", "prompt": batch[number % len(batch)], "max_tokens": 4}
@@ -81,10 +90,11 @@ async def drive(base_urls: list[str], seconds: float, concurrency: int) -> int:
                 base_urls[number % len(base_urls)] + "/v1/completions", json=body
             ) as answer:
                 await answer.read()
+                answered += answer.status == 200
 
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    return sent
+    return answered
 
 
 def start_subscribers(count: int, database_url: str, folder: Path) -> list[subprocess.Popen[bytes]]:
@@ -128,7 +138,7 @@ def run(servers: int, subscribers: int, seconds: float, concurrency: int, databa
         cpu_before = {p.pid: sum(psutil.Process(p.pid).cpu_times()[:2]) for p in processes}
         answered = asyncio.run(drive([d["base_url"] for d in described], seconds, concurrency))
         rows_during = {pid: stored_rows(pks) - rows_before[pid] for pid, pks in owned.items()}
-        settled = wait_for(lambda: _quiet(ids), timeout=120)
+        settled = max(0.0, wait_for(_caught_up(ids), timeout=120) - 1.0)
         cpu = {p.pid: sum(psutil.Process(p.pid).cpu_times()[:2]) - cpu_before[p.pid] for p in processes}
         rows = {pid: stored_rows(pks) - rows_before[pid] for pid, pks in owned.items()}
     finally:
@@ -152,17 +162,18 @@ def _shared(servers: int, subscribers: int) -> bool:
     return len(holders) == servers and len(set(holders.values())) == subscribers
 
 
-_last: list[int] = []
+def _caught_up(ids: list[int]) -> Callable[[], bool]:
+    """A condition true once no event was stored for a second (the subscribers caught up)."""
+    last = [-1]
 
-
-def _quiet(ids: list[int]) -> bool:
-    """True once the stream positions stopped moving for a second (the subscribers caught up)."""
-    streams = KVStream.objects.filter(server_id__in=ids).order_by("server_id")
-    now = list(streams.values_list("last_seq", flat=True))
-    quiet = now == _last
-    _last[:] = now
-    if not quiet:
+    def quiet() -> bool:
+        stored = stored_rows(ids)
+        if stored == last[0]:
+            return True
+        last[0] = stored
         time.sleep(1.0)
+        return False
+
     return quiet
 
 
