@@ -1,4 +1,5 @@
-"""The KV-event subscriber: one ZMQ poller for every registered server's event stream.
+"""The KV-event subscriber: one ZMQ poller for the event streams of the servers this process leases
+(app/traffic/kv_leases.py: several processes share a fleet).
 
 Each batch is checked against the stream's sequence: a gap is asked of the server's replay
 endpoint, what it cannot send back is recorded as lost; a sequence that starts over means the
@@ -92,7 +93,7 @@ _STORED, _REMOVED, _CLEARED = KVEvent.Kind.STORED, KVEvent.Kind.REMOVED, KVEvent
 
 
 class KVEventCollector:
-    """Subscribes to every server that has a KV-event endpoint and stores what arrives."""
+    """Subscribes to the servers it is given (those this process leases) and stores what arrives."""
 
     def __init__(
         self,
@@ -129,13 +130,37 @@ class KVEventCollector:
             self.poller.register(socket, zmq.POLLIN)
             self._resume(server)
 
+    def subscribed(self) -> set[int]:
+        """The ids of the servers subscribed to."""
+        return {server.pk for server in self.servers.values()}
+
+    def unsubscribe(self, server_ids: set[int]) -> bool:
+        """Stop collecting these servers once what came from them is stored; False (and nothing
+        stopped) while it cannot be: another process taking them over resumes from the stored
+        positions, and what it replays from there is what this one received and did not store."""
+        self.flush()
+        if self.pending:
+            return False
+        for socket, server in list(self.servers.items()):
+            if server.pk in server_ids:
+                self.poller.unregister(socket)
+                socket.close(linger=0)
+                del self.servers[socket]
+        # Taken again later, a stream starts over from its stored position, not from this memory.
+        self.streams = {key: state for key, state in self.streams.items() if key[0] not in server_ids}
+        return True
+
     def _resume(self, server: Server) -> None:
         """Prime the trackers from committed positions and replay what came after them."""
         for stream in KVStream.objects.filter(server=server):
             self.streams[(server.pk, stream.dp_rank)] = SequenceState(
                 epoch=stream.epoch, last_seq=stream.last_seq, newest_ts=stream.last_event_at.timestamp()
             )
-            self._replay(server, stream.dp_rank, first=stream.last_seq + 1, last=None)
+            replayed = self._replay(server, stream.dp_rank, first=stream.last_seq + 1, last=None)
+            logger.info(
+                "%s rank %d: resumed after seq %d of epoch %d, %d batches replayed",
+                server.name, stream.dp_rank, stream.last_seq, stream.epoch, replayed,
+            )  # fmt: skip
 
     def poll(self, timeout_ms: int = 200) -> None:
         """Handle every message that arrives within `timeout_ms`, and flush when due."""
@@ -211,8 +236,9 @@ class KVEventCollector:
                 for block_hash in event.block_hashes:
                     removals.removed(block_hash, batch.ts)
 
-    def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> None:
-        """Buffer batches first..last from the replay endpoint and record what it lacked as lost.
+    def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> int:
+        """Buffer batches first..last from the replay endpoint and record what it lacked as lost;
+        returns the batches recovered.
 
         With `last` None (catching up after our own restart) every newer batch is taken and no
         gap is recorded: the replay buffer is all there is to know.
@@ -238,6 +264,7 @@ class KVEventCollector:
             )
             if lost:
                 logger.warning("%s: %d KV event batches lost (seq %d-%d)", server.name, lost, first, last)
+        return recovered
 
     def _fetch_replay(self, server: Server, first: int) -> list[ReplayReply]:
         """The replay from `first` on; asked a second time, with twice the time, when the first

@@ -7,8 +7,9 @@ records from one lookback before the first of them (app/domain/misscauses.py). T
 that replay: its next run reads only the events and records since (the online path), unless a
 record came later than that, which replays again from one lookback before it. Events emitted
 before the last run and received after it are not replayed (the delay is there to make them rare).
-A record is written once (ON CONFLICT DO NOTHING): a redelivered task, or two runs at once,
-diagnose it the same and store it once. Records that arrive later than the lookback are left
+A record is written once (ON CONFLICT DO NOTHING): a redelivered task diagnoses it the same and
+stores it once. Runs at once in several workers split the fleet by compatibility group (an advisory
+lock each): a request is diagnosed by one of them. Records that arrive later than the lookback are left
 undiagnosed. The minutes of the arrivals diagnosed are then summed again into traffic.LossMinute,
 for the dashboards.
 
@@ -21,8 +22,10 @@ family (app/prompts/models.py PrefixFamily): a family is to the diagnosis what a
 """
 
 import logging
+import zlib
 from collections import Counter
 from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,7 +53,7 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
-WHERE r.arrived_at >= %s AND r.arrived_at < %s
+WHERE r.arrived_at >= %s AND r.arrived_at < %s AND (%s::int8[] IS NULL OR r.server_id = ANY(%s))
 ORDER BY r.arrived_at, r.server_id, r.request_id
 """
 # One row per batch of events (a step of the engine): its events' kinds and blocks' signed hashes
@@ -62,7 +65,7 @@ SELECT emitted_at, server_id, dp_rank, epoch,
        array_send(array_agg(kind::int4 ORDER BY event_index, block_index)),
        array_send(array_agg(COALESCE(block_hash, 0) ORDER BY event_index, block_index))
 FROM traffic_kvevent
-WHERE emitted_at >= %s AND emitted_at < %s
+WHERE emitted_at >= %s AND emitted_at < %s AND (%s::int8[] IS NULL OR server_id = ANY(%s))
 GROUP BY server_id, dp_rank, epoch, seq, emitted_at
 ORDER BY emitted_at, server_id, dp_rank, epoch, seq
 """
@@ -103,30 +106,83 @@ class _Replay:
 _kept: _Replay | None = None
 
 
+# pg_try_advisory_lock's first key: one compatibility group's diagnosis ("DIAG"), the second the
+# group's hash. Held by a run for its whole length, so two workers never diagnose the same request.
+DIAGNOSIS_LOCK_SPACE = 0x4449_4147
+
+
 def diagnose_requests(*, now: datetime) -> int:
-    """Diagnose the records due (see the module's docstring); returns how many were stored."""
+    """Diagnose the records due (see the module's docstring); returns how many were stored.
+
+    A run diagnoses the servers of the compatibility groups whose lock it takes (a server is only
+    compared within its group): a run at the same time in another worker takes the other groups,
+    or none, and leaves their records to the next run. Neither diagnoses a request the other does.
+    """
+    servers = {server.pk: server for server in Server.objects.all()}
+    groups: dict[int, Hashable] = {pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()}
+    with _group_locks(set(groups.values())) as held:
+        if not held:
+            return 0
+        mine = {pk: server for pk, server in servers.items() if groups[pk] in held}
+        return _diagnose(
+            now=now,
+            servers=mine,
+            groups={pk: groups[pk] for pk in mine},
+            all_groups=len(held) == len(set(groups.values())),
+        )
+
+
+@contextmanager
+def _group_locks(groups: set[Hashable]) -> Iterator[set[Hashable]]:
+    """Session advisory locks on the groups no other run holds, released when the block ends (a
+    worker that dies has its connection, and so its locks, closed with it)."""
+    held: set[Hashable] = set()
+    with connection.cursor() as cursor:
+        try:
+            for group in groups:
+                cursor.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", [DIAGNOSIS_LOCK_SPACE, group_lock_key(group)]
+                )
+                if cursor.fetchone()[0]:
+                    held.add(group)
+            yield held
+        finally:
+            for group in held:
+                cursor.execute(
+                    "SELECT pg_advisory_unlock(%s, %s)", [DIAGNOSIS_LOCK_SPACE, group_lock_key(group)]
+                )
+
+
+def group_lock_key(group: Hashable) -> int:
+    """The group's lock key: a stable hash (Python's own is salted per process) that fits int4;
+    two groups on one key only take turns."""
+    return zlib.crc32(repr(group).encode()) - 2**31
+
+
+def _diagnose(
+    *, now: datetime, servers: dict[int, Server], groups: dict[int, Hashable], all_groups: bool
+) -> int:
     global _kept
     until = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
     lookback = timedelta(minutes=settings.PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES)
-    servers = {server.pk: server for server in Server.objects.all()}
     streaming = set(KVStream.objects.values_list("server_id", flat=True))
-    groups: dict[int, Hashable] = {pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()}
     fleet = frozenset(servers)
+    only = None if all_groups else sorted(fleet)  # None: no filter (the usual run, with every group)
     replay = _kept
     if replay is not None and replay.through >= until - lookback and replay.servers == fleet:
-        late = _first_undiagnosed(since=until - lookback, until=replay.through)
+        late = _first_undiagnosed(since=until - lookback, until=replay.through, only=only)
         if late is not None:  # diagnosed against the fleet as it was: replay from before it
             replay = _Replay(FleetHistory(groups), late - lookback, fleet, turned_at=late - lookback)
         elif until <= replay.through:
             return 0  # nothing new (a clock behind the last run's): events are never applied twice
     else:
-        due = _first_undiagnosed(since=until - lookback, until=until)
+        due = _first_undiagnosed(since=until - lookback, until=until, only=only)
         if due is None:
             return 0
         replay = _Replay(FleetHistory(groups), due - lookback, fleet, turned_at=due - lookback)
     replay.history.regroup(groups)
     _kept = None  # until this run is stored: a failed run starts over
-    found = _advance(replay, until=until, servers=servers, streaming=streaming)
+    found = _advance(replay, until=until, servers=servers, streaming=streaming, only=only)
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
     stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
@@ -143,15 +199,22 @@ def forget_kept_replay() -> None:
 
 
 def _advance(
-    replay: _Replay, *, until: datetime, servers: dict[int, Server], streaming: set[int]
+    replay: _Replay,
+    *,
+    until: datetime,
+    servers: dict[int, Server],
+    streaming: set[int],
+    only: list[int] | None,
 ) -> list[tuple[_Record, Diagnosis | Unknown]]:
     """Apply the events and records of [replay.through, until) in time order; the records not
     diagnosed yet are diagnosed, the others only remembered."""
     history = replay.history
-    events = _events(since=replay.through, until=until)
+    events = _events(since=replay.through, until=until, only=only)
     pending = next(events, None)
     found: list[tuple[_Record, Diagnosis | Unknown]] = []
-    for record in _records(since=replay.through, until=until, servers=servers, streaming=streaming):
+    for record in _records(
+        since=replay.through, until=until, servers=servers, streaming=streaming, only=only
+    ):
         while pending is not None and pending[0] <= record.prompt.arrived_at:
             _apply(history, pending)
             pending = next(events, None)
@@ -166,14 +229,14 @@ def _advance(
     return found
 
 
-def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
+def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | None) -> datetime | None:
     with connection.cursor() as cursor:
         cursor.execute(
             """SELECT min(r.arrived_at) FROM traffic_requestrecord r
-            WHERE r.arrived_at >= %s AND r.arrived_at < %s AND NOT EXISTS (
-              SELECT FROM traffic_requestdiagnosis d WHERE d.server_id = r.server_id
+            WHERE r.arrived_at >= %s AND r.arrived_at < %s AND (%s::int8[] IS NULL OR r.server_id = ANY(%s))
+              AND NOT EXISTS (SELECT FROM traffic_requestdiagnosis d WHERE d.server_id = r.server_id
                 AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at)""",
-            [since, until],
+            [since, until, only, only],
         )
         (first,) = cursor.fetchone()
     return first  # type: ignore[no-any-return]
@@ -182,9 +245,9 @@ def _first_undiagnosed(*, since: datetime, until: datetime) -> datetime | None:
 _Batch = tuple[datetime, int, int, int, bytes, bytes]  # at, server, rank, epoch, kinds, hashes (array_send)
 
 
-def _events(*, since: datetime, until: datetime) -> Iterator[_Batch]:
+def _events(*, since: datetime, until: datetime, only: list[int] | None) -> Iterator[_Batch]:
     with connection.chunked_cursor() as cursor:
-        cursor.execute(_EVENTS_SQL, [since, until])
+        cursor.execute(_EVENTS_SQL, [since, until, only, only])
         while rows := cursor.fetchmany(_FETCH):
             yield from rows
 
@@ -202,11 +265,16 @@ def _apply(history: FleetHistory, batch: _Batch) -> None:
 
 
 def _records(
-    *, since: datetime, until: datetime, servers: dict[int, Server], streaming: set[int]
+    *,
+    since: datetime,
+    until: datetime,
+    servers: dict[int, Server],
+    streaming: set[int],
+    only: list[int] | None,
 ) -> Iterator[_Record]:
     # A named cursor: the window's records stream from the server, not all in memory at once.
     with connection.chunked_cursor() as cursor:
-        cursor.execute(_RECORDS_SQL, [since, until])
+        cursor.execute(_RECORDS_SQL, [since, until, only, only])
         while rows := cursor.fetchmany(_FETCH):
             for row in rows:
                 yield _record(row, servers[row[0]], kv_events=row[0] in streaming)

@@ -160,6 +160,9 @@ GROUP BY 1, 2, 3, 4, 5
 """
 
 
+LOSS_ROLLUP_LOCK = 0x4C4F_5353  # pg_advisory_xact_lock's key for summing loss minutes ("LOSS")
+
+
 def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
     """Recompute the per-minute loss rows of every whole minute touching [since, until) from the
     diagnoses, and the hours holding them; returns the minute rows written. The diagnosis task
@@ -167,6 +170,9 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
     start, end = _whole_minutes(since, until)
     hours_start, hours_end = _whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
+        # Diagnosis runs of other server groups in other workers sum the same minutes: one at a time,
+        # or both hours' DELETE-then-INSERT would see the same old rows and insert each hour twice.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOSS_ROLLUP_LOCK])
         cursor.execute(_LOSS_SQL, {"since": start, "until": end})
         written = int(cursor.rowcount)
         hours = {"since": hours_start, "until": hours_end}

@@ -1,4 +1,5 @@
-"""Subscribe to the KV events of every registered vLLM server and store them (one process for all)."""
+"""Subscribe to the KV events of registered vLLM servers and store them: as many processes as wanted,
+each collecting the servers it leases (its share of them; app/traffic/kv_leases.py)."""
 
 import gc
 import logging
@@ -7,6 +8,7 @@ import socket
 import time
 from typing import Any
 
+import psycopg
 import zmq
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
@@ -17,6 +19,7 @@ from app.telemetry import configure_tracing
 from app.traffic.kv_collector import KVEventCollector
 from app.traffic.models import CollectorProcess
 from app.traffic.services.collector_processes import report_collector_process
+from app.traffic.kv_leases import Leases
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,11 @@ class Command(BaseCommand):
             "--flush-seconds", type=float, default=0.5, help="how often buffered events are written"
         )
         parser.add_argument(
-            "--rescan-seconds", type=float, default=10.0, help="how often new servers are looked for"
+            "--rescan-seconds",
+            type=float,
+            default=10.0,
+            help="the lease period: how often leases are checked, new or free servers taken, extra ones "
+            "given up; a killed process's servers are taken over within it",
         )
 
     def handle(self, *args: Any, flush_seconds: float, rescan_seconds: float, **options: Any) -> None:
@@ -43,6 +50,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         collector = KVEventCollector(zmq.Context.instance(), flush_seconds=flush_seconds)
+        leases = Leases(lease_seconds=rescan_seconds)
         # What start-up made (Django, its apps and models: some 80,000 objects) lives as long as the
         # process. Frozen, it is no longer walked by the full collections that buffered rows set
         # off, each of which took 70-150 ms (bench_kv_ingest: a few microseconds an event).
@@ -53,16 +61,43 @@ class Command(BaseCommand):
                 if time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + rescan_seconds
                     try:
-                        collector.subscribe(Server.objects.exclude(state=Server.State.DISABLED))
+                        check_leases(collector, leases)
                         report_collector_process(
                             kind=CollectorProcess.Kind.KV_SUBSCRIBER,
                             name=socket.gethostname(),
                             queue_depth=len(collector.pending.rows),
                             now=timezone.now(),
                         )
-                    except DatabaseError as exc:  # PostgreSQL away: keep collecting, look again later
-                        logger.warning("cannot read the servers to subscribe to: %s", exc)
+                    except (DatabaseError, psycopg.Error) as exc:  # PostgreSQL away: collect, look again
+                        logger.warning("cannot check the KV-event leases: %s", exc)
                 collector.poll(timeout_ms=200)
         finally:
-            collector.close()
+            collector.close()  # stored first, then the leases given up: a taker resumes after it
+            leases.close()
         self.stdout.write("KV event collector stopped")
+
+
+def check_leases(collector: KVEventCollector, leases: Leases) -> None:
+    """Give up the leases above this process's share (after storing what their servers sent), and
+    subscribe to the free servers this process's share leaves room for."""
+    leases.connect()
+    # Leases lost with a lease connection that broke, and taken by another process meanwhile: it
+    # collects them now (the two storing the same events meanwhile store each once).
+    stray = collector.subscribed() - leases.held
+    if stray:
+        collector.unsubscribe(stray)
+    servers = set(
+        Server.objects.exclude(state=Server.State.DISABLED)
+        .exclude(kv_events_endpoint="")
+        .values_list("pk", flat=True)
+    )
+    excess = leases.excess(servers)
+    if excess and collector.unsubscribe(excess):
+        leases.release(excess)
+        logger.info("KV-event leases given up: servers %s", sorted(excess))
+    taken = leases.take_share(servers)
+    if taken:
+        collector.subscribe(Server.objects.filter(pk__in=taken))
+        failed = taken - collector.subscribed()
+        leases.release(failed)  # not subscribed (a bad endpoint): free for another process to try
+        logger.info("KV-event leases taken: servers %s", sorted(taken - failed))

@@ -1,0 +1,99 @@
+"""Diagnosis runs in several workers at once split the fleet by compatibility group: a request is
+diagnosed by one run, never by two (app/traffic/services/diagnosis.py, DIAGNOSIS_LOCK_SPACE)."""
+
+import os
+import random
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+
+import psycopg
+import pytest
+from django.db import connections
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.diagnosis import DIAGNOSIS_LOCK_SPACE, diagnose_requests, group_lock_key
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
+from tests.traffic.processes import REPO, database_url_for_tests
+
+RECORDS_PER_SERVER = 300
+
+
+def fleet_of_two_groups() -> list[Server]:
+    """Two servers of different models: two compatibility groups."""
+    return [
+        register_server(name=f"vllm-{model}", base_url=f"http://vllm-{model}:8000", model=model)
+        for model in ("qwen", "llama")
+    ]
+
+
+def ingest(servers: list[Server], *, count: int, at: datetime) -> None:
+    rng = random.Random(3)
+    system = [rng.randrange(1, 50_000) for _ in range(96)]
+    for server in servers:
+        facts = [
+            RequestFacts(
+                request_id=f"{server.name}-{i}", arrived_at=at + timedelta(milliseconds=i),
+                server=server.name, model=server.model, template="support", prompt_tokens=112,
+                cached_tokens=0,
+                prompt_token_ids=system + [rng.randrange(1, 50_000) for _ in range(16)],
+            )
+            for i in range(count)
+        ]  # fmt: skip
+        ingest_request_records(facts, source="gateway", now=at)
+
+
+def diagnosed_servers() -> list[int]:
+    return sorted(set(RequestDiagnosis.objects.values_list("server_id", flat=True)))
+
+
+@pytest.mark.django_db
+def test_a_run_leaves_the_group_another_worker_is_diagnosing_to_the_next_run() -> None:
+    qwen, llama = fleet_of_two_groups()
+    arrived = timezone.now() - timedelta(minutes=2)
+    ingest([qwen, llama], count=5, at=arrived)
+    group = (qwen.model, qwen.block_size, qwen.hash_algo)
+    params = connections["default"].get_connection_params()
+    params.pop("cursor_factory", None)
+    with psycopg.connect(**params, autocommit=True) as other_worker:
+        other_worker.execute("SELECT pg_advisory_lock(%s, %s)", [DIAGNOSIS_LOCK_SPACE, group_lock_key(group)])
+        assert diagnose_requests(now=timezone.now()) == 5
+        assert diagnosed_servers() == [llama.pk]
+    assert diagnose_requests(now=timezone.now()) == 5  # the lock went with the other worker's connection
+    assert diagnosed_servers() == sorted([qwen.pk, llama.pk])
+
+
+_RUN = """
+import os, time
+from datetime import datetime
+from app.traffic.services.diagnosis import diagnose_requests
+start, now = float(os.environ["RUN_AT"]), datetime.fromisoformat(os.environ["RUN_NOW"])
+time.sleep(max(0.0, start - time.time()))
+print(diagnose_requests(now=now))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_diagnosing_at_once_diagnose_each_request_once() -> None:
+    servers = fleet_of_two_groups()
+    ingest(servers, count=RECORDS_PER_SERVER, at=timezone.now() - timedelta(minutes=2))
+    start, now = time.time() + 10, timezone.now()  # both started, Django loaded: then both run at once
+    environment = {**os.environ, "DATABASE_URL": database_url_for_tests(), "RUN_AT": str(start),
+                   "RUN_NOW": now.isoformat()}  # fmt: skip
+    command = [sys.executable, "manage.py", "shell", "-c", _RUN]
+    workers = [
+        subprocess.Popen(
+            command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    answers = [worker.communicate(timeout=120) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], answers
+    diagnosed = [int(out.split()[-1]) for out, _ in answers]
+    assert sum(diagnosed) == 2 * RECORDS_PER_SERVER, diagnosed  # none diagnosed by both
+    assert RequestDiagnosis.objects.count() == 2 * RECORDS_PER_SERVER
