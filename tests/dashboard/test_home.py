@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import MetricSeries, MinuteRollup, RequestRecord, ScrapeSample
+from app.traffic.services.server_rollups import refresh_server_minutes
 
 pytestmark = pytest.mark.django_db
 
@@ -71,6 +72,8 @@ def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signe
         ScrapeSample.objects.create(server=server, series=queries, scraped_at=at, value=q)
         ScrapeSample.objects.create(server=server, series=hits, scraped_at=at, value=h)
 
+    refresh_server_minutes(since=start, until=timezone.now())  # as the rollup task does every minute
+
     html = signed_in.get("/").content.decode()
 
     row = html[html.index("vllm-counted") : html.index("</tr>", html.index("vllm-counted"))]
@@ -88,13 +91,20 @@ def section(html: str, dom_id: str) -> str:
     return html[start : html.index("</section>", start)]
 
 
-def test_proposed_servers_are_shown_apart_from_the_fleet(signed_in: Client) -> None:
+def row_of(html: str, name: str) -> str:
+    start = html.index(f">{name}<")
+    return html[start : html.index("</tr>", start)]
+
+
+def test_proposed_servers_are_listed_last_and_decided_apart(signed_in: Client) -> None:
     Server.objects.create(name="vllm-0", base_url="http://a:8000")
     Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
 
     html = signed_in.get("/").content.decode()
 
-    assert "vllm-0-typo" not in section(html, "fleet-table")
+    table = section(html, "fleet-table")
+    assert table.index("vllm-0<") < table.index("vllm-0-typo")
+    assert "state-proposed" in row_of(table, "vllm-0-typo") and "<form" not in table
     proposed = section(html, "proposed-servers")
     assert "vllm-0-typo" in proposed and "Proposed servers" in proposed
     assert "<form" not in proposed  # deciding is for staff
