@@ -130,6 +130,7 @@ def _fleet(
     charted = [row for row in rows if row.state != "proposed"]
     return {
         "window": window, "windows": list(WINDOWS), "query": urlencode({"window": window.key}), "head": head,
+        "server_suffix": "" if window.key == "1h" else f"?{urlencode({'window': window.key})}",  # its default
         "head_rates": [(f"now ({NOW_MINUTES} min)", *_percents(head.now)),
                        ("last hour", *_percents(head.hour)), ("last day", *_percents(head.day))],
         "rows": [(row, _spark(row, times) if row.state != "proposed" else None) for row in rows],

@@ -298,7 +298,9 @@ def test_the_kv_event_stream_shows_its_last_event_and_the_batches_its_gaps_lost(
 
     table = section(signed_in.get("/").content.decode(), "fleet-table")
 
-    assert "last event 42 s ago" in row_of(table, "vllm-kv") or "last event 43 s ago" in row_of(table, "vllm-kv")
+    assert "last event 42 s ago" in row_of(table, "vllm-kv") or "last event 43 s ago" in row_of(
+        table, "vllm-kv"
+    )
     assert "2 gaps, 3 lost" in row_of(table, "vllm-kv")
     assert "not subscribed" in row_of(table, "vllm-quiet")
 

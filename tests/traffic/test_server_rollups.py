@@ -9,6 +9,7 @@ from django.utils import timezone
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, MetricSeries, Scrape, ScrapeSample, ServerHour, ServerMinute
+from app.traffic.series import SERVER_METRICS, parse_query, raw_server_series, series
 from app.traffic.services.scrapes import record_scrape
 from app.traffic.services.server_rollups import SCRAPE_GAP, refresh_server_minutes
 from collectors.metrics.parse import parse_metrics
@@ -114,3 +115,21 @@ def test_vllms_ttft_histogram_is_rolled_up_by_its_bucket_bounds() -> None:
     assert row.ttft_buckets == expected and expected[-1] == 18
     assert (row.ttft_count, row.prefix_queries, row.prefix_hits, row.finished_requests) == (18, 4026, 960, 18)
     assert row.scrapes == 2 and row.kv_usage_samples == 2
+
+
+@pytest.mark.parametrize("metric", SERVER_METRICS)
+@pytest.mark.parametrize("bucket", [300, 3600])
+def test_a_servers_long_series_read_from_the_rollups_equal_the_raw_rows(metric: str, bucket: int) -> None:
+    server, start = a_served_server()
+    refresh_server_minutes(since=start - timedelta(minutes=5), until=timezone.now())
+    query = parse_query(
+        {"metric": metric, "scope": "server", "id": str(server.pk), "bucket": str(bucket),
+         "since": (start - timedelta(hours=2)).isoformat()},
+        now=timezone.now(),
+    )  # fmt: skip
+
+    rolled_up, raw = series(query), raw_server_series(query, server.pk)
+
+    assert rolled_up.source in ("traffic_serverminute", "traffic_serverhour")
+    assert rolled_up.series[0].values == pytest.approx(raw.series[0].values, nan_ok=True)
+    assert any(v for v in raw.series[0].values)
