@@ -70,6 +70,10 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
     window = picked_window(request.GET, now=now)
     if request.GET.get("format") == "csv":
         return _sparks_csv(Server.objects.all(), window)
+    if request.GET.get("numbers"):  # the sparklines' numbers, fetched when their table is opened
+        return render(
+            request, "dashboard/home.html#spark-numbers", _spark_numbers(Server.objects.all(), window)
+        )
     template = "dashboard/home.html"
     if request.htmx:
         template += "#fleet-table"
@@ -127,16 +131,13 @@ def _fleet(
     )
     rows.sort(key=lambda row: row.state == "proposed")
     times = _bucket_starts(window)
-    charted = [row for row in rows if row.state != "proposed"]
     return {
         "window": window, "windows": list(WINDOWS), "query": urlencode({"window": window.key}), "head": head,
         "server_suffix": "" if window.key == "1h" else f"?{urlencode({'window': window.key})}",  # its default
         "head_rates": [(f"now ({NOW_MINUTES} min)", *_percents(head.now)),
                        ("last hour", *_percents(head.hour)), ("last day", *_percents(head.day))],
         "rows": [(row, _spark(row, times) if row.state != "proposed" else None) for row in rows],
-        "spark_names": [row.server.name for row in charted],
-        "spark_table": [(at, [_ratio(row.spark[i]) for row in charted]) for i, at in enumerate(times)],
-        "spark_times": times, "proposed": proposed,
+        "spark_count": len(times), "proposed": proposed,
         "lost": sorted(((labels[c], t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago),
         "by_template": _shown_groups(losses(since=hour_ago, until=now, by="template_version")[:10]),
@@ -160,12 +161,23 @@ def _spark(row: ServerRow, times: list[datetime]) -> dict[str, Any]:
     return {"id": f"spark-{row.server.pk}-data", "data": data}
 
 
+def _sparks(servers: QuerySet[Server], window: Window) -> tuple[list[datetime], list[Series]]:
+    """Each registered server's counter hit rate per bucket of the window: the sparklines' numbers."""
+    registered = servers.exclude(state=Server.State.PROPOSED).order_by("name")
+    found = hit_rate_sparks(registered, since=window.since, until=window.until, bucket=window.bucket)
+    return _bucket_starts(window), [Series(server.name, found[server.pk]) for server in registered]
+
+
+def _spark_numbers(servers: QuerySet[Server], window: Window) -> dict[str, object]:
+    times, found = _sparks(servers, window)
+    table = [(at, [_ratio(s.values[i]) for s in found]) for i, at in enumerate(times)]
+    return {"spark_names": [s.name for s in found], "spark_table": table}
+
+
 def _sparks_csv(servers: QuerySet[Server], window: Window) -> HttpResponse:
     """The sparklines' numbers: a `time` column, then each server's counter hit rate per bucket."""
-    registered = servers.exclude(state=Server.State.PROPOSED).order_by("name")
-    sparks = hit_rate_sparks(registered, since=window.since, until=window.until, bucket=window.bucket)
-    found = [Series(server.name, sparks[server.pk]) for server in registered]
-    response = HttpResponse(as_csv(_bucket_starts(window), found), content_type="text/csv; charset=utf-8")
+    times, found = _sparks(servers, window)
+    response = HttpResponse(as_csv(times, found), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="fleet-hit-rate-{window.key}.csv"'
     return response
 

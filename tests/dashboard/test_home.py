@@ -323,7 +323,9 @@ def test_the_sparklines_numbers_are_each_servers_counters_per_bucket_in_the_tabl
     assert by_minute == pytest.approx(expected) and len(expected) >= 10
     assert all(v == pytest.approx(0.4) for v in by_minute.values())  # 40 of every 100 queried tokens hit
     first = min(by_minute)
-    assert f'<td>{first:%Y-%m-%d %H:%M}</td><td class="num">40.0 %</td>' in partial
+    numbers = signed_in.get("/?window=1h&numbers=1").content.decode()  # fetched as its table opens
+    assert f'<td>{first:%Y-%m-%d %H:%M}</td><td class="num">40.0 %</td>' in numbers
+    assert 'hx-get="?window=1h&amp;numbers=1"' in partial and "hx-preserve" in partial
 
 
 def test_a_long_window_is_chosen_in_the_url_and_read_from_the_hours(signed_in: Client) -> None:
