@@ -128,9 +128,7 @@ def main() -> None:
             )
     finally:
         connection.creation.destroy_test_db(test_database, verbosity=0)
-    print(
-        f"{args.servers} servers, a week of three minute rollups ({rows:,} rows) and hours, median of {args.runs}"
-    )
+    print(f"{args.servers} servers, a week of three minute rollups ({rows:,} rows), median of {args.runs}")
     baseline = figures[0][1]
     for name, ms, size in figures:
         print(f"{name:22s} {ms:8.1f} ms  x{ms / baseline:5.2f}  {size / 1024:7.0f} KiB")
