@@ -1,23 +1,65 @@
 """Reads behind the dashboard pages."""
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Max, QuerySet, Sum
+from django.db import connection
+from django.db.models import Aggregate, Count, Max, Q, QuerySet, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.domain.hitrate import counter_increase
+from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
-from app.traffic.models import KVGap, KVStream, MinuteRollup, RejectedInput, ScrapeSample
-from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from app.regressions.models import Regression
+from app.traffic.models import (
+    HourRollup,
+    KVGap,
+    KVStream,
+    LossHour,
+    LossMinute,
+    MinuteRollup,
+    RejectedInput,
+    ServerHour,
+    ServerMinute,
+)
+from app.traffic.selectors import LOST_COLUMNS
+
+# The minute and hour rollups of request records, server readings and diagnoses (app/traffic/models.py).
+REQUEST_ROLLUPS = (MinuteRollup, HourRollup)
+SERVER_ROLLUPS = (ServerMinute, ServerHour)
+LOSS_ROLLUPS = (LossMinute, LossHour)
+
+STALE_AFTER_PULLS = 3
+"""An active server none of whose last this many pulls happened (the scheduler or worker away) is stale."""
+
+
+def server_state(server: Server, *, now: datetime) -> str:
+    """up, stale, down (its last pull failed), proposed or disabled."""
+    if server.state != Server.State.ACTIVE:
+        return str(server.state)
+    late = now - STALE_AFTER_PULLS * server.scrape_interval_timedelta
+    return "up" if server.last_scraped_at is not None and server.last_scraped_at >= late else "stale"
 
 
 @dataclass(frozen=True, slots=True)
 class ServerRow:
+    """One server's line on the Fleet page over the page's window."""
+
     server: Server
+    state: str  # server_state
     requests: int
     request_hit_rate: float | None  # cached / prompt tokens of recorded requests; None when unknown
-    counter_hit_rate: float | None  # growth of the server's prefix-cache hit and query counters
+    counter_hit_rate: float | None = None  # growth of the server's prefix-cache hit and query counters
+    ttft: tuple[float | None, float | None, float | None] = (None, None, None)  # vLLM's p50, p90, p99
+    kv_usage: float | None = None  # mean of the samples
+    kv_usage_max: float | None = None
+    evictions_per_minute: float | None = None  # None: no KV event stream heard from
+    preemptions_per_minute: float | None = None  # None: not pulled in the window
+    last_event_age: float | None = None  # seconds since its KV event stream's last event
+    gaps: int = 0  # KV-event gaps detected in the window
+    lost_batches: int = 0  # of them, batches neither received nor replayed
+    spark: list[float | None] = field(default_factory=list)  # counter hit rate per bucket of the window
 
     @property
     def request_hit_rate_percent(self) -> float | None:
@@ -27,19 +69,286 @@ class ServerRow:
     def counter_hit_rate_percent(self) -> float | None:
         return None if self.counter_hit_rate is None else 100 * self.counter_hit_rate
 
+    @property
+    def ttft_shown(self) -> list[str]:
+        return [_seconds(q) for q in self.ttft]
+
+    @property
+    def event_age_shown(self) -> str:
+        age = self.last_event_age
+        if age is None:
+            return ""
+        return f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min" if age < 7200 else f"{age / 3600:.0f} h"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{1000 * value:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _age(at: datetime | None, now: datetime) -> float | None:
+    return None if at is None else max(0.0, (now - at).total_seconds())
+
 
 def fleet_overview(
-    *, now: datetime, window: timedelta = timedelta(hours=1), viewer: Viewer = SEES_ALL
+    *,
+    servers: QuerySet[Server],
+    now: datetime,
+    since: datetime,
+    until: datetime,
+    bucket: int,
+    viewer: Viewer = SEES_ALL,
 ) -> list[ServerRow]:
-    """Every registered server's requests and hit rates over the last `window` (proposed
-    servers are left out: see proposed_servers).
+    """Each of `servers` over [since, until) (whole minutes): its state, hit rates (its recorded
+    requests', its own counters' and those per `bucket` seconds for a sparkline), vLLM's TTFT quantiles,
+    KV usage, evictions and preemptions per minute, and its KV event stream's health.
 
-    Two hit rates, because they come from different places: the one of recorded requests (from
-    rollups) and the one of the server's own counters (from scraped /metrics).
+    Read from the rollups alone (hours for the whole hours of the window, minutes at its edges), never
+    from raw samples, events or records: the current minute shows once rolled up (within a minute).
     """
-    servers = viewer.servers(Server.objects.exclude(state=Server.State.PROPOSED))
-    counters = counter_hit_rates(since=now - window, until=now)
-    return _rows(servers, now=now, window=window, counters=counters, viewer=viewer)
+    servers = servers.order_by("name")
+    requests = _requests(servers, since=since, until=until, viewer=viewer)
+    readings = window_sums(
+        SERVER_ROLLUPS,
+        servers,
+        since=since,
+        until=until,
+        sums=_READINGS,
+    )
+    sparks = hit_rate_sparks(servers, since=since, until=until, bucket=bucket)
+    streams = _streams(servers, since=since)
+    minutes = (until - since).total_seconds() / 60
+    rows = []
+    for server in servers:
+        request = requests.get(server.pk, {})
+        known = request.get("known") or 0
+        found = readings.get(server.pk, {})
+        stream = streams.get(server.pk, {})
+        rows.append(
+            ServerRow(
+                server, server_state(server, now=now), request.get("requests") or 0,
+                (request.get("cached") or 0) / known if known else None,
+                **_reading_cells(found, minutes, heard=bool(stream)),
+                last_event_age=_age(stream.get("last_event_at"), now), gaps=stream.get("gaps", 0),
+                lost_batches=stream.get("lost", 0), spark=sparks.get(server.pk, []),
+            )
+        )  # fmt: skip
+    return rows
+
+
+_TTFT_SUMS = {f"ttft_{i}": Sum(f"ttft_buckets__{i}") for i in range(len(TTFT_BUCKETS_SECONDS) + 1)}
+_READINGS: dict[str, Aggregate] = {
+    "scrapes": Sum("scrapes"), "queries": Sum("prefix_queries"), "hits": Sum("prefix_hits"),
+    "preemptions": Sum("preemptions"), "usage_sum": Sum("kv_usage_sum"), "usage_n": Sum("kv_usage_samples"),
+    "max_usage": Max("kv_usage_max"), "evictions": Sum("evictions"), **_TTFT_SUMS,
+}  # fmt: skip
+
+
+def _reading_cells(found: dict[str, Any], minutes: float, *, heard: bool) -> dict[str, Any]:
+    """A server's readings over the window as ServerRow's fields (None where nothing was measured)."""
+    queries, usage_n = found.get("queries") or 0, found.get("usage_n") or 0
+    counts = [int(found.get(f"ttft_{i}") or 0) for i in range(len(TTFT_BUCKETS_SECONDS) + 1)]
+    quantiles = tuple(histogram_quantile(q, TTFT_BUCKETS_SECONDS, counts) for q in (0.5, 0.9, 0.99))
+    pulled = bool(found.get("scrapes"))
+    return {
+        "counter_hit_rate": (found.get("hits") or 0) / queries if queries else None,
+        "ttft": quantiles, "kv_usage": found["usage_sum"] / usage_n if usage_n else None,
+        "kv_usage_max": found.get("max_usage"),
+        "evictions_per_minute": (found.get("evictions") or 0) / minutes if heard else None,
+        "preemptions_per_minute": (found.get("preemptions") or 0) / minutes if pulled else None,
+    }  # fmt: skip
+
+
+def _requests(
+    servers: QuerySet[Server], *, since: datetime, until: datetime, viewer: Viewer
+) -> dict[Any, dict[str, Any]]:
+    sums: dict[str, Aggregate] = {
+        "requests": Sum("requests"), "known": Sum("cache_known_prompt_tokens"), "cached": Sum("cached_tokens")
+    }  # fmt: skip
+    return window_sums(REQUEST_ROLLUPS, servers, since=since, until=until, sums=sums, viewer=viewer)
+
+
+def _streams(servers: QuerySet[Server], *, since: datetime) -> dict[int, dict[str, Any]]:
+    """Per server with a KV event stream: its last event, and the gaps detected since `since`."""
+    found: dict[int, dict[str, Any]] = {}
+    for server_id, at in (
+        KVStream.objects.filter(server__in=servers.values("pk"))
+        .values("server_id").annotate(at=Max("last_event_at")).values_list("server_id", "at")
+    ):  # fmt: skip
+        found[server_id] = {"last_event_at": at, "gaps": 0, "lost": 0}
+    gaps = (
+        KVGap.objects.filter(server__in=servers.values("pk"), detected_at__gte=since)
+        .values("server_id").annotate(n=Count("pk"), lost=Sum("lost"))
+    )  # fmt: skip
+    for row in gaps:
+        found.setdefault(row["server_id"], {"last_event_at": None})
+        found[row["server_id"]] |= {"gaps": row["n"], "lost": row["lost"] or 0}
+    return found
+
+
+def window_sums(
+    rollups: tuple[type[Any], type[Any]],
+    servers: QuerySet[Server],
+    *,
+    since: datetime,
+    until: datetime,
+    sums: Mapping[str, Aggregate],
+    by: str = "server_id",
+    viewer: Viewer = SEES_ALL,
+) -> dict[Any, dict[str, Any]]:
+    """Per `by` ("" for one total), `sums` of a pair of minute and hour rollups of `servers` over
+    [since, until): the whole hours from the hours, the minutes around them from the minutes (a day
+    is 24 rows per server, not 1,440). Aggregates named max_* are the largest of the parts."""
+    minutes, hours = rollups[0].objects.all(), rollups[1].objects.all()
+    first, last = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
+    if first < last:
+        parts = [
+            minutes.filter(minute__gte=since, minute__lt=first),
+            hours.filter(hour__gte=first, hour__lt=last),
+            minutes.filter(minute__gte=last, minute__lt=until),
+        ]
+    else:
+        parts = [minutes.filter(minute__gte=since, minute__lt=until)]
+    found: dict[Any, dict[str, Any]] = {}
+    for part in parts:
+        part = _seen(part.filter(server__in=servers.values("pk")), viewer)
+        rows = part.values(by).annotate(**sums) if by else [part.aggregate(**sums)]
+        for row in rows:
+            total = found.setdefault(row.get(by) if by else "", {})
+            for name in sums:
+                total[name] = _combined(name, total.get(name), row[name])
+    return found  # fmt: skip
+
+
+def _seen(rows: QuerySet[Any], viewer: Viewer) -> QuerySet[Any]:
+    """The rows of a rollup the viewer sees (app/core/tenancy.py): request rollups of its servers and
+    templates, loss rollups of its tenants; a server's own readings are the server's, whoever's traffic."""
+    if rows.model in REQUEST_ROLLUPS:
+        return viewer.rollups(rows)
+    if rows.model in LOSS_ROLLUPS:
+        return viewer.traffic(rows)
+    return rows
+
+
+def _combined(name: str, a: Any, b: Any) -> Any:
+    if a is None or b is None:
+        return b if a is None else a
+    return max(a, b) if name.startswith("max_") else a + b
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = moment.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == moment else floor + timedelta(hours=1)
+
+
+# Each row's bucket as its number from the window's start (no timestamps to convert: a week of a fleet's
+# hours is thousands of rows), and the ratio taken in PostgreSQL.
+_SPARK_SQL = """
+SELECT server_id, floor((extract(epoch FROM {time}) - %(since)s) / %(bucket)s)::int AS i,
+       sum(prefix_hits)::float8 / nullif(sum(prefix_queries), 0)
+FROM {table} WHERE server_id = ANY(%(ids)s) AND {time} >= %(start)s AND {time} < %(until)s
+GROUP BY 1, 2
+"""
+
+
+def hit_rate_sparks(
+    servers: QuerySet[Server], *, since: datetime, until: datetime, bucket: int
+) -> dict[int, list[float | None]]:
+    """Per server, its counters' hit rate per bucket of [since, until) (bucket-aligned), None where
+    nothing was queried; read from the server hours when the bucket is whole hours, else the minutes."""
+    hours = bucket % 3600 == 0
+    sql = _SPARK_SQL.format(
+        table="traffic_serverhour" if hours else "traffic_serverminute", time="hour" if hours else "minute"
+    )
+    ids = list(servers.values_list("pk", flat=True))
+    count = int((until - since).total_seconds()) // bucket
+    found: dict[int, list[float | None]] = {pk: [None] * count for pk in ids}
+    params: dict[str, Any] = {
+        "ids": ids,
+        "bucket": bucket,
+        "since": since.timestamp(),
+        "start": since,
+        "until": until,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for server_id, i, rate in cursor.fetchall():
+            if 0 <= i < count:
+                found[server_id][i] = rate
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class HitRates:
+    """One period's hit rate of the fleet: of its recorded requests, and of its servers' own counters."""
+
+    requests: float | None
+    counters: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    now: HitRates  # the last NOW_MINUTES minutes
+    hour: HitRates
+    day: HitRates
+    saved_tokens: int  # cached prompt tokens of the recorded requests in the window: prefill skipped
+    lost_tokens: dict[str, int]  # reusable prompt tokens of the diagnosed requests not reused, per cause
+    open_regressions: int
+    acknowledged_regressions: int  # acknowledged or muted: still there, someone is on it
+
+    @property
+    def lost_total(self) -> int:
+        return sum(self.lost_tokens.values())
+
+
+NOW_MINUTES = 5
+
+
+def fleet_headline(
+    *, servers: QuerySet[Server], now: datetime, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
+) -> Headline:
+    """The Fleet page's cards over `servers`: hit rates now, over the last hour and day; prompt tokens
+    saved and lost (by cause) over [since, until); regressions not resolved (the fleet's and tenants'
+    too: they are nobody's server). Rollups only."""
+    minute = now.replace(second=0, microsecond=0)
+    periods = [minute - timedelta(minutes=NOW_MINUTES - 1), now - timedelta(hours=1), now - timedelta(days=1)]
+    rates = [_hit_rates(servers, since=start, until=now, viewer=viewer) for start in periods]
+    saved = window_sums(REQUEST_ROLLUPS, servers, since=since, until=until, by="",
+                        sums={"cached": Sum("cached_tokens")}, viewer=viewer)[""]  # fmt: skip
+    lost_sums: dict[str, Aggregate] = {cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
+    lost = window_sums(
+        LOSS_ROLLUPS,
+        servers,
+        since=since,
+        until=until,
+        by="",
+        sums=lost_sums,
+        viewer=viewer,
+    )[""]
+    regressions = viewer.regressions(
+        Regression.objects.filter(Q(server__isnull=True) | Q(server__in=servers.values("pk")))
+    )
+    states = dict(regressions.values("state").annotate(n=Count("pk")).values_list("state", "n"))
+    return Headline(
+        rates[0], rates[1], rates[2], saved_tokens=saved["cached"] or 0,
+        lost_tokens={cause: tokens for cause, tokens in lost.items() if tokens},
+        open_regressions=states.get(Regression.State.OPEN, 0),
+        acknowledged_regressions=states.get(Regression.State.ACKNOWLEDGED, 0)
+        + states.get(Regression.State.MUTED, 0),
+    )  # fmt: skip
+
+
+def _hit_rates(servers: QuerySet[Server], *, since: datetime, until: datetime, viewer: Viewer) -> HitRates:
+    window: dict[str, Any] = {"since": since, "until": until, "by": "", "viewer": viewer}
+    cached = {"cached": Sum("cached_tokens"), "known": Sum("cache_known_prompt_tokens")}
+    requests = window_sums(REQUEST_ROLLUPS, servers, **window, sums=cached)[""]
+    counted = {"hits": Sum("prefix_hits"), "queries": Sum("prefix_queries")}
+    counters = window_sums(SERVER_ROLLUPS, servers, **window, sums=counted)[""]
+    return HitRates(
+        requests["cached"] / requests["known"] if requests["known"] else None,
+        counters["hits"] / counters["queries"] if counters["queries"] else None,
+    )
 
 
 def proposed_servers(
@@ -50,55 +359,11 @@ def proposed_servers(
     servers = viewer.servers(Server.objects.filter(state=Server.State.PROPOSED)).order_by(
         "created_at", "name"
     )
-    return _rows(servers, now=now, window=window, counters={}, viewer=viewer)
-
-
-def _rows(
-    servers: QuerySet[Server], *, now: datetime, window: timedelta, counters: dict[int, float], viewer: Viewer
-) -> list[ServerRow]:
-    """Each server's requests and hit rate of the request rollups the viewer sees (a shared server's:
-    of the viewer's templates only); its own counters' hit rate is the server's, whoever's traffic."""
-    totals = {
-        row["server_id"]: row
-        for row in viewer.rollups(MinuteRollup.objects.all())
-        .filter(minute__gte=now - window, minute__lt=now, server__in=servers.values("pk"))
-        .values("server_id")
-        .annotate(
-            requests=Sum("requests"), known=Sum("cache_known_prompt_tokens"), cached=Sum("cached_tokens")
-        )
-    }
-    rows = []
-    for server in servers:
-        t = totals.get(server.pk, {"requests": 0, "known": 0, "cached": 0})
-        request_rate = t["cached"] / t["known"] if t["known"] else None
-        rows.append(ServerRow(server, t["requests"], request_rate, counters.get(server.pk)))
-    return rows
-
-
-def counter_hit_rates(*, since: datetime, until: datetime) -> dict[int, float]:
-    """Per server: hits over queries of its prefix-cache counters between two times (resets counted).
-
-    Reads at most one window of raw samples of two series per engine; None-free: servers without
-    queries in the window are left out.
-    """
-    samples = (
-        ScrapeSample.objects.filter(
-            series__name__in=PREFIX_CACHE_QUERIES + PREFIX_CACHE_HITS,
-            scraped_at__gte=since,
-            scraped_at__lt=until,
-        )
-        .order_by("series_id", "scraped_at")
-        .values_list("server_id", "series_id", "series__name", "value")
-    )
-    series: dict[tuple[int, int, str], list[float]] = {}
-    for server_id, series_id, name, value in samples:
-        series.setdefault((server_id, series_id, name), []).append(value)
-    queries: dict[int, float] = {}
-    hits: dict[int, float] = {}
-    for (server_id, _, name), values in series.items():
-        growth = hits if name in PREFIX_CACHE_HITS else queries
-        growth[server_id] = growth.get(server_id, 0.0) + counter_increase(values)
-    return {server: hits.get(server, 0.0) / q for server, q in queries.items() if q > 0}
+    requests = _requests(servers, since=now - window, until=now, viewer=viewer)
+    return [
+        ServerRow(server, "proposed", requests.get(server.pk, {}).get("requests") or 0, None)
+        for server in servers
+    ]
 
 
 @dataclass(frozen=True, slots=True)

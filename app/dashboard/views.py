@@ -1,11 +1,13 @@
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -20,7 +22,17 @@ from app.core.tenancy import Viewer, viewer_of
 from app.dashboard.explorer import request_extras
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.metrics import PrefixscopeCollector
-from app.dashboard.selectors import collection_health, fleet_overview, proposed_servers
+from app.dashboard.selectors import (
+    NOW_MINUTES,
+    HitRates,
+    ServerRow,
+    collection_health,
+    fleet_headline,
+    fleet_overview,
+    hit_rate_sparks,
+    proposed_servers,
+)
+from app.dashboard.server_page import WINDOWS, Window, picked_window
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.prompts.killers import SampleKey, killer_at, template_killers
@@ -30,12 +42,12 @@ from app.traffic.selectors import (
     LossRow,
     diagnosed_requests,
     losses,
-    lost_tokens_by_cause,
     recent_misses,
     routing_effectiveness,
     tenant_audit,
     unexpected_hits,
 )
+from app.traffic.series import Series, as_csv
 from app.traffic.services.servers import merge_server
 
 _registry = CollectorRegistry()
@@ -50,12 +62,25 @@ def metrics(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @login_required
+@require_GET
 def home(request: HtmxHttpRequest) -> HttpResponse:
-    """The fleet at a glance; htmx polls refresh only the #fleet-table partial."""
+    """The fleet at a glance over the window in the URL; htmx polls refresh only the #fleet-table
+    partial; `format=csv` answers the sparklines' numbers."""
+    now = timezone.now()
+    window = _in_hours(picked_window(request.GET, now=now))
+    viewer = viewer_of(request.user)
+    if request.GET.get("format") == "csv":
+        return _sparks_csv(viewer.servers(Server.objects.all()), window)
+    if request.GET.get("numbers"):  # the sparklines' numbers, fetched when their table is opened
+        return render(
+            request,
+            "dashboard/home.html#spark-numbers",
+            _spark_numbers(viewer.servers(Server.objects.all()), window),
+        )
     template = "dashboard/home.html"
     if request.htmx:
         template += "#fleet-table"
-    return render(request, template, _fleet(viewer=viewer_of(request.user)))
+    return render(request, template, _fleet(now=now, window=window, viewer=viewer))
 
 
 @login_required
@@ -72,14 +97,16 @@ def proposed_server(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
     form = ProposedServerForm(request.POST, auto_id=f"proposed-{server_id}-%s")
     if not form.is_valid():
         template = "dashboard/home.html" + ("#proposed-servers" if request.htmx else "")
-        return render(request, template, _fleet(invalid={server_id: form}, viewer=viewer))
+        return render(request, template, _fleet(now=timezone.now(), invalid={server_id: form}, viewer=viewer))
     try:
         messages.success(request, _decide(server_id, form.cleaned_data))
     except ServerStateError as exc:  # accepted, merged or deleted by someone else meanwhile
         messages.error(request, str(exc))
     if not request.htmx:
         return redirect("dashboard:home")
-    response = render(request, "dashboard/home.html#proposed-servers", _fleet(viewer=viewer))
+    response = render(
+        request, "dashboard/home.html#proposed-servers", _fleet(now=timezone.now(), viewer=viewer)
+    )
     response["HX-Trigger"] = "fleet-changed"
     return response
 
@@ -93,26 +120,95 @@ def _decide(server_id: int, data: dict[str, Any]) -> str:
     return f"Merged into {data['into']}: {moved} request records moved, {joined} joined to its own."
 
 
-def _fleet(*, invalid: dict[int, ProposedServerForm] | None = None, viewer: Viewer) -> dict[str, object]:
-    """The Fleet page, of what the viewer sees: registered servers, and the proposed ones each with
-    its form (a posted invalid one with its errors)."""
-    now = timezone.now()
+def _fleet(
+    *,
+    now: datetime,
+    viewer: Viewer,
+    window: Window | None = None,
+    invalid: dict[int, ProposedServerForm] | None = None,
+) -> dict[str, object]:
+    """The Fleet page, of what the viewer sees: headline cards, every server (proposed ones last)
+    over the window, and the proposed ones each with its form (a posted invalid one with its errors)."""
+    window = window or _in_hours(picked_window({}, now=now))
+    servers = viewer.servers(Server.objects.all())
     proposed = [
         (row, (invalid or {}).get(row.server.pk) or _form_for(row.server))
         for row in proposed_servers(now=now, viewer=viewer)
     ]
     hour_ago = now - timedelta(hours=1)
     labels = dict(RequestDiagnosis.Cause.choices)
-    lost = lost_tokens_by_cause(since=hour_ago, until=now, viewer=viewer)
-    by_template = losses(since=hour_ago, until=now, by="template_version", viewer=viewer)[:10]
+    head = fleet_headline(servers=servers, now=now, since=window.since, until=window.until, viewer=viewer)
+    rows = fleet_overview(
+        servers=servers, now=now, since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
+    )
+    rows.sort(key=lambda row: row.state == "proposed")
+    times = _bucket_starts(window)
+    by_template = losses(since=hour_ago, until=now, by="template_version", viewer=viewer)
     return {
-        "rows": fleet_overview(now=now, viewer=viewer),
-        "proposed": proposed,
-        "lost": sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1]),
+        "window": window, "windows": list(WINDOWS), "query": urlencode({"window": window.key}), "head": head,
+        "server_suffix": "" if window.key == "1h" else f"?{urlencode({'window': window.key})}",  # its default
+        "head_rates": [(f"now ({NOW_MINUTES} min)", *_percents(head.now)),
+                       ("last hour", *_percents(head.hour)), ("last day", *_percents(head.day))],
+        "rows": [(row, _spark(row, times) if row.state != "proposed" else None) for row in rows],
+        "spark_count": len(times), "proposed": proposed,
+        "lost": sorted(((labels[c], t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago, viewer=viewer),
-        "by_template": _shown_groups(by_template),
+        "by_template": _shown_groups(by_template[:10]),
         "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),
-    }
+    }  # fmt: skip
+
+
+def _percents(rates: HitRates) -> tuple[float | None, float | None]:
+    return tuple(None if r is None else 100 * r for r in (rates.requests, rates.counters))  # type: ignore[return-value]
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.1f} %"
+
+
+def _spark(row: ServerRow, times: list[datetime]) -> dict[str, Any]:
+    """What static/charts/charts.js draws in a row's sparkline (times as Unix seconds, to stay short)."""
+    drawn = any(value is not None for value in row.spark)
+    series = [{"name": "engine_hit_rate", "label": "vLLM counters", "values": row.spark}] if drawn else []
+    data = {"unit": "ratio", "times": [int(at.timestamp()) for at in times], "series": series}
+    return {"id": f"spark-{row.server.pk}-data", "data": data}
+
+
+def _sparks(servers: QuerySet[Server], window: Window) -> tuple[list[datetime], list[Series]]:
+    """Each registered server's counter hit rate per bucket of the window: the sparklines' numbers."""
+    registered = servers.exclude(state=Server.State.PROPOSED).order_by("name")
+    found = hit_rate_sparks(registered, since=window.since, until=window.until, bucket=window.bucket)
+    return _bucket_starts(window), [Series(server.name, found[server.pk]) for server in registered]
+
+
+def _spark_numbers(servers: QuerySet[Server], window: Window) -> dict[str, object]:
+    times, found = _sparks(servers, window)
+    table = [(at, [_ratio(s.values[i]) for s in found]) for i, at in enumerate(times)]
+    return {"spark_names": [s.name for s in found], "spark_table": table}
+
+
+def _sparks_csv(servers: QuerySet[Server], window: Window) -> HttpResponse:
+    """The sparklines' numbers: a `time` column, then each server's counter hit rate per bucket."""
+    times, found = _sparks(servers, window)
+    response = HttpResponse(as_csv(times, found), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="fleet-hit-rate-{window.key}.csv"'
+    return response
+
+
+def _in_hours(window: Window) -> Window:
+    """A window of a day or more in whole hours, drawn by the hour: its sums and sparklines then read
+    the hour rollups alone (a day of a fleet's minutes is 1,440 rows per server)."""
+    if window.until - window.since < timedelta(days=1):
+        return window
+    since = window.since.replace(minute=0, second=0, microsecond=0)
+    until = window.until.replace(minute=0, second=0, microsecond=0)
+    return replace(window, since=since, until=until if until == window.until else until + timedelta(hours=1),
+                   bucket=3600)  # fmt: skip
+
+
+def _bucket_starts(window: Window) -> list[datetime]:
+    count = int((window.until - window.since).total_seconds()) // window.bucket
+    return [window.since + timedelta(seconds=i * window.bucket) for i in range(count)]
 
 
 def _shown_groups(rows: list[LossRow]) -> list[dict[str, object]]:

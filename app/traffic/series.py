@@ -217,7 +217,7 @@ def _bucketed(
     table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
 ) -> dict[datetime, tuple[Any, ...]]:
     """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
-    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour") else time
+    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour", "traffic_serverhour") else time
     sql = f"""
         SELECT {_bin(time)} AS b, {columns}
         FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
@@ -301,7 +301,29 @@ def _counter_growth(query: SeriesQuery, server_id: int, names: tuple[str, ...]) 
         return {at: float(grown) for at, grown in cursor.fetchall()}
 
 
+ROLLED_UP_FROM = 300
+"""Buckets of this many seconds or more read a server's readings from its minute (or, for whole
+hours, hour) rollups; shorter ones from the raw pulls and events, which have the minute not yet rolled up."""
+_ROLLED_UP = {
+    "engine_hit_rate": "sum(prefix_hits)::float8 / nullif(sum(prefix_queries), 0)",
+    "kv_usage": "sum(kv_usage_sum)::float8 / nullif(sum(kv_usage_samples), 0)",
+    "evictions": "sum(evictions)", "preemptions": "sum(preemptions)",
+    "request_rate": "sum(finished_requests)::float8 / %(bucket)s",
+}  # fmt: skip
+
+
 def _server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
+    """A server's own readings per bucket, from its rollups for long buckets, else from raw rows."""
+    if query.bucket < ROLLED_UP_FROM:
+        return raw_server_series(query, server_id)
+    table = "traffic_serverhour" if query.bucket % 3600 == 0 else "traffic_serverminute"
+    rows = _bucketed(table, _ROLLED_UP[query.metric], "server_id = %(id)s", {"id": server_id}, query)
+    empty = 0.0 if query.metric == "evictions" else None  # as raw_server_series
+    values = _on_grid(query, {at: row[0] for at, row in rows.items()}, empty)
+    return _set(query, table, [Series(query.metric, values)])
+
+
+def raw_server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
     """A server's own readings per bucket: from its scrapes, or (evictions) its KV events."""
     metric = query.metric
     if metric == "engine_hit_rate":

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import claim_due_scrapes, record_served_models
-from app.traffic.services import diagnosis, partitions, requests, rollups
+from app.traffic.services import diagnosis, partitions, requests, rollups, server_rollups
 from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.client import ScrapeFailed, fetch_metrics
 from collectors.metrics.parse import MetricsParseError, parse_metrics
@@ -30,6 +30,7 @@ def maintain_partitions() -> None:
 def refresh_rollups() -> None:
     now = timezone.now()
     rollups.refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)
+    server_rollups.refresh_server_minutes(since=now - ROLLUP_LOOKBACK, until=now)
 
 
 @shared_task(name="traffic.diagnose_requests")

@@ -116,19 +116,35 @@
     });
   }
 
+  // A sparkline (data-chart="spark", in a table cell): the line alone, 0 to 100 %, no axes or legend;
+  // its numbers are in a table of their own.
+  function sparkOptions(data, width) {
+    return {
+      width: width,
+      height: 34,
+      scales: { x: { time: true }, y: { range: [0, 1] } },
+      axes: [{ show: false }, { show: false }],
+      legend: { show: false },
+      cursor: { show: false },
+      series: [{}, ...data.series.map((s) => ({ stroke: cssVar("--series-1"), width: 1.5, points: { show: true, size: 4, filter: () => isolated(s.values) } }))],
+    };
+  }
+
   function draw(figure, data) {
     const target = figure.querySelector(".chart-canvas");
+    const spark = figure.dataset.chart === "spark";
     if (figure._plot) figure._plot.destroy();
     target.textContent = "";
     if (!data.series.length) {
-      target.textContent = "Nothing in this window.";
+      target.textContent = spark ? "—" : "Nothing in this window.";
       target.classList.add("empty");
       figure.dataset.drawn = "empty";
       return;
     }
     const times = data.times.map((t) => (typeof t === "number" ? t : Date.parse(t) / 1000));
     const aligned = [times, ...data.series.map((s) => s.values)];
-    figure._plot = new uPlot(options(figure, data, times, target.clientWidth || 600), aligned, target);
+    const width = target.clientWidth || (spark ? 120 : 600);
+    figure._plot = new uPlot(spark ? sparkOptions(data, width) : options(figure, data, times, width), aligned, target);
     figure.dataset.drawn = "true";
   }
 

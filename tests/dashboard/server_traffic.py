@@ -1,5 +1,5 @@
 """A server's known traffic for its page's tests: /metrics pulls stored by the scrape service, request
-records by the ingest service (rolled up as the task does), KV events by the KV-event writer."""
+records by the ingest service, KV events by the KV-event writer; all rolled up as the task does."""
 
 from datetime import datetime, timedelta
 
@@ -11,6 +11,7 @@ from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.rollups import refresh_minute_rollups
 from app.traffic.services.scrapes import record_scrape
+from app.traffic.services.server_rollups import refresh_server_minutes
 from collectors.metrics.parse import parse_metrics
 from collectors.records import RequestFacts
 
@@ -53,6 +54,7 @@ def a_served_server(name: str = "vllm-charted") -> tuple[Server, datetime]:
     ingest_request_records(facts, source="rest", now=timezone.now())
     refresh_minute_rollups(since=start, until=start + timedelta(minutes=10))
     _blocks_that_lived(server, start, lifetimes=[30, 90])
+    refresh_server_minutes(since=start - timedelta(minutes=5), until=timezone.now())
     return server, start
 
 

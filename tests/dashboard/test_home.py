@@ -1,11 +1,28 @@
-from datetime import timedelta
+import csv
+import io
+from datetime import datetime, timedelta
 
 import pytest
 from django.test import Client
 from django.utils import timezone
 
+from app.dashboard.selectors import fleet_headline
 from app.fleet.models import Server
-from app.traffic.models import MetricSeries, MinuteRollup, RequestRecord, ScrapeSample
+from app.regressions.models import Regression
+from app.traffic.models import (
+    KVGap,
+    KVStream,
+    MetricSeries,
+    MinuteRollup,
+    RequestDiagnosis,
+    RequestRecord,
+    ScrapeSample,
+    ServerHour,
+    ServerMinute,
+)
+from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
+from app.traffic.services.server_rollups import refresh_server_minutes
+from tests.dashboard.server_traffic import a_served_server
 from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
@@ -71,6 +88,8 @@ def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signe
         ScrapeSample.objects.create(server=server, series=queries, scraped_at=at, value=q)
         ScrapeSample.objects.create(server=server, series=hits, scraped_at=at, value=h)
 
+    refresh_server_minutes(since=start, until=timezone.now())  # as the rollup task does every minute
+
     html = signed_in.get("/").content.decode()
 
     row = html[html.index("vllm-counted") : html.index("</tr>", html.index("vllm-counted"))]
@@ -88,13 +107,20 @@ def section(html: str, dom_id: str) -> str:
     return html[start : html.index("</section>", start)]
 
 
-def test_proposed_servers_are_shown_apart_from_the_fleet(signed_in: Client) -> None:
+def row_of(html: str, name: str) -> str:
+    start = html.index(f">{name}<")
+    return html[start : html.index("</tr>", start)]
+
+
+def test_proposed_servers_are_listed_last_and_decided_apart(signed_in: Client) -> None:
     Server.objects.create(name="vllm-0", base_url="http://a:8000")
     Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
 
     html = signed_in.get("/").content.decode()
 
-    assert "vllm-0-typo" not in section(html, "fleet-table")
+    table = section(html, "fleet-table")
+    assert table.index("vllm-0<") < table.index("vllm-0-typo")
+    assert "state-proposed" in row_of(table, "vllm-0-typo") and "<form" not in table
     proposed = section(html, "proposed-servers")
     assert "vllm-0-typo" in proposed and "Proposed servers" in proposed
     assert "<form" not in proposed  # deciding is for staff
@@ -163,3 +189,155 @@ def test_only_staff_decide_and_only_with_a_csrf_token(signed_in: Client) -> None
     assert no_token.post(f"/proposed/{typo.pk}/", accept).status_code == 403
     typo.refresh_from_db()
     assert typo.state == Server.State.PROPOSED
+
+
+def _rate(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a_day() -> None:
+    """Minute rows over a day (so the day is read from hours, and minutes at its edges): each
+    period's figures equal those rows summed here, in Python."""
+    servers = [Server.objects.create(name=f"vllm-{i}", base_url=f"http://v{i}:8000") for i in range(2)]
+    now = timezone.now()
+    minute = now.replace(second=0, microsecond=0)
+    for i, server in enumerate(servers):
+        for ago in (0, 2, 7, 45, 59, 61, 150, 600, 1300, 1439, 1441):  # minutes before this one
+            at = minute - timedelta(minutes=ago)
+            MinuteRollup.objects.create(
+                server=server,
+                minute=at,
+                requests=1,
+                prompt_tokens=1000,
+                cache_known_prompt_tokens=800 + ago % 7,
+                cached_tokens=100 * i + ago % 500,
+            )
+            ServerMinute.objects.create(server=server, minute=at, scrapes=4, prefix_queries=900 + ago,
+                                        prefix_hits=(300 + 7 * ago) % 900)  # fmt: skip
+    oldest = minute - timedelta(days=2)
+    refresh_minute_rollups(since=oldest, until=now)  # the hours, from these minutes
+    refresh_server_minutes(since=oldest, until=now)
+
+    head = fleet_headline(servers=Server.objects.all(), now=now, since=now - timedelta(hours=1), until=now)
+
+    for rates, since in [(head.now, minute - timedelta(minutes=4)), (head.hour, now - timedelta(hours=1)),
+                         (head.day, now - timedelta(days=1))]:  # fmt: skip
+        inside = MinuteRollup.objects.filter(minute__gte=since, minute__lt=now)
+        cached = sum(r.cached_tokens for r in inside)
+        assert rates.requests == pytest.approx(
+            _rate(cached, sum(r.cache_known_prompt_tokens for r in inside))
+        )
+        scraped = ServerMinute.objects.filter(minute__gte=since, minute__lt=now)
+        hits, queries = sum(r.prefix_hits for r in scraped), sum(r.prefix_queries for r in scraped)
+        assert rates.counters == pytest.approx(_rate(hits, queries))
+    hour = MinuteRollup.objects.filter(minute__gte=now - timedelta(hours=1), minute__lt=now)
+    assert head.saved_tokens == sum(r.cached_tokens for r in hour)
+    assert head.day != head.hour  # the periods differ, so the test tells them apart
+
+
+def test_lost_tokens_by_cause_are_the_diagnoses_summed_and_open_regressions_are_counted(
+    signed_in: Client,
+) -> None:
+    server = Server.objects.create(name="vllm-lossy", base_url="http://l:8000")
+    now = timezone.now()
+    lost = [("evicted_tokens", 320), ("routed_elsewhere_tokens", 64), ("evicted_tokens", 96)]
+    for i, (column, tokens) in enumerate(lost):
+        arrived_at = now - timedelta(minutes=10 + i)
+        RequestDiagnosis.objects.create(server=server, request_id=f"r{i}", arrived_at=arrived_at,
+                                        diagnosed_at=now, prompt_tokens=1000, **{column: tokens})  # fmt: skip
+    refresh_loss_minutes(since=now - timedelta(minutes=20), until=now)
+    for i, state in enumerate(("open", "open", "acknowledged", "resolved")):
+        Regression.objects.create(
+            scope="server", server=server, changed_at=now - timedelta(minutes=i), detected_at=now,
+            updated_at=now, rate_before=0.8, rate_after=0.3, rate_now=0.3, requests_before=100,
+            requests_after=50, confidence=0.99, state=state,
+        )  # fmt: skip
+
+    head = fleet_headline(servers=Server.objects.all(), now=now, since=now - timedelta(hours=1), until=now)
+    html = signed_in.get("/").content.decode()
+
+    assert head.lost_tokens == {"evicted": 416, "routed_elsewhere": 64} and head.lost_total == 480
+    assert (head.open_regressions, head.acknowledged_regressions) == (2, 1)
+    assert '<a href="/regressions/?state=open">2 open</a>' in html
+    assert '<td>Evicted</td><td class="num">416</td>' in html
+
+
+@pytest.mark.parametrize(
+    ("state", "pulled_ago", "shown"),
+    [
+        (Server.State.ACTIVE, timedelta(seconds=20), "up"),
+        (Server.State.ACTIVE, timedelta(minutes=5), "stale"),  # three 15 s pulls missed: no pulls happen
+        (Server.State.ACTIVE, None, "stale"),  # registered and never pulled
+        (Server.State.DOWN, timedelta(seconds=20), "down"),  # its last pull failed
+        (Server.State.DISABLED, None, "disabled"),
+    ],
+)
+def test_a_servers_state_says_whether_its_pulls_are_recent_and_answered(
+    signed_in: Client, state: str, pulled_ago: timedelta | None, shown: str
+) -> None:
+    last = None if pulled_ago is None else timezone.now() - pulled_ago
+    Server.objects.create(name="vllm-s", base_url="http://s:8000", state=state, last_scraped_at=last)
+
+    row = row_of(section(signed_in.get("/").content.decode(), "fleet-table"), "vllm-s")
+
+    assert f'<span class="state state-{shown}">{shown}</span>' in row
+
+
+def test_the_kv_event_stream_shows_its_last_event_and_the_batches_its_gaps_lost(signed_in: Client) -> None:
+    server = Server.objects.create(
+        name="vllm-kv", base_url="http://k:8000", kv_events_endpoint="tcp://k:5557"
+    )
+    Server.objects.create(name="vllm-quiet", base_url="http://q:8000")
+    now = timezone.now()
+    KVStream.objects.create(server=server, dp_rank=0, last_seq=90, last_event_at=now - timedelta(seconds=42))
+    for first, lost in [(10, 3), (50, 0)]:
+        KVGap.objects.create(server=server, epoch=0, first_seq=first, last_seq=first + 4, recovered=5 - lost,
+                             lost=lost, detected_at=now - timedelta(minutes=5))  # fmt: skip
+    KVGap.objects.create(server=server, epoch=0, first_seq=1, last_seq=2, recovered=0, lost=2,
+                         detected_at=now - timedelta(hours=3))  # before the window: not counted  # fmt: skip
+
+    table = section(signed_in.get("/").content.decode(), "fleet-table")
+
+    assert "last event 42 s ago" in row_of(table, "vllm-kv") or "last event 43 s ago" in row_of(
+        table, "vllm-kv"
+    )
+    assert "2 gaps, 3 lost" in row_of(table, "vllm-kv")
+    assert "not subscribed" in row_of(table, "vllm-quiet")
+
+
+def test_the_sparklines_numbers_are_each_servers_counters_per_bucket_in_the_table_and_csv(
+    signed_in: Client,
+) -> None:
+    server, start = a_served_server()
+    refresh_server_minutes(since=start - timedelta(minutes=5), until=timezone.now())
+
+    partial = signed_in.get("/?window=1h", headers={"HX-Request": "true"}).content.decode()
+    csv_text = signed_in.get("/?window=1h&format=csv").content.decode()
+
+    assert f'id="spark-{server.pk}-data"' in partial and 'hx-get="/?window=1h"' in partial
+    rows = list(csv.reader(io.StringIO(csv_text)))
+    assert rows[0] == ["time", "vllm-charted"] and len(rows) - 1 in (60, 61)  # the minute begun too
+    by_minute = {datetime.fromisoformat(at): float(v) for at, v in rows[1:] if v}
+    expected = {r.minute: r.prefix_hits / r.prefix_queries for r in ServerMinute.objects.filter(server=server)
+                if r.prefix_queries and r.minute >= datetime.fromisoformat(rows[1][0])}  # fmt: skip
+    assert by_minute == pytest.approx(expected) and len(expected) >= 10
+    assert all(v == pytest.approx(0.4) for v in by_minute.values())  # 40 of every 100 queried tokens hit
+    first = min(by_minute)
+    numbers = signed_in.get("/?window=1h&numbers=1").content.decode()  # fetched as its table opens
+    assert f'<td>{first:%Y-%m-%d %H:%M}</td><td class="num">40.0 %</td>' in numbers
+    assert 'hx-get="?window=1h&amp;numbers=1"' in partial and "hx-preserve" in partial
+
+
+def test_a_long_window_is_chosen_in_the_url_and_read_from_the_hours(signed_in: Client) -> None:
+    server, start = a_served_server()
+    refresh_server_minutes(since=start - timedelta(minutes=5), until=timezone.now())
+
+    html = signed_in.get("/?window=7d").content.decode()
+
+    assert 'value="7d" checked' in html and f'href="/servers/{server.pk}/?window=7d"' in html
+    rows = list(csv.reader(io.StringIO(signed_in.get("/?window=7d&format=csv").content.decode())))
+    assert len(rows) - 1 in (7 * 24, 7 * 24 + 1)  # hourly buckets, the hour begun too
+    hour = start.replace(minute=0)
+    assert [float(v) for at, v in rows[1:] if v] == pytest.approx(
+        [r.prefix_hits / r.prefix_queries for r in ServerHour.objects.filter(server=server).order_by("hour")]
+    ) and any(datetime.fromisoformat(at) == hour for at, v in rows[1:] if v)

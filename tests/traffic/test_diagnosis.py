@@ -159,7 +159,8 @@ def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: F
     assert client.get("/api/v1/miss-causes").json()["routed_elsewhere"] == 192
     fleet_page = client.get(reverse("dashboard:home")).content.decode()
     assert (
-        "Why prompt tokens were lost" in fleet_page
+        "Prompt tokens lost, by cause" in fleet_page
+        and "Routed elsewhere" in fleet_page
         and reverse("dashboard:request-detail", args=["sim-b", routed]) in fleet_page
     )
 

@@ -5,12 +5,13 @@ import time
 import httpx
 import pytest
 import zmq
+from django.db.models import Sum
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.kv_collector import KVEventCollector
-from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock, ScrapeSample
-from app.traffic.tasks import scrape_server
+from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock, ScrapeSample, ServerMinute
+from app.traffic.tasks import refresh_rollups, scrape_server
 from simulator.fleet import describe
 from tests.fixtures import captured_traffic
 from tests.simulator.running import local_config, running_fleet
@@ -51,8 +52,16 @@ def test_collected_events_and_scrapes_agree_with_what_the_servers_answered() -> 
             scrape_server(server.pk)
         collector.close()
     context.destroy(linger=0)
+    refresh_rollups()  # as beat runs it every minute, in the demo too
 
     for server in servers:
+        # The minute rollup of its pulls and events: what the Fleet page reads.
+        rolled = ServerMinute.objects.filter(server=server).aggregate(
+            hits=Sum("prefix_hits"), ttft=Sum("ttft_count"), pulls=Sum("scrapes"), evictions=Sum("evictions")
+        )
+        served = sum(1 for number in range(len(captured_traffic())) if servers[number % 2] == server)
+        assert (rolled["hits"], rolled["ttft"], rolled["pulls"]) == (cached[server.pk], served, 2)
+        assert rolled["evictions"] == KVEvent.objects.filter(server=server, kind=KVEvent.Kind.REMOVED).count()
         assert hits_total(server) - before[server.pk] == cached[server.pk] > 0
         assert KVEvent.objects.filter(server=server, kind=KVEvent.Kind.STORED).exists()
         assert ResidentBlock.objects.filter(server=server).count() <= 47

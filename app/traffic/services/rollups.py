@@ -59,7 +59,7 @@ def _minute_floor(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
 
 
-def _whole_minutes(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+def whole_minutes(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     """[since, until) widened to whole minutes, so that a minute is never half-counted."""
     end = _minute_floor(until)
     return _minute_floor(since), end + timedelta(minutes=1) if until != end else end
@@ -94,7 +94,7 @@ GROUP BY 1, 2, 3
 """
 
 
-def _whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     start = since.replace(minute=0, second=0, microsecond=0)
     end = until.replace(minute=0, second=0, microsecond=0)
     return start, end + timedelta(hours=1) if until != end else end
@@ -106,8 +106,8 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
 
     `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
     """
-    start, end = _whole_minutes(since, until)
-    hours_start, hours_end = _whole_hours(start, end)
+    start, end = whole_minutes(since, until)
+    hours_start, hours_end = whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
         written = int(cursor.rowcount)
@@ -167,8 +167,8 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
     """Recompute the per-minute loss rows of every whole minute touching [since, until) from the
     diagnoses, and the hours holding them; returns the minute rows written. The diagnosis task
     calls it for the arrivals it just diagnosed."""
-    start, end = _whole_minutes(since, until)
-    hours_start, hours_end = _whole_hours(start, end)
+    start, end = whole_minutes(since, until)
+    hours_start, hours_end = whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
         # Diagnosis runs of other server groups in other workers sum the same minutes: one at a time,
         # or both hours' DELETE-then-INSERT would see the same old rows and insert each hour twice.

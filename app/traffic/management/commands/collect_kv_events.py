@@ -17,9 +17,9 @@ from django.utils import timezone
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
 from app.traffic.kv_collector import KVEventCollector
+from app.traffic.kv_leases import Leases
 from app.traffic.models import CollectorProcess
 from app.traffic.services.collector_processes import report_collector_process
-from app.traffic.kv_leases import Leases
 
 logger = logging.getLogger(__name__)
 
