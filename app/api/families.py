@@ -10,10 +10,11 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 
-from app.api.templates import READ_AUTH, READERS, WRITE_AUTH, WRITERS, ErrorOut
+from app.api.errors import ApiError, error
+from app.api.templates import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.prompts import selectors, services
 from app.prompts.models import PrefixFamily, Template
 
@@ -72,7 +73,7 @@ def list_families(request: HttpRequest) -> Any:
 @router.patch(
     "/families/{family_id}",
     auth=WRITERS,
-    response={200: FamilyOut, 404: ErrorOut},
+    response={200: FamilyOut, 404: ApiError},
     summary="Name a prefix family, bind it to a template",
     description="Fields left out are unchanged; `template_id: null` unbinds. Requests ingested from then "
     "on carry the template; requests stored before keep theirs. 404: no such family or template. "
@@ -82,12 +83,12 @@ def list_families(request: HttpRequest) -> Any:
 def update_family(request: HttpRequest, family_id: int, body: FamilyIn) -> Any:
     family = selectors.families().filter(pk=family_id).first()
     if family is None:
-        return Status(404, {"error": "no such family"})
+        return error(404, "no such family")
     given = body.model_fields_set
     template = family.template
     if "template_id" in given:
         template = Template.objects.filter(pk=body.template_id).first() if body.template_id else None
         if body.template_id and template is None:
-            return Status(404, {"error": "no such template"})
+            return error(404, "no such template")
     name = body.name if "name" in given and body.name is not None else family.name
     return services.name_family(family, name=name, template=template, now=timezone.now())

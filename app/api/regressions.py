@@ -8,11 +8,12 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema
 from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.security import django_auth
 
-from app.api.templates import READ_AUTH, READERS, ErrorOut, KillerOut, killer_out
+from app.api.errors import ApiError, error
+from app.api.templates import READ_AUTH, READERS, KillerOut, killer_out
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
 from app.regressions.models import Regression
@@ -178,20 +179,20 @@ def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) ->
 @router.get(
     "/regressions/{regression_id}",
     auth=READERS,
-    response={200: RegressionOut, 404: ErrorOut},
+    response={200: RegressionOut, 404: ApiError},
     summary="A regression, with its attribution, cause shift and cost",
     description=READ_AUTH,
     url_name="regression",
 )
 def get_regression(request: HttpRequest, regression_id: int) -> Any:
     regression = selectors.regressions(state="all").filter(pk=regression_id).first()
-    return regression if regression is not None else Status(404, {"error": "no such regression"})
+    return regression if regression is not None else error(404, "no such regression")
 
 
 @router.post(
     "/regressions/{regression_id}/note",
     auth=django_auth,
-    response={200: RegressionOut, 404: ErrorOut},
+    response={200: RegressionOut, 404: ApiError},
     summary="Acknowledge or mute a regression, or open it again, with a note",
     description="A person's: a logged-in user's session, with Django's CSRF token as X-CSRFToken. A resolved "
     "regression stays resolved; its note is saved.",
@@ -200,7 +201,7 @@ def get_regression(request: HttpRequest, regression_id: int) -> Any:
 def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> Any:
     regression = selectors.regressions(state="all").filter(pk=regression_id).first()
     if regression is None:
-        return Status(404, {"error": "no such regression"})
+        return error(404, "no such regression")
     return services.note_regression(
         regression, state=body.state, note=body.note, user=request.user, now=timezone.now()
     )

@@ -1,5 +1,7 @@
 """Reads of the fleet: what a server serves, as a request's block hashes need it."""
 
+from django.db.models import QuerySet
+
 from app.domain.blockhash import LoraKey
 from app.fleet.models import Server
 
@@ -31,3 +33,13 @@ def request_lora(server: Server, model: str) -> LoraKey | None:
     if not model or model == server.model or model in server.base_models or server.models_read_at is None:
         return None
     raise UnknownModel(f"server {server.name} serves no model {model!r}")
+
+
+def servers(*, state: str = "", model: str = "") -> QuerySet[Server]:
+    """Servers by name, of that state and model when given."""
+    found = Server.objects.order_by("name")
+    if state:
+        found = found.filter(state=state)
+    if model:
+        found = found.filter(model=model)
+    return found

@@ -44,12 +44,24 @@ def diagnosed_requests(*, server_name: str, request_id: str) -> list[DiagnosedRe
     return [DiagnosedRequest(record, diagnoses.get(record.arrived_at)) for record in found]
 
 
-def lost_tokens_by_cause(*, since: datetime, until: datetime, server_id: int | None = None) -> dict[str, int]:
+def lost_tokens_by_cause(
+    *,
+    since: datetime,
+    until: datetime,
+    server_id: int | None = None,
+    template_id: int | None = None,
+    tenant: str | None = None,
+) -> dict[str, int]:
     """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
-    `since` to `until` (per-minute rollups: a minute counts when it starts in the window)."""
+    `since` to `until` (per-minute rollups: a minute counts when it starts in the window), of one
+    server, template or tenant when given."""
     minutes = _loss_minutes(since=since, until=until)
     if server_id is not None:
         minutes = minutes.filter(server_id=server_id)
+    if template_id is not None:
+        minutes = minutes.filter(template_id=template_id)
+    if tenant is not None:
+        minutes = minutes.filter(tenant=tenant)
     sums = minutes.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
     return {cause: tokens or 0 for cause, tokens in sums.items()}
 

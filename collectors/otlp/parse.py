@@ -67,7 +67,8 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
             full = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
             body = full.SerializeToString()
         export = Export.FromString(body)
-    except (DecodeError, json_format.ParseError, ValueError) as exc:
+    except (DecodeError, json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+        # TypeError, AttributeError: JSON of another shape (`null`, a list) than the export's object
         raise OTLPDecodeError(f"not an OTLP trace export: {exc}") from None
     spans = []
     for resource_spans in export.resource_spans:
