@@ -11,9 +11,10 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Router, Schema
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from app.api.errors import ApiError, error
+from app.api.pages import Pages
 from app.api.templates import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.prompts import selectors, services
 from app.prompts.models import PrefixFamily, Template
@@ -65,7 +66,7 @@ class FamilyOut(Schema):
     description=READ_AUTH,
     url_name="families",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_families(request: HttpRequest) -> Any:
     return selectors.families()  # sliced by the pagination: one page read
 

@@ -4,16 +4,15 @@ Authenticated as the other reads are: a logged-in user's session, or an ingest t
 and changing servers is not here (the set-up API). Lists come a page at a time (`limit`, `offset`).
 """
 
-from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
-from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from app.api.errors import ApiError, error
+from app.api.pages import Pages, Rows
 from app.api.schemas import Instant
 from app.api.templates import READ_AUTH, READERS, DeployOut, KillerOut, killer_out
 from app.api.templates import router as templates_router
@@ -24,23 +23,6 @@ from app.prompts import selectors as prompt_selectors
 from app.prompts.models import CacheKiller, DeployMarker
 
 router = Router(tags=["fleet"])
-
-
-M = TypeVar("M", bound=Model)
-
-
-class Rows(Generic[M]):
-    """A queryset's rows as answers, read a page at a time: LimitOffsetPagination counts it and
-    slices it, and only the page's rows are read and converted."""
-
-    def __init__(self, found: QuerySet[M], answer: Callable[[M], dict[str, Any]]) -> None:
-        self.found, self.answer = found, answer
-
-    def __len__(self) -> int:
-        return self.found.count()
-
-    def __getitem__(self, page: slice) -> list[dict[str, Any]]:
-        return [self.answer(row) for row in self.found[page]]
 
 
 class ServerOut(Schema):
@@ -85,7 +67,7 @@ class ServerFilters(Schema):
     description=READ_AUTH,
     url_name="servers",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_servers(request: HttpRequest, filters: Query[ServerFilters]) -> Any:
     return Rows(fleet_selectors.servers(state=filters.state or "", model=filters.model or ""), ServerOut.of)
 
@@ -122,7 +104,7 @@ class DeployFilters(Schema):
     "naming a version (source=traffic). " + READ_AUTH,
     url_name="deploys",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_deploys(request: HttpRequest, filters: Query[DeployFilters]) -> Any:
     found = prompt_selectors.deploys(
         template=filters.template or "", server=filters.server or "", since=filters.since, until=filters.until
@@ -159,7 +141,7 @@ class KillerFilters(Schema):
     "prompt text (a template's own list gives samples: GET /api/v1/templates/{id}/killers). " + READ_AUTH,
     url_name="killers",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_killers(request: HttpRequest, filters: Query[KillerFilters]) -> Any:
     found = killers.fleet_killers(template=filters.template or "", kind=filters.kind or "")
     names = dict(Server.objects.values_list("pk", "name"))

@@ -9,10 +9,11 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 from ninja.security import django_auth
 
 from app.api.errors import ApiError, error
+from app.api.pages import Pages
 from app.api.templates import READ_AUTH, READERS, KillerOut, killer_out
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
@@ -169,7 +170,7 @@ class NoteIn(Schema):
     description="Active ones (not resolved) by default. " + READ_AUTH,
     url_name="regressions",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
     return selectors.regressions(
         state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or ""

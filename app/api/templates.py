@@ -14,13 +14,14 @@ from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 from ninja.security import django_auth
 from ninja.security.session import SessionAuthIsStaff
 
 from app.api.errors import ApiError, error
 from app.api.ingest.rest import IngestTokenAuth
 from app.api.models import IngestToken
+from app.api.pages import Pages
 from app.api.schemas import Instant
 from app.compare.killers import Samples, killer_samples
 from app.fleet.models import Server
@@ -342,7 +343,7 @@ def list_templates(request: HttpRequest) -> Any:
     description="Without content and diff (see the version itself). " + READ_AUTH,
     url_name="template-versions",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_versions(request: HttpRequest, template_id: int) -> Any:
     template = get_object_or_404(Template, pk=template_id)
     return [VersionOut.of(version) for version in selectors.versions(template)]
