@@ -17,23 +17,30 @@ def completed(schema: OpenAPISchema) -> OpenAPISchema:
     POST /v1/traces."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components["ApiError"] = ApiError.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemes = schema["components"].get("securitySchemes", {})
+    cookies = {name for name, scheme in schemes.items() if scheme.get("in") == "cookie"}
     for item in schema["paths"].values():
         for method in METHODS:
             if method in item:
-                _add_errors(item[method], method)
+                _add_errors(item[method], cookies)
     schema["paths"]["/v1/traces"] = {"post": TRACES}
     return schema
 
 
-def _add_errors(operation: dict[str, Any], method: str) -> None:
-    """The errors any operation of its kind may answer, where it does not document them itself."""
+def _add_errors(operation: dict[str, Any], cookies: set[str]) -> None:
+    """The errors any operation of its kind may answer, where it does not document them itself;
+    `cookies`: the security schemes that are a session (CSRF-checked)."""
     common = {503: "The database is unavailable: retry after Retry-After seconds"}
-    if operation.get("security"):
+    security = {name for requirement in operation.get("security", ()) for name in requirement}
+    if security:
         common[401] = "No live session or token"
-        common[403] = "Not allowed to that user (or, with a session, the CSRF check failed)"
-    if operation.get("parameters") or operation.get("requestBody"):
+    if security & cookies:
+        common[403] = "Not allowed to that user, or the CSRF check failed"
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+    reads_json = "$ref" in body  # a body django-ninja reads; an operation reading its own says its errors
+    if operation.get("parameters") or reads_json:
         common[422] = "A parameter or field is not valid: `fields` says which and why"
-    if "requestBody" in operation:
+    if reads_json:
         common[400] = "The body is not JSON"
         common[413] = "The body is larger than the server takes"
         common[415] = "The body is not sent as application/json"

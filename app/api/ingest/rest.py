@@ -71,7 +71,7 @@ BODY_DOC = {
     "/requests",
     auth=IngestTokenAuth(),
     response={
-        200: IngestAnswer, 400: IngestAnswer | ApiError, 401: ApiError, 413: ApiError, 415: ApiError,
+        200: IngestAnswer, 400: IngestAnswer | ApiError, 401: ApiError, 413: ApiError,
         429: ApiError, 503: ApiError,
     },
     summary="Ingest request records",
