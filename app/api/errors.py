@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import DataError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from ninja import Field, NinjaAPI, Schema, Status
 from ninja.errors import HttpError, ValidationError
@@ -104,8 +105,17 @@ def _too_large(request: HttpRequest, exc: Any) -> HttpResponse:  # RequestDataTo
     return error_response(413, "the body is larger than this server takes")
 
 
+def _bad_value(request: HttpRequest, exc: Any) -> HttpResponse:  # DataError
+    # PostgreSQL refusing a value the request carried: a NUL character in a name, a number or time
+    # out of its range. The request's fault, so a 400, not a 500; logged, as it may be ours.
+    logger.warning("%s %s: a value PostgreSQL refused: %s", request.method, request.path, exc)
+    message = "a value is not one the database can store (a NUL character, a number or time out of range)"
+    return error_response(400, message, code="bad_value")
+
+
 def install_error_handlers(api: NinjaAPI) -> None:
     """Answer django-ninja's own errors in the API's shape."""
+    api.add_exception_handler(DataError, _bad_value)
     api.add_exception_handler(ValidationError, _validation_error)
     api.add_exception_handler(HttpError, _http_error)
     api.add_exception_handler(Http404, _not_found)

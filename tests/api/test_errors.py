@@ -219,3 +219,25 @@ def test_miss_causes_for_a_scope_from_the_rollups(user: Client) -> None:
     assert lost("scope=template&id=support-bot") == {"evicted": 64, "prompt_changed": 32}
     assert lost("scope=tenant&id=acme") == {"evicted": 64, "prompt_changed": 32}
     assert shape(user.get("/api/v1/miss-causes?scope=server&id=nope")) == (404, "not_found")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/servers?model=%00",
+        "/api/v1/servers/a%00b",
+        "/api/v1/deploys?template=%00",
+        "/api/v1/killers?template=%00",
+    ],
+)
+def test_a_nul_character_in_a_parameter_is_a_400(user: Client, url: str) -> None:
+    """schemathesis: `model=%00` was a 500 (PostgreSQL's DataError: text cannot hold NUL)."""
+    assert shape(user.get(url)) == (400, "bad_value")
+
+
+def test_a_nul_character_in_a_body_is_a_400(token: str) -> None:
+    body = json.dumps({"template": "a\u0000b", "version": "abcdef0"})
+    response = Client().post(
+        "/api/v1/deploys", body, content_type="application/json", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert shape(response) == (400, "bad_value")
