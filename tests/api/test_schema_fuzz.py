@@ -29,7 +29,7 @@ from app.prompts.models import DeployMarker, Template, TemplateVersion
 
 # Bounded, so that the whole schema runs in a few minutes on two busy cores; derandomized, so that
 # a failure seen once is seen again.
-EXAMPLES_PER_OPERATION = 25
+EXAMPLES_PER_OPERATION = 50
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
