@@ -87,6 +87,7 @@ schema = schemathesis.openapi.from_wsgi("/api/openapi.json", WSGIHandler())
     max_examples=EXAMPLES_PER_OPERATION,
     deadline=None,
     derandomize=True,
+    database=None,
     suppress_health_check=list(hypothesis.HealthCheck),
     phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
 )
