@@ -10,10 +10,12 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema
 from pydantic import model_validator
 
 from app.api.auth import READERS
+from app.api.errors import ApiError, error
+from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.compare import selectors
 from app.compare.models import Comparison
@@ -31,7 +33,7 @@ router = Router(tags=["compare"], auth=READERS)
 class RequestKeyIn(Schema):
     server: str = Field(description="The server's name")
     request_id: str = Field(min_length=1, max_length=255)
-    arrived_at: datetime = Field(description="The record's arrival time, exactly as stored (ISO 8601)")
+    arrived_at: Instant = Field(description="The record's arrival time, exactly as stored (ISO 8601)")
 
 
 class ChatMessage(Schema):
@@ -196,17 +198,13 @@ class CompareOut(Schema):
         )
 
 
-class ErrorOut(Schema):
-    error: str
-
-
 class BlocksQuery(Schema):
     include_blocks: bool = False
 
 
 @router.post(
     "/compare",
-    response={200: CompareOut, 400: ErrorOut},
+    response={200: CompareOut, 400: ApiError},
     summary="Compare two prompts",
     description="Where a later prompt b stops reusing the prefix cache of a cached prompt a, as vLLM "
     "decides it. Saves a permalink when the prompts' token ids may be kept (token retention). "
@@ -223,14 +221,14 @@ def compare(request: HttpRequest, body: CompareIn) -> Any:
             created_by=request.user, now=now,
         )  # fmt: skip
     except (ComparisonError, PromptError) as exc:
-        return Status(400, {"error": str(exc)})
+        return error(400, str(exc))
     result = comparison_result(compared.comparison, compared.sides, now=now)
     return _answer(request, result, include_blocks=body.include_blocks, now=now)
 
 
 @router.get(
     "/compare/{slug}",
-    response={200: CompareOut, 404: ErrorOut},
+    response={200: CompareOut, 404: ApiError},
     summary="A saved comparison",
     description="Recomputed from its sides: a recorded request past retention, or a pasted prompt "
     "past token retention, makes it block-precise or says what is missing.",
@@ -240,7 +238,7 @@ def get_comparison(request: HttpRequest, slug: str, query: Query[BlocksQuery]) -
     try:
         comparison = selectors.comparison(slug, viewer=caller_viewer(request), user_id=request.user.pk)
     except Comparison.DoesNotExist:
-        return Status(404, {"error": "no such comparison"})
+        return error(404, "no such comparison")
     now = timezone.now()
     result = comparison_result(comparison, selectors.comparison_sides(comparison), now=now)
     return _answer(request, result, include_blocks=query.include_blocks, now=now)

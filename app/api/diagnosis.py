@@ -6,11 +6,14 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema
 
 from app.api.auth import READERS
-from app.api.schemas import ErrorAnswer
+from app.api.errors import ApiError, error
+from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
+from app.fleet.models import Server
+from app.prompts.models import Template
 from app.traffic.selectors import (
     LOSS_GROUPS,
     DiagnosedRequest,
@@ -56,14 +59,14 @@ class Diagnosed(Schema):
 
 @router.get(
     "/requests/{server}/{request_id}/diagnosis",
-    response={200: list[Diagnosed], 404: ErrorAnswer},
+    response={200: list[Diagnosed], 404: ApiError},
     summary="Why a request missed",
     description="Every record of the request id on that server (one per arrival), newest first.",
 )
 def request_diagnosis(request: HttpRequest, server: str, request_id: str) -> Any:
     found = diagnosed_requests(server_name=server, request_id=request_id, viewer=caller_viewer(request))
     if not found:
-        return Status(404, {"error": "no such request on that server"})
+        return error(404, "no such request on that server")
     return [diagnosed_answer(item) for item in found]
 
 
@@ -91,15 +94,43 @@ def diagnosed_answer(item: DiagnosedRequest) -> dict[str, Any]:
 
 
 class CauseWindow(Schema):
-    since: datetime | None = Field(None, description="default: an hour before `until`")
-    until: datetime | None = Field(None, description="default: now")
+    since: Instant | None = Field(None, description="default: an hour before `until`")
+    until: Instant | None = Field(None, description="default: now")
 
 
-@router.get("/miss-causes", response=dict[str, int], summary="Prompt tokens lost per cause")
-def miss_causes(request: HttpRequest, window: Query[CauseWindow]) -> dict[str, int]:
-    until = window.until or timezone.now()
-    since = window.since or until - timedelta(hours=1)
-    return lost_tokens_by_cause(since=since, until=until, viewer=caller_viewer(request))
+class CauseQuery(CauseWindow):
+    scope: Literal["fleet", "server", "template", "tenant"] = "fleet"
+    id: str = Field("", description="server: its name; template: its name; tenant: its name")
+
+
+@router.get(
+    "/miss-causes",
+    response={200: dict[str, int], 404: ApiError},
+    summary="Prompt tokens lost per cause",
+    description="Over a window (default: the last hour), for the fleet, one server, template or tenant, "
+    "from the per-minute rollups of the diagnoses (a minute counts when it starts in the window).",
+)
+def miss_causes(request: HttpRequest, query: Query[CauseQuery]) -> Any:
+    until = query.until or timezone.now()
+    since = query.since or until - timedelta(hours=1)
+    viewer = caller_viewer(request)
+    scope: dict[str, Any] = {}
+    if query.scope == "server":
+        scope["server_id"] = (
+            viewer.servers(Server.objects.all()).filter(name=query.id).values_list("pk", flat=True).first()
+        )
+    elif query.scope == "template":
+        scope["template_id"] = (
+            viewer.templates(Template.objects.all())
+            .filter(name=query.id)
+            .values_list("pk", flat=True)
+            .first()
+        )
+    elif query.scope == "tenant":
+        scope["tenant"] = query.id
+    if None in scope.values():
+        return error(404, f"no {query.scope} named {query.id!r}")
+    return lost_tokens_by_cause(since=since, until=until, viewer=viewer, **scope)
 
 
 class LossQuery(CauseWindow):

@@ -10,11 +10,12 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Router, Schema, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja import Field, Router, Schema
+from ninja.pagination import paginate
 
 from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
-from app.api.templates import ErrorOut
+from app.api.errors import ApiError, error
+from app.api.pages import Pages
 from app.api.viewers import caller_viewer
 from app.prompts import selectors, services
 from app.prompts.models import PrefixFamily, Template
@@ -66,7 +67,7 @@ class FamilyOut(Schema):
     description=READ_AUTH,
     url_name="families",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_families(request: HttpRequest) -> Any:
     return selectors.families(viewer=caller_viewer(request))  # sliced by the pagination: one page read
 
@@ -74,7 +75,7 @@ def list_families(request: HttpRequest) -> Any:
 @router.patch(
     "/families/{family_id}",
     auth=WRITERS,
-    response={200: FamilyOut, 404: ErrorOut},
+    response={200: FamilyOut, 404: ApiError},
     summary="Name a prefix family, bind it to a template",
     description="Fields left out are unchanged; `template_id: null` unbinds. Requests ingested from then "
     "on carry the template; requests stored before keep theirs. 404: no such family or template. "
@@ -85,13 +86,13 @@ def update_family(request: HttpRequest, family_id: int, body: FamilyIn) -> Any:
     viewer = caller_viewer(request)
     family = selectors.families(viewer=viewer).filter(pk=family_id).first()
     if family is None:
-        return Status(404, {"error": "no such family"})
+        return error(404, "no such family")
     given = body.model_fields_set
     template = family.template
     if "template_id" in given:
         templates = viewer.templates(Template.objects.all())
         template = templates.filter(pk=body.template_id).first() if body.template_id else None
         if body.template_id and template is None:
-            return Status(404, {"error": "no such template"})
+            return error(404, "no such template")
     name = body.name if "name" in given and body.name is not None else family.name
     return services.name_family(family, name=name, template=template, now=timezone.now())

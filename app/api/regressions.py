@@ -8,11 +8,13 @@ from typing import Any, Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja import Field, Query, Router, Schema
+from ninja.pagination import paginate
 
 from app.api.auth import PEOPLE, READ_AUTH, READERS
-from app.api.templates import ErrorOut, KillerOut, killer_out
+from app.api.errors import ApiError, error
+from app.api.pages import Pages
+from app.api.templates import KillerOut, killer_out
 from app.api.viewers import caller_viewer
 from app.compare.killers import visible_killers
 from app.fleet.models import Server
@@ -175,7 +177,7 @@ class NoteIn(Schema):
     description="Active ones (not resolved) by default. " + READ_AUTH,
     url_name="regressions",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) -> Any:
     return selectors.regressions(
         state=filters.state, scope=filters.scope or "", metric=filters.metric or "", kind=filters.kind or "",
@@ -186,7 +188,7 @@ def list_regressions(request: HttpRequest, filters: Query[RegressionFilters]) ->
 @router.get(
     "/regressions/{regression_id}",
     auth=READERS,
-    response={200: RegressionOut, 404: ErrorOut},
+    response={200: RegressionOut, 404: ApiError},
     summary="A regression, with its attribution, cause shift and cost",
     description=READ_AUTH,
     url_name="regression",
@@ -195,13 +197,13 @@ def get_regression(request: HttpRequest, regression_id: int) -> Any:
     regression = (
         selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
     )
-    return regression if regression is not None else Status(404, {"error": "no such regression"})
+    return regression if regression is not None else error(404, "no such regression")
 
 
 @router.post(
     "/regressions/{regression_id}/note",
     auth=PEOPLE,
-    response={200: RegressionOut, 404: ErrorOut},
+    response={200: RegressionOut, 404: ApiError},
     summary="Acknowledge or mute a regression, or open it again, with a note",
     description="A person's: a logged-in user's session, with Django's CSRF token as X-CSRFToken, or "
     "personal API token. A resolved regression stays resolved; its note is saved.",
@@ -212,7 +214,7 @@ def note_regression(request: HttpRequest, regression_id: int, body: NoteIn) -> A
         selectors.regressions(state="all", viewer=caller_viewer(request)).filter(pk=regression_id).first()
     )
     if regression is None:
-        return Status(404, {"error": "no such regression"})
+        return error(404, "no such regression")
     return services.note_regression(
         regression, state=body.state, note=body.note, user=request.user, now=timezone.now()
     )

@@ -8,10 +8,11 @@ from urllib.parse import urlencode
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Router, Schema
 
 from app.api.auth import READERS
 from app.api.diagnosis import Diagnosed, diagnosed_answer
+from app.api.errors import ApiError, error
 from app.api.ingest.rest import router as ingest_router
 from app.api.viewers import caller_viewer
 from app.compare.selectors import RecordKey, previous_request_key
@@ -29,14 +30,6 @@ from app.traffic.explorer import (
 from app.traffic.selectors import diagnosed_requests
 
 router = Router(tags=["requests"], auth=READERS)
-
-
-class Problem(Schema):
-    code: str = Field(description="bad_filter, bad_cursor or not_found")
-    message: str
-    fields: dict[str, list[str]] = Field(
-        default_factory=dict, description="what is wrong with each parameter"
-    )
 
 
 class RequestListQuery(Schema):
@@ -88,7 +81,7 @@ class RequestList(Schema):
     "/requests",
     auth=READERS,
     tags=["requests"],
-    response={200: RequestList, 400: Problem},
+    response={200: RequestList, 400: ApiError},
     summary="List requests",
     description=(
         "Request records matching every filter given, newest first, one keyset page at a time: follow "
@@ -102,14 +95,12 @@ def list_requests(request: HttpRequest, query: Query[RequestListQuery]) -> Any:
     if limit is None or not form.is_valid():
         fields = {} if limit is not None else {"limit": [f"a whole number from 1 to {MAX_PAGE_SIZE}"]}
         fields |= {name: [str(e) for e in errors] for name, errors in form.errors.items()}
-        return Status(
-            400, {"code": "bad_filter", "message": "some parameters cannot be read", "fields": fields}
-        )
+        return error(400, "some parameters cannot be read", code="bad_filter", fields=fields)
     filters = form.filters(now=timezone.now())
     try:
         after = form.after(filters)
     except BadCursor as exc:
-        return Status(400, {"code": "bad_cursor", "message": str(exc), "fields": {"cursor": [str(exc)]}})
+        return error(400, str(exc), code="bad_cursor", fields={"cursor": [str(exc)]})
     page = explore_requests(filters, after=after, limit=limit)
     token = encoded(page.next, form, filters)
     pinned = form.pinned(filters) | {"limit": str(limit)}
@@ -175,7 +166,7 @@ class RequestDetail(Diagnosed):
 
 @router.get(
     "/requests/{server}/{request_id}",
-    response={200: list[RequestDetail], 404: Problem},
+    response={200: list[RequestDetail], 404: ApiError},
     summary="A request's records and diagnoses",
     description="Every record of the request id on that server (one per arrival), newest first.",
 )
@@ -183,7 +174,7 @@ def request_detail(request: HttpRequest, server: str, request_id: str) -> Any:
     viewer = caller_viewer(request)
     found = diagnosed_requests(server_name=server, request_id=request_id, viewer=viewer)
     if not found:
-        return Status(404, {"code": "not_found", "message": "no such request on that server"})
+        return error(404, "no such request on that server")
     readable, now = may_read_prompts(request.user), timezone.now()
     answers = []
     for item in found:

@@ -1,11 +1,12 @@
 """What the REST API takes (msgspec for the bulk-ingest body) and gives (pydantic, through django-ninja)."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 from ninja import Field, Schema
+from pydantic import AfterValidator
 
 from collectors import records
 
@@ -14,6 +15,22 @@ Text = Annotated[str, Meta(max_length=records.MODEL_MAX)]
 Seconds = Annotated[float, Meta(ge=0)] | None
 Count = Annotated[int, Meta(ge=0, le=INTEGER_MAX)] | None
 TokenId = Annotated[int, Meta(ge=-INTEGER_MAX - 1, le=INTEGER_MAX)]
+
+
+def in_utc(value: datetime) -> datetime:
+    """The time in UTC; one without a time zone is taken as UTC. PostgreSQL refuses an offset beyond
+    15:59 (Python takes up to 23:59), and a time near year 1 or 9999 may have no UTC equivalent: a
+    ValueError, which the API answers 422."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time is out of range once in UTC") from None
+
+
+Instant = Annotated[datetime, AfterValidator(in_utc)]
+"""A time an API operation takes (ISO 8601; without a time zone: UTC), read as UTC."""
 
 
 class RequestRecordIn(msgspec.Struct, kw_only=True):
@@ -88,11 +105,3 @@ class Rejection(Schema):
 class IngestAnswer(Schema):
     stored: int
     rejected: list[Rejection]
-
-
-class ErrorAnswer(Schema):
-    error: str
-
-
-class Unauthorized(Schema):
-    detail: str = Field(description="No bearer token, or none that is live")

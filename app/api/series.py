@@ -10,18 +10,14 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Router, Schema
 
 from app.api.auth import READERS
+from app.api.errors import ApiError, error
 from app.api.viewers import caller_viewer
 from app.traffic import series as traffic_series
 
 router = Router(tags=["series"])
-
-
-class SeriesError(Schema):
-    code: str = Field(description="bad_metric, bad_scope, bad_id, bad_since, bad_until, bad_bucket, ...")
-    message: str
 
 
 class OneSeries(Schema):
@@ -62,7 +58,7 @@ CSV (`format=csv` or `Accept: text/csv`): a `time` column, then one column per s
 @router.get(
     "/series",
     auth=READERS,
-    response={200: SeriesOut, 400: SeriesError},
+    response={200: SeriesOut, 400: ApiError},
     summary="A time series of hit rate, TTFT, lost tokens or requests",
     description=DESCRIPTION,
 )
@@ -83,7 +79,7 @@ def series(
         query = traffic_series.parse_query(params, now=timezone.now())
         found = traffic_series.series(query, viewer=caller_viewer(request))
     except traffic_series.SeriesError as exc:
-        return Status(400, SeriesError(code=exc.code, message=exc.message))
+        return error(400, exc.message, code=exc.code)
     if format == "csv" or (not format and "text/csv" in request.headers.get("Accept", "")):
         return _csv(found)
     query = found.query

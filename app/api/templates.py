@@ -15,10 +15,13 @@ from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
-from ninja.pagination import LimitOffsetPagination, paginate
+from ninja.pagination import paginate
 
 from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
+from app.api.errors import ApiError, error
 from app.api.models import IngestToken
+from app.api.pages import Pages
+from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.compare.killers import Samples, killer_samples, visible_killers
 from app.fleet.models import Server
@@ -28,10 +31,6 @@ from app.prompts.models import CacheKiller, DeployMarker, Template, TemplateRepo
 router = Router(tags=["templates"])
 
 WEBHOOK_MAX_BYTES = 25 * 1024 * 1024  # GitHub's cap on a delivery
-
-
-class ErrorOut(Schema):
-    error: str
 
 
 class RepositoryIn(Schema):
@@ -127,7 +126,7 @@ class DeployIn(Schema):
     template: str = Field(min_length=1, max_length=200)
     version: str = Field(min_length=1, max_length=40, description="Full or short (7+ hex) sha, or a tag")
     server: str | None = Field(None, description="A registered server's name; none: the whole fleet")
-    deployed_at: datetime | None = Field(None, description="Default: now")
+    deployed_at: Instant | None = Field(None, description="Default: now")
     note: str = Field("", max_length=500)
 
 
@@ -206,8 +205,8 @@ class HookOut(Schema):
 @router.post(
     "/templates/hooks/git",
     auth=None,
-    response={200: HookOut, 202: HookOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut,
-              413: ErrorOut, 503: ErrorOut},
+    response={200: HookOut, 202: HookOut, 400: ApiError, 401: ApiError, 403: ApiError, 404: ApiError,
+              413: ApiError, 503: ApiError},
     summary="Git push webhook (GitHub or GitLab)",
     description="Queues an import of the repository the payload names (repository.clone_url/html_url, "
     "project.git_http_url/web_url) or ?repository=<id> names. GitHub: X-GitHub-Event and "
@@ -220,23 +219,23 @@ class HookOut(Schema):
 def git_hook(request: HttpRequest, query: Query[HookQuery]) -> Any:
     body = request.read(WEBHOOK_MAX_BYTES + 1)
     if len(body) > WEBHOOK_MAX_BYTES:
-        return Status(413, {"error": f"body larger than {WEBHOOK_MAX_BYTES} bytes"})
+        return error(413, f"body larger than {WEBHOOK_MAX_BYTES} bytes")
     try:
         delivery = webhooks.parse_delivery(request.headers, body)
     except webhooks.MalformedHook as exc:
-        return Status(400, {"error": str(exc)})
+        return error(400, str(exc))
     repository = _hooked_repository(query.repository, delivery)
     if repository is None:
-        return Status(404, {"error": "no registered repository has the payload's URL (or that id)"})
+        return error(404, "no registered repository has the payload's URL (or that id)")
     problem = webhooks.secret_problem(delivery, request.headers, body, repository.webhook_secret)
     if problem is not None:
-        return Status(problem[0], {"error": problem[1]})
+        return error(problem[0], problem[1])
     if not delivery.is_push:
         return Status(
             200, {"repository": repository.pk, "queued": False, "detail": f"{delivery.event}: ignored"}
         )
     if not tasks.queue_import(repository.pk):
-        return Status(503, {"error": "the task queue is unavailable; retry later"})
+        return error(503, "the task queue is unavailable; retry later")
     return Status(202, {"repository": repository.pk, "queued": True, "detail": "import queued"})
 
 
@@ -249,7 +248,7 @@ def _hooked_repository(repository_id: int | None, delivery: webhooks.Delivery) -
 @router.post(
     "/templates/repositories",
     auth=WRITERS,
-    response={201: RepositoryOut, 400: ErrorOut, 403: ErrorOut, 409: ErrorOut},
+    response={201: RepositoryOut, 400: ApiError, 403: ApiError, 409: ApiError},
     summary="Register a template repository",
     description="Registers it and enqueues its first import (or the schedule's, when the task queue is "
     "away). 400: a bad location or glob. 403: a path or file:// URL with an ingest token. 409: the name "
@@ -259,15 +258,15 @@ def _hooked_repository(repository_id: int | None, delivery: webhooks.Delivery) -
 def register_repository(request: HttpRequest, body: RepositoryIn) -> Any:
     by_token = isinstance(getattr(request, "auth", None), IngestToken)
     if by_token and not body.location.lower().startswith(("http://", "https://")):
-        return Status(403, {"error": "an ingest token registers http(s) URLs only"})
+        return error(403, "an ingest token registers http(s) URLs only")
     try:
         repository = services.register_repository(
             location=body.location, globs=body.globs, branch=body.branch, secret=body.secret, name=body.name
         )
     except ValueError as exc:
-        return Status(400, {"error": str(exc)})
+        return error(400, str(exc))
     except services.RepositoryConflict as exc:
-        return Status(409, {"error": str(exc)})
+        return error(409, str(exc))
     tasks.queue_import(repository.pk)
     return Status(201, RepositoryOut.of(repository))
 
@@ -289,7 +288,7 @@ def list_repositories(request: HttpRequest) -> Any:
 @router.get(
     "/templates/repositories/{repository_id}",
     auth=READERS,
-    response={200: RepositoryOut, 404: ErrorOut},
+    response={200: RepositoryOut, 404: ApiError},
     summary="A template repository, with its import progress",
     description=READ_AUTH,
     url_name="templates-repository",
@@ -297,14 +296,14 @@ def list_repositories(request: HttpRequest) -> Any:
 def get_repository(request: HttpRequest, repository_id: int) -> Any:
     repository = selectors.repositories(viewer=caller_viewer(request)).filter(pk=repository_id).first()
     if repository is None:
-        return Status(404, {"error": "no such repository"})
+        return error(404, "no such repository")
     return RepositoryOut.of(repository)
 
 
 @router.post(
     "/templates/repositories/{repository_id}/import",
     auth=WRITERS,
-    response={202: ImportOut, 404: ErrorOut, 503: ErrorOut},
+    response={202: ImportOut, 404: ApiError, 503: ApiError},
     summary="Import a template repository's new commits now",
     description="Enqueues the import; its progress is on the repository. " + WRITE_AUTH,
     url_name="templates-repository-import",
@@ -312,9 +311,9 @@ def get_repository(request: HttpRequest, repository_id: int) -> Any:
 def import_repository(request: HttpRequest, repository_id: int) -> Any:
     repository = selectors.repositories(viewer=caller_viewer(request)).filter(pk=repository_id).first()
     if repository is None:
-        return Status(404, {"error": "no such repository"})
+        return error(404, "no such repository")
     if not tasks.queue_import(repository.pk):
-        return Status(503, {"error": "the task queue is unavailable; retry later"})
+        return error(503, "the task queue is unavailable; retry later")
     return Status(202, {"repository": repository.pk, "queued": True})
 
 
@@ -338,7 +337,7 @@ def list_templates(request: HttpRequest) -> Any:
     description="Without content and diff (see the version itself). " + READ_AUTH,
     url_name="template-versions",
 )
-@paginate(LimitOffsetPagination)
+@paginate(Pages)
 def list_versions(request: HttpRequest, template_id: int) -> Any:
     template = get_object_or_404(selectors.templates(viewer=caller_viewer(request)), pk=template_id)
     return [VersionOut.of(version) for version in selectors.versions(template)]
@@ -347,7 +346,7 @@ def list_versions(request: HttpRequest, template_id: int) -> Any:
 @router.get(
     "/templates/{template_id}/versions/{name}",
     auth=READERS,
-    response={200: VersionDetailOut, 404: ErrorOut},
+    response={200: VersionDetailOut, 404: ApiError},
     summary="One version of a template, with its content and diff",
     description="`name`: a full or short (7+ hex digits) sha, or a tag. " + READ_AUTH,
     url_name="template-version",
@@ -356,14 +355,14 @@ def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
     template = selectors.templates(viewer=caller_viewer(request)).filter(pk=template_id).first()
     version = selectors.find_version(template, name) if template else None
     if version is None:
-        return Status(404, {"error": "no such template or version"})
+        return error(404, "no such template or version")
     return VersionOut.of(version) | {"content": version.content, "diff": version.diff}
 
 
 @router.get(
     "/templates/{template_id}/killers",
     auth=READERS,
-    response={200: KillersOut, 404: ErrorOut},
+    response={200: KillersOut, 404: ApiError},
     summary="A template's cache killers, costliest first",
     description="The token positions (blocks in hash-only mode) where the template's requests of the last "
     "window fan out, each with its class, a suggestion, its cost and a few sample requests; searched again "
@@ -375,7 +374,7 @@ def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQue
     viewer = caller_viewer(request)
     template = selectors.templates(viewer=viewer).filter(pk=template_id).first()
     if template is None:
-        return Status(404, {"error": "no such template"})
+        return error(404, "no such template")
     found, seen = visible_killers(list(killers.template_killers(template.pk)), viewer=viewer)
     texts: dict[int, Samples] | None = None
     if query.samples and killers.may_read_prompts(request.user):
@@ -414,7 +413,7 @@ def killer_out(
 @router.post(
     "/deploys",
     auth=WRITERS,
-    response={201: DeployOut, 404: ErrorOut},
+    response={201: DeployOut, 404: ApiError},
     summary="Record a deploy marker",
     description="A template version live from `deployed_at` (default now), on one server or the whole "
     "fleet. A hex sha not imported yet is kept and completed by the next import. " + WRITE_AUTH,
@@ -424,14 +423,14 @@ def record_deploy(request: HttpRequest, body: DeployIn) -> Any:
     servers = caller_viewer(request).servers(Server.objects.all())
     server = servers.filter(name=body.server).first() if body.server else None
     if body.server and server is None:
-        return Status(404, {"error": f"no server named {body.server!r}"})
+        return error(404, f"no server named {body.server!r}")
     try:
         marker = services.record_deploy(
             template=body.template, version=body.version, server_id=server.pk if server else None,
             deployed_at=body.deployed_at or timezone.now(), note=body.note,
         )  # fmt: skip
     except services.VersionNotFound as exc:
-        return Status(404, {"error": str(exc)})
+        return error(404, str(exc))
     return Status(201, _deploy_out(marker, server))
 
 

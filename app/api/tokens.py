@@ -12,14 +12,10 @@ from ninja import Field, Router, Schema, Status
 
 from app.api import services
 from app.api.auth import PEOPLE, STAFF, STAFF_AUTH, PersonSession
+from app.api.errors import ApiError, error
 from app.api.models import IngestToken, PersonalToken
 
 router = Router(tags=["tokens"])
-
-
-class Problem(Schema):
-    code: str = Field(description="not_found or name_taken")
-    message: str
 
 
 class TokenIn(Schema):
@@ -64,7 +60,7 @@ def list_ingest_tokens(request: HttpRequest) -> Any:
 @router.post(
     "/ingest-tokens",
     auth=STAFF,
-    response={201: IngestTokenCreated, 409: Problem},
+    response={201: IngestTokenCreated, 409: ApiError},
     summary="Create an ingest token for a data source",
     description="The answer holds its secret, the only time it is shown. 409: a token of that name exists. "
     + STAFF_AUTH,
@@ -73,7 +69,7 @@ def create_ingest_token(request: HttpRequest, body: TokenIn) -> Any:
     try:
         secret = services.create_ingest_token(name=body.name)
     except services.NameTaken as exc:
-        return Status(409, {"code": "name_taken", "message": str(exc)})
+        return error(409, str(exc), code="name_taken")
     token = IngestToken.objects.get(name=body.name)
     return Status(201, IngestTokenCreated(secret=secret, **IngestTokenOut.from_orm(token).dict()))
 
@@ -81,7 +77,7 @@ def create_ingest_token(request: HttpRequest, body: TokenIn) -> Any:
 @router.post(
     "/ingest-tokens/{token_id}/revoke",
     auth=STAFF,
-    response={200: IngestTokenOut, 404: Problem},
+    response={200: IngestTokenOut, 404: ApiError},
     summary="Revoke an ingest token",
     description=f"Its source's batches are refused (401) from now on: at once by the web process that "
     f"answers, by the others within {services.TOKEN_MEMORY_SECONDS} s (each remembers live tokens that "
@@ -91,7 +87,7 @@ def revoke_ingest_token(request: HttpRequest, token_id: int) -> Any:
     try:
         return services.revoke_ingest_token(token_id=token_id)
     except IngestToken.DoesNotExist:
-        return Status(404, {"code": "not_found", "message": "no such ingest token"})
+        return error(404, "no such ingest token")
 
 
 @router.get(
@@ -121,7 +117,7 @@ def create_personal_token(request: HttpRequest, body: TokenIn) -> Any:
 @router.post(
     "/me/tokens/{token_id}/revoke",
     auth=PEOPLE,
-    response={200: PersonalTokenOut, 404: Problem},
+    response={200: PersonalTokenOut, 404: ApiError},
     summary="Revoke one of your personal API tokens",
     description="Calls with it are refused (401) from now on. Authenticated by a logged-in session or a "
     "personal token (which may revoke itself).",
@@ -130,7 +126,7 @@ def revoke_personal_token(request: HttpRequest, token_id: int) -> Any:
     try:
         return services.revoke_personal_token(user=_user(request), token_id=token_id, now=timezone.now())
     except PersonalToken.DoesNotExist:
-        return Status(404, {"code": "not_found", "message": "you have no such token"})
+        return error(404, "you have no such token")
 
 
 def _user(request: HttpRequest) -> User:

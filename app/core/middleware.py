@@ -19,7 +19,9 @@ RETRY_AFTER_SECONDS = 5
 def database_unavailable(request: HttpRequest, exc: object) -> HttpResponse:
     """The answer to a request that failed because PostgreSQL is away (`exc` says why, in the log)."""
     logger.warning("%s %s: database unavailable: %s", request.method, request.path, exc)
-    response = JsonResponse({"error": "the database is unavailable; retry later"}, status=503)
+    # The REST API's error shape (app.api.errors), for scripts and browsers alike.
+    body = {"code": "unavailable", "message": "the database is unavailable; retry later", "fields": {}}
+    response = JsonResponse(body, status=503)
     response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 

@@ -39,3 +39,13 @@ def servers_to_set_up() -> QuerySet[Server]:
     """Every server for the set-up page: the proposed ones first (they wait for a person), then by name."""
     proposed_first = Case(When(state=Server.State.PROPOSED, then=0), default=1)
     return Server.objects.order_by(proposed_first, "name")
+
+
+def servers(*, state: str = "", model: str = "") -> QuerySet[Server]:
+    """Servers by name, of that state and model when given."""
+    found = Server.objects.order_by("name")
+    if state:
+        found = found.filter(state=state)
+    if model:
+        found = found.filter(model=model)
+    return found

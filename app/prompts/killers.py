@@ -136,3 +136,15 @@ def may_read_prompts(user: AbstractBaseUser | AnonymousUser) -> bool:
     """Whether this viewer may read prompt text (the samples of killers): a logged-in user holding
     ``prompts.read_prompt_text`` (superusers hold every permission). Ingest tokens never do."""
     return isinstance(user, PermissionsMixin) and user.has_perm(READ_PROMPT_TEXT)
+
+
+def fleet_killers(*, template: str = "", kind: str = "") -> QuerySet[CacheKiller]:
+    """Every template's killers (of that template's name and kind when given), costliest first."""
+    found = CacheKiller.objects.select_related("template").order_by(
+        "-tokens_lost", "template_id", "block_index", "pk"
+    )
+    if template:
+        found = found.filter(template__name=template)
+    if kind:
+        found = found.filter(kind=kind)
+    return found

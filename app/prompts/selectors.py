@@ -1,11 +1,12 @@
 """Reads of template repositories, templates and their versions."""
 
 import re
+from datetime import datetime
 
 from django.db.models import Count, Q, QuerySet
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.prompts.models import PrefixFamily, Template, TemplateRepository, TemplateVersion
+from app.prompts.models import DeployMarker, PrefixFamily, Template, TemplateRepository, TemplateVersion
 
 SHORT_SHA = re.compile(r"[0-9a-fA-F]{7,40}")
 
@@ -87,3 +88,22 @@ def comparable_url(url: str) -> str:
     host, port, path = match.group(1).lower(), match.group(2), (match.group(3) or "").rstrip("/")
     path = path.removesuffix(".git").rstrip("/")
     return f"{host}{':' + port if port and port not in ('80', '443') else ''}{path}"
+
+
+def deploys(
+    *, template: str = "", server: str = "", since: datetime | None = None, until: datetime | None = None
+) -> QuerySet[DeployMarker]:
+    """Deploy markers, latest first, with their version, template and server; `server` names one
+    server's markers and the fleet-wide ones (those apply to it too)."""
+    found = DeployMarker.objects.select_related("template_version__template", "server").order_by(
+        "-deployed_at", "-pk"
+    )
+    if template:
+        found = found.filter(template_version__template__name=template)
+    if server:
+        found = found.filter(Q(server__name=server) | Q(server__isnull=True))
+    if since is not None:
+        found = found.filter(deployed_at__gte=since)
+    if until is not None:
+        found = found.filter(deployed_at__lt=until)
+    return found

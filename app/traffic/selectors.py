@@ -49,13 +49,24 @@ def diagnosed_requests(
 
 
 def lost_tokens_by_cause(
-    *, since: datetime, until: datetime, server_id: int | None = None, viewer: Viewer = SEES_ALL
+    *,
+    since: datetime,
+    until: datetime,
+    server_id: int | None = None,
+    template_id: int | None = None,
+    tenant: str | None = None,
+    viewer: Viewer = SEES_ALL,
 ) -> dict[str, int]:
     """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
-    `since` to `until` (per-minute rollups: a minute counts when it starts in the window)."""
+    `since` to `until` (per-minute rollups: a minute counts when it starts in the window), of one
+    server, template or tenant when given, of the traffic the viewer sees."""
     minutes = _loss_minutes(since=since, until=until, viewer=viewer)
     if server_id is not None:
         minutes = minutes.filter(server_id=server_id)
+    if template_id is not None:
+        minutes = minutes.filter(template_id=template_id)
+    if tenant is not None:
+        minutes = minutes.filter(tenant=tenant)
     sums = minutes.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
     return {cause: tokens or 0 for cause, tokens in sums.items()}
 

@@ -64,10 +64,14 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
     try:
         if content_type.startswith("application/json"):
             # OTLP/JSON writes attributes as a list of {key, value}: read by OTLP's own message first.
-            full = json_format.ParseDict(_ids_to_base64(json.loads(body)), ExportTraceServiceRequest())
+            document = json.loads(body)
+            if not isinstance(document, dict):
+                raise ValueError("expected a JSON object")
+            full = json_format.ParseDict(_ids_to_base64(document), ExportTraceServiceRequest())
             body = full.SerializeToString()
         export = Export.FromString(body)
-    except (DecodeError, json_format.ParseError, ValueError) as exc:
+    except (DecodeError, json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+        # TypeError, AttributeError: an object whose fields have other shapes than the export's
         raise OTLPDecodeError(f"not an OTLP trace export: {exc}") from None
     spans = []
     for resource_spans in export.resource_spans:

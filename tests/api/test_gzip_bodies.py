@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory
 from django.utils import timezone
+from google.rpc.status_pb2 import Status
 
 from app.api.ingest import admission
 from app.api.ingest.admission import BodyTooLarge, read_body
@@ -157,6 +158,8 @@ def test_a_body_not_valid_in_its_encoding_is_a_400_and_nothing_is_stored(
     response = post(client, token, endpoint, encode(body), content_type, encoding)
 
     assert response.status_code == 400
-    message = response.json()["error"] if endpoint == "rest" else response.content.decode()
+    # REST: the API's error document; OTLP: a google.rpc.Status, protobuf as the request was
+    rest = endpoint == "rest"
+    message = response.json()["message"] if rest else Status.FromString(response.content).message
     assert ("gzip" in message) if encoding == "gzip" else ("'br'" in message)
     assert not RequestRecord.objects.exists()

@@ -364,7 +364,7 @@ def test_a_body_over_the_limit_is_a_413_and_nothing_is_stored(
 ) -> None:
     monkeypatch.setattr(admission, "MAX_BODY_BYTES", 1000)  # the captures' token ids make the batch larger
     status, answer = post(client, token, [record(name) for name in CAPTURES])
-    assert status == 413 and "smaller batches" in answer["error"]
+    assert status == 413 and "smaller batches" in answer["message"]
     assert not RequestRecord.objects.exists()
 
 

@@ -120,7 +120,7 @@ def test_a_batch_beyond_the_bound_is_refused_after_its_wait_and_its_retry_is_sto
 
     assert (refused.status_code, refused.headers["Retry-After"]) == (429, "1")
     assert waited >= 2  # each waited its second for the slot first
-    assert "retry" in refused.json()["error"]
+    assert "retry" in refused.json()["message"]
     assert (refused_spans.status_code, refused_spans.headers["Retry-After"]) == (429, "1")
     assert acknowledged.json() == {"stored": 2, "rejected": []}
     assert stored() == Counter(r["request_id"] for r in first)  # of the refused ones, nothing
@@ -145,7 +145,7 @@ def test_a_batch_the_database_does_not_take_in_time_is_refused_and_its_retry_sto
         refused = post(live_server, token, records)  # waits a second for the lock, then gives up
 
     assert (refused.status_code, refused.headers["Retry-After"]) == (429, "1")
-    assert "database" in refused.json()["error"]
+    assert "database" in refused.json()["message"]
     assert stored() == Counter()
     assert post(live_server, token, records).json() == {"stored": 4, "rejected": []}
     assert stored() == Counter(r["request_id"] for r in records)

@@ -73,7 +73,7 @@ def test_staff_register_a_repository_and_its_first_import_runs(
 def test_a_bad_location_or_glob_is_a_400(staff: Client, body: dict[str, object], error: str) -> None:
     status, answer = post(staff, REPOSITORIES, body)
     assert status == 400
-    assert error in answer["error"]
+    assert error in answer["message"]
 
 
 def test_who_may_register(client: Client, engineer: Client, token: str, eager: None, remote: str) -> None:
@@ -81,7 +81,7 @@ def test_who_may_register(client: Client, engineer: Client, token: str, eager: N
     assert post(Client(), REPOSITORIES, path_body)[0] == 401  # nobody
     assert post(engineer, REPOSITORIES, path_body)[0] == 401  # logged in, not staff
     status, answer = post(Client(), REPOSITORIES, path_body, token=token)
-    assert (status, answer["error"]) == (403, "an ingest token registers http(s) URLs only")
+    assert (status, answer["message"]) == (403, "an ingest token registers http(s) URLs only")
     assert post(Client(), REPOSITORIES, {"location": remote, "globs": ["*.j2"]}, token=token)[0] == 201
 
 
@@ -180,7 +180,8 @@ def test_a_deploy_of_a_sha_not_imported_yet_is_kept_for_the_import(staff: Client
 def test_a_deploy_naming_nothing_known_is_a_404(
     staff: Client, imported: Template, body: dict[str, str], error: str
 ) -> None:
-    assert post(staff, "/api/v1/deploys", body) == (404, {"error": error})
+    answer = {"code": "not_found", "message": error, "fields": {}}
+    assert post(staff, "/api/v1/deploys", body) == (404, answer)
 
 
 def test_deploys_need_staff_or_a_token(engineer: Client, imported: Template) -> None:

@@ -117,7 +117,7 @@ def test_a_missing_or_wrong_secret_is_refused_and_imports_nothing(
         headers["X-Hub-Signature-256" if provider == "github" else "X-Gitlab-Token"] = credential
     code, answer = deliver(client, body, **headers)
     assert code == status
-    assert isinstance(answer["error"], str)
+    assert isinstance(answer["message"], str)
     assert not TemplateVersion.objects.exists()
 
 
@@ -135,7 +135,7 @@ def test_a_repository_without_a_secret_takes_no_webhook(
     TemplateRepository.objects.filter(pk=repository.pk).update(webhook_secret="")
     code, answer = deliver(client, gitlab_body(web_url), **{GITLAB: "Push Hook", "X-Gitlab-Token": SECRET})
     assert code == 403
-    assert "no webhook secret" in str(answer["error"])
+    assert "no webhook secret" in str(answer["message"])
 
 
 def test_the_repository_can_be_named_by_id(
@@ -162,7 +162,7 @@ def test_a_malformed_delivery_is_a_400(
 ) -> None:
     code, answer = deliver(client, body, **headers)
     assert code == 400
-    assert isinstance(answer["error"], str)
+    assert isinstance(answer["message"], str)
 
 
 def test_an_unknown_repository_is_a_404(client: Client, repository: TemplateRepository) -> None:

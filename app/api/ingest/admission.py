@@ -25,6 +25,7 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
@@ -175,8 +176,14 @@ def note_refusal(source: str, reason: str) -> None:
 
 
 def retry_later(status: int, error: str | None, *, retry_after: int = RETRY_AFTER_SECONDS) -> HttpResponse:
-    """429 or 503 with Retry-After: a JSON error, or no body (OTLP's answer to throttling has none)."""
-    answer = HttpResponse(status=status) if error is None else JsonResponse({"error": error}, status=status)
+    """429 or 503 with Retry-After: a JSON error (app.api.errors' shape), or no body (OTLP's answer to
+    throttling has none)."""
+    body: dict[str, Any] = {
+        "code": "busy" if status == 429 else "unavailable",
+        "message": error,
+        "fields": {},
+    }
+    answer = HttpResponse(status=status) if error is None else JsonResponse(body, status=status)
     answer["Retry-After"] = str(retry_after)
     return answer
 

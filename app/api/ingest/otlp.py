@@ -5,15 +5,17 @@ with `OTEL_EXPORTER_OTLP_TRACES_HEADERS="Authorization=Bearer <token>"`. A span 
 `prefixscope.server` attribute (e.g. `OTEL_RESOURCE_ATTRIBUTES=prefixscope.server=vllm-0` on the vLLM
 server); without one, the ingest token's name is taken as the server's name.
 The answer is OTLP's ExportTraceServiceResponse, with rejected spans counted in partial_success.
-Other answers: 400 (not an export, or not valid gzip), 401 (no live token), 413 (over 32 MiB,
-decompressed too), and, with nothing stored and Retry-After set, 429 (busy: see admission.py) and
-503 (no database); OTLP exporters send the export again.
+Other answers: 400 (not an export, or not valid gzip), 401 (no live token), 405 (not a POST), 413
+(over 32 MiB, decompressed too), 415 (neither protobuf nor JSON), each with a google.rpc.Status in
+the request's encoding as OTLP/HTTP says (JSON: `{"code": 3, "message": "..."}`), and, with nothing
+stored and Retry-After set, 429 (busy: see admission.py) and 503 (no database); OTLP exporters send
+the export again. Documented in the API's OpenAPI schema (app/api/openapi.py).
 """
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 from google.protobuf import json_format
+from google.rpc.status_pb2 import Status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
@@ -38,12 +40,29 @@ from collectors.usage.parse import UsageError
 SOURCE = RequestRecord.Source.OTLP.value
 
 
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+# gRPC's status codes, as OTLP's google.rpc.Status carries them.
+INVALID_ARGUMENT, UNAUTHENTICATED, UNIMPLEMENTED = 3, 16, 12
+
+
 @csrf_exempt
-@require_POST
 def traces(request: HttpRequest) -> HttpResponse:
+    encoding = JSON if (request.content_type or "").startswith(JSON) else PROTOBUF
+    if request.method != "POST":
+        refused = _failure(
+            encoding, 405, UNIMPLEMENTED, f"{request.method} is not allowed here; POST an export"
+        )
+        refused["Allow"] = "POST"
+        return refused
     token = bearer_token(request)
     if token is None:
-        return HttpResponse(status=401, headers={"WWW-Authenticate": "Bearer"})
+        refused = _failure(encoding, 401, UNAUTHENTICATED, "no live ingest token: send Authorization: Bearer")
+        refused["WWW-Authenticate"] = "Bearer"
+        return refused
+    if request.content_type not in ("", PROTOBUF, JSON):
+        message = f"send {PROTOBUF} or {JSON}, not {request.content_type}"
+        return _failure(encoding, 415, INVALID_ARGUMENT, message)
     with admitted(SOURCE) as admission:
         if not admission:
             return retry_later(429, None)
@@ -51,13 +70,14 @@ def traces(request: HttpRequest) -> HttpResponse:
 
 
 def _ingest(request: HttpRequest, *, default_server: str) -> HttpResponse:
-    content_type = request.content_type or "application/x-protobuf"
+    content_type = request.content_type or PROTOBUF
+    encoding = JSON if content_type.startswith(JSON) else PROTOBUF
     try:
         spans = decode_export(read_body(request), content_type, keys=REQUEST_ATTRIBUTES)
     except BodyTooLarge as exc:
-        return HttpResponse(str(exc), status=413, content_type="text/plain")
+        return _failure(encoding, 413, INVALID_ARGUMENT, str(exc))
     except (OTLPDecodeError, BadEncoding) as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return _failure(encoding, 400, INVALID_ARGUMENT, str(exc))
     records, malformed = _records(spans, default_server=default_server)
     try:
         outcome = store_batch(
@@ -94,3 +114,11 @@ def _answer(content_type: str, rejected: list[str]) -> HttpResponse:
     if content_type.startswith("application/json"):
         return HttpResponse(json_format.MessageToJson(answer), content_type="application/json")
     return HttpResponse(answer.SerializeToString(), content_type="application/x-protobuf")
+
+
+def _failure(encoding: str, status: int, code: int, message: str) -> HttpResponse:
+    """An error as OTLP/HTTP answers one: a google.rpc.Status in the request's encoding."""
+    answer = Status(code=code, message=message)
+    if encoding == JSON:
+        return HttpResponse(json_format.MessageToJson(answer), status=status, content_type=JSON)
+    return HttpResponse(answer.SerializeToString(), status=status, content_type=PROTOBUF)

@@ -17,6 +17,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 from ninja.security import HttpBearer
 
+from app.api.errors import ApiError, error
 from app.api.ingest.admission import (
     BodyTooLarge,
     NotStored,
@@ -27,14 +28,7 @@ from app.api.ingest.admission import (
     store_batch,
 )
 from app.api.models import IngestToken
-from app.api.schemas import (
-    INTEGER_MAX,
-    ErrorAnswer,
-    IngestAnswer,
-    RequestRecordIn,
-    Unauthorized,
-    request_record_json_schema,
-)
+from app.api.schemas import INTEGER_MAX, IngestAnswer, RequestRecordIn, request_record_json_schema
 from app.domain.blockhash import TokenIds
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
@@ -77,8 +71,8 @@ BODY_DOC = {
     "/requests",
     auth=IngestTokenAuth(),
     response={
-        200: IngestAnswer, 400: IngestAnswer | ErrorAnswer, 401: Unauthorized, 413: ErrorAnswer,
-        429: ErrorAnswer, 503: ErrorAnswer,
+        200: IngestAnswer, 400: IngestAnswer | ApiError, 401: ApiError, 413: ApiError,
+        429: ApiError, 503: ApiError,
     },
     summary="Ingest request records",
     description=(
@@ -102,11 +96,11 @@ def _ingest(request: HttpRequest) -> Any:
     try:
         records, rejected = decode_records(read_body(request), request.content_type or "")
     except BodyTooLarge as exc:
-        return Status(413, {"error": str(exc)})
+        return error(413, str(exc))
     except ValueError as exc:
-        return Status(400, {"error": str(exc)})
+        return error(400, str(exc), code="bad_body")
     if len(records) + len(rejected) > MAX_RECORDS:
-        return Status(413, {"error": f"at most {MAX_RECORDS} records per request; send smaller batches"})
+        return error(413, f"at most {MAX_RECORDS} records per request; send smaller batches")
     malformed = [
         Malformed(source=SOURCE, reason=_INDEX.sub("[]", bad.reason), server=bad.server) for bad in rejected
     ]
