@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -21,6 +21,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from app.api import services as tokens
 from app.api.models import IngestToken, PersonalToken
 from app.core.http import HtmxHttpRequest
+from app.core.tenancy import Viewer, viewer_of
 from app.dashboard.forms import ProposedServerForm
 from app.fleet import selectors as fleet_selectors
 from app.fleet import services as fleet
@@ -49,14 +50,15 @@ def servers(request: HtmxHttpRequest) -> HttpResponse:
             else:
                 messages.success(request, f"{server.name} is registered: its /metrics pulls begin.")
                 return redirect("setup:servers")
-    return render(request, SERVERS, _servers(form))
+    return render(request, SERVERS, _servers(form, viewer=viewer_of(request.user)))
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def server(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
     """One registered server's endpoints; staff change them, or disable or enable it."""
-    found = get_object_or_404(Server.objects.exclude(state=Server.State.PROPOSED), pk=server_id)
+    seen = viewer_of(request.user).servers(Server.objects.exclude(state=Server.State.PROPOSED))
+    found = get_object_or_404(seen, pk=server_id)
     form = EndpointsForm(request.POST if request.method == "POST" else None, initial=_endpoints(found))
     if request.method == "POST":
         _staff_only(request)
@@ -76,6 +78,7 @@ def server(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
 def server_enabled(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
     """Staff disable a server (its pulls stop, its data stays) or enable it again."""
     _staff_only(request)
+    _seen_server(request, server_id)
     enable = request.POST.get("enabled") == "true"
     try:
         changed = fleet.set_server_enabled(server_id=server_id, enabled=enable)
@@ -90,6 +93,7 @@ def server_enabled(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
 def proposed(request: HtmxHttpRequest, server_id: int) -> HttpResponse:
     """Staff accept a proposed server at its base URL, or merge it into a registered one."""
     _staff_only(request)
+    _seen_server(request, server_id)
     form = ProposedServerForm(request.POST, auto_id=f"proposed-{server_id}-%s")
     if not form.is_valid():
         return _server_list(request, invalid={server_id: form})
@@ -117,17 +121,26 @@ def _server_list(
     if invalid is None and not request.htmx:
         return redirect("setup:servers")
     template = SERVERS + ("#server-list" if request.htmx else "")
-    return render(request, template, _servers(ServerForm(), invalid=invalid))
+    return render(request, template, _servers(ServerForm(), invalid=invalid, viewer=viewer_of(request.user)))
 
 
-def _servers(form: ServerForm, *, invalid: dict[int, ProposedServerForm] | None = None) -> dict[str, Any]:
+def _seen_server(request: HtmxHttpRequest, server_id: int) -> None:
+    """404 for a server the user does not see (app/core/tenancy.py): staff of one tenant change its
+    servers alone, and learn nothing of the others'."""
+    if not viewer_of(request.user).servers(Server.objects.filter(pk=server_id)).exists():
+        raise Http404("no such server")
+
+
+def _servers(
+    form: ServerForm, *, viewer: Viewer, invalid: dict[int, ProposedServerForm] | None = None
+) -> dict[str, Any]:
     rows = [
         (
             s,
             (invalid or {}).get(s.pk)
             or ProposedServerForm(auto_id=f"proposed-{s.pk}-%s", initial={"base_url": s.base_url}),
         )
-        for s in fleet_selectors.servers_to_set_up()
+        for s in viewer.servers(fleet_selectors.servers_to_set_up())
     ]
     return {"rows": rows, "form": form, "section": "servers"}
 
@@ -204,7 +217,9 @@ def repository(request: HtmxHttpRequest, repository_id: int) -> HttpResponse:
     """Staff point a template repository at another location, globs or branch, or change its webhook
     secret; its next import reads the new history. The list with its progress is app/prompts' page."""
     _staff_only(request)
-    found = get_object_or_404(TemplateRepository, pk=repository_id)
+    found = get_object_or_404(
+        viewer_of(request.user).repositories(TemplateRepository.objects.all()), pk=repository_id
+    )
     # A URL's credentials are never shown: the location comes without them, and given back so it
     # keeps them.
     shown = git.redacted(found.location)

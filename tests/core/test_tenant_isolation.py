@@ -205,6 +205,9 @@ PAGES = {
     "dashboard:template-detail": lambda f, own: [
         reverse("dashboard:template-detail", args=[_tpl(f, own).pk])
     ],
+    "dashboard:templates": lambda f, own: [reverse("dashboard:templates")],
+    "setup:servers": lambda f, own: [reverse("setup:servers")],
+    "setup:server": lambda f, own: [reverse("setup:server", args=[_srv(f, own).pk])],
     "compare:start": lambda f, own: [reverse("compare:start")],
     "compare:detail": lambda f, own: [reverse("compare:detail", args=[_cmp(f, own).slug])],
     "prompts:repositories": lambda f, own: [reverse("prompts:repositories")],
@@ -227,6 +230,13 @@ PAGES = {
     "api:template-version": lambda f, own: [f"/api/v1/templates/{_tpl(f, own).pk}/versions/1a2b3c4d5e6f"],
     "api:template-killers": lambda f, own: [f"/api/v1/templates/{_tpl(f, own).pk}/killers"],
     "api:families": lambda f, own: ["/api/v1/families"],
+    "api:servers": lambda f, own: ["/api/v1/servers"],
+    "api:server": lambda f, own: [
+        f"/api/v1/servers/{_srv(f, own).name}",
+        f"/api/v1/servers/{_srv(f, own).pk}",
+    ],
+    "api:deploys": lambda f, own: ["/api/v1/deploys"],
+    "api:killers": lambda f, own: ["/api/v1/killers"],
     "api:miss_causes": lambda f, own: ["/api/v1/miss-causes"],
     "api:loss_groups": lambda f, own: [f"/api/v1/losses?by={by}" for by in ("server", "template", "tenant")],
     "api:routing": lambda f, own: ["/api/v1/routing"],
@@ -244,7 +254,9 @@ PAGES = {
 WRITES = {
     "dashboard:proposed-server", "prompts:import-now", "api:compare-post", "api:family",
     "api:templates-repository-import", "api:regression-note", "api:deploys-post",
-    "api:templates-repositories-post",
+    "api:templates-repositories-post", "setup:server-enabled", "setup:proposed", "setup:repository",
+    "api:create_server", "api:update_server", "api:disable_server", "api:enable_server", "api:accept_server",
+    "api:merge_proposed_server",
 }  # fmt: skip
 """Operations that change something: test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
 
@@ -255,6 +267,13 @@ EXEMPT = {
     "login": "signs in", "logout": "signs out", "api:openapi-json": "the schema", "api:openapi-view": "docs",
     "api:api-root": "ninja's root", "api:ingest_requests": "ingest: an ingest token's write",
     "otlp-traces": "ingest: an ingest token's write", "api:templates-git-hook": "a forge's signed webhook",
+    "setup:ingest-tokens": "ingest tokens are a source's, of no tenant: names only, staff change them",
+    "api:list_ingest_tokens": "ingest tokens are a source's, of no tenant: names only, staff change them",
+    "setup:revoke-ingest-token": "ingest tokens are a source's, of no tenant (staff only)",
+    "api:revoke_ingest_token": "ingest tokens are a source's, of no tenant (staff only)",
+    "api:create_ingest_token": "ingest tokens are a source's, of no tenant (staff only)",
+    "setup:personal-tokens": "the user's own tokens", "setup:revoke-personal-token": "the user's own tokens",
+    "api:list_personal_tokens": "the user's own tokens", "api:create_personal_token": "the user's own tokens", "api:revoke_personal_token": "the user's own tokens",
 }  # fmt: skip
 """Named URLs that show no tenant's data, with the reason."""
 
@@ -428,6 +447,12 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     assert (
         alpha.post(reverse("dashboard:proposed-server", args=[fleet.bravo_server.pk]), {}).status_code == 404
     )
+    bravo = fleet.bravo_server.pk
+    assert alpha.post(reverse("setup:server-enabled", args=[bravo]), {"enabled": "false"}).status_code == 404
+    assert alpha.post(f"/api/v1/servers/{bravo}/disable").status_code == 404
+    assert alpha.get(reverse("setup:repository", args=[fleet.bravo_repository.pk])).status_code == 404
+    fleet.bravo_server.refresh_from_db()
+    assert fleet.bravo_server.state != Server.State.DISABLED
     fleet.bravo_regression.refresh_from_db()
     assert fleet.bravo_regression.state == Regression.State.OPEN
 

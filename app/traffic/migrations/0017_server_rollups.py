@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0003_served_models'),
-        ('traffic', '0015_hour_rollups'),
+        ('traffic', '0016_collector_health'),
     ]
 
     operations = [
