@@ -11,6 +11,7 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token, create_personal_token
 from app.fleet.models import Server
 from tests.setup.test_pages import ingest
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +24,7 @@ def bearer(secret: str) -> Client:
 
 
 def personal(username: str, *, is_staff: bool) -> Client:
-    user = User.objects.create_user(username, is_staff=is_staff)
+    user = fleet_viewer(username, is_staff=is_staff)
     return bearer(create_personal_token(user=user, name="script")[1])
 
 
@@ -61,7 +62,7 @@ def test_staff_manage_servers_with_a_personal_token() -> None:
         post(staff, f"/servers/{proposed.pk}/accept", {"base_url": "http://x:1"})[1]["code"] == "wrong_state"
     )
     assert post(staff, "/servers/999999/disable")[1]["code"] == "not_found"
-    assert [s["name"] for s in staff.get("/api/v1/servers").json()] == ["vllm-0", "vllm-1"]
+    assert [s["name"] for s in staff.get("/api/v1/servers").json()["items"]] == ["vllm-0", "vllm-1"]
 
 
 @pytest.mark.parametrize(
@@ -111,7 +112,7 @@ def test_nobody_but_staff_creates_servers_or_tokens() -> None:
 
 def test_a_staff_session_writes_with_its_csrf_token_only() -> None:
     session = Client(enforce_csrf_checks=True)
-    session.force_login(User.objects.create_user("admin", is_staff=True))
+    session.force_login(fleet_viewer("admin", is_staff=True))
 
     assert post(session, "/servers", SERVER)[0] == 403  # no X-CSRFToken
     assert not Server.objects.exists()

@@ -273,7 +273,8 @@ EXEMPT = {
     "api:revoke_ingest_token": "ingest tokens are a source's, of no tenant (staff only)",
     "api:create_ingest_token": "ingest tokens are a source's, of no tenant (staff only)",
     "setup:personal-tokens": "the user's own tokens", "setup:revoke-personal-token": "the user's own tokens",
-    "api:list_personal_tokens": "the user's own tokens", "api:create_personal_token": "the user's own tokens", "api:revoke_personal_token": "the user's own tokens",
+    "api:list_personal_tokens": "the user's own tokens", "api:create_personal_token": "the user's own tokens",
+    "api:revoke_personal_token": "the user's own tokens",
 }  # fmt: skip
 """Named URLs that show no tenant's data, with the reason."""
 
@@ -367,13 +368,13 @@ def test_anonymous_callers_are_turned_away(name: str, fleet: Fleet, client: Clie
 def test_the_fleet_page_counts_alphas_requests_only(fleet: Fleet, alpha: Client, admin: Client) -> None:
     alphas = alpha.get(reverse("dashboard:home")).context
     every = admin.get(reverse("dashboard:home")).context
-    by_server = {row.server.name: row.requests for row in alphas["rows"]}
+    by_server = {row.server.name: row.requests for row, _ in alphas["rows"]}
     assert by_server == {"alpha-gpu": 3, "shared-gpu": 1}  # of the shared server: alpha's request alone
-    assert {row.server.name: row.requests for row in every["rows"]} == {
+    assert {row.server.name: row.requests for row, _ in every["rows"]} == {
         "alpha-gpu": 3, "bravo-gpu": 4, "shared-gpu": 3
     }  # fmt: skip
     total = sum(r.requests for r in MinuteRollup.objects.all())
-    assert sum(row.requests for row in every["rows"]) == total == 10
+    assert sum(row.requests for row, _ in every["rows"]) == total == 10
     alpha_misses = {d.request_id for d in alphas["misses"]}
     assert alpha_misses and all(
         request_id.startswith(("alpha-", "shared-gpu-alpha")) for request_id in alpha_misses
@@ -417,10 +418,10 @@ def test_compare_needs_both_requests_visible(fleet: Fleet, alpha: Client) -> Non
         }
 
     response = alpha.post("/api/v1/compare", pair("bravo-gpu", b), content_type="application/json")
-    assert response.json() == {"error": "no server named 'bravo-gpu'"}  # as for a server that does not exist
+    assert response.json()["message"] == "no server named 'bravo-gpu'"  # as for a server that does not exist
     response = alpha.post("/api/v1/compare", pair("shared-gpu", shared_b), content_type="application/json")
     assert response.status_code == 400
-    assert response.json()["error"].startswith(f"no request {shared_b.request_id!r} recorded at")
+    assert response.json()["message"].startswith(f"no request {shared_b.request_id!r} recorded at")
     form = {"mode": "records", "a": str(a), "b": str(b)}
     page = alpha.post(reverse("compare:start"), form)
     assert page.status_code == 200 and Comparison.objects.count() == 2  # the form again, nothing saved

@@ -16,6 +16,7 @@ from app.prompts.models import TemplateRepository
 from app.traffic.models import RequestRecord
 from tests.api.test_ingest import record
 from tests.api.test_secrets_stay_out_of_logs import every_log_record, secrets_in
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 __all__ = ["every_log_record"]  # the fixture
@@ -29,14 +30,14 @@ SECRET = re.compile(r'value="(ps[iu]_[A-Za-z0-9_-]+)"')
 
 @pytest.fixture
 def staff(client: Client) -> Client:
-    client.force_login(User.objects.create_user("admin", is_staff=True))
+    client.force_login(fleet_viewer("admin", is_staff=True))
     return client
 
 
 @pytest.fixture
 def engineer() -> Client:
     client = Client()
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))
     return client
 
 
