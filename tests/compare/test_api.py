@@ -158,4 +158,4 @@ def test_the_openapi_schema_documents_both_operations(client: Client) -> None:
     post, get = schema["paths"]["/api/v1/compare"]["post"], schema["paths"]["/api/v1/compare/{slug}"]["get"]
     assert post["summary"] == "Compare two prompts" and get["summary"] == "A saved comparison"
     assert "CompareOut" in schema["components"]["schemas"]
-    assert post["security"] == [{"SessionAuth": []}]
+    assert post["security"] == [{"PersonalTokenAuth": []}, {"PersonSession": []}]
