@@ -20,6 +20,7 @@ the first to start takes every server, gives the extra up when a second one star
 killed one's servers when it is gone. A process that holds no lease holds no server's stream.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -124,8 +125,12 @@ class Leases:
             self.held.discard(pk)
 
     def close(self) -> None:
-        """Give every lease up (closing the connection ends its locks)."""
+        """Give every lease up. Unlocked first: closing the connection ends its locks too, but the
+        server process lets them go after the close returns, so another subscriber asking at once
+        could still find them held (a killed process's pass within a lease period, as designed)."""
         if self._connection is not None:
+            with contextlib.suppress(psycopg.Error):  # a broken connection's locks are gone already
+                self._connection.execute("SELECT pg_advisory_unlock_all()")
             self._connection.close()
         self._connection, self.held = None, set()
 

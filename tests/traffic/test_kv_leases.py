@@ -57,7 +57,7 @@ def test_a_second_subscriber_gets_the_share_the_first_gives_up_and_all_once_the_
         assert {pk: name == first.name for pk, name in holders.items()} == {
             pk: pk not in excess for pk in servers
         }
-        first.close()  # as a killed process's connection closes
+        first.close()  # as a process that stops gives its leases up (a killed one: the test below)
         assert second.take_share(servers) == servers - excess
         assert set(lease_holders().values()) == {second.name}
     finally:
