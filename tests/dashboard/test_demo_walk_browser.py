@@ -3,7 +3,7 @@ as an admin, light and dark (screenshots in SCREENSHOTS, to look at).
 
 The data is the `demo` scenario's, made the way `make run` makes it but in virtual time
 (tests/regressions/virtual_fleet.py): its requests through the simulator's caches, records ingested,
-KV events stored, each server's /metrics pulled every 15 s, and what beat runs each minute (rollups,
+KV events stored, each server's /metrics pulled every 30 s, and what beat runs each minute (rollups,
 diagnosis, regression detection; the cache-killer search every five minutes). So the demo's
 `volatile_top` regression on `support`, with its suspect commit, is on the Fleet, template and
 regression pages. Each page answers 200, logs no console error, fits 1280 px without sideways
@@ -39,7 +39,7 @@ pytestmark = [
 ]
 __all__ = ["browser"]  # the fixture, shared with the other browser tests
 
-SCRAPE_EVERY_SECONDS = 15  # a server's default pull interval
+SCRAPE_EVERY_SECONDS = 30  # twice the default pull interval: half the samples to store, the same charts
 KILLERS_EVERY_MINUTES = 5  # beat's compare.find_killers, PREFIXSCOPE_KILLER_EVERY_SECONDS by default
 
 
@@ -54,6 +54,7 @@ def the_demo_fleet(tmp_path: Path) -> VirtualRun:
     """The demo's 25 minutes, ending about two minutes ago; then a pull of every server now (up, as
     beat keeps them) and the rollups to now."""
     run = run_virtually(demo(), tmp_path, every_minute=beat, scrape_every=SCRAPE_EVERY_SECONDS)
+    Server.objects.update(scrape_interval_seconds=SCRAPE_EVERY_SECONDS)  # as they were pulled
     now = timezone.now()
     record_scrapes(run, at=now)
     refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)
@@ -106,7 +107,7 @@ def text(*expected: str) -> Callable[[Page], None]:
 def test_every_page_reads_on_the_demo_fleet_in_light_and_dark(
     browser: Browser, live_server: LiveServer, tmp_path: Path
 ) -> None:
-    SCREENSHOTS.mkdir(exist_ok=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     run = the_demo_fleet(tmp_path)
     User.objects.create_superuser("admin", password=None)
     schemes: tuple[Scheme, ...] = ("light", "dark")
@@ -136,8 +137,18 @@ def walk_every_page(browser: Browser, live_server: LiveServer, run: VirtualRun, 
     walk.arrived("regressions", text("Template support", sha[:7]))
     page.locator("tbody tr", has_text=sha[:7]).get_by_role("link").click()
     diff = page.locator("pre.diff")
-    walk.arrived("regression-support", text(sha[:12], "Before and after", "Cache killers found with it"))
-    expect(diff).to_contain_text("Current time")
+    pair = support.evidence["pair"]
+    walk.arrived(
+        "regression-support",
+        text(
+            sha[:12],
+            "Prompt changed",
+            "Before and after",
+            pair["before"]["request_id"],
+            pair["after"]["request_id"],
+        ),
+    )
+    expect(diff).to_contain_text("Current time")  # the commit's diff: the time moved to the top
     expect(page.locator("main")).not_to_contain_text("None found yet")  # its killers were frozen
 
     page.get_by_role("link", name="Compare the two token by token").click()
@@ -146,7 +157,11 @@ def walk_every_page(browser: Browser, live_server: LiveServer, run: VirtualRun, 
 
     walk.open(reverse("dashboard:templates"), "templates", text("support", "billing", "agent"))
     page.get_by_role("link", name="support", exact=True).click()
-    walk.arrived("template-support", text(sha[:7], support.get_kind_display()))
+    walk.arrived("template-support", text(support.get_kind_display()))
+    listed = page.locator(
+        "tr", has=page.locator(f'a[href="{reverse("regressions:detail", args=[support.pk])}"]')
+    )
+    expect(listed).to_contain_text(sha[:7])  # the regression, with its suspect commit
     marker = page.locator(f'#chart-hit-rate a.chart-marker[data-version="{support.suspect_version.pk}"]')
     marker.click()
     expect(page.locator("#version-panel")).to_contain_text(sha[:7])
