@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 from app.regressions.attribution import ROUTING_MIN_FALL
 from app.regressions.models import Regression
 from tests.regressions.test_detection import demo, detected
+from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,7 @@ def test_a_routing_change_opens_one_routing_regression_on_the_fleet(tmp_path: Pa
     assert sum(after.get(c, 0) for c in moved) > sum(before.get(c, 0) for c in moved) + 0.15
 
     client = Client()
-    client.force_login(User.objects.create_user("engineer"))
+    client.force_login(fleet_viewer("engineer"))  # one who sees every tenant, as the admin does
     page = client.get(reverse("regressions:detail", args=[routing.pk])).content.decode()
     assert "Routing change on the fleet" in page
     assert f"{round(placed['stayed_after'] * 100)} % landed on the servers they had landed on before" in page

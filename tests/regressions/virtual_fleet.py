@@ -132,6 +132,8 @@ def _started_metrics(scenario: Scenario, num_blocks: int) -> ServerMetrics:
 
 
 def _register(scenario: Scenario) -> list[Server]:
+    # Closed loopback ports: whatever asks them (the evidence's /detokenize) is refused at once and
+    # falls back to the bundled tokenizer, the simulator's own; nothing leaves the machine.
     servers = [
         register_server(name=f"virtual-{n}", base_url=f"http://127.0.0.1:{n + 1}", model=scenario.model)
         for n in range(scenario.servers.count)
