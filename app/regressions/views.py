@@ -16,6 +16,7 @@ from app.regressions import evidence, selectors, services, webhook
 from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
+from app.traffic.models import RequestDiagnosis
 
 PAGE_SIZE = 50
 
@@ -87,7 +88,7 @@ def _shift(regression: Regression) -> dict[str, object]:
     ordered = sorted(causes, key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
     rows = [
         (
-            cause,
+            _cause_label(cause),
             before.get(cause, 0.0),
             after.get(cause, 0.0),
             None if since is None else since.get(cause, 0.0),
@@ -99,6 +100,12 @@ def _shift(regression: Regression) -> dict[str, object]:
         "shift_since": since is not None,
         "routing": regression.evidence.get("routing"),
     }
+
+
+def _cause_label(cause: str) -> str:
+    """A cause as the other pages name it; the stored key itself if it is no longer a cause."""
+    causes = RequestDiagnosis.Cause
+    return str(causes(cause).label) if cause in causes.values else cause
 
 
 def _killer_rows(

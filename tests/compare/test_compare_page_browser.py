@@ -16,6 +16,7 @@ from app.compare.services import SideInput, create_comparison
 from app.compare.tokenization import Prompt
 from app.fleet.models import Server
 from tests.compare.conftest import Record, capture, prompt_ids
+from tests.core.test_pages_browser import SCREENSHOTS
 from tests.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -23,7 +24,7 @@ ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
-SCREENSHOT = Path("/tmp/compare-page.png")
+SCREENSHOT = SCREENSHOTS / "compare-page.png"
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

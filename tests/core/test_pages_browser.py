@@ -1,6 +1,7 @@
 """Prefixscope's pages in Debian's chromium: the API docs with no network, form controls in the
 site's colours in light and dark (screenshots in SCREENSHOTS, to look at)."""
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
-SCREENSHOTS = Path("/tmp/prefixscope-screens")
+# Where the browser tests leave their screenshots, to look at (CI keeps them as artifacts).
+SCREENSHOTS = Path(os.environ.get("PREFIXSCOPE_SCREENSHOTS", "/tmp/prefixscope-screens"))
 Scheme = Literal["light", "dark"]
 
 pytestmark = [

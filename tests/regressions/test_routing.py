@@ -50,7 +50,7 @@ def test_a_routing_change_opens_one_routing_regression_on_the_fleet(tmp_path: Pa
     assert sum(after.get(c, 0) for c in moved) > sum(before.get(c, 0) for c in moved) + 0.15
 
     client = Client()
-    client.force_login(fleet_viewer("engineer"))
+    client.force_login(fleet_viewer("engineer"))  # one who sees every tenant, as the admin does
     page = client.get(reverse("regressions:detail", args=[routing.pk])).content.decode()
     assert "Routing change on the fleet" in page
     assert f"{round(placed['stayed_after'] * 100)} % landed on the servers they had landed on before" in page

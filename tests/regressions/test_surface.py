@@ -72,7 +72,7 @@ def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(fo
     page = client.get(reverse("regressions:detail", args=[regression.pk]))
     assert page.status_code == 200
     assert fault_commit(found, "support", 300)[:12].encode() in page.content
-    assert b"prompt_changed" in page.content
+    assert b"<td>Prompt changed</td>" in page.content  # the cause shift, named as elsewhere
     pair = regression.evidence["pair"]
     after = RequestDiagnosis.objects.get(request_id=pair["after"]["request_id"])
     assert (after.cause, after.diverged_at) == ("prompt_changed", pair["diverged_at"])

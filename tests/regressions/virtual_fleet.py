@@ -10,7 +10,10 @@ Then the rollups, the diagnosis and the regression detection run once per virtua
 runs them.
 
 Capacity cuts and restarts of the timeline are applied to the caches at their time, as the simulator
-applies them (a new process: a new epoch, an empty cache). A helper of the tests and of
+applies them (a new process: a new epoch, an empty cache, its counters from zero). With `scrape_every`,
+each server's /metrics (simulator.metrics, fed as the simulated server feeds it) is pulled at that
+virtual interval, parsed by the collector and stored (record_scrape), and the server rollups refreshed
+each minute as beat refreshes them. A helper of the tests and of
 bench/bench_regressions.py: nothing here is product code.
 """
 
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from django.utils import timezone
+from prometheus_client import generate_latest
 
 from app.domain import gpt2
 from app.fleet.models import Server
@@ -34,11 +38,15 @@ from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_
 from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.rollups import refresh_minute_rollups
+from app.traffic.services.scrapes import record_scrape
+from app.traffic.services.server_rollups import refresh_server_minutes
 from app.traffic.tasks import ROLLUP_LOOKBACK
 from collectors.kv_events.parse import decode_sub_message
+from collectors.metrics.parse import parse_metrics
 from collectors.records import RequestFacts
 from simulator.cache import PrefixCache
 from simulator.kv_events import encode_batch, seq_frame
+from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
 from simulator.planner import PlannedRequest, plan_requests
 from simulator.scenario import CapacityCut, Scenario, ServerRestart, parse_scenario
 from simulator.server import ServerConfig
@@ -58,6 +66,7 @@ class VirtualRun:
     commits: list[Commit]
     planned: list[PlannedRequest]
     servers: list[Server]
+    metrics: list[ServerMetrics]  # each server's /metrics as it ended (empty without `scrape_every`)
 
     def at(self, seconds: float) -> datetime:
         return self.start + timedelta(seconds=seconds)
@@ -72,13 +81,15 @@ def run_virtually(
     keep: Callable[[PlannedRequest], bool] | None = None,
     held_back: Callable[[PlannedRequest], bool] | None = None,
     ttft_factor: Callable[[PlannedRequest], float] | None = None,
+    scrape_every: float | None = None,
 ) -> VirtualRun:
     """Store the scenario's traffic, ending a little before now, diagnosing it minute by minute;
     `every_minute(now)` is called after each minute's diagnosis (the detection, for one). `keep`
     thins the planned requests out (traffic swings, idle gaps): those it refuses are not sent.
     Requests `held_back` says true of are sent with the templates' first versions (the timeline's
     commits roll out elsewhere: a canary, a tenant's variant); `ttft_factor` slows a request's TTFT
-    (a slow server) by the factor it gives."""
+    (a slow server) by the factor it gives. `scrape_every`: pull each server's /metrics every so
+    many virtual seconds (none by default)."""
     scenario = parse_scenario(definition)
     # Virtual second 0 half a minute into a minute: the scenario's faults (at whole minutes) land
     # mid-minute, as they would at any time, and every run alike (its delays comparable).
@@ -94,15 +105,37 @@ def run_virtually(
         first = list(plan_requests(scenario, [c for c in commits if c.time <= 0], seed=seed, start=start))
         planned = [old if held_back(new) else new for new, old in zip(planned, first, strict=True)]
     planned = [r for r in planned if keep is None or keep(r)]
-    run = VirtualRun(scenario, start, commits, planned, servers)
+    metrics = (
+        [_started_metrics(scenario, scenario.servers.num_blocks) for _ in servers] if scrape_every else []
+    )
+    run = VirtualRun(scenario, start, commits, planned, servers, metrics)
     forget_kept_replay()
-    _Serving(run, ttft_factor or (lambda request: 1.0)).serve(every_minute)
+    _Serving(run, ttft_factor or (lambda request: 1.0), scrape_every).serve(every_minute)
     return run
 
 
+def record_scrapes(run: VirtualRun, *, at: datetime) -> None:
+    """Pull every server's /metrics as the scraper does (its text parsed by the collector) and store
+    the pulls as of `at`."""
+    for server, metrics in zip(run.servers, run.metrics, strict=True):
+        samples = parse_metrics(generate_latest(metrics.registry).decode())
+        record_scrape(server=server, scraped_at=at, samples=samples, duration_seconds=0.01)
+
+
+def _started_metrics(scenario: Scenario, num_blocks: int) -> ServerMetrics:
+    """A started server's families, as simulator.server.Engine makes them on each (re)start."""
+    info = CacheInfo(block_size=scenario.servers.block_size, num_gpu_blocks=num_blocks)
+    config = ServerConfig()
+    return ServerMetrics(
+        scenario.model, info, max_model_len=config.max_model_len, kv_cache_metrics=config.kv_cache_metrics
+    )
+
+
 def _register(scenario: Scenario) -> list[Server]:
+    # Closed loopback ports: whatever asks them (the evidence's /detokenize) is refused at once and
+    # falls back to the bundled tokenizer, the simulator's own; nothing leaves the machine.
     servers = [
-        register_server(name=f"virtual-{n}", base_url=f"http://10.9.0.{n + 1}:8000", model=scenario.model)
+        register_server(name=f"virtual-{n}", base_url=f"http://127.0.0.1:{n + 1}", model=scenario.model)
         for n in range(scenario.servers.count)
     ]
     Server.objects.filter(pk__in=[s.pk for s in servers]).update(
@@ -114,9 +147,13 @@ def _register(scenario: Scenario) -> list[Server]:
 class _Serving:
     """The caches, sequence numbers and epochs of the fleet, and what is waiting to be stored."""
 
-    def __init__(self, run: VirtualRun, ttft_factor: Callable[[PlannedRequest], float]) -> None:
+    def __init__(
+        self, run: VirtualRun, ttft_factor: Callable[[PlannedRequest], float], scrape_every: float | None
+    ) -> None:
         self.run = run
         self.ttft_factor = ttft_factor
+        self.scrape_every = scrape_every
+        self.next_scrape = 0.0
         blocks, size = run.scenario.servers.num_blocks, run.scenario.servers.block_size
         self.caches = [PrefixCache(size, blocks) for _ in run.servers]
         self.seqs = [0] * len(run.servers)
@@ -137,6 +174,7 @@ class _Serving:
             if request.at - flushed_at >= BATCH_SECONDS:
                 self._flush(request.at)
                 flushed_at = request.at
+            self._scrape_until(request.at)
             self._apply_timeline(request.at)
             self._serve(request)
         end = self.run.scenario.duration
@@ -145,9 +183,18 @@ class _Serving:
             self._minute(minute, every_minute)
             minute += 60
 
+    def _scrape_until(self, seconds: float) -> None:
+        """The pulls due by virtual second `seconds`, each of every server."""
+        while self.scrape_every and self.next_scrape <= seconds:
+            record_scrapes(self.run, at=self.run.at(self.next_scrape))
+            self.next_scrape += self.scrape_every
+
     def _minute(self, seconds: float, every_minute: Callable[[datetime], object] | None) -> None:
         now = self.run.at(seconds + 31)  # the diagnosis waits 30 s for late events
         refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)  # as beat's traffic.refresh_rollups
+        if self.scrape_every:
+            self._scrape_until(seconds)
+            refresh_server_minutes(since=now - ROLLUP_LOOKBACK, until=now)
         diagnose_requests(now=now)
         if every_minute is not None:
             every_minute(now)
@@ -161,6 +208,8 @@ class _Serving:
             blocks = event.num_blocks if isinstance(event, CapacityCut) else cache.num_blocks
             self.caches[server] = PrefixCache(cache.block_size, blocks)
             self.seqs[server], self.epochs[server] = 0, self.epochs[server] + 1
+            if self.run.metrics:  # its counters from zero, its cache of the new size
+                self.run.metrics[server] = _started_metrics(self.run.scenario, blocks)
 
     def _serve(self, request: PlannedRequest) -> None:
         body = request.body
@@ -173,7 +222,8 @@ class _Serving:
         )
         cache.finish(request.request_id)
         arrived_at = self.run.at(request.at)
-        payload = encode_batch(arrived_at.timestamp() + 0.001, cache.take_events(), None)
+        events = cache.take_events()
+        payload = encode_batch(arrived_at.timestamp() + 0.001, events, None)
         seq = self.seqs[request.server]
         message = decode_sub_message([b"kv@virtual", seq_frame(seq), payload])
         self.rows += event_rows(
@@ -184,16 +234,22 @@ class _Serving:
             received_at=arrived_at,
         )
         self.seqs[request.server] += 1
+        ttft = self._ttft(tokens, admission.cached_tokens) * self.ttft_factor(request)
         self.facts.append(
             RequestFacts(
                 request_id=request.request_id, arrived_at=arrived_at, server=server.name,
                 model=self.run.scenario.model, tenant=request.tenant, template=request.template,
                 template_version=request.version, prompt_tokens=len(tokens),
                 cached_tokens=admission.cached_tokens,
-                client_ttft_seconds=self._ttft(tokens, admission.cached_tokens) * self.ttft_factor(request),
-                cache_salt=salt if isinstance(salt, str) else None, prompt_token_ids=tokens,
+                client_ttft_seconds=ttft, cache_salt=salt if isinstance(salt, str) else None,
+                prompt_token_ids=tokens,
             )
         )  # fmt: skip
+        if self.run.metrics:  # as simulator.server.Engine counts a request and its blocks
+            metrics = self.run.metrics[request.server]
+            metrics.observe_block_events(events, arrived_at.timestamp())
+            metrics.observe_request(RequestTiming(len(tokens), admission.cached_tokens, 0, 0.0, ttft, 0.0))
+            metrics.kv_cache_usage.labels(**metrics.labels).set(cache.usage)
 
     def _ttft(self, tokens: list[int], cached: int) -> float:
         """As the simulated server times a request (simulator.server.Engine), without its queue."""
