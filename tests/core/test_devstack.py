@@ -273,10 +273,18 @@ def assert_fleet_shows_request_hit_rates(browser: urllib.request.OpenerDirector,
     """Every demo server's row on the Fleet page has a hit rate of its recorded requests."""
     page = browser.open(f"{base}/", timeout=5).read().decode()
     table = page[page.index('id="fleet-table"') : page.index("</section>", page.index('id="fleet-table"'))]
-    rows = re.findall(r"<tr>\s*<td>(?:<a [^>]*>)?(sim-\d)(?:</a>)?</td>(.*?)</tr>", table, re.S)
-    rates = {name: re.findall(r'<td class="num">([^<]*)</td>', cells)[-1].strip() for name, cells in rows}
+    rows = re.findall(
+        r'<tr id="server-\d+">\s*<td[^>]*>(?:<a [^>]*>)?(sim-\d)(?:</a>)?</td>(.*?)</tr>', table, re.S
+    )
+    rates = {name: _recorded_rate(cells) for name, cells in rows}
     assert sorted(rates) == ["sim-0", "sim-1", "sim-2", "sim-3"], table
     assert all(re.fullmatch(r"\d+\.\d %", rate) for rate in rates.values()), rates
+
+
+def _recorded_rate(cells: str) -> str:
+    """A Fleet row's hit rate of its recorded requests (under its counters' one)."""
+    found = re.search(r'title="recorded requests">([^<]*)</span>', cells)
+    return found.group(1).strip() if found else ""
 
 
 def assert_server_page_serves_its_chart_library(browser: urllib.request.OpenerDirector, base: str) -> None:
