@@ -171,7 +171,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 3600},
     },
     "diagnose-requests": {
-        "task": "traffic.diagnose_requests",
+        "task": "traffic.dispatch_diagnoses",  # one task per compatibility group
         "schedule": 30.0,
         "options": {"expires": 30},
     },

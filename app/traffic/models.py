@@ -201,6 +201,18 @@ class RequestRecord(PostgresPartitionedModel):
         return f"{self.request_id} on {self.server_id}"
 
 
+def _next_id(table: str) -> models.Func:
+    """The next value of a rollup table's own id sequence (migration 0018 made it).
+
+    The rollups' primary key is (server, id), so that Citus can distribute them by server
+    (tests/core/test_shardable_schema.py): `id` is no longer the primary key, so it cannot be an
+    AutoField, and the database fills it in as an AutoField's identity did.
+    """
+    return models.Func(
+        models.Value(f"{table}_id_seq"), function="nextval", output_field=models.BigIntegerField()
+    )
+
+
 class RequestTotals(models.Model):
     """Totals of request records per server and template (null: no template) over one period.
 
@@ -238,6 +250,8 @@ class MinuteRollup(RequestTotals):
     Dashboards read these, never raw request records, for windows longer than an hour.
     """
 
+    pk = models.CompositePrimaryKey("server", "id")
+    id = models.BigIntegerField(db_default=_next_id("traffic_minuterollup"), editable=False)
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
     minute = models.DateTimeField()
@@ -258,6 +272,8 @@ class HourRollup(RequestTotals):
     """The minute rollups summed per hour, for series of a day or longer (a week of a fleet's
     minutes is too many rows to sum per request). Recomputed from the minutes whenever they are."""
 
+    pk = models.CompositePrimaryKey("server", "id")
+    id = models.BigIntegerField(db_default=_next_id("traffic_hourrollup"), editable=False)
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     template = models.ForeignKey(
         "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
@@ -313,6 +329,8 @@ class LossMinute(LossTotals):
     effectiveness of a group of compatible servers is its reused / resident-anywhere tokens.
     """
 
+    pk = models.CompositePrimaryKey("server", "id")
+    id = models.BigIntegerField(db_default=_next_id("traffic_lossminute"), editable=False)
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     template = models.ForeignKey("prompts.Template", null=True, blank=True, on_delete=models.CASCADE)
     template_version = models.ForeignKey(
@@ -338,6 +356,8 @@ class LossHour(LossTotals):
     """The loss minutes summed per hour, for series of a day or longer. Recomputed from the
     minutes whenever they are."""
 
+    pk = models.CompositePrimaryKey("server", "id")
+    id = models.BigIntegerField(db_default=_next_id("traffic_losshour"), editable=False)
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     template = models.ForeignKey(
         "prompts.Template", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
@@ -395,11 +415,11 @@ class ServerMinute(ServerTotals):
     """A server's readings per minute: what the Fleet page and long server series read, never raw
     scrape samples or KV events (kept for hours only)."""
 
+    pk = models.CompositePrimaryKey("server", "minute")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     minute = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["server", "minute"], name="server_minute_identity")]
         indexes = [models.Index(fields=["minute"], name="server_minute_time")]
 
     def __str__(self) -> str:
@@ -410,11 +430,11 @@ class ServerHour(ServerTotals):
     """The server minutes summed per hour, for a day or longer. Recomputed from the minutes whenever
     they are."""
 
+    pk = models.CompositePrimaryKey("server", "hour")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
     hour = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["server", "hour"], name="server_hour_identity")]
         indexes = [models.Index(fields=["hour"], name="server_hour_time")]
 
     def __str__(self) -> str:

@@ -33,8 +33,26 @@ def refresh_rollups() -> None:
     server_rollups.refresh_server_minutes(since=now - ROLLUP_LOOKBACK, until=now)
 
 
+DIAGNOSIS_EVERY_SECONDS = 30.0
+
+
+@shared_task(name="traffic.dispatch_diagnoses")
+def dispatch_diagnoses() -> None:
+    """One diagnosis task per compatibility group, so that the workers share the fleet; a task not
+    started before the next dispatch is dropped (that one covers its records)."""
+    for group in diagnosis.compatibility_groups():
+        diagnose_group.apply_async(args=(list(group),), expires=DIAGNOSIS_EVERY_SECONDS)
+
+
+@shared_task(name="traffic.diagnose_group")
+def diagnose_group(group: list[object]) -> int:
+    """Diagnose one group's records due; another worker's run of the same group makes this one a no-op."""
+    return diagnosis.diagnose_requests(now=timezone.now(), group=tuple(group))
+
+
 @shared_task(name="traffic.diagnose_requests")
 def diagnose_requests() -> None:
+    """The whole fleet in one run (the groups no other run holds)."""
     diagnosis.diagnose_requests(now=timezone.now())
 
 

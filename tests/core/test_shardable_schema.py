@@ -12,12 +12,28 @@ a foreign key to one of them is fine.
 import pytest
 from django.db import connection
 
-from app.traffic.models import HourRollup, LossHour, LossMinute, MinuteRollup, ResidentBlock
+from app.traffic.models import (
+    HourRollup,
+    LossHour,
+    LossMinute,
+    MinuteRollup,
+    ResidentBlock,
+    ServerHour,
+    ServerMinute,
+)
 
 pytestmark = pytest.mark.django_db
 
 DISTRIBUTION_COLUMN = "server_id"
-GROWING_WITH_TRAFFIC = [MinuteRollup, HourRollup, LossMinute, LossHour, ResidentBlock]
+GROWING_WITH_TRAFFIC = [
+    MinuteRollup,
+    HourRollup,
+    LossMinute,
+    LossHour,
+    ServerMinute,
+    ServerHour,
+    ResidentBlock,
+]
 
 _PARTITIONED_SQL = """
 SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid
@@ -55,17 +71,6 @@ def unique_indexes_without_server(table: str) -> list[str]:
         )
 
 
-# Not shardable as they stand, and not cheap to change: the rollups' primary key is a surrogate `id`.
-# Their identity (server, template, version, tenant, minute or hour) is unique and holds the server,
-# but the template columns are nullable, so it cannot be the primary key as it is. Before Citus
-# distributes them: a primary key of (id, server_id), or the identity as primary key with a non-null
-# "no template" value. Until then they stay on the coordinator (Citus "local tables"), as they can:
-# they are a small fraction of the raw tables, and no foreign key joins them to one.
-SURROGATE_KEYED_ROLLUPS = {
-    model._meta.db_table: ["primary key (id)"] for model in (MinuteRollup, HourRollup, LossMinute, LossHour)
-}
-
-
 def test_the_large_tables_are_the_raw_partitioned_ones_and_what_grows_with_them() -> None:
     assert {"traffic_kvevent", "traffic_requestrecord", "traffic_requestdiagnosis", "traffic_scrape",
             "traffic_scrapesample"} <= set(large_tables())  # fmt: skip
@@ -73,7 +78,7 @@ def test_the_large_tables_are_the_raw_partitioned_ones_and_what_grows_with_them(
 
 def test_every_large_table_has_the_server_in_its_primary_key_and_each_unique_index() -> None:
     found = {table: unique_indexes_without_server(table) for table in large_tables()}
-    assert {table: problems for table, problems in found.items() if problems} == SURROGATE_KEYED_ROLLUPS
+    assert {table: problems for table, problems in found.items() if problems} == {}
 
 
 def test_no_foreign_key_joins_two_large_tables() -> None:

@@ -3,23 +3,32 @@ diagnosed by one run, never by two (app/traffic/services/diagnosis.py, DIAGNOSIS
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 from django.db import connections
 from django.utils import timezone
 
+from app.celery import celery_app
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.models import RequestDiagnosis
-from app.traffic.services.diagnosis import DIAGNOSIS_LOCK_SPACE, diagnose_requests, group_lock_key
+from app.traffic.services.diagnosis import (
+    DIAGNOSIS_LOCK_SPACE,
+    compatibility_groups,
+    diagnose_requests,
+    group_lock_key,
+)
 from app.traffic.services.requests import ingest_request_records
+from app.traffic.tasks import dispatch_diagnoses
 from collectors.records import RequestFacts
-from tests.traffic.processes import REPO, database_url_for_tests
+from tests.traffic.processes import REPO, database_url_for_tests, wait_until
 
 RECORDS_PER_SERVER = 300
 
@@ -96,4 +105,57 @@ def test_two_workers_diagnosing_at_once_diagnose_each_request_once() -> None:
     assert [worker.returncode for worker in workers] == [0, 0], answers
     diagnosed = [int(out.split()[-1]) for out, _ in answers]
     assert sum(diagnosed) == 2 * RECORDS_PER_SERVER, diagnosed  # none diagnosed by both
+    assert RequestDiagnosis.objects.count() == 2 * RECORDS_PER_SERVER
+
+
+@pytest.mark.django_db
+def test_a_run_for_one_group_diagnoses_that_group_alone() -> None:
+    qwen, llama = fleet_of_two_groups()
+    ingest([qwen, llama], count=5, at=timezone.now() - timedelta(minutes=2))
+    assert compatibility_groups() == sorted(
+        [(s.model, s.block_size, s.hash_algo) for s in (qwen, llama)], key=repr
+    )
+    assert diagnose_requests(now=timezone.now(), group=(llama.model, llama.block_size, llama.hash_algo)) == 5
+    assert diagnosed_servers() == [llama.pk]
+    assert diagnose_requests(now=timezone.now(), group=("no such model", None, "")) == 0
+
+
+# Celery's own line for a finished task, with what it returned (the records it diagnosed).
+_SUCCEEDED = re.compile(
+    r"Task traffic\.diagnose_group\[(?P<task>[0-9a-f-]+)\] succeeded in [0-9.e-]+s: (?P<n>\d+)"
+)
+
+
+def celery_worker(name: str, log: Path) -> subprocess.Popen[bytes]:
+    """A worker as production starts one (one process at a time), on the test's broker and database."""
+    environment = {**os.environ, "DATABASE_URL": database_url_for_tests()}
+    command = [sys.executable, "-m", "celery", "-A", "app.celery", "worker", "--pool", "solo",
+               "--loglevel", "INFO", "-n", f"{name}@test", "--without-gossip"]  # fmt: skip
+    with log.open("wb") as out:
+        return subprocess.Popen(command, cwd=REPO, env=environment, stdout=out, stderr=subprocess.STDOUT)
+
+
+def finished(logs: list[Path]) -> list[re.Match[str]]:
+    return [found for log in logs for found in _SUCCEEDED.finditer(log.read_text(errors="replace"))]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dispatch_sends_a_task_per_group_that_two_workers_share(tmp_path: Path) -> None:
+    servers = fleet_of_two_groups()
+    ingest(servers, count=RECORDS_PER_SERVER, at=timezone.now() - timedelta(minutes=2))
+    celery_app.control.purge()  # what an earlier run left on the test broker
+    logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
+    workers = [celery_worker(f"w{i}", log) for i, log in enumerate(logs)]
+    try:
+        dispatch_diagnoses()
+        dispatch_diagnoses()  # a second beat before the first's tasks ran: nothing diagnosed twice
+        wait_until(lambda: len(finished(logs)) == 4, timeout=180, what="four diagnosis tasks")
+    finally:
+        for worker in workers:
+            worker.terminate()
+            worker.wait(30)
+    done = finished(logs)
+    assert sorted(int(m["n"]) for m in done if int(m["n"])) == [RECORDS_PER_SERVER] * 2, done
+    assert len({m["task"] for m in done}) == 4
+    assert diagnosed_servers() == sorted(server.pk for server in servers)
     assert RequestDiagnosis.objects.count() == 2 * RECORDS_PER_SERVER

@@ -100,10 +100,11 @@ class _Replay:
             self.turned_at = self.through
 
 
-# This process's replay, kept between runs: a run then reads only what came since the last one
+# This process's replays, kept between runs, one per set of groups a run diagnoses (one group per
+# task; every group in a run of the whole fleet): a run then reads only what came since the last one
 # (the online path). Rebuilt from one lookback of events and records on the first run, after a
 # record arrived too late for it (older than `through`), and when runs stopped for a lookback.
-_kept: _Replay | None = None
+_kept: dict[frozenset[Hashable], _Replay] = {}
 
 
 # pg_try_advisory_lock's first key: one compatibility group's diagnosis ("DIAG"), the second the
@@ -111,16 +112,18 @@ _kept: _Replay | None = None
 DIAGNOSIS_LOCK_SPACE = 0x4449_4147
 
 
-def diagnose_requests(*, now: datetime) -> int:
+def diagnose_requests(*, now: datetime, group: Hashable | None = None) -> int:
     """Diagnose the records due (see the module's docstring); returns how many were stored.
 
     A run diagnoses the servers of the compatibility groups whose lock it takes (a server is only
-    compared within its group): a run at the same time in another worker takes the other groups,
-    or none, and leaves their records to the next run. Neither diagnoses a request the other does.
+    compared within its group), of `group` alone when given (compatibility_groups()): a run at the
+    same time in another worker takes the other groups, or none, and leaves their records to the
+    next run. Neither diagnoses a request the other does. A group without servers diagnoses nothing.
     """
     servers = {server.pk: server for server in Server.objects.all()}
-    groups: dict[int, Hashable] = {pk: (s.model, s.block_size, s.hash_algo) for pk, s in servers.items()}
-    with _group_locks(set(groups.values())) as held:
+    groups: dict[int, Hashable] = {pk: _group_of(server) for pk, server in servers.items()}
+    wanted = set(groups.values()) if group is None else {group} & set(groups.values())
+    with _group_locks(wanted) as held:
         if not held:
             return 0
         mine = {pk: server for pk, server in servers.items() if groups[pk] in held}
@@ -130,6 +133,15 @@ def diagnose_requests(*, now: datetime) -> int:
             groups={pk: groups[pk] for pk in mine},
             all_groups=len(held) == len(set(groups.values())),
         )
+
+
+def compatibility_groups() -> list[tuple[str, int | None, str]]:
+    """The fleet's compatibility groups, in a stable order: what diagnose_requests(group=) takes."""
+    return sorted({_group_of(server) for server in Server.objects.all()}, key=repr)
+
+
+def _group_of(server: Server) -> tuple[str, int | None, str]:
+    return (server.model, server.block_size, server.hash_algo)
 
 
 @contextmanager
@@ -162,13 +174,13 @@ def group_lock_key(group: Hashable) -> int:
 def _diagnose(
     *, now: datetime, servers: dict[int, Server], groups: dict[int, Hashable], all_groups: bool
 ) -> int:
-    global _kept
+    key = frozenset(groups.values())
     until = now - timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
     lookback = timedelta(minutes=settings.PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES)
     streaming = set(KVStream.objects.values_list("server_id", flat=True))
     fleet = frozenset(servers)
     only = None if all_groups else sorted(fleet)  # None: no filter (the usual run, with every group)
-    replay = _kept
+    replay = _kept.get(key)
     if replay is not None and replay.through >= until - lookback and replay.servers == fleet:
         late = _first_undiagnosed(since=until - lookback, until=replay.through, only=only)
         if late is not None:  # diagnosed against the fleet as it was: replay from before it
@@ -181,21 +193,22 @@ def _diagnose(
             return 0
         replay = _Replay(FleetHistory(groups), due - lookback, fleet, turned_at=due - lookback)
     replay.history.regroup(groups)
-    _kept = None  # until this run is stored: a failed run starts over
+    _kept.pop(key, None)  # until this run is stored: a failed run starts over
     found = _advance(replay, until=until, servers=servers, streaming=streaming, only=only)
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
     stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
     history.forget_settled(until)
     replay.turn_when_due(lookback=lookback)
-    _kept = replay
+    for other in [other for other in _kept if other & key]:  # a group is kept in one replay, the latest
+        del _kept[other]
+    _kept[key] = replay
     return stored
 
 
 def forget_kept_replay() -> None:
-    """Drop this process's replay: the next run rebuilds it from the database."""
-    global _kept
-    _kept = None
+    """Drop this process's replays: the next run rebuilds them from the database."""
+    _kept.clear()
 
 
 def _advance(

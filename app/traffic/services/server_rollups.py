@@ -92,7 +92,7 @@ SELECT server_id, minute, coalesce(scrapes, 0), coalesce(failed_scrapes, 0), coa
        coalesce(ttft_sum_seconds, 0), coalesce(ttft_buckets, '{{}}'), coalesce(evictions, 0)
 FROM pulls FULL JOIN counters USING (server_id, minute) FULL JOIN usage USING (server_id, minute)
      FULL JOIN evictions USING (server_id, minute)
-ON CONFLICT ON CONSTRAINT server_minute_identity DO UPDATE SET
+ON CONFLICT (server_id, minute) DO UPDATE SET
     {", ".join(f"{column} = EXCLUDED.{column}" for column in _COLUMNS)}
 """
 
