@@ -1,14 +1,14 @@
-"""Reads of request records, their diagnoses and the diagnoses' per-minute sums."""
+"""Reads of request records, their diagnoses and the diagnoses' per-minute and per-hour sums."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import F, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
-from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
+from app.traffic.models import LossHour, LossMinute, RequestDiagnosis, RequestRecord
 
 LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
 
@@ -60,19 +60,48 @@ def lost_tokens_by_cause(
     """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
     `since` to `until` (per-minute rollups: a minute counts when it starts in the window), of one
     server, template or tenant when given, of the traffic the viewer sees."""
-    minutes = _loss_minutes(since=since, until=until, viewer=viewer)
-    if server_id is not None:
-        minutes = minutes.filter(server_id=server_id)
-    if template_id is not None:
-        minutes = minutes.filter(template_id=template_id)
-    if tenant is not None:
-        minutes = minutes.filter(tenant=tenant)
-    sums = minutes.aggregate(**{cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
+    scope = {"server_id": server_id, "template_id": template_id, "tenant": tenant}
+    parts = [
+        part.filter(**{name: value for name, value in scope.items() if value is not None})
+        for part in _loss_rollups(since=since, until=until, viewer=viewer)
+    ]
+    (sums,) = _summed(parts, keys=(), sums={cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
     return {cause: tokens or 0 for cause, tokens in sums.items()}
 
 
 def _loss_minutes(*, since: datetime, until: datetime, viewer: Viewer) -> QuerySet[LossMinute]:
     return viewer.traffic(LossMinute.objects.all()).filter(minute__gte=since, minute__lt=until)
+
+
+def _loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
+    """The loss rollups of the minutes from `since` to `until`: the whole hours from the hours, the
+    minutes around them from the minutes. A week of a fleet's minutes was millions of rows to sum
+    per request (bench/bench_pages.py); its hours are at most servers x templates x 168."""
+    first = since.replace(minute=0, second=0, microsecond=0)
+    first += timedelta(hours=1) if first < since else timedelta(0)
+    last = until.replace(minute=0, second=0, microsecond=0)
+    if first >= last:
+        return [_loss_minutes(since=since, until=until, viewer=viewer)]
+    hours = viewer.traffic(LossHour.objects.all()).filter(hour__gte=first, hour__lt=last)
+    return [
+        _loss_minutes(since=since, until=first, viewer=viewer),
+        hours,
+        _loss_minutes(since=last, until=until, viewer=viewer),
+    ]
+
+
+def _summed(
+    parts: list[QuerySet[Any]], *, keys: tuple[str, ...], sums: dict[str, Sum]
+) -> list[dict[str, Any]]:
+    """`sums` per value of `keys` (one row of them all when none) over the rows of every part."""
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in parts:
+        rows = part.values(*keys).annotate(**sums) if keys else [part.aggregate(**sums)]
+        for row in rows:
+            total = found.setdefault(tuple(row[key] for key in keys), {key: row[key] for key in keys})
+            for name in sums:  # a sum over no rows is None: 0 here
+                total[name] = total.get(name, 0) + (row[name] or 0)
+    return list(found.values())
 
 
 LOSS_GROUPS = {
@@ -103,11 +132,13 @@ def losses(
     over the whole window; the groups that lost most first (per minute: in time order)."""
     names = LOSS_GROUPS[by]
     keys = (*names, "minute") if per_minute else names
-    rows = (
-        _loss_minutes(since=since, until=until, viewer=viewer)
-        .values(*keys)
-        .annotate(**_SUMS, requests_=Sum("requests"), unexpected_hits_=Sum("unexpected_hits"))
+    parts = (
+        [_loss_minutes(since=since, until=until, viewer=viewer)]
+        if per_minute
+        else _loss_rollups(since=since, until=until, viewer=viewer)
     )
+    rows = _summed(parts, keys=keys, sums={**_SUMS, "requests_": Sum("requests"),
+                                           "unexpected_hits_": Sum("unexpected_hits")})  # fmt: skip
     found = [_loss_row(row, names, per_minute=per_minute) for row in rows]
     if per_minute:
         return sorted(found, key=lambda row: (row.minute, [str(part) for part in row.group]))
@@ -162,17 +193,10 @@ def routing_effectiveness(
 ) -> list[RoutingGroup]:
     """Per group of compatible servers with diagnosed requests in the window, the tokens routing
     lost most first."""
-    per_server = {
-        row["server_id"]: row
-        for row in _loss_minutes(since=since, until=until, viewer=viewer)
-        .values("server_id")
-        .annotate(
-            requests=Sum("requests"),
-            anywhere=Sum("resident_anywhere_tokens"),
-            reused=Sum("reused_tokens"),
-            routed=Sum("routed_elsewhere_tokens"),
-        )
-    }
+    sums = {"requests": Sum("requests"), "anywhere": Sum("resident_anywhere_tokens"),
+            "reused": Sum("reused_tokens"), "routed": Sum("routed_elsewhere_tokens")}  # fmt: skip
+    parts = _loss_rollups(since=since, until=until, viewer=viewer)
+    per_server = {row["server_id"]: row for row in _summed(parts, keys=("server_id",), sums=sums)}
     groups: dict[tuple[str, int | None, str], list[Server]] = {}
     for server in Server.objects.filter(pk__in=per_server).order_by("name"):
         groups.setdefault((server.model, server.block_size, server.hash_algo), []).append(server)
@@ -207,17 +231,9 @@ class TenantAudit:
 
 def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL) -> list[TenantAudit]:
     """Every tenant with diagnosed requests in the window, unexpected hits first, then salt cost."""
-    rows = (
-        _loss_minutes(since=since, until=until, viewer=viewer)
-        .values("tenant")
-        .annotate(
-            requests=Sum("requests"),
-            prompt=Sum("prompt_tokens"),
-            reused=Sum("reused_tokens"),
-            salt=Sum("salt_tokens"),
-            unexpected=Sum("unexpected_hits"),
-        )
-    )
+    sums = {"requests": Sum("requests"), "prompt": Sum("prompt_tokens"), "reused": Sum("reused_tokens"),
+            "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits")}  # fmt: skip
+    rows = _summed(_loss_rollups(since=since, until=until, viewer=viewer), keys=("tenant",), sums=sums)
     found = [
         TenantAudit(
             row["tenant"], row["requests"], row["prompt"], row["reused"], row["salt"], row["unexpected"]
@@ -257,10 +273,10 @@ def server_funnel(
 ) -> dict[str, int]:
     """One server's diagnosed requests in the window and their funnel (prompt, seen before, resident
     anywhere, resident here, reused tokens) with the tokens routing lost (resident on another server)."""
-    sums = (
-        _loss_minutes(since=since, until=until, viewer=viewer)
-        .filter(server_id=server_id)
-        .aggregate(requests=Sum("diagnosed"), routed_elsewhere_tokens=Sum("routed_elsewhere_tokens"),
-                   **{column: Sum(column) for column in _FUNNEL})
-    )  # fmt: skip
+    parts = [
+        part.filter(server_id=server_id) for part in _loss_rollups(since=since, until=until, viewer=viewer)
+    ]
+    (sums,) = _summed(parts, keys=(), sums={"requests": Sum("diagnosed"),
+                                            "routed_elsewhere_tokens": Sum("routed_elsewhere_tokens"),
+                                            **{column: Sum(column) for column in _FUNNEL}})  # fmt: skip
     return {name: value or 0 for name, value in sums.items()}

@@ -13,6 +13,9 @@ from django.utils import timezone
 from app.domain.keyset import Cursor
 from app.fleet.models import Server
 from app.traffic.explorer import PAGE_SIZE, RequestFilters, matching_requests
+from app.traffic.models import RequestDiagnosis
+from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.services.partitions import create_day_partitions, day_of
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 
@@ -112,3 +115,45 @@ def test_first_and_later_pages_read_an_index_within_the_windows_partitions(
         if ordered:
             assert all(node.get("Scan Direction") == "Backward" for node in scans), scans
             assert not any(node["Node Type"] in ("Sort", "Incremental Sort") for node in nodes)
+
+
+_DIAGNOSE_SQL = f"""
+INSERT INTO traffic_requestdiagnosis (server_id, request_id, arrived_at, diagnosed_at, template_id,
+    template_version_id, tenant, cause, unknown, unexpected_hit, prompt_tokens, seen_before_tokens,
+    resident_anywhere_tokens, resident_here_tokens, reused_tokens, {", ".join(LOST_COLUMNS.values())}, losses)
+SELECT server_id, request_id, arrived_at, arrived_at, template_id, template_version_id, tenant,
+       CASE WHEN cached_tokens % 3 = 0 THEN 'cold' ELSE 'evicted' END, '', false, prompt_tokens, 0, 0, 0,
+       cached_tokens, {", ".join(["prompt_tokens - cached_tokens"] + ["0"] * (len(LOST_COLUMNS) - 1))}, '[]'
+FROM traffic_requestrecord
+"""
+
+
+@pytest.mark.parametrize(
+    "filters", [{"cause": "evicted"}, {"missed_only": True}, {"cause": "evicted", "server": 1}],
+    ids=["cause", "missed only", "server and cause"],
+)  # fmt: skip
+def test_a_diagnosis_filter_probes_each_record_in_the_pages_order_instead_of_sorting_a_join(
+    history: datetime, filters: dict[str, Any]
+) -> None:
+    """A cause (or missed-only) filter that most records pass: the records' index read backwards and
+    each record's diagnosis looked up by its key until the page is full. As an EXISTS, PostgreSQL
+    made it a semi-join on the three-column key, estimated it at one row and sorted the window's
+    matches (2 s over a week of a million records, bench/bench_pages.py)."""
+    create_day_partitions(RequestDiagnosis, [day_of(history - timedelta(days=d)) for d in range(DAYS + 1)])
+    with connection.cursor() as cursor:
+        cursor.execute(_DIAGNOSE_SQL)
+        cursor.execute("ANALYZE traffic_requestdiagnosis")
+    server = Server.objects.get(name="vllm-1").pk if "server" in filters else None
+    window = RequestFilters(
+        since=history - timedelta(hours=30), until=history - timedelta(hours=6), server_id=server,
+        cause=filters.get("cause"), missed_only=filters.get("missed_only", False),
+    )  # fmt: skip
+    for after in (None, Cursor(history - timedelta(hours=20), Server.objects.get(name="vllm-1").pk, "r-0")):
+        nodes = _plan(window, after)
+        records = [n for n in nodes if n.get("Relation Name", "").startswith("traffic_requestrecord")]
+        diagnoses = [n for n in nodes if n.get("Relation Name", "").startswith("traffic_requestdiagnosis")]
+        assert records and all(node.get("Scan Direction") == "Backward" for node in records), records
+        assert not any(node["Node Type"] in ("Sort", "Incremental Sort", "Hash Join") for node in nodes)
+        assert diagnoses and all(node["Node Type"] in ("Index Scan", "Index Only Scan") for node in diagnoses)
+        assert all(node.get("Parent Relationship") == "SubPlan" for node in nodes if node.get("Subplan Name"))
+        assert len(matching_requests(window, after=after)[:PAGE_SIZE]) == PAGE_SIZE
