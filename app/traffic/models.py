@@ -286,7 +286,11 @@ class HourRollup(RequestTotals):
                 fields=["server", "template", "hour"], name="hour_rollup_identity", nulls_distinct=False
             ),
         ]
-        indexes = [models.Index(fields=["hour"], name="hour_rollup_time")]
+        # A template's page and the Templates list read a week of one template's hours.
+        indexes = [
+            models.Index(fields=["hour"], name="hour_rollup_time"),
+            models.Index(fields=["template", "hour"], name="hour_rollup_template_time"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
@@ -375,7 +379,10 @@ class LossHour(LossTotals):
                 nulls_distinct=False,
             ),
         ]
-        indexes = [models.Index(fields=["hour"], name="loss_hour_time")]
+        indexes = [
+            models.Index(fields=["hour"], name="loss_hour_time"),
+            models.Index(fields=["template", "hour"], name="loss_hour_template_time"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
