@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from django.conf import settings
 
-from app.compare.display import Layout, readable
+from app.compare.display import Layout, edit_label, readable
 from app.compare.models import Comparison, ComparisonSide
 from app.compare.selectors import RecordKey, record_compatibility, request_record, tokens_kept
 from app.compare.summary import CompatibilityRow, Estimate, PrefillSlope, compatibility_rows, estimate
@@ -151,6 +151,10 @@ class BlockRow:
     b_hash: int | None
     status: str
 
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
 
 @dataclass(frozen=True, slots=True)
 class Figures:
@@ -228,9 +232,13 @@ class Result:
     block_match: BlockMatch | None
     problem: str
     created_at: datetime
+    # Whether its token text and ids may be shown: a recorded request's prompt is tenant data, shown
+    # only to holders of prompts.read_prompt_text; where they part (positions, blocks, hashes) is not.
+    tokens_shown: bool = True
 
     @cached_property
     def layout(self) -> Layout:
+        assert self.tokens_shown, "the layout shows token text"
         assert self.divergence is not None and self.a.token_ids is not None and self.b.token_ids is not None
         return Layout(
             self.divergence,
@@ -285,6 +293,27 @@ class Result:
             return ()
         return side_blocks(d, side, view.wire_hashes(view.length // self.block_size, self.block_size))
 
+    @property
+    def edit_labels(self) -> list[str]:
+        """Each edit in token positions alone (no text): "replaced a 7 (1 token) by b 7 (1 token)"."""
+        d = self.divergence
+        return [edit_label(e.kind, e.a_start, e.a_end, e.b_start, e.b_end) for e in d.edits] if d else []
+
+    @cached_property
+    def block_rows(self) -> list[BlockRow]:
+        """Every block of either side, a's and b's hash side by side with b's status: where the prompts
+        part, block by block, for a viewer not shown their tokens."""
+        a_blocks, b_blocks = self.blocks("a"), self.blocks("b")
+        size, rows = self.block_size, []
+        for index in range(max(len(a_blocks), len(b_blocks))):
+            a = a_blocks[index] if index < len(a_blocks) else None
+            b = b_blocks[index] if index < len(b_blocks) else None
+            end = max(block.end for block in (a, b) if block is not None)
+            rows.append(BlockRow(index=index, start=index * size, end=end,
+                                 a_hash=a.wire_hash if a else None, b_hash=b.wire_hash if b else None,
+                                 status=str(b.status) if b else ""))  # fmt: skip
+        return rows
+
     @cached_property
     def divergence_blocks(self) -> list[BlockRow]:
         """The last shared block and the block where the prompts part (or, for identical prompts
@@ -314,9 +343,15 @@ class Result:
 
 
 def comparison_result(
-    comparison: Comparison, sides: tuple[ComparisonSide, ComparisonSide], *, now: datetime
+    comparison: Comparison,
+    sides: tuple[ComparisonSide, ComparisonSide],
+    *,
+    now: datetime,
+    reads_prompts: bool = True,
 ) -> Result:
-    """Resolve both sides and compare them, as vLLM's prefix cache would (b later than a)."""
+    """Resolve both sides and compare them, as vLLM's prefix cache would (b later than a).
+    ``reads_prompts``: whether the viewer holds prompts.read_prompt_text; without it a comparison
+    with a recorded request is computed all the same but its tokens are not shown (``tokens_shown``)."""
     a, b = (side_view(row, created_at=comparison.created_at, now=now) for row in sides)
     size = comparison.block_size
     divergence = block_match = None
@@ -340,4 +375,5 @@ def comparison_result(
         block_match=block_match,
         problem=problem,
         created_at=comparison.created_at,
+        tokens_shown=reads_prompts or all(s.source != ComparisonSide.Source.RECORD for s in (a, b)),
     )

@@ -16,6 +16,7 @@ from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, create_comparison
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import Viewer, viewer_of
+from app.prompts.killers import may_read_prompts
 
 
 @login_required
@@ -34,7 +35,9 @@ def start(request: HtmxHttpRequest) -> HttpResponse:
         else:
             if compared.saved:
                 return redirect(compared.comparison)
-            result = comparison_result(compared.comparison, compared.sides, now=now)
+            result = comparison_result(
+                compared.comparison, compared.sides, now=now, reads_prompts=may_read_prompts(request.user)
+            )
             return render(request, "compare/result.html", _result_context(result, None, now=now))
     # The paste form has a "server" field too: the explorer's ids are prefixed.
     explorer = ExplorerFilter(request.GET or None, auto_id="id_explorer_%s", viewer=viewer)
@@ -52,7 +55,12 @@ def detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
     except Comparison.DoesNotExist:
         raise Http404("no such comparison") from None
     now = timezone.now()
-    result = comparison_result(comparison, selectors.comparison_sides(comparison), now=now)
+    result = comparison_result(
+        comparison,
+        selectors.comparison_sides(comparison),
+        now=now,
+        reads_prompts=may_read_prompts(request.user),
+    )
     reveal = _reveal(request.GET, result)
     if request.htmx and reveal is not None:
         run = result.layout.expand(reveal.side, reveal.start, reveal.end)
@@ -65,14 +73,17 @@ def _reveal(query: QueryDict, result: Result) -> Reveal | None:
         reveal = Reveal(query.get("side", ""), int(query.get("start", "")), int(query.get("end", "")))
     except ValueError:
         return None
-    if result.divergence is None or not result.layout.in_range(reveal.side, reveal.start, reveal.end):
+    if result.divergence is None or not result.tokens_shown:
+        return None
+    if not result.layout.in_range(reveal.side, reveal.start, reveal.end):
         return None
     return reveal
 
 
 def _result_context(result: Result, reveal: Reveal | None, *, now: datetime) -> dict[str, Any]:
-    segments = result.layout.segments(reveal) if result.divergence is not None else []
-    bar = result.layout.bar() if result.divergence is not None else []
+    drawn = result.divergence is not None and result.tokens_shown  # the token stream shows token text
+    segments = result.layout.segments(reveal) if drawn else []
+    bar = result.layout.bar() if drawn else []
     slope = selectors.prefill_slope(result.cost_server, now=now)
     return {
         "result": result,

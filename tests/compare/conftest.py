@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
@@ -82,7 +83,21 @@ def record(captured_server: Server) -> Record:
     return make
 
 
+def prompt_reader(username: str) -> User:
+    """A fleet viewer holding prompts.read_prompt_text: shown recorded requests' token text and ids."""
+    user = fleet_viewer(username)
+    user.user_permissions.add(Permission.objects.get(codename="read_prompt_text"))
+    return user
+
+
 @pytest.fixture
 def signed_in(client: Client, db: None) -> Client:
-    client.force_login(fleet_viewer("engineer"))
+    client.force_login(prompt_reader("engineer"))
+    return client
+
+
+@pytest.fixture
+def without_prompts(client: Client, db: None) -> Client:
+    """Signed in as a fleet viewer without prompts.read_prompt_text."""
+    client.force_login(fleet_viewer("operator"))
     return client

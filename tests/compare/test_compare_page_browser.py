@@ -15,9 +15,8 @@ from pytest_django.live_server_helper import LiveServer
 from app.compare.services import SideInput, create_comparison
 from app.compare.tokenization import Prompt
 from app.fleet.models import Server
-from tests.compare.conftest import Record, capture, prompt_ids
+from tests.compare.conftest import Record, capture, prompt_ids, prompt_reader
 from tests.core.test_pages_browser import SCREENSHOTS
-from tests.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -51,7 +50,7 @@ def _signed_in_page(
     browser: Browser, live_server_url: str, *, color_scheme: Literal["light", "dark"] = "light"
 ) -> Page:
     client = Client()
-    client.force_login(fleet_viewer(f"engineer-{color_scheme}"))
+    client.force_login(prompt_reader(f"engineer-{color_scheme}"))
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme)
     session = client.cookies[settings.SESSION_COOKIE_NAME].value
     context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server_url}])

@@ -11,7 +11,7 @@ from app.compare.results import Result, comparison_result
 from app.compare.services import ComparisonError, SideInput, create_comparison
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from tests.compare.conftest import Record, capture
+from tests.compare.conftest import Record, capture, prompt_reader
 from tests.fixtures import CAPTURED_PAIRS
 
 pytestmark = pytest.mark.django_db
@@ -165,3 +165,48 @@ def test_a_permalink_to_a_dropped_request_says_what_is_missing(record: Record, s
     html = signed_in.get(compared.comparison.get_absolute_url()).content.decode()
 
     assert "Cannot compare" in html and "no longer kept" in html
+
+
+def test_without_read_prompt_text_the_page_shows_where_they_part_but_no_token(
+    record: Record, without_prompts: Client
+) -> None:
+    """A recorded request's prompt is tenant data: a viewer without prompts.read_prompt_text gets the
+    divergence block by block (index, tokens, hashes, counts) and the edits' positions, never a token's
+    text or id; a holder gets the tokens as before."""
+    a, b = record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+    url = compared.comparison.get_absolute_url()
+
+    hidden = without_prompts.get(url).content.decode()
+    opened = without_prompts.get(f"{url}?side=b&start=0&end=7", HTTP_HX_REQUEST="true").content.decode()
+
+    for html in (hidden, opened):
+        assert 'class="t ' not in html and "data-first-divergence" not in html
+        assert not re.search(r"· id \d+", html) and "Current" not in html and "Acme" not in html
+    assert 'id="tokens-withheld"' in hidden
+    rows = re.findall(
+        r'<tr><td class="num">(\d+)</td><td>([\d,]+)\u2013([\d,]+)</td><td class="num">(\d+)</td>'
+        r"<td><code>([0-9a-f]{16})</code></td><td><code>([0-9a-f]{16})</code></td>",
+        hidden,
+    )
+    assert [int(r[0]) for r in rows] == list(range(len(rows))) and len(rows) >= 2
+    assert rows[0][1:4] == ("0", "31", "32") and rows[0][4] != rows[0][5]  # block 0 already differs
+    assert "token 7" in hidden and "replaced a 7 (1 token) by b 7 (1 token)" in hidden  # positions only
+
+    reader = Client()
+    reader.force_login(prompt_reader("reader"))
+    shown = reader.get(url).content.decode()
+    assert 'data-first-divergence="7"' in shown and re.search(r"· id \d+", shown)
+    assert 'id="tokens-withheld"' not in shown
+
+
+def test_the_compare_api_answers_positions_and_hashes_without_token_ids(
+    record: Record, without_prompts: Client
+) -> None:
+    a, b = record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2)
+    compared = create_comparison(a=SideInput(record=a), b=SideInput(record=b), now=timezone.now())
+
+    found = without_prompts.get(f"/api/v1/compare/{compared.comparison.slug}?include_blocks=true").json()
+
+    assert found["first_divergence"] == 7 and len(found["blocks"]["b"]) >= 2
+    assert "Current" not in str(found) and "token_ids" not in str(found)
