@@ -50,7 +50,11 @@ class Diagnosed(Schema):
         description="the cause that lost the most reusable tokens; null when none was lost"
     )
     unknown: str | None = Field(description="why there is no diagnosis: no_prompt, no_cached_tokens, ...")
-    diverged_at: int | None = Field(description="prompt_changed: the first token departing from its template")
+    diverged_at: int | None = Field(
+        description="prompt_changed: the first token departing from its template's earlier prompts under its "
+        "salt; it may lie in a block lost to another cause (a salted request's first block another salt "
+        "had), the prompt_changed loss then starting at a later block"
+    )
     unexpected_hit: bool
     funnel: Funnel | None
     lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")

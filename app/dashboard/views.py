@@ -255,6 +255,7 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
         here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
         items.append(
             {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
+             "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
              "killers": _killer_rows(salted, names, {}, here=here, seen=seen),
              "at_killer": here,
              **request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)}
@@ -305,6 +306,43 @@ def _killer_rows(
             KillerRow(killer, where, links, samples.get(killer.pk), here is not None and here.pk == killer.pk)
         )
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """Where a prompt-changed request departs, worded as its lost tokens are listed.
+
+    `at` is the diagnosis' token where the prompt departs from its template's earlier prompts under
+    its own salt (token-exact); its losses are by block. When `at` lies in a block lost to another
+    cause (a salted request whose first block another tenant's salt had: no block of it was shared
+    under its own salt), the prompt-changed loss starts later, at `changed_from`, and `lost_to` names
+    the cause of the block `at` lies in."""
+
+    at: int
+    changed_from: int
+    block: int | None
+    lost_to: str  # "" when `at` lies in the prompt-changed loss itself
+
+
+def departure(diagnosis: RequestDiagnosis | None, *, block_size: int | None) -> Departure | None:
+    if diagnosis is None or diagnosis.diverged_at is None:
+        return None
+    at, losses = diagnosis.diverged_at, diagnosis.losses
+    changed = [
+        loss["first_token"] for loss in losses if loss["cause"] == RequestDiagnosis.Cause.PROMPT_CHANGED
+    ]
+    changed_from = changed[0] if changed else at
+    if at >= changed_from:
+        return Departure(at, changed_from, None, "")
+    holding = next(
+        (loss for loss in losses if loss["first_token"] <= at < loss["first_token"] + loss["tokens"]), None
+    )
+    label = (
+        dict(RequestDiagnosis.Cause.choices).get(holding["cause"], holding["cause"])
+        if holding
+        else "not lost"
+    )
+    return Departure(at, changed_from, at // block_size if block_size else None, label.lower())
 
 
 def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> list[dict[str, object]]:

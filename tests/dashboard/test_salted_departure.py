@@ -1,0 +1,73 @@
+"""A salted request whose first block another tenant's salt had, and whose prompt departs from its own
+salt's earlier prompts inside that block (a timestamp at the top, two tenants in the same minute): the
+request page says where its prompt-changed loss starts, consistent with the tokens it lists as lost to
+the salt, and the token where it departs from its template's earlier prompts under its salt."""
+
+import random
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.diagnosis import diagnose_requests
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
+from tests.users import fleet_viewer
+
+pytestmark = pytest.mark.django_db
+
+BLOCK = 16
+
+
+def _prompts() -> tuple[list[int], list[int], list[int]]:
+    """acme's earlier prompt, globex's prompt and acme's later one: acme's two differ at token 14 (the
+    timestamp), the later one and globex's share their first block and part at token 20."""
+    rng = random.Random(3)
+    head = [rng.randrange(1, 50_000) for _ in range(14)]
+    earlier = head + [rng.randrange(1, 50_000) for _ in range(4 * BLOCK - 14)]
+    now_stamp = [50_001, 50_002]
+    globex = head + now_stamp + [rng.randrange(1, 50_000) for _ in range(4 * BLOCK)]
+    later = globex[:20] + [rng.randrange(1, 50_000) for _ in range(4 * BLOCK - 20)]
+    return earlier, globex, later
+
+
+def test_the_request_page_says_where_the_prompt_changed_loss_starts_after_a_block_lost_to_the_salt(
+    client: Client,
+) -> None:
+    Server.objects.create(name="vllm-a", base_url="http://127.0.0.1:9/a", block_size=BLOCK, model="m")
+    earlier, globex, later = _prompts()
+    now = timezone.now()
+    sent = [("acme-1", "acme", "salt-acme", earlier), ("globex-1", "globex", "salt-globex", globex),
+            ("acme-2", "acme", "salt-acme", later)]  # fmt: skip
+    facts = [
+        RequestFacts(
+            request_id=request_id, arrived_at=now - timedelta(seconds=30 - 10 * n), server="vllm-a",
+            model="m", tenant=tenant, template="support", cache_salt=salt, prompt_tokens=len(tokens),
+            cached_tokens=0, prompt_token_ids=tokens,
+        )
+        for n, (request_id, tenant, salt, tokens) in enumerate(sent)
+    ]  # fmt: skip
+    assert ingest_request_records(facts, source="gateway", now=now).rejected == []
+    diagnose_requests(now=now + timedelta(minutes=2))
+    found = RequestDiagnosis.objects.get(request_id="acme-2")
+    client.force_login(fleet_viewer("engineer"))
+
+    html = client.get("/requests/vllm-a/acme-2/").content.decode()
+
+    # What the diagnosis found: block 0 lost to the salt (globex had its tokens), the rest to the prompt
+    # changing; against acme's earlier prompt it departs at token 14, inside block 0.
+    assert [(loss["cause"], loss["first_token"]) for loss in found.losses][:2] == [
+        ("salt", 0),
+        ("prompt_changed", BLOCK),
+    ]
+    assert found.cause == "prompt_changed" and found.diverged_at == 14
+    cause = re.search(r"<tr><th>Cause</th><td>(.*?)</td></tr>", html, re.S)
+    assert cause is not None
+    text = re.sub(r"<[^>]+>", "", cause.group(1))
+    assert "departs at token 14," not in text
+    assert f"Prompt changed from token {BLOCK}" in text
+    assert "under its salt at token 14, in block 0" in text and "lost to the tenant salt" in text
