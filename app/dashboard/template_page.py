@@ -27,8 +27,9 @@ from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard import template_selectors as selectors
 from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
+from app.dashboard.sparks import spark
 from app.dashboard.template_selectors import Effect, LiveVersion, Totals
-from app.dashboard.views import _interval, _killer_rows
+from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
 from app.domain.prefill import prefill_tokens_per_second
 from app.fleet.models import Server
@@ -101,19 +102,58 @@ def template_rows(window: Window, *, sort: str, viewer: Viewer = SEES_ALL) -> li
 
 @login_required
 def template_list(request: HtmxHttpRequest) -> HttpResponse:
-    """Every template, its hit rate, trend, lost tokens and open regressions, over the window asked for."""
-    window = picked_window(request.GET, now=timezone.now())
+    """Every template, its hit rate, trend, lost tokens and open regressions, over the window asked for
+    (a window of a day or more in whole hours, read from the hour rollups); `numbers=1` answers the
+    trends' numbers as a table, `format=csv` as CSV."""
+    window, viewer = _in_hours(picked_window(request.GET, now=timezone.now())), viewer_of(request.user)
+    if request.GET.get("format") == "csv" or request.GET.get("numbers"):
+        return _trend_numbers(request, window, viewer)
     sort = request.GET.get("sort", "-lost")
     sort = sort if sort.lstrip("-") in SORTS else "-lost"
-    rows = template_rows(window, sort=sort, viewer=viewer_of(request.user))
+    rows = template_rows(window, sort=sort, viewer=viewer)
+    trends = selectors.hit_rate_trends(
+        since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
+    )
+    times = _bucket_starts(window)
     query = urlencode(window.params())
     headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))
                for field, label in (("name", "Template"), ("requests", "Requests"), ("hit_rate", "Hit rate"),
                                     ("change", "Change"), ("lost", "Prompt tokens lost"),
                                     ("regressions", "Open regressions"))]  # fmt: skip
-    context = {"rows": rows, "window": window, "windows": [*WINDOWS, "custom"], "sort": sort,
-               "headers": headers, "query": query}  # fmt: skip
+    context = {"rows": [(row, _trend(row.template, trends, times, window.bucket)) for row in rows],
+               "window": window, "windows": [*WINDOWS, "custom"], "sort": sort, "headers": headers,
+               "query": query, "trend_count": len(times)}  # fmt: skip
     return render(request, "dashboard/templates.html", context)
+
+
+def _trend(
+    template: Template, trends: dict[int, list[float | None]], times: list[datetime], bucket: int
+) -> Any:
+    values = trends.get(template.pk, [None] * len(times))
+    described = f"{template.name}: hit rate per {bucket} s; the numbers are in the table below"
+    return spark(
+        f"trend-{template.pk}", values, times, name="hit_rate", label="Requests", described=described
+    )
+
+
+def _trend_numbers(request: HtmxHttpRequest, window: Window, viewer: Viewer) -> HttpResponse:
+    """The trends' numbers: every template the viewer sees with a request in the window, by name, its
+    hit rate per bucket; as the Fleet page's sparkline table, or as CSV."""
+    trends = selectors.hit_rate_trends(
+        since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
+    )
+    names = dict(viewer.templates(Template.objects.filter(pk__in=trends)).values_list("pk", "name"))
+    found = sorted(
+        (Series(names[pk], values) for pk, values in trends.items() if pk in names), key=lambda s: s.name
+    )
+    times = _bucket_starts(window)
+    if request.GET.get("format") == "csv":
+        response = HttpResponse(traffic_series.as_csv(times, found), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="templates-hit-rate-{window.key}.csv"'
+        return response
+    table = [(at, [_percent(s.values[i]) for s in found]) for i, at in enumerate(times)]
+    return render(request, "dashboard/home.html#spark-numbers", {"spark_names": [s.name for s in found],
+                                                                "spark_table": table})  # fmt: skip
 
 
 def _next_sort(current: str, field: str) -> str:

@@ -6,10 +6,10 @@ Every read takes the `viewer` (app/core/tenancy.py): a tenant's user sums only t
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Min, Q, QuerySet, Sum
+from django.db.models import Count, DateTimeField, F, Func, Min, Q, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.prefill import PrefillSums
@@ -89,6 +89,33 @@ def template_totals(
     return totals_by_template(since=since, until=until, viewer=viewer, template_id=template_id).get(
         template_id, Totals()
     )
+
+
+def hit_rate_trends(
+    *, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL
+) -> dict[int, list[float | None]]:
+    """Each template's delivered hit rate per `bucket` seconds of [since, until) (None where no request
+    reported its cached tokens): the Templates list's sparklines. One query for every template, of the
+    hour rollups when both ends are whole hours; buckets start on multiples of `bucket` from midnight."""
+    rows = _requests(since, until, viewer).filter(template__isnull=False)
+    column = "hour" if _whole_hours(since, until) else "minute"
+    start = Func(Value(timedelta(seconds=bucket)), F(column), Value(_ORIGIN), function="date_bin",
+                 output_field=DateTimeField())  # fmt: skip
+    summed: Iterable[dict[str, Any]] = (
+        rows.annotate(start=start)
+        .values("template_id", "start")
+        .annotate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
+    )
+    count = int((until - since).total_seconds()) // bucket
+    found: dict[int, list[float | None]] = {}
+    for row in summed:
+        index = int((row["start"] - since).total_seconds()) // bucket
+        if 0 <= index < count and row["known"]:
+            found.setdefault(row["template_id"], [None] * count)[index] = row["cached"] / row["known"]
+    return found
+
+
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # as app/traffic/series.py bins: a day's bucket starts at 0:00 UTC
 
 
 def lost_by_template(

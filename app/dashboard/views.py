@@ -33,6 +33,7 @@ from app.dashboard.selectors import (
     proposed_servers,
 )
 from app.dashboard.server_page import WINDOWS, Window, picked_window
+from app.dashboard.sparks import spark
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.prompts.killers import SampleKey, killer_at, template_killers
@@ -149,7 +150,8 @@ def _fleet(
         "server_suffix": "" if window.key == "1h" else f"?{urlencode({'window': window.key})}",  # its default
         "head_rates": [(f"now ({NOW_MINUTES} min)", *_percents(head.now)),
                        ("last hour", *_percents(head.hour)), ("last day", *_percents(head.day))],
-        "rows": [(row, _spark(row, times) if row.state != "proposed" else None) for row in rows],
+        "rows": [(row, _spark(row, times, window.bucket) if row.state != "proposed" else None)
+                 for row in rows],
         "spark_count": len(times), "proposed": proposed,
         "lost": sorted(((labels[c], t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago, viewer=viewer),
@@ -166,12 +168,11 @@ def _ratio(value: float | None) -> str:
     return "—" if value is None else f"{100 * value:.1f} %"
 
 
-def _spark(row: ServerRow, times: list[datetime]) -> dict[str, Any]:
-    """What static/charts/charts.js draws in a row's sparkline (times as Unix seconds, to stay short)."""
-    drawn = any(value is not None for value in row.spark)
-    series = [{"name": "engine_hit_rate", "label": "vLLM counters", "values": row.spark}] if drawn else []
-    data = {"unit": "ratio", "times": [int(at.timestamp()) for at in times], "series": series}
-    return {"id": f"spark-{row.server.pk}-data", "data": data}
+def _spark(row: ServerRow, times: list[datetime], bucket: int) -> dict[str, Any]:
+    """What static/charts/charts.js draws in a row's sparkline."""
+    described = f"{row.server.name}: hit rate per {bucket} s; the numbers are in the table below"
+    return spark(f"spark-{row.server.pk}", row.spark, times, name="engine_hit_rate", label="vLLM counters",
+                 described=described)  # fmt: skip
 
 
 def _sparks(servers: QuerySet[Server], window: Window) -> tuple[list[datetime], list[Series]]:

@@ -205,7 +205,11 @@ PAGES = {
     "dashboard:template-detail": lambda f, own: [
         reverse("dashboard:template-detail", args=[_tpl(f, own).pk])
     ],
-    "dashboard:templates": lambda f, own: [reverse("dashboard:templates")],
+    "dashboard:templates": lambda f, own: [
+        reverse("dashboard:templates"),
+        reverse("dashboard:templates") + "?window=7d&format=csv",
+        reverse("dashboard:templates") + "?numbers=1",
+    ],
     "setup:servers": lambda f, own: [reverse("setup:servers")],
     "setup:server": lambda f, own: [reverse("setup:server", args=[_srv(f, own).pk])],
     "compare:start": lambda f, own: [reverse("compare:start")],

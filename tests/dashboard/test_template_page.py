@@ -6,17 +6,21 @@ import csv
 import io
 import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.db.models import Sum
 from django.test import Client, override_settings
 
+from app.core.models import Membership
 from app.domain.kvmemory import KvCacheShape
+from app.prompts.models import Template
 from app.prompts.services import record_deploy
 from app.regressions.models import Regression
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.models import HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
 from tests.dashboard.template_traffic import History, a_template_history
 from tests.users import fleet_viewer
@@ -67,7 +71,8 @@ def test_the_list_shows_each_templates_hit_rate_and_lost_tokens_from_its_records
     signed_in: Client, history: History
 ) -> None:
     html = signed_in.get("/templates/").content.decode()
-    name, requests, rate, change, lost_tokens, regressions = row_of(html, f"template-{history.support.pk}")
+    cells = row_of(html, f"template-{history.support.pk}")
+    name, requests, rate, _trend, change, lost_tokens, regressions = cells
     assert name == "support" and requests == "40"
     assert rate == f"{100 * hit_rate(template=history.support):.1f} %" == "50.0 %"  # 80 % then 20 %
     assert change == "—"  # nothing in the hour before
@@ -100,7 +105,7 @@ def test_the_change_compares_with_the_window_before(signed_in: Client, history: 
     }
     html = signed_in.get("/templates/", params).content.decode()
     cells = row_of(html, f"template-{history.support.pk}")
-    assert cells[2] == "20.0 %" and cells[3] == "-60.0 pp"
+    assert cells[2] == "20.0 %" and cells[4] == "-60.0 pp"
 
 
 def test_the_hit_rate_chart_is_the_records_rate_per_minute(signed_in: Client, history: History) -> None:
@@ -202,7 +207,7 @@ def test_its_unresolved_regressions_are_counted_and_every_one_listed(
             confidence=0.999, state=state, suspect_version=history.two,
         )  # fmt: skip
     html = signed_in.get("/templates/").content.decode()
-    assert row_of(html, f"template-{history.support.pk}")[5] == "1"  # neither muted nor resolved
+    assert row_of(html, f"template-{history.support.pk}")[6] == "1"  # neither muted nor resolved
     page = signed_in.get(f"/templates/{history.support.pk}/").content.decode()
     for regression in Regression.objects.filter(template=history.support):
         assert f'href="/regressions/{regression.pk}/"' in page
@@ -219,3 +224,68 @@ def test_a_deploy_marks_a_version_live_before_its_first_request(signed_in: Clien
     assert marks[str(history.two.pk)]["at"] == deployed.isoformat()
     assert "(deploy)" in marks[str(history.two.pk)]["label"]
     assert f"live {deployed:%Y-%m-%d %H:%M} UTC</h2>" in html  # its effect measured from the deploy
+
+
+def rollup_rates(model: type[HourRollup] | type[MinuteRollup], template: Template, times: list[datetime],
+                 bucket: timedelta) -> list[float | None]:  # fmt: skip
+    """The template's hit rate per bucket, summed here from its rollup rows: cached over the prompt
+    tokens of the requests that reported their cached tokens."""
+    column = "hour" if model is HourRollup else "minute"
+    rates: list[float | None] = []
+    for start in times:
+        rows = model.objects.filter(
+            template=template, **{f"{column}__gte": start, f"{column}__lt": start + bucket}
+        )
+        found = rows.aggregate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
+        rates.append(found["cached"] / found["known"] if found["known"] else None)
+    return rates
+
+
+def trend_of(html: str, template: Template) -> dict[str, Any]:
+    found = re.search(
+        rf'<script id="trend-{template.pk}-data" type="application/json">(.*?)</script>', html, re.S
+    )
+    assert found is not None
+    data: dict[str, Any] = json.loads(found.group(1))
+    return data
+
+
+@pytest.mark.parametrize(("window", "model"), [("1h", MinuteRollup), ("7d", HourRollup)])
+def test_each_templates_trend_is_its_rollups_hit_rate_per_bucket(
+    signed_in: Client, history: History, window: str, model: type[HourRollup] | type[MinuteRollup]
+) -> None:
+    html = signed_in.get("/templates/", {"window": window}).content.decode()
+    answer = signed_in.get("/templates/", {"window": window, "format": "csv"}).content.decode()
+
+    csv_rows = list(csv.reader(io.StringIO(answer)))
+    assert csv_rows[0] == ["time", "billing", "support"]
+    for template in (history.support, history.billing):
+        data = trend_of(html, template)
+        times = [datetime.fromtimestamp(t, UTC) for t in data["times"]]
+        bucket = times[1] - times[0]
+        assert bucket == (timedelta(hours=1) if window == "7d" else timedelta(minutes=1))
+        expected = rollup_rates(model, template, times, bucket)
+        assert data["series"][0]["values"] == expected
+        assert sum(value is not None for value in expected) >= (1 if window == "7d" else 20)
+        column = csv_rows[0].index(template.name)
+        assert [float(row[column]) if row[column] else None for row in csv_rows[1:]] == expected
+    # Version one reused 80 %, version two 20 %: the minute trend shows the drop.
+    support = [v for v in trend_of(html, history.support)["series"][0]["values"] if v is not None]
+    if window == "1h":
+        assert support[:10] == [0.8] * 10 and support[10:] == [0.2] * 10
+
+
+def test_the_trends_are_of_the_viewers_tenants(client: Client, history: History) -> None:
+    Template.objects.filter(pk=history.support.pk).update(tenant="acme")
+    Template.objects.filter(pk=history.billing.pk).update(tenant="globex")
+    user = User.objects.create_user("acme-engineer")
+    Membership.objects.create(user=user, tenant="acme")
+    client.force_login(user)
+
+    html = client.get("/templates/").content.decode()
+    answer = client.get("/templates/", {"format": "csv"}).content.decode()
+
+    values = trend_of(html, history.support)["series"][0]["values"]
+    assert [v for v in values if v is not None] == [0.8] * 10 + [0.2] * 10
+    assert f'id="trend-{history.billing.pk}"' not in html
+    assert answer.splitlines()[0] == "time,support"
