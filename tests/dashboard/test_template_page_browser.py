@@ -10,6 +10,7 @@ from pytest_django.live_server_helper import LiveServer
 
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
 from tests.dashboard.template_traffic import a_template_history
+from tests.dashboard.test_server_page_browser import INKED
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -30,6 +31,13 @@ def test_a_templates_page_draws_its_versions_and_opens_one(
 
     page.goto(f"{live_server.url}/templates/")
     expect(page.locator(f"#template-{history.support.pk}")).to_contain_text("50.0 %")
+    trends = page.locator('#template-list figure[data-chart="spark"][data-drawn="true"] canvas')
+    expect(trends).to_have_count(2)  # support and billing: drawn by uPlot, as the Fleet page's
+    assert all(trends.nth(i).evaluate(INKED) > 20 for i in range(2))  # a line across
+    page.locator("#trend-numbers summary").click()
+    expect(page.locator("#trend-numbers tbody tr").first).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    page.screenshot(path=str(SCREENSHOTS / f"templates-trends-{scheme}.png"), full_page=True)
     page.get_by_role("link", name="Hit rate").click()  # sortable: descending first
     page.wait_for_url("**sort=-hit_rate**")
     expect(page.locator("#template-list tbody tr").first).to_contain_text("support")
