@@ -105,6 +105,11 @@ class PrefixCache:
         """
         return 1.0 - len(self._free) / (self.num_blocks - 1)
 
+    def held_blocks(self, request_id: str) -> frozenset[int]:
+        """The ids of the blocks a running request holds (none once it has finished)."""
+        request = self._requests.get(request_id)
+        return frozenset(block.block_id for block in request.blocks) if request else frozenset()
+
     @property
     def counters(self) -> CacheCounters:
         """Cumulative counters since the cache was made (a reset keeps them, as vLLM does)."""

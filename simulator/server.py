@@ -118,6 +118,19 @@ class Engine:
         self.publisher.restart()
         self.busy_until = 0.0
         self.random = random.Random(config.seed)
+        self.running: list[_Running] = []
+        self.metrics.kv_cache_usage.labels(**self.metrics.labels).set_function(self.kv_usage)
+
+    def kv_usage(self) -> float:
+        """``vllm:kv_cache_usage_perc`` when /metrics is read: the blocks held by the requests running
+        then (their modelled prefill and decode), as a share of the usable blocks; cached blocks that no
+        running request holds count as free, as in vLLM (so it reads 0 between requests, however full
+        the prefix cache is). The cache runs each request at once: its blocks are released there, and
+        only the gauge follows the modelled run."""
+        now = time.time()
+        self.running = [run for run in self.running if run.end > now]
+        held = frozenset().union(*(run.blocks for run in self.running if run.start <= now))
+        return max(len(held) / (self.cache.num_blocks - 1), self.cache.usage)
 
     async def complete(
         self,
@@ -136,13 +149,17 @@ class Engine:
             raise BadRequest(f"prompt ({len(prompt_ids)} tokens) plus max_tokens exceeds max_model_len")
         arrival = time.time()
         async with self.lock:
-            output, cached = self._run_through_cache(
+            output, cached, held = self._run_through_cache(
                 prompt_ids, max_tokens, salt=salt, report_hits=report_hits, lora=lora
             )
             await self.publish_events()
             timing = self._timing(arrival, len(prompt_ids), cached, len(output))
             self.metrics.observe_request(timing)
-            self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(self.cache.usage)
+            if self.config.sleep:  # answered at once, it has finished when the client hears of it
+                start = arrival + timing.queue_seconds
+                self.running.append(
+                    _Running(start, start + timing.prefill_seconds + timing.decode_seconds, held)
+                )
         if self.config.sleep:
             await asyncio.sleep(timing.e2e_seconds)
         request_id = headers.get("X-Request-Id") or uuid.uuid4().hex[:16]
@@ -166,8 +183,9 @@ class Engine:
         salt: str | None,
         report_hits: bool,
         lora: LoraKey | None,
-    ) -> tuple[list[int], int]:
-        """Admit the request to the cache, add its output tokens and finish it: (output, cached tokens).
+    ) -> tuple[list[int], int, frozenset[int]]:
+        """Admit the request to the cache, add its output tokens and finish it: (output, cached tokens,
+        the ids of the blocks it held).
 
         The cache's events are left for the caller to publish. Raises BadRequest when the request can
         never fit the KV cache.
@@ -182,8 +200,9 @@ class Engine:
         except (ValueError, OutOfBlocks) as exc:  # vLLM refuses what can never fit its KV cache
             self.cache.finish(engine_id)
             raise BadRequest(f"prompt plus max_tokens do not fit the KV cache: {exc}") from None
+        held = self.cache.held_blocks(engine_id)
         self.cache.finish(engine_id)
-        return output, admission.cached_tokens
+        return output, admission.cached_tokens, held
 
     def _timing(self, arrival: float, prompt: int, cached: int, generated: int) -> RequestTiming:
         queue = max(0.0, self.busy_until - arrival)
@@ -192,6 +211,15 @@ class Engine:
         self.busy_until = arrival + queue + prefill
         decode = max(0, generated - 1) * self.config.decode_seconds_per_token
         return RequestTiming(prompt, cached, generated, queue, prefill, decode)
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    """A request's modelled run (Unix seconds) and the KV blocks it holds meanwhile."""
+
+    start: float
+    end: float
+    blocks: frozenset[int]
 
 
 class SimulatedServer:

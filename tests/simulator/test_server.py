@@ -4,6 +4,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import BlockStored, decode_sub_message
 from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
 from collectors.models.parse import ServedModels, parse_models
+from simulator.cache import PrefixCache
 from simulator.fleet import configs_from_args, parse_args
 from simulator.server import ServerConfig, SimulatedServer
 from tests.e2e.otlp_receiver import attributes, run_otlp_receiver
@@ -278,3 +280,34 @@ def test_a_kv_port_in_use_fails_the_start_naming_it_and_stops_cleanly() -> None:
     finally:
         taken.close(linger=0)
         context.term()  # returns only once every socket is closed: none was left open
+
+
+def kv_usage(config: ServerConfig) -> float:
+    samples = parse_metrics(httpx.get(config.base_url + "/metrics", timeout=10).text)
+    return next(s.value for s in samples if s.name == "vllm:kv_cache_usage_perc")
+
+
+def test_kv_usage_counts_the_blocks_of_running_requests_and_reads_0_between_them() -> None:
+    """vLLM's vllm:kv_cache_usage_perc is 1 - free / usable blocks, and a cached block no running
+    request holds is free (evictable): the capture reads 0.0 after its traffic, its cache full of
+    prefixes. The simulated server reads what a running request holds while it runs (its modelled
+    prefill and decode), and 0 again when it has finished, however much of its prefix stays cached."""
+    body = dict(load_json("completion-shared-prefix-I.json")["request"]) | {"max_tokens": 8}
+    prompt = load_json("completion-shared-prefix-I.json")["response"]["choices"][0]["prompt_token_ids"]
+    config = local_config(sleep=True, decode_seconds_per_token=0.25)  # about two seconds of decoding
+    alone = PrefixCache(config.block_size, config.num_blocks)  # what the request holds while it runs
+    alone.admit("one", prompt)
+    alone.append_output("one", [0] * 8)
+    with running_fleet([config]):
+        assert kv_usage(config) == 0.0
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(post, config, "/v1/completions", body)
+            seen = []
+            while not answer.done():
+                seen.append(kv_usage(config))
+            assert answer.result().status_code == 200
+        assert alone.usage == pytest.approx(max(seen)) and alone.usage > 0.1  # read while it ran
+        assert kv_usage(config) == 0.0  # finished: its blocks are free, and cached
+        again = post(config, "/v1/completions", body | {"max_tokens": 1}).json()["usage"]
+        assert again["prompt_tokens_details"]["cached_tokens"] > 0
+        assert kv_usage(config) == 0.0
