@@ -21,7 +21,7 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.fleet.models import Server
 from app.traffic import series as traffic_series
 from app.traffic.models import RequestDiagnosis
-from app.traffic.residency import Spread, block_residency
+from app.traffic.residency import Spread, block_residency, resident_shares
 from app.traffic.selectors import lost_tokens_by_cause, server_funnel
 from app.traffic.series import Series, SeriesError, SeriesQuery, is_key
 
@@ -110,7 +110,7 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
     if request.GET.get("format") == "csv":
         return _chart_csv(found, charts, request.GET.get("chart", ""))
     context = {"server": found, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
-               "residency": _residency_rows(found, window),
+               "residency": _residency_rows(found, window), "resident": resident_shares([found])[found.pk],
                "lost": _lost(found, window, viewer),
                "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until,
                                        viewer=viewer),
@@ -173,7 +173,9 @@ def server_charts(server: Server, window: Window, *, viewer: Viewer = SEES_ALL) 
         ("hit-rate", "Hit rate", tokens_note, "ratio", read("hit_rate") + read("engine_hit_rate")),
         ("ttft", "Time to first token", f"p50, p90 and p99, {ttft}", "seconds",
          read("ttft_p50") + read("ttft_p90") + read("ttft_p99")),
-        ("kv-usage", "KV cache usage", "Mean of vllm:kv_cache_usage_perc", "ratio", read("kv_usage")),
+        ("kv-usage", "KV cache usage (vLLM)", "Mean of vllm:kv_cache_usage_perc: the blocks running requests "
+         "hold. A cached block no request holds is free to vLLM (evictable), so it reads 0 between requests "
+         "however full the prefix cache is: see the prefix blocks resident above", "ratio", read("kv_usage")),
         ("evictions", "Evictions and preemptions", evictions_note, "count",
          read("evictions") + read("preemptions")),
         ("request-rate", "Request rate", "Requests per second", "per second",

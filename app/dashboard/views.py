@@ -39,6 +39,7 @@ from app.fleet.services import ServerStateError, accept_server
 from app.prompts.killers import SampleKey, killer_at, template_killers
 from app.prompts.models import CacheKiller
 from app.traffic.models import RequestDiagnosis
+from app.traffic.residency import resident_shares
 from app.traffic.selectors import (
     LossRow,
     diagnosed_requests,
@@ -153,6 +154,7 @@ def _fleet(
         "rows": [(row, _spark(row, times, window.bucket) if row.state != "proposed" else None)
                  for row in rows],
         "spark_count": len(times), "proposed": proposed,
+        "resident": resident_shares(row.server for row in rows if row.state != "proposed"),
         "lost": sorted(((labels[c], t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago, viewer=viewer),
         "by_template": _shown_groups(by_template[:10]),

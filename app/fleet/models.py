@@ -20,6 +20,11 @@ class Server(models.Model):
     kv_topic = models.CharField(max_length=255, blank=True)
     model = models.CharField(max_length=255, blank=True)
     block_size = models.PositiveIntegerField(null=True, blank=True)
+    num_gpu_blocks = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="KV blocks of one engine, vLLM's null block included (cache_config_info)",
+    )
     hash_algo = models.CharField(max_length=50, blank=True)
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Tenant whose users may see it; blank: all"

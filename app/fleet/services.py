@@ -23,7 +23,8 @@ def record_scrape_outcome(
 ) -> None:
     """Note a pull: a failure marks the server down; a success marks it active with what it exposed.
 
-    Block size and hash algorithm come from `vllm:cache_config_info`; values the page lacks are kept.
+    Block size, KV blocks and hash algorithm come from `vllm:cache_config_info`; values the page lacks
+    are kept.
     """
     changes: dict[str, object] = {"last_scraped_at": at}
     if not ok:
@@ -32,6 +33,7 @@ def record_scrape_outcome(
         changes["state"] = Server.State.ACTIVE
         if config is not None:
             changes.update(block_size=config.block_size or server.block_size, discovered_at=at)
+            changes["num_gpu_blocks"] = config.num_gpu_blocks or server.num_gpu_blocks
             changes["hash_algo"] = config.hash_algo or server.hash_algo
         if model:
             changes["model"] = model

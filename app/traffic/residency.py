@@ -6,6 +6,7 @@ they do not say (hits are not on the stream), so idle-before-eviction and the re
 from vLLM's `vllm:kv_block_*` histograms, which it exposes with --kv-cache-metrics (sampled blocks).
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from django.db import connection
 
 from app.domain.histogram import histogram_quantile
 from app.domain.hitrate import counter_increase
+from app.fleet.models import Server
 from app.traffic.models import KVEvent
 
 # At most this much of the stream is read, and at most this many removals: the page stays fast
@@ -111,3 +113,45 @@ def _engine_spread(server_id: int, name: str, *, since: datetime, until: datetim
     cumulative = [round(grown[b]) for b in bounds] + [round(grown.get(float("inf"), 0.0))]
     quantiles = [histogram_quantile(q, bounds, cumulative) for q in (0.5, 0.9, 0.99)]
     return Spread(cumulative[-1], *quantiles)
+
+
+@dataclass(frozen=True, slots=True)
+class ResidentShare:
+    """What a server's prefix cache holds now, from its KV events (the block index): `blocks` resident
+    (stored and not removed since) of its `usable` KV blocks (vLLM's null block left out, per engine
+    times the data-parallel ranks seen). vLLM's own kv_cache_usage_perc counts only the blocks running
+    requests hold: a cached block no request holds is free to it (evictable), so usage reads 0 between
+    requests while this share can be near 100 %."""
+
+    blocks: int
+    usable: int | None  # None: the server's KV blocks are not known (no cache_config_info read yet)
+
+    @property
+    def share(self) -> float | None:
+        return min(self.blocks / self.usable, 1.0) if self.usable else None
+
+    @property
+    def percent(self) -> float | None:
+        return None if self.share is None else 100 * self.share
+
+
+def resident_shares(servers: Iterable[Server]) -> dict[int, ResidentShare]:
+    """Each server's resident prefix blocks now, one query for all (servers without events: 0)."""
+    found = {server.pk: server for server in servers}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT server_id, count(*), count(DISTINCT dp_rank) FROM traffic_residentblock"
+            " WHERE server_id = ANY(%s) GROUP BY server_id",
+            [list(found)],
+        )
+        counted = {server_id: (blocks, ranks) for server_id, blocks, ranks in cursor.fetchall()}
+    shares = {}
+    for pk, server in found.items():
+        blocks, ranks = counted.get(pk, (0, 1))
+        usable = (
+            (server.num_gpu_blocks - 1) * ranks
+            if server.num_gpu_blocks and server.num_gpu_blocks > 1
+            else None
+        )
+        shares[pk] = ResidentShare(blocks, usable)
+    return shares

@@ -4,12 +4,22 @@ the window in the URL, residency, and the Fleet table's link to it."""
 import csv
 import io
 import itertools
+import re
 from datetime import datetime, timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from app.fleet.models import Server
+from app.traffic.models import ResidentBlock
+from app.traffic.services.kv_events import StreamPosition, store_kv_events
+from app.traffic.services.scrapes import record_scrape
+from app.traffic.services.server_rollups import refresh_server_minutes
+from collectors.metrics.parse import parse_metrics
 from tests.dashboard.server_traffic import a_served_server
+from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.traffic.test_kv_storage import captured_rows
 from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
@@ -124,3 +134,37 @@ def test_an_unknown_server_or_chart_is_a_404(signed_in: Client) -> None:
     assert signed_in.get("/servers/99999999999999999999/").status_code == 404  # beyond a bigint: a name
     assert signed_in.get("/servers/a%00b/").status_code == 404
     assert signed_in.get(f"/servers/{server.pk}/", {"chart": "nope", "format": "csv"}).status_code == 404
+
+
+def test_the_real_server_after_its_traffic_reads_0_usage_with_its_prefix_cache_full(
+    signed_in: Client,
+) -> None:
+    """The capture: vllm:kv_cache_usage_perc 0.0 after the traffic (cached blocks no request holds are
+    free to vLLM) while its KV events left blocks resident. Both pages say both, the resident blocks as
+    a share of the server's usable KV blocks (cache_config_info's 48, less vLLM's null block)."""
+    server = Server.objects.create(
+        name="vllm-cpu", base_url="http://127.0.0.1:9", kv_events_endpoint="tcp://x:1"
+    )
+    now = timezone.now()
+    page = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_text(encoding="utf-8")
+    for seconds in (120, 60):
+        record_scrape(server=server, scraped_at=now - timedelta(seconds=seconds), samples=parse_metrics(page),
+                      duration_seconds=0.01)  # fmt: skip
+    rows = captured_rows(server, emitted_at=now - timedelta(minutes=2))
+    store_kv_events(rows=rows, positions=[StreamPosition(server.pk, 0, 0, 23, rows[-1].emitted_at)])
+    refresh_server_minutes(since=now - timedelta(minutes=5), until=now)
+    resident = ResidentBlock.objects.filter(server=server).count()
+    server.refresh_from_db()
+    assert server.num_gpu_blocks == 48 and 0 < resident <= 47
+
+    fleet = signed_in.get("/").content.decode()
+    detail = signed_in.get(f"/servers/{server.pk}/").content.decode()
+
+    cell = re.search(r'<td class="num nowrap kv">(.*?)</td>', fleet, re.S)
+    assert cell is not None
+    shown = re.sub(r"<[^>]+>", "", cell.group(1))
+    assert "0 % in use" in shown  # the capture's gauge, as vLLM read it
+    assert f"{100 * resident / 47:.0f} % cached" in shown
+    assert f"{resident} blocks resident</strong> of 47 ({100 * resident / 47:.1f} %)" in detail
+    minute = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
+    assert chart_csv(signed_in, f"/servers/{server.pk}/", "kv-usage")[minute] == ["0.0"]
