@@ -330,13 +330,9 @@ class Departure:
 def departure(diagnosis: RequestDiagnosis | None, *, block_size: int | None) -> Departure | None:
     if diagnosis is None or diagnosis.diverged_at is None:
         return None
-    at, losses = diagnosis.diverged_at, diagnosis.losses
-    changed = [
-        loss["first_token"] for loss in losses if loss["cause"] == RequestDiagnosis.Cause.PROMPT_CHANGED
-    ]
-    changed_from = changed[0] if changed else at
-    if at >= changed_from:
-        return Departure(at, changed_from, None, "")
+    at, losses, changed_from = diagnosis.diverged_at, diagnosis.losses, diagnosis.changed_from
+    if changed_from is None or at >= changed_from:
+        return Departure(at, at, None, "")
     holding = next(
         (loss for loss in losses if loss["first_token"] <= at < loss["first_token"] + loss["tokens"]), None
     )

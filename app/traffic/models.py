@@ -629,3 +629,14 @@ class RequestDiagnosis(PostgresPartitionedModel):
 
     def __str__(self) -> str:
         return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"
+
+    @property
+    def changed_from(self) -> int | None:
+        """Where its prompt-changed loss starts, as lists say it: `diverged_at` (token-exact, against
+        its template's earlier prompts under its salt), unless that lies in a block lost to another
+        cause (a salted request's first block, whose tokens another salt had): then the first token of
+        its prompt-changed loss, so that the tokens said changed are never those said lost to the salt."""
+        if self.diverged_at is None:
+            return None
+        starts = [loss["first_token"] for loss in self.losses if loss["cause"] == self.Cause.PROMPT_CHANGED]
+        return max(self.diverged_at, starts[0]) if starts else self.diverged_at

@@ -71,3 +71,12 @@ def test_the_request_page_says_where_the_prompt_changed_loss_starts_after_a_bloc
     assert "departs at token 14," not in text
     assert f"Prompt changed from token {BLOCK}" in text
     assert "under its salt at token 14, in block 0" in text and "lost to the tenant salt" in text
+
+    # The lists say where its prompt-changed loss starts too, never a token said lost to the salt.
+    assert found.changed_from == BLOCK
+    listed = client.get("/requests/").content.decode()
+    row = listed[listed.index("acme-2") : listed.index("</tr>", listed.index("acme-2"))]
+    assert f'Prompt changed <span class="muted">at {BLOCK}</span>' in row
+    fleet = client.get("/").content.decode()
+    miss = fleet[fleet.index(">acme-2<") : fleet.index("</tr>", fleet.index(">acme-2<"))]
+    assert f"Prompt changed at token {BLOCK}" in miss
