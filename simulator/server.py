@@ -120,6 +120,7 @@ class Engine:
         self.random = random.Random(config.seed)
         self.running: list[_Running] = []
         self.metrics.kv_cache_usage.labels(**self.metrics.labels).set_function(self.kv_usage)
+        self.metrics.running.labels(**self.metrics.labels).set_function(lambda: len(self._runs_now()))
 
     def kv_usage(self) -> float:
         """``vllm:kv_cache_usage_perc`` when /metrics is read: the blocks held by the requests running
@@ -127,10 +128,14 @@ class Engine:
         running request holds count as free, as in vLLM (so it reads 0 between requests, however full
         the prefix cache is). The cache runs each request at once: its blocks are released there, and
         only the gauge follows the modelled run."""
+        held = frozenset().union(*(run.blocks for run in self._runs_now()))
+        return max(len(held) / (self.cache.num_blocks - 1), self.cache.usage)
+
+    def _runs_now(self) -> list["_Running"]:
+        """The requests in their modelled prefill or decode now (``vllm:num_requests_running``)."""
         now = time.time()
         self.running = [run for run in self.running if run.end > now]
-        held = frozenset().union(*(run.blocks for run in self.running if run.start <= now))
-        return max(len(held) / (self.cache.num_blocks - 1), self.cache.usage)
+        return [run for run in self.running if run.start <= now]
 
     async def complete(
         self,

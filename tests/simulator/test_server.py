@@ -283,8 +283,14 @@ def test_a_kv_port_in_use_fails_the_start_naming_it_and_stops_cleanly() -> None:
 
 
 def kv_usage(config: ServerConfig) -> float:
+    return gauges(config)[0]
+
+
+def gauges(config: ServerConfig) -> tuple[float, float]:
+    """vllm:kv_cache_usage_perc and vllm:num_requests_running, read at once."""
     samples = parse_metrics(httpx.get(config.base_url + "/metrics", timeout=10).text)
-    return next(s.value for s in samples if s.name == "vllm:kv_cache_usage_perc")
+    found = {s.name: s.value for s in samples}
+    return found["vllm:kv_cache_usage_perc"], found["vllm:num_requests_running"]
 
 
 def test_kv_usage_counts_the_blocks_of_running_requests_and_reads_0_between_them() -> None:
@@ -304,10 +310,11 @@ def test_kv_usage_counts_the_blocks_of_running_requests_and_reads_0_between_them
             answer = pool.submit(post, config, "/v1/completions", body)
             seen = []
             while not answer.done():
-                seen.append(kv_usage(config))
+                seen.append(gauges(config))
             assert answer.result().status_code == 200
-        assert alone.usage == pytest.approx(max(seen)) and alone.usage > 0.1  # read while it ran
-        assert kv_usage(config) == 0.0  # finished: its blocks are free, and cached
+        assert alone.usage == pytest.approx(max(seen)[0]) and alone.usage > 0.1  # read while it ran
+        assert max(seen) == (max(seen)[0], 1.0)  # one request running then
+        assert gauges(config) == (0.0, 0.0)  # finished: its blocks are free, and cached
         again = post(config, "/v1/completions", body | {"max_tokens": 1}).json()["usage"]
         assert again["prompt_tokens_details"]["cached_tokens"] > 0
         assert kv_usage(config) == 0.0
