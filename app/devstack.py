@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
 DATABASE_NAME = "prefixscope"
+# The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
+# (tests/e2e/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
+DEMO_KV_SHAPES = "tiny=2:2:64"
 DEMO_SERVERS = 4
 DEMO_PROCESSES = ("traffic", "fleet")
 
@@ -325,8 +328,9 @@ def run(port: int) -> int:
         "DJANGO_SECURE_SSL_REDIRECT": "false",
         "DJANGO_SECURE_COOKIES": "false",
     }
-    # The demo's faults should show as cache killers within a minute or so, not five.
-    demo = {"PREFIXSCOPE_KILLER_EVERY_SECONDS": "60"}
+    # The demo's faults should show as cache killers within a minute or so, not five; its model's
+    # KV shape gives the template pages the GPU memory their prefixes hold.
+    demo = {"PREFIXSCOPE_KILLER_EVERY_SECONDS": "60", "PREFIXSCOPE_MODEL_KV_SHAPES": DEMO_KV_SHAPES}
     for name, value in {**plain_http, **demo, "LOG_FORMAT": "text"}.items():
         env[name] = env.get(name) or value
     env["DJANGO_SECRET_KEY"] = env.get("DJANGO_SECRET_KEY") or kept_secret("django-secret-key")

@@ -41,11 +41,13 @@ from app.prompts.models import CacheKiller
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import resident_shares
 from app.traffic.selectors import (
+    SHARED_PREFIX_LOOKBACK,
     LossRow,
     diagnosed_requests,
     losses,
     recent_misses,
     routing_effectiveness,
+    shared_unsalted_prefixes,
     tenant_audit,
     unexpected_hits,
 )
@@ -367,9 +369,13 @@ def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> 
 
 @login_required
 def tenants(request: HtmxHttpRequest) -> HttpResponse:
-    """The tenants' salt audit: what isolation cost each tenant, and the hits it should not have had."""
-    now, viewer = timezone.now(), viewer_of(request.user)
-    day_ago = now - timedelta(days=1)
-    audit = tenant_audit(since=day_ago, until=now, viewer=viewer)
-    hits = unexpected_hits(since=day_ago, viewer=viewer)
-    return render(request, "dashboard/tenants.html", {"tenants": audit, "hits": hits})
+    """Each tenant's hit rate and lost tokens over the window in the URL, and the salt audit: what
+    isolation cost, the hits it should not have had, and the prefixes tenants share with no salt."""
+    window, viewer = picked_window(request.GET, now=timezone.now()), viewer_of(request.user)
+    since, until = window.since, window.until
+    context = {"tenants": tenant_audit(since=since, until=until, viewer=viewer),
+               "hits": unexpected_hits(since=since, until=until, viewer=viewer),
+               "shared": shared_unsalted_prefixes(since=since, until=until, viewer=viewer),
+               "shared_hours": SHARED_PREFIX_LOOKBACK // timedelta(hours=1),
+               "window": window, "windows": [*WINDOWS, "custom"]}  # fmt: skip
+    return render(request, "dashboard/tenants.html", context)

@@ -31,7 +31,9 @@ A block that was not reused is, in this order of checks:
   token `diverged_at`; a prompt without a template that shares not even its first token is cold;
 - `cold`: never seen anywhere, the first of its kind.
 An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
-had resident on its server (salts are known to be dropped on some cache paths).
+had resident on its server (salts are known to be dropped on some cache paths), and than earlier
+requests under its salt had sent: a request just before it on its server, whose blocks were stored
+while this one waited, is in its KV events only after this one's arrival.
 """
 
 from __future__ import annotations
@@ -313,9 +315,10 @@ class FleetHistory:
         reused = min(cached // size, reusable)
         runs = self._runs(request, chain[:reusable])  # its own server's among them
         resident_here = runs.get(request.server, 0)
+        seen_before = self._seen.leading(chain[:reusable])
         funnel = Funnel(
             prompt_tokens=prompt,
-            seen_before=self._seen.leading(chain[:reusable]) * size,
+            seen_before=seen_before * size,
             resident_anywhere=_best(runs)[1] * size,
             resident_here=resident_here * size,
             reused=cached,
@@ -339,7 +342,7 @@ class FleetHistory:
             diverged_at=diverged,
             losses=tuple(losses),
             funnel=funnel,
-            unexpected_hit=request.kv_events and reused > resident_here,
+            unexpected_hit=request.kv_events and reused > max(resident_here, seen_before),
         )
 
     def _block_causes(

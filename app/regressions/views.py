@@ -6,12 +6,14 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 
-from app.compare.killers import Samples, samples_in_order
+from app.compare.killers import Samples, samples_in_order, visible_killers
 from app.core.tenancy import Viewer, viewer_of
-from app.prompts.killers import may_read_prompts
+from app.fleet.models import Server
+from app.prompts.killers import SampleKey, may_read_prompts
 from app.regressions import evidence, selectors, services, webhook
 from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
@@ -110,13 +112,23 @@ def _cause_label(cause: str) -> str:
 
 def _killer_rows(
     regression: Regression, *, readable: bool, viewer: Viewer
-) -> list[tuple[FrozenKiller, Samples | None]]:
-    """The frozen killers, each with its samples' text for a viewer who may read prompts (else None)."""
+) -> list[tuple[FrozenKiller, Samples | None, list[tuple[str, str]]]]:
+    """The frozen killers, each with its samples' text for a viewer who may read prompts (else
+    None) and links to the sample requests the viewer sees, as on the template's page."""
     frozen = evidence.frozen_killers(regression)
-    if not readable or not frozen:
-        return [(killer, None) for killer in frozen]
-    texts = samples_in_order([f.killer for f in frozen], now=timezone.now(), viewer=viewer)
-    return list(zip(frozen, texts, strict=True))
+    killers = [f.killer for f in frozen]
+    texts: list[Samples | None] = [None] * len(frozen)
+    if readable and frozen:
+        texts = list(samples_in_order(killers, now=timezone.now(), viewer=viewer))
+    _, seen = visible_killers(killers, viewer=viewer)
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+    links = [
+        [(key.request_id, reverse("dashboard:request-detail", args=[names[key.server_id], key.request_id]))
+         for stored in killer.samples
+         if (key := SampleKey.of(stored)) in seen and key.server_id in names]
+        for killer in killers
+    ]  # fmt: skip
+    return list(zip(frozen, texts, links, strict=True))
 
 
 def _notices(regression: Regression) -> list[tuple[str, dict[str, object] | None]]:

@@ -4,7 +4,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F, QuerySet, Sum, Value
+from django.contrib.postgres.aggregates import ArrayAgg
+from django.db.models import Count, F, Max, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
@@ -227,16 +228,34 @@ class TenantAudit:
     reused_tokens: int
     salt_tokens: int
     unexpected_hits: int
+    lost_tokens: int = 0  # every cause's, the tail below one block included
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Reused over prompt tokens of its diagnosed requests; None when they had none."""
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def hit_percent(self) -> float | None:
+        rate = self.hit_rate
+        return None if rate is None else 100 * rate
 
 
 def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL) -> list[TenantAudit]:
     """Every tenant with diagnosed requests in the window, unexpected hits first, then salt cost."""
     sums = {"requests": Sum("requests"), "prompt": Sum("prompt_tokens"), "reused": Sum("reused_tokens"),
-            "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits")}  # fmt: skip
+            "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits"),
+            **{f"lost_{cause}": Sum(column) for cause, column in LOST_COLUMNS.items()}}  # fmt: skip
     rows = _summed(_loss_rollups(since=since, until=until, viewer=viewer), keys=("tenant",), sums=sums)
     found = [
         TenantAudit(
-            row["tenant"], row["requests"], row["prompt"], row["reused"], row["salt"], row["unexpected"]
+            row["tenant"],
+            row["requests"],
+            row["prompt"],
+            row["reused"],
+            row["salt"],
+            row["unexpected"],
+            lost_tokens=sum(row[f"lost_{cause}"] for cause in LOST_COLUMNS),
         )
         for row in rows
     ]
@@ -244,14 +263,83 @@ def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL)
 
 
 def unexpected_hits(
-    *, since: datetime, tenant: str | None = None, limit: int = 50, viewer: Viewer = SEES_ALL
+    *,
+    since: datetime,
+    until: datetime | None = None,
+    tenant: str | None = None,
+    limit: int = 50,
+    viewer: Viewer = SEES_ALL,
 ) -> list[RequestDiagnosis]:
-    """The latest requests since `since` that reused more than their own salt could have had
-    resident (salts are known to be dropped on some cache paths), newest first."""
+    """The latest requests since `since` (before `until` when given) that reused more than their own
+    salt could have had resident (salts are known to be dropped on some cache paths), newest first."""
     hits = viewer.traffic(RequestDiagnosis.objects.all()).filter(unexpected_hit=True, arrived_at__gte=since)
+    if until is not None:
+        hits = hits.filter(arrived_at__lt=until)
     if tenant is not None:
         hits = hits.filter(tenant=tenant)
     return list(hits.select_related("server", "template").order_by("-arrived_at")[:limit])
+
+
+SHARED_PREFIX_LOOKBACK = timedelta(hours=1)
+"""How far back the shared-prefix audit reads raw request records: there is no rollup of prefixes."""
+
+
+@dataclass(frozen=True, slots=True)
+class SharedPrefix:
+    """A first block that requests of several tenants sent with no cache salt: each of them can
+    reuse (and time) what the others put in the cache."""
+
+    model: str
+    first_block: int  # the uint64 wire hash, as KV events carry it
+    tenants: list[str]
+    templates: list[str]
+    requests: int
+    last_seen_at: datetime
+    samples: list[RequestRecord]  # the latest request of each tenant
+
+    @property
+    def hash_hex(self) -> str:
+        return f"{self.first_block:016x}"
+
+
+def shared_unsalted_prefixes(
+    *, since: datetime, until: datetime, limit: int = 20, viewer: Viewer = SEES_ALL
+) -> list[SharedPrefix]:
+    """The first blocks (per model) that unsalted requests of two tenants or more began with, in the
+    last SHARED_PREFIX_LOOKBACK of the window at most, the most requests first. Of the traffic the
+    viewer sees: a viewer of one tenant sees none shared with another."""
+    since = max(since, until - SHARED_PREFIX_LOOKBACK)
+    unsalted = (
+        viewer.traffic(RequestRecord.objects.all())
+        .filter(arrived_at__gte=since, arrived_at__lt=until, salt_hash="", block_hashes__0__isnull=False)
+        .exclude(tenant="")
+        .annotate(first_block=F("block_hashes__0"))
+    )
+    groups = list(
+        unsalted.values("model", "first_block")
+        .annotate(tenant_count=Count("tenant", distinct=True), requests=Count("*"),
+                  tenants=ArrayAgg("tenant", distinct=True, order_by="tenant"),
+                  templates=ArrayAgg("template__name", distinct=True, order_by="template__name"),
+                  last_seen_at=Max("arrived_at"))
+        .filter(tenant_count__gte=2)
+        .order_by("-requests", "model", "first_block")[:limit]
+    )  # fmt: skip
+    samples: dict[tuple[str, int], list[RequestRecord]] = {}
+    latest = (
+        unsalted.filter(first_block__in=[group["first_block"] for group in groups])
+        .defer("token_ids", "block_hashes", "neutral_hashes")
+        .select_related("server")
+        .order_by("model", "first_block", "tenant", "-arrived_at")
+        .distinct("model", "first_block", "tenant")
+    )
+    for record in latest:
+        samples.setdefault((record.model, record.first_block), []).append(record)
+    return [
+        SharedPrefix(group["model"], group["first_block"] % 2**64, group["tenants"],
+                     [name for name in group["templates"] if name], group["requests"],
+                     group["last_seen_at"], samples.get((group["model"], group["first_block"]), []))
+        for group in groups
+    ]  # fmt: skip
 
 
 def recent_misses(*, since: datetime, limit: int = 15, viewer: Viewer = SEES_ALL) -> list[RequestDiagnosis]:

@@ -24,6 +24,7 @@ import pytest
 from django.contrib.auth.hashers import check_password
 
 from app import devstack
+from app.domain.kvmemory import kv_bytes_per_token, parse_kv_shapes
 from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
 from simulator.scenario import load_scenario, resolve_scenario
@@ -265,6 +266,15 @@ def test_the_demo_fleet_runs_the_servers_its_scenario_describes() -> None:
     assert config is not None
     assert (served.model, config.block_size) == (scenario.model, scenario.servers.block_size)
     assert served.num_blocks == scenario.servers.num_blocks
+
+
+def test_the_demo_models_kv_shape_is_the_tiny_model_the_simulator_stands_for() -> None:
+    """`make run` gives the demo's model a KV shape, so a template page shows the GPU memory its
+    prefix holds rather than asking for PREFIXSCOPE_MODEL_KV_SHAPES."""
+    scenario = load_scenario(resolve_scenario("demo"))
+    shape = parse_kv_shapes(devstack.DEMO_KV_SHAPES)[scenario.model]
+    assert (shape.layers, shape.kv_heads, shape.head_dim) == (2, 2, 64)  # tests/e2e/build_tiny_model.py
+    assert kv_bytes_per_token(shape) == 2 * 2 * 2 * 64 * 2  # keys and values, bf16
 
 
 ROLLED_UP = "SELECT count(*) FROM traffic_minuterollup WHERE cached_tokens > 0"

@@ -150,6 +150,7 @@ def walk_every_page(browser: Browser, live_server: LiveServer, run: VirtualRun, 
     )
     expect(diff).to_contain_text("Current time")  # the commit's diff: the time moved to the top
     expect(page.locator("main")).not_to_contain_text("None found yet")  # its killers were frozen
+    expect(page.locator("table.killers a[href^='/requests/']").first).to_be_visible()  # their samples
 
     page.get_by_role("link", name="Compare the two token by token").click()
     walk.arrived("compare-pair", text("first divergence at token"))
@@ -176,7 +177,12 @@ def walk_every_page(browser: Browser, live_server: LiveServer, run: VirtualRun, 
     walk.open(detail, "request", text(f"Request {record.request_id}", "Funnel"))
     walk.open(reverse("dashboard:server-detail", args=[server.name]), "server", text("Block residency"))
     walk.open(reverse("dashboard:collection"), "collection", text("KV event gaps"))
-    walk.open(reverse("dashboard:tenants"), "tenants", text("acme", "globex"))
+    walk.open(
+        reverse("dashboard:tenants") + "?window=6h",
+        "tenants",
+        text("acme", "globex", "Hit rate", "Prefixes shared across tenants with no salt"),
+    )
+    expect(page.get_by_label("6h")).to_be_checked()  # the window from its URL
     walk.open(reverse("prompts:families"), "families", text("Prefix families"))
     walk.open(reverse("setup:servers"), "setup-servers", text(*(s.name for s in run.servers)))
     walk.open(reverse("setup:server", args=[server.pk]), "setup-server", text(server.name))

@@ -1,8 +1,10 @@
 """A server's page in Debian's chromium with nothing reachable but the test server: uPlot (from
 node_modules, as static files) draws every chart, in light and dark (screenshots to look at)."""
 
+from collections.abc import Callable
+
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 from pytest_django.live_server_helper import LiveServer
 
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
@@ -70,3 +72,50 @@ def test_the_server_page_draws_its_charts_offline(
     expect(page.locator('figure[data-chart][data-drawn="true"]')).to_have_count(5)
     page.screenshot(path=str(SCREENSHOTS / f"server-7d-{scheme}.png"))
     assert errors == [] and blocked == []
+
+
+FOCUSED = "() => { const e = document.activeElement; return [e.tagName, e.name || '', e.textContent.trim()] }"
+
+
+def tab_to(page: Page, wanted: Callable[[list[str]], bool], *, most: int = 40) -> None:
+    """Press Tab until the focused element is the one wanted, as a keyboard user would."""
+    for _ in range(most):
+        page.keyboard.press("Tab")
+        if wanted(page.evaluate(FOCUSED)):
+            return
+    raise AssertionError(f"not reached in {most} tabs; at {page.evaluate(FOCUSED)}")
+
+
+def test_the_server_page_is_used_from_the_keyboard(browser: Browser, live_server: LiveServer) -> None:
+    server, _ = a_served_server()
+    page, blocked = offline_page(browser, live_server, user="operator")
+    page.goto(f"{live_server.url}/servers/{server.pk}/")
+    expect(page.locator('figure[data-chart][data-drawn="true"]')).to_have_count(5)
+
+    page.keyboard.press("Tab")  # the first stop skips the nav's links
+    skip = page.get_by_role("link", name="Skip to content")
+    expect(skip).to_be_focused()
+    expect(skip).to_be_in_viewport()
+    page.keyboard.press("Enter")
+    expect(page.locator("main")).to_be_focused()
+
+    # A date changed in From chooses a custom window: the preset checked before does not win.
+    tab_to(page, lambda focused: focused[1] == "since")
+    for _ in range(3):  # month, day, year: to the hour
+        page.keyboard.press("Tab")
+    before = page.locator('input[name="since"]').input_value()
+    page.keyboard.press("ArrowDown")
+    since = page.locator('input[name="since"]').input_value()
+    assert since != before
+    expect(page.get_by_label("custom")).to_be_checked()
+    tab_to(page, lambda focused: focused[0] == "BUTTON" and focused[2] == "Show")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**window=custom**")
+    expect(page.locator('input[name="since"]')).to_have_value(since)
+    expect(page.locator("main")).to_contain_text(since.replace("T", " ")[:16] + " to ")
+
+    # A chart's numbers without a mouse: its table opens from the keyboard.
+    tab_to(page, lambda focused: focused[0] == "SUMMARY")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chart-hit-rate table tbody tr").first).to_be_visible()
+    assert blocked == []

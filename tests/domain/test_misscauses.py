@@ -204,6 +204,20 @@ def test_more_reused_than_its_own_salt_had_resident_is_an_unexpected_hit() -> No
     assert not diagnosed(history, request(tokens, salt="globex", cached=10 * SIZE)).unexpected_hit
 
 
+def test_blocks_a_request_just_before_stored_while_it_waited_are_no_unexpected_hit() -> None:
+    """Two requests of one salt on one server a few ms apart: the second reuses what the first
+    stored, whose KV events are timed after the second's arrival."""
+    history = FleetHistory()
+    tokens = prompt()
+    history.diagnose(request(tokens, salt="acme", seconds=100))
+    second = diagnosed(history, request(tokens, salt="acme", seconds=100.01, cached=2 * SIZE))
+    stored(history, 1, chain(tokens, "acme"), 100.05)
+    assert (second.funnel.resident_here, second.funnel.reused) == (0, 2 * SIZE)
+    assert not second.unexpected_hit
+    # Under another salt, the same blocks reused are one still.
+    assert diagnosed(history, request(tokens, salt="initech", seconds=101, cached=2 * SIZE)).unexpected_hit
+
+
 @pytest.mark.parametrize(
     ("change", "unknown"),
     [

@@ -85,7 +85,13 @@ def test_the_killers_found_with_it_stay_with_it_whatever_later_searches_find(fou
     assert f"token {timestamp['position_token']} (block {timestamp['block_index']})" in shown
     assert "Timestamp or date" in shown
     assert '<code class="sample">' in shown  # decoded for a reader of prompts
-    assert '<code class="sample">' not in page(regression, reads_prompts=False)
+    engineers = page(regression, reads_prompts=False)
+    assert '<code class="sample">' not in engineers
+    # Its sample requests, linked for anyone who sees them, as on the template's page.
+    sample = timestamp["samples"][0]
+    server = Server.objects.get(pk=sample["server_id"]).name
+    link = reverse("dashboard:request-detail", args=[server, sample["request_id"]])
+    assert f'<a href="{link}">' in shown and f'<a href="{link}">' in engineers
 
 
 def test_the_suspects_diff_marks_the_line_that_moved_at_both_ends(found: VirtualRun) -> None:

@@ -84,9 +84,14 @@ def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(fo
     assert client.get(reverse("compare:detail", args=[pair["compare_slug"]])).status_code == 200
     assert b'" class="diff-moved-to"' in page.content  # the suspect commit's diff, its moved line marked
 
-    client.post(
-        reverse("regressions:detail", args=[regression.pk]), {"state": "acknowledged", "note": "on it"}
+    noted = client.post(
+        reverse("regressions:detail", args=[regression.pk]),
+        {"state": "acknowledged", "note": "on it"},
+        follow=True,
     )
+    # Back on its page, saying so: the message is not left for whichever page shows messages next.
+    assert f"Regression {regression.pk}: acknowledged.".encode() in noted.content
+    assert b"Acknowledged: on it" in noted.content
     regression.refresh_from_db()
     assert (regression.state, regression.note) == ("acknowledged", "on it")
     assert regression.noted_by is not None and regression.noted_by.username == "engineer"
