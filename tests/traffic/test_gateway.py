@@ -305,3 +305,59 @@ def test_the_command_proxies_records_and_drains_on_sigterm(
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_gateway_of_forty_servers_writes_on_its_few_connections_and_stores_every_record_once(
+    upstream: ServerConfig, tmp_path: Path
+) -> None:
+    servers = [
+        Server.objects.create(
+            name=f"fleet-{i:02}", base_url=f"http://fleet-{i:02}:8000", block_size=32, model="tiny"
+        )
+        for i in range(40)
+    ]
+    ports = free_ports(len(servers))
+    database = settings.DATABASES["default"]["NAME"]
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    environment = {
+        **os.environ,
+        "DATABASE_URL": urlunsplit(parts._replace(path=f"/{database}")),
+        "PREFIXSCOPE_DATA_DIR": str(tmp_path),  # the spill files' folder
+    }
+    command = [sys.executable, "manage.py", "gateway", "--connections", "3", "--flush-seconds", "0.05"]
+    for server, port in zip(servers, ports, strict=True):  # every route to the one simulated vLLM
+        command += ["--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", server.name]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    name = f"prefixscope-gateway:{socket.gethostname()[:24]}:{process.pid}"
+    held: list[int] = []
+    try:
+        wait_for(lambda: all(_listening(port) for port in ports), timeout=60)
+        sent = {}
+        for round_ in range(3):
+            for server, port in zip(servers, ports, strict=True):
+                body = {"model": "tiny", "prompt": f"{server.name} request {round_}", "max_tokens": 1}
+                sent[complete(f"http://127.0.0.1:{port}", body)["request_id"]] = server.name
+            held.append(_connections_named(name))
+        wait_for(lambda: RequestRecord.objects.count() == len(sent), timeout=30)
+        held.append(_connections_named(name))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    # The pool's three connections, each kept for its share of the servers: not one per server.
+    assert max(held) == 3 and held[-1] == 3, held
+    stored = RequestRecord.objects.values_list("request_id", "server__name")
+    assert sorted(stored) == sorted(sent.items()) and len(sent) == 3 * len(servers)
+    assert out.count(b"3 records stored, 0 spilled, 0 dropped") == len(servers)
+    assert not list((tmp_path / "gateway").glob("*.jsonl"))
+
+
+def _connections_named(application_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name]
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
