@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from app.fleet.services import servers_named
 from app.traffic.models import CollectorProcess, RequestRecord
-from app.traffic.services.collector_processes import report_collector_process
+from app.traffic.services.collector_processes import forget_collector_process, report_collector_process
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts
@@ -87,6 +87,7 @@ class GatewayWriter:
         self._lock = threading.Lock()
         self._retry_at = 0.0  # monotonic time before which this server's records are not tried again
         self._reported_at = 0.0  # monotonic time of the last report of queue and spill file
+        self.started_at = timezone.now()
         self._spilling = False  # the database failed and has not been written to since
         self.link = Link()  # the database connection's state, shared with the pool thread's other writers
         self._pool: WriterPool | None = None
@@ -132,10 +133,17 @@ class GatewayWriter:
             self._write_or_keep(batch)
 
     def finish(self) -> None:
-        """A last try at replaying the spill file before the process ends."""
+        """A last try at replaying the spill file before the process ends; then the process's report
+        is withdrawn (kept, to go silent, while records wait in the spill file for a successor)."""
         if self.spill_path.exists():
             self._retry_at = self.link.retry_at = 0.0
             self._write_or_keep([])
+        if self.spill_path.exists():
+            return
+        try:
+            forget_collector_process(kind=CollectorProcess.Kind.GATEWAY, name=self.server)
+        except DatabaseError as exc:
+            logger.warning("cannot withdraw the gateway's report of %s: %s", self.server, exc)
 
     def _write_or_keep(self, items: list[RequestFacts]) -> None:
         try:
@@ -191,6 +199,7 @@ class GatewayWriter:
         report_collector_process(
             kind=CollectorProcess.Kind.GATEWAY,
             name=self.server,
+            started_at=self.started_at,
             queue_depth=len(self._queue),
             spill_bytes=spill_bytes,
             now=timezone.now(),
