@@ -28,7 +28,7 @@ from django.utils import timezone
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.prompts.models import TemplateVersion
-from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, read_spill
+from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, WriterPool, read_spill
 from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
@@ -361,3 +361,45 @@ def _connections_named(application_name: str) -> int:
         )
         (count,) = cursor.fetchone()
     return int(count)
+
+
+def test_writers_sharing_a_connection_spill_together_while_it_is_down_and_each_replays_its_own(
+    tmp_path: Path,
+) -> None:
+    servers = [
+        Server.objects.create(name=f"pool-{i}", base_url=f"http://pool-{i}:8000", block_size=32, model="tiny")
+        for i in range(3)
+    ]
+    outage = Outage()
+    writers = [
+        writer_for(server.name, tmp_path / f"{server.name}.jsonl", store=outage.store) for server in servers
+    ]
+    pool = WriterPool(writers, connections=1)
+    assert pool.connections == 1 and len({id(writer.link) for writer in writers}) == 1
+    pool.start()
+    now = timezone.now()
+
+    def send(batch: str) -> set[tuple[str, str]]:
+        sent = set()
+        for writer in writers:
+            for i in range(4):
+                request_id = f"{writer.server}-{batch}-{i}"
+                writer.record(RequestFacts(request_id=request_id, arrived_at=now, cached_tokens=0))
+                sent.add((request_id, writer.server))
+        return sent
+
+    sent = send("before")
+    wait_for(lambda: sum(writer.stored for writer in writers) == 12)
+    outage.down.set()
+    sent |= send("during")
+    wait_for(lambda: all(writer.spilled == 4 for writer in writers))
+    for writer in writers:  # each server's records in its own spill file
+        assert {item.request_id for item in read_spill(writer.spill_path)[0]} == {
+            f"{writer.server}-during-{i}" for i in range(4)
+        }
+    outage.down.clear()
+    wait_for(lambda: not any(writer.spill_path.exists() for writer in writers))
+    sent |= send("after")
+    pool.stop()
+    stored = RequestRecord.objects.values_list("request_id", "server__name")
+    assert sorted(stored) == sorted(sent) and len(sent) == 36
