@@ -359,7 +359,7 @@ def run(port: int) -> int:
 
 
 # What the tests need from Debian: promtool checks the shipped alert rules, Chromium runs the UI tests.
-SYSTEM_PACKAGES = {"promtool": "prometheus", "chromium": "chromium"}
+SYSTEM_PACKAGES = {"promtool": "prometheus", "docker-compose": "docker-compose", "chromium": "chromium"}
 
 
 def ensure_system_packages() -> None:

@@ -3,8 +3,9 @@
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_fleet [--servers 100] [--fleets 4]
         [--subscribers 2] [--gateways 2] [--seconds 20] [--concurrency 32] [--rate 0] [--diagnosis-delay 5]
 
-Runs in a throw-away database on the server DATABASE_URL names, whose max_connections must exceed
-`--servers` by some 40: a gateway holds a connection per server it fronts. `--fleets` simulator processes
+Runs in a throw-away database on the server DATABASE_URL names (PostgreSQL's default max_connections,
+100, is enough: a gateway writes on its pool of PREFIXSCOPE_GATEWAY_CONNECTIONS, however many servers it
+fronts). `--fleets` simulator processes
 (`python -m simulator.fleet --no-sleep`) serve `--servers` simulated servers between them; this
 process sends completions round-robin over the servers for `--seconds` (`--rate` a second, or as
 fast as `--concurrency` of them come back), through `manage.py gateway`

@@ -50,6 +50,8 @@ RUNBOOKS = {
     "server-scrapes-stale": "ServerScrapesStale",
     "server-scrapes-failing": "ServerScrapesFailing",
     "collector-silent": "CollectorSilent",
+    "kv-stream-unleased": "KVStreamUnleased",
+    "kv-leases-flapping": "KVLeasesFlapping",
     "collector-backlog": "CollectorBacklog",
     "gateway-spilled": "GatewaySpilled",
     "analysis-lagging": "AnalysisLagging",

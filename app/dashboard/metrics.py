@@ -8,7 +8,7 @@ app/dashboard/metrics_traffic.py.
 """
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
@@ -18,10 +18,30 @@ from prometheus_client.registry import Collector
 from app.dashboard.metrics_traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
 from app.regressions.models import Regression
+from app.traffic.kv_leases import lease_holders
 from app.traffic.models import CollectorProcess, KVGap, KVStream, LossMinute, MinuteRollup, RejectedInput
+from app.traffic.services.collector_processes import FORGOTTEN_AFTER
 
-# A collector process not heard from in a day is gone (renamed, scaled down): no longer exported.
-PROCESS_FORGOTTEN_AFTER = timedelta(days=1)
+# A collector process reports every 10 s or so: one silent for longer holds nothing in memory that
+# counts (its queue and leases are not exported; CollectorSilent fires on its last report's age).
+PROCESS_LIVE = timedelta(seconds=120)
+
+
+def current_processes(now: datetime) -> list[CollectorProcess]:
+    """The collector processes to export: those heard from within FORGOTTEN_AFTER (a day) that no
+    process of the same kind and name started after they went silent (a restarted gateway or
+    subscriber replaces the killed one; one of several still running alongside does not)."""
+    rows = list(CollectorProcess.objects.filter(reported_at__gte=now - FORGOTTEN_AFTER))
+    newest_start: dict[tuple[str, str], datetime] = {}
+    for row in rows:
+        if row.started_at is not None:
+            key = (row.kind, row.name)
+            newest_start[key] = max(row.started_at, newest_start.get(key, row.started_at))
+    return [
+        row
+        for row in rows
+        if (start := newest_start.get((row.kind, row.name))) is None or start <= row.reported_at
+    ]
 
 
 class PrefixscopeCollector(Collector):
@@ -39,7 +59,9 @@ class PrefixscopeCollector(Collector):
         yield from killer_families()
 
     def _servers(self) -> Iterator[GaugeMetricFamily]:
-        """Scrape health per server: up, when last pulled, and how often it should be."""
+        """Scrape health per server: up, when last pulled, and how often it should be; its cache
+        configuration (the compatibility group's block size and hash algorithm); and whether a KV
+        subscriber holds its stream's lease."""
         labels = ["server", "model"]
         up = GaugeMetricFamily(
             "prefixscope_server_up", "1 when the server's last /metrics pull worked.", labels=labels
@@ -54,14 +76,32 @@ class PrefixscopeCollector(Collector):
             "How often the server's /metrics is pulled.",
             labels=labels,
         )
-        for name, model, state, at, every in Server.objects.exclude(state=Server.State.DISABLED).values_list(
-            "name", "model", "state", "last_scraped_at", "scrape_interval_seconds"
-        ):
+        config = GaugeMetricFamily(
+            "prefixscope_server_cache_config_info",
+            "1 per server, labelled with what makes servers compatible peers besides the model: the "
+            'block size and prefix-caching hash algorithm ("" while not known).',
+            labels=[*labels, "block_size", "hash_algo"],
+        )
+        leased = GaugeMetricFamily(
+            "prefixscope_kv_stream_leased",
+            "1 when a KV-event subscriber holds the lease of the server's KV-event stream, else 0.",
+            labels=labels,
+        )
+        holders = lease_holders()
+        for pk, name, model, state, at, every, block_size, hash_algo, endpoint in Server.objects.exclude(
+            state=Server.State.DISABLED
+        ).values_list(
+            "pk", "name", "model", "state", "last_scraped_at", "scrape_interval_seconds", "block_size",
+            "hash_algo", "kv_events_endpoint",
+        ):  # fmt: skip
             up.add_metric([name, model], 1.0 if state == Server.State.ACTIVE else 0.0)
             interval.add_metric([name, model], float(every))
+            config.add_metric([name, model, str(block_size or ""), hash_algo], 1.0)
             if at is not None:
                 last.add_metric([name, model], at.timestamp())
-        yield from (up, last, interval)
+            if endpoint:
+                leased.add_metric([name, model], 1.0 if pk in holders else 0.0)
+        yield from (up, last, interval, config, leased)
 
     def _rejected(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
@@ -146,9 +186,10 @@ class PrefixscopeCollector(Collector):
                 family.add_metric([rollup], newest.timestamp())
         yield family
 
-    def _processes(self, now: object) -> Iterator[GaugeMetricFamily]:
-        """What collector processes hold in memory, as they last reported it (CollectorProcess)."""
-        labels = ["kind", "name"]
+    def _processes(self, now: datetime) -> Iterator[Metric]:
+        """What collector processes hold in memory, as they last reported it (CollectorProcess): the
+        in-memory figures of live processes only; when each last reported, until it has a successor."""
+        labels = ["kind", "name", "process"]
         reported = GaugeMetricFamily(
             "prefixscope_collector_last_report_timestamp_seconds",
             "When a collector process (gateway, KV subscriber) last reported itself.",
@@ -156,22 +197,41 @@ class PrefixscopeCollector(Collector):
         )
         queued = GaugeMetricFamily(
             "prefixscope_collector_queue_depth",
-            "Records (gateway) or KV event rows (subscriber) waiting in the process's memory.",
+            "Records (gateway) or KV event rows (subscriber) waiting in a live process's memory.",
             labels=labels,
         )
         spill = GaugeMetricFamily(
             "prefixscope_gateway_spill_file_bytes",
             "Size of the gateway's spill file (records kept while PostgreSQL was away), as last reported.",
-            labels=["name"],
+            labels=["name", "process"],
         )
-        horizon = timezone.now() - PROCESS_FORGOTTEN_AFTER
-        for process in CollectorProcess.objects.filter(reported_at__gte=horizon):
-            key = [process.kind, process.name]
+        held = GaugeMetricFamily(
+            "prefixscope_kv_leases_held",
+            "KV-event leases (servers' streams) a live subscriber process holds.",
+            labels=["name", "process"],
+        )
+        changes = CounterMetricFamily(
+            "prefixscope_kv_lease_events",
+            "Leases a subscriber process took, lost (lease connection broken) or released since its start.",
+            labels=["name", "process", "event"],
+        )
+        for process in current_processes(now):
+            key = [process.kind, process.name, process.process]
             reported.add_metric(key, process.reported_at.timestamp())
-            queued.add_metric(key, float(process.queue_depth))
             if process.kind == CollectorProcess.Kind.GATEWAY:
-                spill.add_metric([process.name], float(process.spill_bytes))
-        yield from (reported, queued, spill)
+                spill.add_metric([process.name, process.process], float(process.spill_bytes))
+            else:
+                for event, count in (
+                    ("taken", process.leases_taken),
+                    ("lost", process.leases_lost),
+                    ("released", process.leases_released),
+                ):
+                    changes.add_metric([process.name, process.process, event], float(count))
+            if now - process.reported_at <= PROCESS_LIVE:
+                queued.add_metric(key, float(process.queue_depth))
+                if process.kind == CollectorProcess.Kind.KV_SUBSCRIBER:
+                    held.add_metric([process.name, process.process], float(process.leases_held))
+        yield from (reported, queued, spill, held, changes)
 
     def _regressions(self) -> Iterator[GaugeMetricFamily]:
         """One sample per regression not resolved (a handful: they open rarely and close): muted ones

@@ -1,10 +1,15 @@
 """The gateway's writer: observed requests go through a bounded queue to PostgreSQL, in batches.
 
 The proxy calls `record` and `reject` on its event loop; both return at once. A full queue drops
-the record and counts it (reason "queue full"), it never blocks the proxy. One thread wakes every
+the record and counts it (reason "queue full"), it never blocks the proxy. A writer thread wakes every
 `flush_seconds` (goes on at once while a full batch waits), takes what has queued up and stores it
 in batches with `ingest_request_records`. The queue is a plain deque the thread polls: a
 queue.Queue would wake the thread, and take the GIL from the proxy, once per record.
+
+A gateway fronting many servers has one GatewayWriter (queue, spill file, counts) per server but a
+`WriterPool` of a few threads, each with its own database connection and its share of the servers:
+the connections a gateway holds are the pool's size, not its server count (a thread per server ran a
+100-server gateway out of PostgreSQL's 100 default connections, and everything spilled).
 
 While PostgreSQL cannot be reached, batches are appended to a local JSON-lines spill file instead,
 and the file is replayed (then deleted) once a write succeeds again; storing is an idempotent
@@ -22,6 +27,7 @@ prompt token ids. It is created readable by its owner only and deleted once repl
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import Counter, deque
@@ -34,7 +40,7 @@ from django.utils import timezone
 
 from app.fleet.services import servers_named
 from app.traffic.models import CollectorProcess, RequestRecord
-from app.traffic.services.collector_processes import report_collector_process
+from app.traffic.services.collector_processes import forget_collector_process, report_collector_process
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts
@@ -42,6 +48,8 @@ from collectors.records import RequestFacts
 logger = logging.getLogger(__name__)
 
 SOURCE = RequestRecord.Source.GATEWAY.value
+# The writer threads' connections, as pg_stat_activity shows them: the gateway's host and process id.
+APPLICATION_NAME = f"prefixscope-gateway:{socket.gethostname()[:24]}:{os.getpid()}"
 QUEUE_FULL = "queue full: record dropped"
 REPORT_SECONDS = 10.0
 Store = Callable[..., IngestOutcome]  # ingest_request_records(facts, *, source, now, default_server)
@@ -77,10 +85,12 @@ class GatewayWriter:
         self._queue: deque[RequestFacts] = deque()
         self._rejected: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._retry_at = 0.0  # monotonic time before which the database is not tried again
+        self._retry_at = 0.0  # monotonic time before which this server's records are not tried again
         self._reported_at = 0.0  # monotonic time of the last report of queue and spill file
-        self._thread = threading.Thread(target=self._run, name="gateway-writer", daemon=True)
+        self.started_at = timezone.now()
+        self._spilling = False  # the database failed and has not been written to since
+        self.link = Link()  # the database connection's state, shared with the pool thread's other writers
+        self._pool: WriterPool | None = None
 
     # --- the proxy's side: never blocks ----------------------------------------------------
 
@@ -99,26 +109,41 @@ class GatewayWriter:
     # --- the writer thread -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        """Write from a thread of its own (a gateway of several servers shares a WriterPool instead)."""
+        self._pool = WriterPool([self], connections=1)
+        self._pool.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Write (or spill) what is queued, then end the thread."""
-        self._stopping.set()
-        self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.stop(timeout)
 
-    def _run(self) -> None:
+    # --- called by the pool thread this writer belongs to ----------------------------------
+
+    def has_full_batch(self) -> bool:
+        return len(self._queue) >= self.batch_size
+
+    def idle(self) -> bool:
+        return not self._queue
+
+    def step(self) -> None:
+        """Store (or spill) one batch of what has queued up; replay the spill file; report when due."""
+        batch = self._take_batch()
+        if batch or self.spill_path.exists() or self._report_due():
+            self._write_or_keep(batch)
+
+    def finish(self) -> None:
+        """A last try at replaying the spill file before the process ends; then the process's report
+        is withdrawn (kept, to go silent, while records wait in the spill file for a successor)."""
+        if self.spill_path.exists():
+            self._retry_at = self.link.retry_at = 0.0
+            self._write_or_keep([])
+        if self.spill_path.exists():
+            return
         try:
-            while not (self._stopping.is_set() and not self._queue):
-                if len(self._queue) < self.batch_size:
-                    self._stopping.wait(self.flush_seconds)  # let a batch gather: a write costs per batch
-                batch = self._take_batch()
-                if batch or self.spill_path.exists() or self._report_due():
-                    self._write_or_keep(batch)
-            if self.spill_path.exists():
-                self._retry_at = 0.0
-                self._write_or_keep([])  # a last try at replaying before the process ends
-        finally:
-            connection.close()
+            forget_collector_process(kind=CollectorProcess.Kind.GATEWAY, name=self.server)
+        except DatabaseError as exc:
+            logger.warning("cannot withdraw the gateway's report of %s: %s", self.server, exc)
 
     def _write_or_keep(self, items: list[RequestFacts]) -> None:
         try:
@@ -137,7 +162,7 @@ class GatewayWriter:
 
     def _write(self, items: list[RequestFacts]) -> None:
         """Store `items` after replaying the spill file; spill them while the database is down."""
-        if time.monotonic() < self._retry_at:
+        if time.monotonic() < max(self._retry_at, self.link.retry_at):
             self._spill(items)
             return
         close_old_connections()
@@ -147,17 +172,20 @@ class GatewayWriter:
             self._store(items)
             self._flush_rejected()
         except (OperationalError, InterfaceError) as exc:
-            if self._retry_at == 0.0:
+            if not self._spilling:
                 logger.warning(
                     "database unavailable, spilling request records to %s: %s", self.spill_path, exc
                 )
+            self._spilling = True
             connection.close()
-            self._retry_at = time.monotonic() + self.retry_seconds
+            # The connection is the pool thread's: its other servers spill too until the retry.
+            self.link.retry_at = time.monotonic() + self.retry_seconds
             self._spill(items)
             return
-        if self._retry_at:
-            logger.info("database back; spilled request records replayed")
-        self._retry_at = 0.0
+        if self._spilling:
+            logger.info("database back; spilled request records of %s replayed", self.server)
+        self._spilling = False
+        self._retry_at = self.link.retry_at = 0.0
 
     def _report_due(self) -> bool:
         return time.monotonic() - self._reported_at >= REPORT_SECONDS
@@ -171,6 +199,7 @@ class GatewayWriter:
         report_collector_process(
             kind=CollectorProcess.Kind.GATEWAY,
             name=self.server,
+            started_at=self.started_at,
             queue_depth=len(self._queue),
             spill_bytes=spill_bytes,
             now=timezone.now(),
@@ -259,6 +288,65 @@ class GatewayWriter:
         for _ in range(unreadable):
             self.reject("spill file: unreadable line")
         logger.info("replayed %d spilled request records from %s", len(items), self.spill_path)
+
+
+class Link:
+    """A pool thread's database connection: after it fails, its writers spill until `retry_at`
+    (rather than each waiting for its own connection attempt to fail)."""
+
+    def __init__(self) -> None:
+        self.retry_at = 0.0  # monotonic time before which the database is not tried again
+
+
+class WriterPool:
+    """`connections` threads (at most one per writer), each writing the records of its share of the
+    writers on one database connection of its own."""
+
+    def __init__(self, writers: Sequence[GatewayWriter], *, connections: int) -> None:
+        if connections < 1:
+            raise ValueError("a writer pool needs at least one connection")
+        count = min(connections, len(writers))
+        self._shares = [list(writers[index::count]) for index in range(count)]
+        self._stopping = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(share,), name=f"gateway-writer-{index}", daemon=True)
+            for index, share in enumerate(self._shares)
+        ]
+        for share in self._shares:
+            link = Link()
+            for writer in share:
+                writer.link = link
+
+    @property
+    def connections(self) -> int:
+        return len(self._threads)
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Write (or spill) what every writer has queued, then end the threads."""
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _run(self, writers: list[GatewayWriter]) -> None:
+        flush_seconds = min(writer.flush_seconds for writer in writers)
+        # This thread's own connection (Django's are per thread), named so that pg_stat_activity
+        # shows which gateway process holds it; a copy of the settings, shared with other threads.
+        options = {**connection.settings_dict.get("OPTIONS", {}), "application_name": APPLICATION_NAME}
+        connection.settings_dict = {**connection.settings_dict, "OPTIONS": options}
+        try:
+            while not (self._stopping.is_set() and all(writer.idle() for writer in writers)):
+                if not any(writer.has_full_batch() for writer in writers):
+                    self._stopping.wait(flush_seconds)  # let batches gather: a write costs per batch
+                for writer in writers:
+                    writer.step()
+            for writer in writers:
+                writer.finish()
+        finally:
+            connection.close()
 
 
 def _last_byte(path: Path) -> bytes:

@@ -30,6 +30,8 @@ from collections.abc import Collection, Iterable
 import psycopg
 from django.db import connection, connections
 
+from app.traffic.services.collector_processes import LeaseCounts
+
 logger = logging.getLogger(__name__)
 
 LEASE_SPACE = 0x4B56_4C31  # pg_try_advisory_lock's first key: a server's KV-event stream ("KVL1")
@@ -66,6 +68,9 @@ class Leases:
         self.lease_seconds = lease_seconds
         self.name = name or f"{APPLICATION_NAME}:{socket.gethostname()[:24]}:{os.getpid()}"
         self.held: set[int] = set()
+        # Since the process started, for /metrics: a process that keeps taking and losing or giving up
+        # leases (flapping) hands its servers' streams from one subscriber to another over and over.
+        self.taken_count = self.lost_count = self.released_count = 0
         self._connection: psycopg.Connection[tuple[object, ...]] | None = None
 
     def connect(self) -> set[int]:
@@ -89,6 +94,7 @@ class Leases:
         self._connection.execute("SELECT pg_advisory_lock(%s::int4, pg_backend_pid())", [MEMBER_SPACE])
         before, self.held = self.held, set()
         lost = before - self.take(before, limit=len(before))
+        self.lost_count += len(lost)
         if lost:
             logger.warning("leases lost with the lease connection: servers %s", sorted(lost))
         return lost
@@ -106,7 +112,9 @@ class Leases:
         if room <= 0:
             return set()
         taken_by_others = set(self._holders(LEASE_SPACE)) - self.held
-        return self.take([pk for pk in listed if pk not in self.held | taken_by_others], limit=room)
+        taken = self.take([pk for pk in listed if pk not in self.held | taken_by_others], limit=room)
+        self.taken_count += len(taken)
+        return taken
 
     def take(self, servers: Iterable[int], *, limit: int) -> set[int]:
         """Try the leases of `servers` in turn until `limit` are taken; returns those taken."""
@@ -123,6 +131,12 @@ class Leases:
         for pk in servers:
             self._execute("SELECT pg_advisory_unlock(%s::int4, %s::int4)", LEASE_SPACE, pk)
             self.held.discard(pk)
+            self.released_count += 1
+
+    def counts(self) -> LeaseCounts:
+        return LeaseCounts(
+            held=len(self.held), taken=self.taken_count, lost=self.lost_count, released=self.released_count
+        )
 
     def close(self) -> None:
         """Give every lease up. Unlocked first: closing the connection ends its locks too, but the

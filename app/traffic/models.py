@@ -500,8 +500,11 @@ class KVGap(models.Model):
 class CollectorProcess(models.Model):
     """What a long-running collector process knows only in memory, reported every few seconds so
     that /metrics (served by any web process) can export it: the gateway's queue and spill file,
-    the KV subscriber's buffered rows. A row not reported for a while is a process that stopped
-    (or cannot reach PostgreSQL: a gateway's spill file then grows unseen until it can again)."""
+    the KV subscriber's buffered rows and leases. One row per process (host:pid) and name (a gateway
+    has one per server it fronts), so that processes on one host never overwrite each other. A
+    process that stops deletes its rows; a killed one's rows stay, silent, until another process of
+    the same kind and name starts after them (its successor) or a day has passed
+    (app/dashboard/metrics.py)."""
 
     class Kind(models.TextChoices):
         GATEWAY = "gateway", "Gateway"
@@ -509,15 +512,25 @@ class CollectorProcess(models.Model):
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     name = models.CharField(max_length=200, help_text="The gateway's server; the subscriber's host")
+    process = models.CharField(max_length=100, default="", help_text="host:pid of the reporting process")
+    started_at = models.DateTimeField(null=True, blank=True, help_text="When the process started")
     reported_at = models.DateTimeField()
     queue_depth = models.PositiveIntegerField(default=0, help_text="Records or rows waiting in memory")
     spill_bytes = models.PositiveBigIntegerField(default=0, help_text="Size of the gateway's spill file")
+    leases_held = models.PositiveIntegerField(default=0, help_text="KV-event leases the subscriber holds")
+    leases_taken = models.PositiveBigIntegerField(default=0, help_text="Leases taken since the start")
+    leases_lost = models.PositiveBigIntegerField(
+        default=0, help_text="Leases lost with a broken lease connection since the start"
+    )
+    leases_released = models.PositiveBigIntegerField(default=0, help_text="Leases given up since the start")
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["kind", "name"], name="collector_process_identity")]
+        constraints = [
+            models.UniqueConstraint(fields=["kind", "name", "process"], name="collector_process_identity")
+        ]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.name}"
+        return f"{self.kind} {self.name} ({self.process})"
 
 
 class ResidentBlock(models.Model):

@@ -344,3 +344,15 @@ def test_a_killed_holder_of_the_embedded_postgresql_no_longer_keeps_it_running(t
     handles.write_text(json.dumps([dead.pid, os.getpid()]))
     devstack.forget_dead_handles(tmp_path)
     assert json.loads(handles.read_text()) == [os.getpid()]
+
+
+def test_the_test_command_installs_every_system_command_a_test_runs() -> None:
+    # A test looks its tool up with shutil.which: each name it asks for must be one the test command installs
+    # (its Debian package, on a fresh machine), or CI fails on a missing tool instead of checking.
+    called = {
+        name
+        for path in (ROOT / "tests").rglob("*.py")
+        for name in re.findall(r"shutil\.which\(\"([\w.-]+)\"\)", path.read_text())
+    }
+    assert {"promtool", "docker-compose"} <= called
+    assert called <= devstack.SYSTEM_PACKAGES.keys()

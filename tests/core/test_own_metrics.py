@@ -11,8 +11,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template
-from app.traffic.models import HourRollup, KVGap, KVStream, LossHour, MinuteRollup, RejectedInput
-from app.traffic.services.collector_processes import report_collector_process
+from app.traffic.kv_leases import Leases
+from app.traffic.models import (
+    CollectorProcess,
+    HourRollup,
+    KVGap,
+    KVStream,
+    LossHour,
+    MinuteRollup,
+    RejectedInput,
+)
+from app.traffic.services.collector_processes import (
+    LeaseCounts,
+    forget_collector_process,
+    report_collector_process,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -170,8 +183,13 @@ def test_collector_health_reports_scrapes_streams_rollups_and_processes(
     )  # fmt: skip
     KVGap.objects.create(server=a, epoch=2, first_seq=5, last_seq=9, recovered=5, lost=0, detected_at=NOW)
     MinuteRollup.objects.create(server=a, minute=TODAY, requests=1, prompt_tokens=1, cached_tokens=0)
-    report_collector_process(kind="gateway", name="vllm-0", queue_depth=12, spill_bytes=4096, now=NOW)
-    report_collector_process(kind="kv_subscriber", name="collectors-1", queue_depth=300, now=NOW)
+    now = timezone.now()
+    report_collector_process(
+        kind="gateway", name="vllm-0", process="gw:7", queue_depth=12, spill_bytes=4096, now=now
+    )
+    report_collector_process(
+        kind="kv_subscriber", name="collectors-1", process="c:8", queue_depth=300, now=now
+    )
 
     values = samples(client)
 
@@ -188,10 +206,10 @@ def test_collector_health_reports_scrapes_streams_rollups_and_processes(
         TODAY.timestamp()
     )
     assert ("prefixscope_rollup_newest_minute_timestamp_seconds", (("rollup", "diagnoses"),)) not in values
-    assert values[("prefixscope_gateway_spill_file_bytes", (("name", "vllm-0"),))] == 4096
-    subscriber = (("kind", "kv_subscriber"), ("name", "collectors-1"))
+    assert values[("prefixscope_gateway_spill_file_bytes", (("name", "vllm-0"), ("process", "gw:7")))] == 4096
+    subscriber = (("kind", "kv_subscriber"), ("name", "collectors-1"), ("process", "c:8"))
     assert values[("prefixscope_collector_queue_depth", subscriber)] == 300
-    assert values[("prefixscope_collector_last_report_timestamp_seconds", subscriber)] == NOW.timestamp()
+    assert values[("prefixscope_collector_last_report_timestamp_seconds", subscriber)] == now.timestamp()
 
 
 def test_every_family_is_read_with_one_query_whatever_the_fleet_size(
@@ -203,3 +221,99 @@ def test_every_family_is_read_with_one_query_whatever_the_fleet_size(
             loss_hour(server, template, f"tenant-{template.pk % 7}", reused_tokens=10)
     with django_assert_max_num_queries(15):
         client.get("/metrics")
+
+
+def test_processes_on_one_host_are_reported_apart_with_their_leases(client: Client) -> None:
+    now = timezone.now()
+    for pid, held, taken, lost, released in ((101, 3, 5, 1, 2), (102, 4, 4, 0, 0)):
+        report_collector_process(
+            kind="kv_subscriber", name="host-a", process=f"host-a:{pid}", queue_depth=pid, now=now,
+            leases=LeaseCounts(held=held, taken=taken, lost=lost, released=released),
+        )  # fmt: skip
+
+    values = samples(client)
+
+    for pid, held, taken, lost, released in ((101, 3, 5, 1, 2), (102, 4, 4, 0, 0)):
+        process = (("name", "host-a"), ("process", f"host-a:{pid}"))
+        assert values[("prefixscope_collector_queue_depth", (("kind", "kv_subscriber"), *process))] == pid
+        assert values[("prefixscope_kv_leases_held", process)] == held
+        for event, count in (("taken", taken), ("lost", lost), ("released", released)):
+            assert values[("prefixscope_kv_lease_events_total", (("event", event), *process))] == count
+
+
+def test_a_silent_process_shows_as_silent_until_a_successor_starts(client: Client) -> None:
+    now = timezone.now()
+    killed = (("kind", "gateway"), ("name", "vllm-0"), ("process", "h:1"))
+    report_collector_process(
+        kind="gateway", name="vllm-0", process="h:1", queue_depth=8000, now=now - timedelta(minutes=10),
+        started_at=now - timedelta(hours=1),
+    )  # fmt: skip
+    report_collector_process(  # another gateway of the same server, running since before the kill
+        kind="gateway",
+        name="vllm-0",
+        process="h:2",
+        queue_depth=5,
+        now=now,
+        started_at=now - timedelta(hours=2),
+    )
+    values = samples(client)
+    # Its last report is there to alert on (CollectorSilent); what it held in memory is not (it is gone).
+    assert (
+        values[("prefixscope_collector_last_report_timestamp_seconds", killed)]
+        == (now - timedelta(minutes=10)).timestamp()
+    )
+    assert ("prefixscope_collector_queue_depth", killed) not in values
+
+    report_collector_process(
+        kind="gateway", name="vllm-0", process="h:3", queue_depth=0, now=now
+    )  # restarted
+    values = samples(client)
+    assert ("prefixscope_collector_last_report_timestamp_seconds", killed) not in values
+    assert {
+        labels for name, labels in values if name == "prefixscope_collector_last_report_timestamp_seconds"
+    } == {
+        (("kind", "gateway"), ("name", "vllm-0"), ("process", "h:2")),
+        (("kind", "gateway"), ("name", "vllm-0"), ("process", "h:3")),
+    }
+
+
+def test_a_process_silent_for_a_day_is_forgotten_and_one_that_stops_withdraws_itself(client: Client) -> None:
+    now = timezone.now()
+    report_collector_process(
+        kind="kv_subscriber", name="old", process="old:1", queue_depth=0, now=now - timedelta(days=2)
+    )
+    report_collector_process(kind="kv_subscriber", name="b", process="b:1", queue_depth=0, now=now)
+    assert not CollectorProcess.objects.filter(name="old").exists()  # deleted by the next report
+    forget_collector_process(kind="kv_subscriber", name="b", process="b:1")
+    values = samples(client)
+    assert not [key for key in values if key[0] == "prefixscope_collector_last_report_timestamp_seconds"]
+
+
+def test_each_kv_stream_says_whether_a_subscriber_leases_it_and_each_server_its_cache_config(
+    client: Client,
+) -> None:
+    leased = Server.objects.create(
+        name="vllm-0", base_url="http://a:8000", model="llama", block_size=16, hash_algo="sha256_cbor",
+        kv_events_endpoint="tcp://a:5557",
+    )  # fmt: skip
+    Server.objects.create(
+        name="vllm-1", base_url="http://b:8000", model="llama", kv_events_endpoint="tcp://b:5557"
+    )
+    Server.objects.create(name="vllm-2", base_url="http://c:8000", model="llama")  # no KV events
+    leases = Leases(lease_seconds=10, name="prefixscope-kv-subscriber:test:1")
+    leases.connect()
+    try:
+        assert leases.take([leased.pk], limit=1) == {leased.pk}
+        values = samples(client)
+    finally:
+        leases.close()
+    assert values[("prefixscope_kv_stream_leased", (("model", "llama"), ("server", "vllm-0")))] == 1
+    assert values[("prefixscope_kv_stream_leased", (("model", "llama"), ("server", "vllm-1")))] == 0
+    assert ("prefixscope_kv_stream_leased", (("model", "llama"), ("server", "vllm-2"))) not in values
+    config = "prefixscope_server_cache_config_info"
+    labels = (("block_size", "16"), ("hash_algo", "sha256_cbor"), ("model", "llama"), ("server", "vllm-0"))
+    assert values[(config, labels)] == 1
+    assert (
+        values[(config, (("block_size", ""), ("hash_algo", ""), ("model", "llama"), ("server", "vllm-1")))]
+        == 1
+    )

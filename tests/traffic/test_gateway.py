@@ -28,7 +28,7 @@ from django.utils import timezone
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.prompts.models import TemplateVersion
-from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, read_spill
+from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, WriterPool, read_spill
 from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
@@ -305,3 +305,101 @@ def test_the_command_proxies_records_and_drains_on_sigterm(
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_gateway_of_forty_servers_writes_on_its_few_connections_and_stores_every_record_once(
+    upstream: ServerConfig, tmp_path: Path
+) -> None:
+    servers = [
+        Server.objects.create(
+            name=f"fleet-{i:02}", base_url=f"http://fleet-{i:02}:8000", block_size=32, model="tiny"
+        )
+        for i in range(40)
+    ]
+    ports = free_ports(len(servers))
+    database = settings.DATABASES["default"]["NAME"]
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    environment = {
+        **os.environ,
+        "DATABASE_URL": urlunsplit(parts._replace(path=f"/{database}")),
+        "PREFIXSCOPE_DATA_DIR": str(tmp_path),  # the spill files' folder
+    }
+    command = [sys.executable, "manage.py", "gateway", "--connections", "3", "--flush-seconds", "0.05"]
+    for server, port in zip(servers, ports, strict=True):  # every route to the one simulated vLLM
+        command += ["--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", server.name]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    name = f"prefixscope-gateway:{socket.gethostname()[:24]}:{process.pid}"
+    held: list[int] = []
+    try:
+        wait_for(lambda: all(_listening(port) for port in ports), timeout=60)
+        sent = {}
+        for round_ in range(3):
+            for server, port in zip(servers, ports, strict=True):
+                body = {"model": "tiny", "prompt": f"{server.name} request {round_}", "max_tokens": 1}
+                sent[complete(f"http://127.0.0.1:{port}", body)["request_id"]] = server.name
+            held.append(_connections_named(name))
+        wait_for(lambda: RequestRecord.objects.count() == len(sent), timeout=30)
+        held.append(_connections_named(name))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    # The pool's three connections, each kept for its share of the servers: not one per server.
+    assert max(held) == 3 and held[-1] == 3, held
+    stored = RequestRecord.objects.values_list("request_id", "server__name")
+    assert sorted(stored) == sorted(sent.items()) and len(sent) == 3 * len(servers)
+    assert out.count(b"3 records stored, 0 spilled, 0 dropped") == len(servers)
+    assert not list((tmp_path / "gateway").glob("*.jsonl"))
+
+
+def _connections_named(application_name: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name]
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
+def test_writers_sharing_a_connection_spill_together_while_it_is_down_and_each_replays_its_own(
+    tmp_path: Path,
+) -> None:
+    servers = [
+        Server.objects.create(name=f"pool-{i}", base_url=f"http://pool-{i}:8000", block_size=32, model="tiny")
+        for i in range(3)
+    ]
+    outage = Outage()
+    writers = [
+        writer_for(server.name, tmp_path / f"{server.name}.jsonl", store=outage.store) for server in servers
+    ]
+    pool = WriterPool(writers, connections=1)
+    assert pool.connections == 1 and len({id(writer.link) for writer in writers}) == 1
+    pool.start()
+    now = timezone.now()
+
+    def send(batch: str) -> set[tuple[str, str]]:
+        sent = set()
+        for writer in writers:
+            for i in range(4):
+                request_id = f"{writer.server}-{batch}-{i}"
+                writer.record(RequestFacts(request_id=request_id, arrived_at=now, cached_tokens=0))
+                sent.add((request_id, writer.server))
+        return sent
+
+    sent = send("before")
+    wait_for(lambda: sum(writer.stored for writer in writers) == 12)
+    outage.down.set()
+    sent |= send("during")
+    wait_for(lambda: all(writer.spilled == 4 for writer in writers))
+    for writer in writers:  # each server's records in its own spill file
+        assert {item.request_id for item in read_spill(writer.spill_path)[0]} == {
+            f"{writer.server}-during-{i}" for i in range(4)
+        }
+    outage.down.clear()
+    wait_for(lambda: not any(writer.spill_path.exists() for writer in writers))
+    sent |= send("after")
+    pool.stop()
+    stored = RequestRecord.objects.values_list("request_id", "server__name")
+    assert sorted(stored) == sorted(sent) and len(sent) == 36

@@ -18,7 +18,8 @@ import pytest
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.kv_leases import Leases, lease_holders, share_of
-from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock
+from app.traffic.models import CollectorProcess, KVEvent, KVGap, KVStream, ResidentBlock
+from app.traffic.services.collector_processes import LeaseCounts
 from simulator.fleet import describe
 from simulator.server import ServerConfig
 from tests.simulator.running import local_config, running_fleet
@@ -57,12 +58,40 @@ def test_a_second_subscriber_gets_the_share_the_first_gives_up_and_all_once_the_
         assert {pk: name == first.name for pk, name in holders.items()} == {
             pk: pk not in excess for pk in servers
         }
+        assert first.counts() == LeaseCounts(held=2, taken=4, released=2)
         first.close()  # as a process that stops gives its leases up (a killed one: the test below)
         assert second.take_share(servers) == servers - excess
         assert set(lease_holders().values()) == {second.name}
+        assert second.counts() == LeaseCounts(held=4, taken=4)
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.django_db
+def test_leases_lost_with_a_broken_connection_and_taken_meanwhile_are_counted_lost() -> None:
+    servers = {201, 202}
+    first, second = Leases(lease_seconds=1, name="first"), Leases(lease_seconds=1, name="second")
+    try:
+        first.connect()
+        assert first.take_share(servers) == servers
+        assert first._connection is not None
+        first._connection.close()  # its locks end with it, as with a connection that broke
+        second.connect()
+        assert second.take([201], limit=1) == {201}
+        assert first.connect() == {201}  # 202 is taken again, 201 is second's now
+        assert first.counts() == LeaseCounts(held=1, taken=2, lost=1)
+    finally:
+        first.close()
+        second.close()
+
+
+def reported_leases(pid: int) -> int | None:
+    row = CollectorProcess.objects.filter(kind="kv_subscriber", process__endswith=f":{pid}").first()
+    if row is None:
+        return None
+    assert row.leases_held == row.leases_taken - row.leases_released - row.leases_lost
+    return row.leases_held
 
 
 @pytest.fixture
@@ -115,6 +144,9 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
             wait_until(lambda: holders_by_process() == {s.pk: survivor_pid for s in servers},
                        timeout=2 * LEASE_SECONDS, what="the survivor to lease every server")  # fmt: skip
             handover_seconds = time.monotonic() - killed_at
+            # The survivor reports its leases (its row, beside the killed one's, which no longer reports).
+            wait_until(lambda: reported_leases(survivor_pid) == 4, timeout=4 * LEASE_SECONDS,
+                       what="the survivor to report its four leases")  # fmt: skip
             time.sleep(2.0)  # load goes on after the handover
         replies = {server.pk: published(str(server.kv_replay_endpoint)) for server in servers}
         for server in servers:
@@ -137,3 +169,7 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
         resumed = re.findall(rf"{server.name} rank 0: resumed after seq \d+ of epoch 0, (\d+) batches", log)
         assert resumed and int(resumed[-1]) > 0, server.name
     assert lease_holders() == {}  # a clean stop gives its leases up
+    # ... and withdraws its report; the killed one's is left, silent, for /metrics to age out.
+    reports = {row.process.rpartition(":")[2]: row for row in CollectorProcess.objects.all()}
+    assert set(reports) == {str(killed_pid)}
+    assert reports[str(killed_pid)].leases_held == 2

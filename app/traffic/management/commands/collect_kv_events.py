@@ -19,7 +19,7 @@ from app.telemetry import configure_tracing
 from app.traffic.kv_collector import KVEventCollector
 from app.traffic.kv_leases import Leases
 from app.traffic.models import CollectorProcess
-from app.traffic.services.collector_processes import report_collector_process
+from app.traffic.services.collector_processes import forget_collector_process, report_collector_process
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class Command(BaseCommand):
         # off, each of which took 70-150 ms (bench_kv_ingest: a few microseconds an event).
         gc.freeze()
         next_scan = 0.0
+        started_at = timezone.now()
         try:
             while not stopping:
                 if time.monotonic() >= next_scan:
@@ -65,7 +66,9 @@ class Command(BaseCommand):
                         report_collector_process(
                             kind=CollectorProcess.Kind.KV_SUBSCRIBER,
                             name=socket.gethostname(),
+                            started_at=started_at,
                             queue_depth=len(collector.pending.rows),
+                            leases=leases.counts(),
                             now=timezone.now(),
                         )
                     except (DatabaseError, psycopg.Error) as exc:  # PostgreSQL away: collect, look again
@@ -74,6 +77,10 @@ class Command(BaseCommand):
         finally:
             collector.close()  # stored first, then the leases given up: a taker resumes after it
             leases.close()
+            try:
+                forget_collector_process(kind=CollectorProcess.Kind.KV_SUBSCRIBER, name=socket.gethostname())
+            except (DatabaseError, psycopg.Error) as exc:
+                logger.warning("cannot withdraw this subscriber's report: %s", exc)
         self.stdout.write("KV event collector stopped")
 
 

@@ -19,8 +19,9 @@ Request headers it reads (all forwarded to vLLM unchanged; vLLM ignores them):
   traceparent                     W3C trace context: the record's trace id
   X-Request-Id                    the request id when the answer has no id
 
-Recording never delays or fails a request: records wait in a bounded queue (full: the record is
-dropped and counted as rejected input "queue full") for a writer thread; while PostgreSQL is down
+Recording never delays or fails a request: records wait in a bounded queue per server (full: the
+record is dropped and counted as rejected input "queue full") for the writer threads, --connections
+of them (each on one database connection, sharing the servers); while PostgreSQL is down
 they go to a spill file (JSON lines, owner-only), replayed and deleted once it is back. SIGTERM
 drains the queue; SIGKILL loses the records still in memory (at most --queue-size plus
 --batch-size), never one committed or spilled: a gateway started with the same spill file replays it.
@@ -39,12 +40,12 @@ from urllib.parse import urlsplit
 import uvloop
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 from django.utils.text import slugify
 
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
-from app.traffic.gateway_writer import GatewayWriter
+from app.traffic.gateway_writer import GatewayWriter, WriterPool
 from collectors.gateway.proxy import serve
 
 
@@ -75,9 +76,19 @@ class Command(BaseCommand):
         parser.add_argument("--queue-size", type=int, default=10_000, help="records waiting, at most")
         parser.add_argument("--batch-size", type=int, default=500, help="records per database write")
         parser.add_argument("--flush-seconds", type=float, default=0.5, help="longest wait before a write")
+        parser.add_argument(
+            "--connections",
+            type=int,
+            default=settings.PREFIXSCOPE_GATEWAY_CONNECTIONS,
+            help="database connections the records are written on, however many servers are fronted "
+            "(default: PREFIXSCOPE_GATEWAY_CONNECTIONS, 2)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         routes = self._routes(options["listen"], options["upstream"], options["server"])
+        connection.close()  # the checks' connection: records are written on the pool's alone
+        if options["connections"] < 1:
+            raise CommandError("--connections: at least 1")
         if options["spill_file"] and len(routes) > 1:
             raise CommandError(
                 "--spill-file: one server only (each server's records spill to a file of its own)"
@@ -94,17 +105,16 @@ class Command(BaseCommand):
             )
             for route in routes
         ]
+        pool = WriterPool(writers, connections=options["connections"])
         configure_tracing("prefixscope-gateway")
         _keep_pauses_short()
-        for writer in writers:
-            writer.start()
+        pool.start()
         try:
             # libuv's loop: the proxy's own CPU per request is what a client waits for.
             with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                 runner.run(_serve_until_signalled(list(zip(routes, writers, strict=True))))
         finally:
-            for writer in writers:
-                writer.stop()
+            pool.stop()
         for writer in writers:
             self.stdout.write(
                 f"gateway of {writer.server} stopped: {writer.stored} records stored, {writer.spilled} "
