@@ -21,7 +21,9 @@ from app.traffic.models import (
     MinuteRollup,
     RejectedInput,
     ServerHour,
+    ServerLossHour,
     ServerMinute,
+    ServerRequestHour,
 )
 from app.traffic.selectors import LOST_COLUMNS
 
@@ -200,25 +202,46 @@ def window_sums(
     """Per `by` ("" for one total), `sums` of a pair of minute and hour rollups of `servers` over
     [since, until): the whole hours from the hours, the minutes around them from the minutes (a day
     is 24 rows per server, not 1,440). Aggregates named max_* are the largest of the parts."""
-    minutes, hours = rollups[0].objects.all(), rollups[1].objects.all()
+    minutes = rollups[0].objects.filter(server__in=servers.values("pk"))
     first, last = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
     if first < last:
-        parts = [
-            minutes.filter(minute__gte=since, minute__lt=first),
-            hours.filter(hour__gte=first, hour__lt=last),
-            minutes.filter(minute__gte=last, minute__lt=until),
-        ]
+        edges = [(since, first), (last, until)]
+        hours = _hours(rollups[1], servers, since=first, until=last, by=by, viewer=viewer)
     else:
-        parts = [minutes.filter(minute__gte=since, minute__lt=until)]
-    found: dict[Any, dict[str, Any]] = {}
-    for part in parts:
-        part = _seen(part.filter(server__in=servers.values("pk")), viewer)
+        edges, hours = [(since, until)], []
+    parts = [
+        _seen(minutes.filter(minute__gte=start, minute__lt=end), viewer)
+        for start, end in edges
+        if start < end
+    ]
+    found: dict[Any, dict[str, Any]] = {"": dict.fromkeys(sums)} if not by else {}
+    for part in parts + hours:
         rows = part.values(by).annotate(**sums) if by else [part.aggregate(**sums)]
         for row in rows:
             total = found.setdefault(row.get(by) if by else "", {})
             for name in sums:
                 total[name] = _combined(name, total.get(name), row[name])
     return found  # fmt: skip
+
+
+# The hour rollups summed per server (and tenant), read instead of them for per-server or fleet sums:
+# a week of a fleet's hours per template is hundreds of thousands of rows, per server thousands.
+_PER_SERVER: dict[type[Any], type[Any]] = {HourRollup: ServerRequestHour, LossHour: ServerLossHour}
+
+
+def _hours(
+    rollup: type[Any], servers: QuerySet[Server], *, since: datetime, until: datetime, by: str, viewer: Viewer
+) -> list[QuerySet[Any]]:
+    """The rows of an hour rollup of `servers` in [since, until) the viewer sees, as one or more
+    querysets to sum: its per-server sums where they hold the same figures (Viewer.request_hours)."""
+    rows = rollup.objects.filter(server__in=servers.values("pk"), hour__gte=since, hour__lt=until)
+    summed = _PER_SERVER.get(rollup)
+    if summed is None or by not in ("", "server_id"):
+        return [_seen(rows, viewer)]
+    per_server = summed.objects.filter(server__in=servers.values("pk"), hour__gte=since, hour__lt=until)
+    if rollup is HourRollup:
+        return viewer.request_hours(per_server, rows)
+    return viewer.loss_hours(per_server, rows)
 
 
 def _seen(rows: QuerySet[Any], viewer: Viewer) -> QuerySet[Any]:

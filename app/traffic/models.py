@@ -296,6 +296,26 @@ class HourRollup(RequestTotals):
         return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
 
 
+class ServerRequestHour(RequestTotals):
+    """The hour rollups of one server summed over its templates: what the Fleet page and the fleet's
+    series read for whole hours, a week of a fleet being servers x 168 rows, not x templates too.
+
+    Tenancy (app/core/tenancy.py Viewer.request_hours): these sums serve the servers the viewer's
+    tenants own; the other servers' rows of its templates stay in HourRollup. Recomputed from the
+    hour rollups whenever they are (app/traffic/services/rollups.py).
+    """
+
+    pk = models.CompositePrimaryKey("server", "hour")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="server_request_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.hour:%Y-%m-%d %H}h"
+
+
 class LossTotals(models.Model):
     """Sums of the diagnoses (app/traffic/services/diagnosis.py) over one period per server,
     template, template version and tenant: the funnel's steps and the tokens lost per cause."""
@@ -386,6 +406,26 @@ class LossHour(LossTotals):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
+
+
+class ServerLossHour(LossTotals):
+    """The loss hours of one server and tenant summed over templates and versions: the fleet's lost
+    tokens over a day or a week, a server having one tenant or a few, never x templates x versions.
+
+    Tenancy (Viewer.loss_hours): these sums serve the rows of the viewer's tenants and the tenant-less
+    rows of its servers; tenant-less rows of its templates on other servers stay in LossHour.
+    Recomputed from the loss hours whenever they are.
+    """
+
+    pk = models.CompositePrimaryKey("server", "tenant", "hour")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="server_loss_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
 
 
 class ServerTotals(models.Model):

@@ -190,6 +190,8 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
     hours = query.bucket % 3600 == 0  # a week of whole hours is 168 rows per group, not 10,080
     if query.scope == "tenant" or query.metric == "lost_tokens":
         table = "traffic_losshour" if hours else "traffic_lossminute"
+    elif query.scope == "fleet" and hours:
+        return _fleet_request_hours(viewer)
     else:
         table = "traffic_hourrollup" if hours else "traffic_minuterollup"
     seen, params = viewer.traffic_sql() if table.startswith("traffic_loss") else viewer.rollups_sql()
@@ -200,6 +202,32 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
     if query.scope == "tenant":
         return table, f"tenant = %(id)s AND {seen}", {"id": query.id, **params}
     return table, seen, params
+
+
+_REQUEST_COLUMNS = (
+    "hour, requests, cached_tokens, cache_known_prompt_tokens, client_ttft_buckets, server_ttft_buckets"
+)
+FLEET_HOURS = "traffic_serverrequesthour"
+# The fleet's hours of the request rollups for a viewer of some tenants (Viewer.request_hours_sql):
+# its servers' sums, and its templates' hours on the other servers. Named as a table in the answer.
+_FLEET_HOURS_SQL = f"""(SELECT {_REQUEST_COLUMNS} FROM traffic_serverrequesthour WHERE {{per_server}}
+    UNION ALL SELECT {_REQUEST_COLUMNS} FROM traffic_hourrollup WHERE {{per_template}}) AS {FLEET_HOURS}"""
+
+
+def _fleet_request_hours(viewer: Viewer) -> tuple[str, str, dict[str, Any]]:
+    """The fleet's request hours from their sums per server (a week of a fleet is servers x 168 rows,
+    not x templates too), of the rows the viewer sees."""
+    per_server, per_template, params = viewer.request_hours_sql()
+    if per_server is None:  # a viewer of no tenant
+        return FLEET_HOURS, "false", {}
+    if per_template is None:
+        return FLEET_HOURS, per_server, params
+    return _FLEET_HOURS_SQL.format(per_server=per_server, per_template=per_template), "true", params
+
+
+def _source(table: str) -> str:
+    """The table a series is read from, as the answer names it (a union: by its alias)."""
+    return table.rsplit(" AS ", 1)[-1]
 
 
 def _server_id(ident: str, viewer: Viewer) -> int:
@@ -217,7 +245,8 @@ def _bucketed(
     table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
 ) -> dict[datetime, tuple[Any, ...]]:
     """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
-    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour", "traffic_serverhour") else time
+    hourly = ("traffic_hourrollup", "traffic_losshour", "traffic_serverhour", FLEET_HOURS)
+    time = "hour" if _source(table) in hourly else time
     sql = f"""
         SELECT {_bin(time)} AS b, {columns}
         FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
@@ -239,7 +268,7 @@ def _on_grid(query: SeriesQuery, found: dict[datetime, Any], empty: float | None
 
 
 def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
-    return SeriesSet(query, UNITS[query.metric], source, bucket_starts(query), found)
+    return SeriesSet(query, UNITS[query.metric], _source(source), bucket_starts(query), found)
 
 
 def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:

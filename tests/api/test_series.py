@@ -197,7 +197,7 @@ def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
         "until": (hour + timedelta(hours=1)).isoformat(),
     }
     found = get(signed_in, **params)
-    assert found["source"] == "traffic_hourrollup"
+    assert found["source"] == "traffic_serverrequesthour"  # the fleet: the hours summed per server
     assert found["series"][0]["values"] == [3500 / 4000]
     assert get(signed_in, **{**params, "metric": "ttft_p50"})["series"][0]["values"] == [0.5]  # 0.3 and 0.9 s
 
