@@ -155,6 +155,19 @@ class Viewer:
             self._sql_params,
         )
 
+    def loss_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
+        """loss_hours()'s conditions in raw SQL: over the per-server and tenant sums (server_id,
+        tenant), and over the per-template rollup (server_id, template_id, tenant); None: no row."""
+        if self.tenants is None:
+            return "true", None, {}
+        if not self.tenants:
+            return None, None, {}
+        return (
+            f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND server_id IN ({_SERVERS_SQL})))",
+            f"tenant = '' AND template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
+            self._sql_params,
+        )
+
     def _owned(self, rows: QuerySet[M]) -> Q:
         """Of a server or a template one of the viewer's tenants owns: subqueries, not joins, so that
         the explorer's keyset plans stay on the records' own indexes."""

@@ -172,7 +172,9 @@ def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, sta
     hour = start.replace(minute=0)
     by_hour = {"since": hour.isoformat(), "until": (hour + timedelta(hours=1)).isoformat(), "bucket": 3600}
     hourly = get(signed_in, metric="lost_tokens", scope="tenant", id="acme", **by_hour)
-    assert hourly["source"] == "traffic_losshour"  # the hour summed from its minutes by the diagnosis task
+    assert (
+        hourly["source"] == "traffic_serverlosshour"
+    )  # the hour summed from its minutes by the diagnosis task
     assert {s["name"]: s["values"] for s in hourly["series"]} == {name: [v[0]] for name, v in lost.items()}
 
 

@@ -23,6 +23,7 @@ from app.traffic.models import (
     RequestDiagnosis,
     RequestRecord,
     ServerLossHour,
+    ServerLossQuarter,
     ServerRequestHour,
 )
 from app.traffic.series import SeriesQuery, series
@@ -43,6 +44,10 @@ VIEWERS = {
 
 def _hour(at: datetime) -> datetime:
     return at.replace(minute=0, second=0, microsecond=0)
+
+
+def _quarter(at: datetime) -> datetime:
+    return at.replace(minute=at.minute - at.minute % 15, second=0, microsecond=0)
 
 
 @pytest.fixture
@@ -128,6 +133,14 @@ def test_the_per_server_hours_equal_the_records_and_diagnoses_summed_apart(
     for at, sums in lost.items():
         assert {name: getattr(summed[at], name) for name in sums} == sums
 
+    quarters: dict[tuple[int, str, datetime], int] = defaultdict(int)
+    for d in RequestDiagnosis.objects.all():
+        quarters[(d.server_id, d.tenant, _quarter(d.arrived_at))] += d.evicted_tokens
+    found_quarters = {
+        (q.server_id, q.tenant, q.minute): q.evicted_tokens for q in ServerLossQuarter.objects.all()
+    }
+    assert found_quarters == quarters
+
 
 def test_the_per_server_hours_follow_a_late_record_into_an_hour_already_summed(
     stored: list[RequestRecord],
@@ -205,3 +218,36 @@ def test_the_fleets_hourly_series_are_the_hour_rollups_the_viewer_sees(
     assert found.series[0].values == pytest.approx(expected)
     if viewer is not SEES_NOTHING and metric == "requests":
         assert sum(value or 0 for value in expected) > 0
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+@pytest.mark.parametrize(
+    ("bucket", "source"), [(900, "traffic_serverlossquarter"), (3600, "traffic_serverlosshour")]
+)
+@pytest.mark.parametrize("scope", ["fleet", "tenant"])
+def test_lost_tokens_by_quarter_hour_and_hour_are_the_loss_minutes_the_viewer_sees(
+    stored: list[RequestRecord], viewer: Viewer, bucket: int, source: str, scope: str
+) -> None:
+    """The fleet's and a tenant's lost tokens (and a tenant's hit rate) per 15 minutes and per hour,
+    read from the sums per server and tenant, equal the per-template minutes the viewer sees."""
+    for ident in [""] if scope == "fleet" else ["acme", "globex", "hooli"]:
+        query = SeriesQuery("lost_tokens", scope, ident, START, START + timedelta(hours=12), bucket)
+        found = series(query, viewer=viewer)
+        assert found.source == source
+        seen = viewer.traffic(LossMinute.objects.all()).filter(**({"tenant": ident} if ident else {}))
+        per_bucket: dict[datetime, list[int]] = defaultdict(lambda: [0, 0, 0])
+        for row in seen:
+            start = START + (row.minute - START) // timedelta(seconds=bucket) * timedelta(seconds=bucket)
+            sums = per_bucket[start]
+            sums[0] += row.evicted_tokens
+            sums[1] += row.reused_tokens
+            sums[2] += row.diagnosed_prompt_tokens
+        evicted = {s.name: s.values for s in found.series}.get("evicted", [0.0] * len(found.times))
+        assert evicted == [float(per_bucket[at][0]) for at in found.times]
+        if ident:
+            rate = series(SeriesQuery("hit_rate", scope, ident, START, query.until, bucket), viewer=viewer)
+            assert rate.source == source
+            expected = [
+                per_bucket[at][1] / per_bucket[at][2] if per_bucket[at][2] else None for at in rate.times
+            ]
+            assert rate.series[0].values == pytest.approx(expected)
