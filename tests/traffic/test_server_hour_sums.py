@@ -11,7 +11,7 @@ import pytest
 from django.db.models import Sum
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
-from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, window_sums
+from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
 from app.prompts.models import Template
@@ -251,3 +251,30 @@ def test_lost_tokens_by_quarter_hour_and_hour_are_the_loss_minutes_the_viewer_se
                 per_bucket[at][1] / per_bucket[at][2] if per_bucket[at][2] else None for at in rate.times
             ]
             assert rate.series[0].values == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+def test_the_cards_windows_read_at_once_are_each_window_read_alone(
+    stored: list[RequestRecord], viewer: Viewer
+) -> None:
+    """The Fleet page's cards read several windows in one query a table (windows_totals): each
+    window's totals are window_sums' of it alone, windows of minutes, of whole hours and of both."""
+    end = START + timedelta(hours=9, minutes=41, seconds=12)
+    hour = timedelta(hours=1)
+    windows = [
+        (end - timedelta(minutes=4), end), (end - hour, end), (START + timedelta(minutes=7), end),
+        (START + hour, START + 8 * hour), (START + timedelta(minutes=30), START + hour),
+    ]  # fmt: skip
+    servers = viewer.servers(Server.objects.all())
+    for rollups, sums in (
+        (REQUEST_ROLLUPS, {"cached": Sum("cached_tokens"), "known": Sum("cache_known_prompt_tokens")}),
+        (LOSS_ROLLUPS, {"evicted": Sum("evicted_tokens")}),
+        (SERVER_ROLLUPS, {"scrapes": Sum("scrapes")}),
+    ):
+        alone = [
+            window_sums(rollups, servers, since=since, until=until, sums=sums, by="", viewer=viewer)[""]
+            for since, until in windows
+        ]
+        assert windows_totals(rollups, servers, windows, sums=sums, viewer=viewer) == alone
+        if viewer is SEES_ALL and rollups is REQUEST_ROLLUPS:
+            assert len({total["cached"] for total in alone}) == len(windows)  # windows told apart
