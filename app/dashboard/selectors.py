@@ -401,7 +401,10 @@ def windows_totals(
         for name, sum_ in sums.items()
     }
     # The rows of any window's minutes, not of the minutes between (a week's window has none but its edges).
-    minutes = rollups[0].objects.filter(Q(*minute_ranges, _connector=Q.OR), server__in=servers.values("pk"))
+    # The servers' ids, not a subquery: with one, the planner took each server's index over the minutes'
+    # (a week of a server's rows per server) rather than the windows' minutes (bench_pages' tenant).
+    ids = list(servers.values_list("pk", flat=True))
+    minutes = rollups[0].objects.filter(Q(*minute_ranges, _connector=Q.OR), server__in=ids)
     parts = [(_seen(minutes, viewer), named)]
     spans = [span for span in hour_ranges if span]
     if spans:
