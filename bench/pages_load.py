@@ -417,7 +417,7 @@ INSERT INTO traffic_serverminute (server_id, minute, {", ".join(_SCRAPED)}, ttft
 SELECT server_id, minute, 4, 0, sum(prompt_tokens), sum(cached_tokens), 0, sum(requests), 2.4, 4, 0.7,
        sum(server_ttft_count), sum(server_ttft_sum_seconds), '{{}}', 0
 FROM traffic_minuterollup GROUP BY server_id, minute
-ON CONFLICT ON CONSTRAINT server_minute_identity DO UPDATE SET
+ON CONFLICT (server_id, minute) DO UPDATE SET
     {", ".join(f"{c} = EXCLUDED.{c}" for c in _SCRAPED)}
 """
 

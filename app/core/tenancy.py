@@ -40,10 +40,9 @@ PROPOSED: Final = "proposed"  # app.fleet.models.Server.State.PROPOSED (the flee
 
 M = TypeVar("M", bound=Model)
 
-_OWNED_SQL = (
-    "server_id IN (SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s)) OR "
-    "template_id IN (SELECT id FROM prompts_template WHERE tenant = ANY(%(viewer_tenants)s))"
-)
+_SERVERS_SQL = "SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s)"
+_TEMPLATES_SQL = "SELECT id FROM prompts_template WHERE tenant = ANY(%(viewer_tenants)s)"
+_OWNED_SQL = f"server_id IN ({_SERVERS_SQL}) OR template_id IN ({_TEMPLATES_SQL})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +103,70 @@ class Viewer:
         if not self.tenants:
             return self._filter(rows, Q())
         return rows.filter(self._owned(rows))
+
+    def request_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
+        """rollups() of the request hours, read from their sums per server (`per_server`, every
+        template's) where it can: the same rows in fewer. The servers of the viewer's tenants from the
+        sums, the other servers' rows of its templates from the per-template rollup; admins, the sums."""
+        if self.tenants is None:
+            return [per_server]
+        if not self.tenants:
+            return []
+        servers, templates = self._owned_keys(per_template)
+        return [
+            per_server.filter(server__in=servers),
+            per_template.filter(template__in=templates).exclude(server__in=servers),
+        ]
+
+    def loss_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
+        """traffic() of the loss hours, read from their sums per server and tenant where it can: the
+        viewer's tenants' rows and the tenant-less ones of its servers from the sums, the tenant-less
+        rows of its templates on other servers from the per-template rollup."""
+        if self.tenants is None:
+            return [per_server]
+        if not self.tenants:
+            return []
+        servers, templates = self._owned_keys(per_template)
+        return [
+            per_server.filter(Q(tenant__in=self._names) | Q(tenant="", server__in=servers)),
+            per_template.filter(tenant="", template__in=templates).exclude(server__in=servers),
+        ]
+
+    def _owned_keys(self, rows: QuerySet[Any]) -> tuple[QuerySet[Any], QuerySet[Any]]:
+        """The ids of the servers and of the templates the viewer's tenants own, as subqueries."""
+        meta = rows.model._meta
+        servers = meta.get_field("server").related_model._default_manager
+        templates = meta.get_field("template").related_model._default_manager
+        return (
+            servers.filter(tenant__in=self._names).values("pk"),
+            templates.filter(tenant__in=self._names).values("pk"),
+        )
+
+    def request_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
+        """request_hours()'s conditions in raw SQL: over the per-server sums (server_id), and over
+        the per-template rollup (server_id, template_id); None: no row of that table."""
+        if self.tenants is None:
+            return "true", None, {}
+        if not self.tenants:
+            return None, None, {}
+        return (
+            f"server_id IN ({_SERVERS_SQL})",
+            f"template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
+            self._sql_params,
+        )
+
+    def loss_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
+        """loss_hours()'s conditions in raw SQL: over the per-server and tenant sums (server_id,
+        tenant), and over the per-template rollup (server_id, template_id, tenant); None: no row."""
+        if self.tenants is None:
+            return "true", None, {}
+        if not self.tenants:
+            return None, None, {}
+        return (
+            f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND server_id IN ({_SERVERS_SQL})))",
+            f"tenant = '' AND template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
+            self._sql_params,
+        )
 
     def _owned(self, rows: QuerySet[M]) -> Q:
         """Of a server or a template one of the viewer's tenants owns: subqueries, not joins, so that

@@ -296,6 +296,26 @@ class HourRollup(RequestTotals):
         return f"{self.server_id}/{self.template_id} {self.hour:%Y-%m-%d %H}h"
 
 
+class ServerRequestHour(RequestTotals):
+    """The hour rollups of one server summed over its templates: what the Fleet page and the fleet's
+    series read for whole hours, a week of a fleet being servers x 168 rows, not x templates too.
+
+    Tenancy (app/core/tenancy.py Viewer.request_hours): these sums serve the servers the viewer's
+    tenants own; the other servers' rows of its templates stay in HourRollup. Recomputed from the
+    hour rollups whenever they are (app/traffic/services/rollups.py).
+    """
+
+    pk = models.CompositePrimaryKey("server", "hour")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="server_request_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.hour:%Y-%m-%d %H}h"
+
+
 class LossTotals(models.Model):
     """Sums of the diagnoses (app/traffic/services/diagnosis.py) over one period per server,
     template, template version and tenant: the funnel's steps and the tokens lost per cause."""
@@ -350,7 +370,14 @@ class LossMinute(LossTotals):
                 nulls_distinct=False,
             ),
         ]
-        indexes = [models.Index(fields=["minute"], name="loss_minute_time")]
+        indexes = [
+            models.Index(fields=["minute"], name="loss_minute_time"),
+            # A tenant's view of the fleet's quarter hours (ServerLossQuarter) reads these few rows
+            # from the minutes: tenant-less ones, of its templates on servers it does not own.
+            models.Index(
+                fields=["template", "minute"], name="loss_minute_untenanted", condition=models.Q(tenant="")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}"
@@ -386,6 +413,46 @@ class LossHour(LossTotals):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
+
+
+class ServerLossHour(LossTotals):
+    """The loss hours of one server and tenant summed over templates and versions: the fleet's lost
+    tokens over a day or a week, a server having one tenant or a few, never x templates x versions.
+
+    Tenancy (Viewer.loss_hours): these sums serve the rows of the viewer's tenants and the tenant-less
+    rows of its servers; tenant-less rows of its templates on other servers stay in LossHour.
+    Recomputed from the loss hours whenever they are.
+    """
+
+    pk = models.CompositePrimaryKey("server", "tenant", "hour")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="server_loss_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
+
+
+class ServerLossQuarter(LossTotals):
+    """The loss minutes of one server and tenant summed per quarter hour: the fleet's and a tenant's
+    lost tokens in buckets of 15 minutes (a day of a fleet is a few rows per server and quarter, not
+    one per server, template, version, tenant and minute). `minute` is the quarter's first.
+
+    Tenancy as ServerLossHour's; the tenant-less rows of a viewer's templates on other servers stay
+    in LossMinute (its index loss_minute_untenanted). Recomputed from the minutes whenever they are.
+    """
+
+    pk = models.CompositePrimaryKey("server", "tenant", "minute")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["minute"], name="server_loss_quarter_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}+15min"
 
 
 class ServerTotals(models.Model):

@@ -17,7 +17,7 @@ from django.db import connection
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
-from app.traffic.models import KVEvent
+from app.traffic.models import KVEvent, RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
@@ -37,6 +37,16 @@ UNITS = {
     "evictions": "blocks", "preemptions": "preemptions", "request_rate": "requests per second",
 }  # fmt: skip
 _QUANTILES = {"ttft_p50": 0.5, "ttft_p90": 0.9, "ttft_p99": 0.99}
+QUARTER_SECONDS = 900  # the grain of ServerLossQuarter
+_LOSS_COLUMNS = ", ".join(
+    [
+        "tenant",
+        "requests",
+        "diagnosed_prompt_tokens",
+        "reused_tokens",
+        *(f"{c.value}_tokens" for c in RequestDiagnosis.Cause),
+    ]
+)
 
 
 def _bin(column: str) -> str:
@@ -171,7 +181,7 @@ def series(query: SeriesQuery, *, viewer: Viewer = SEES_ALL) -> SeriesSet:
         return _lost_tokens(query, table, where, params)
     if query.metric.startswith("ttft_"):
         return _ttft(query, table, where, params)
-    if table in ("traffic_lossminute", "traffic_losshour"):  # a tenant: only the diagnoses carry one
+    if "loss" in _source(table):  # a tenant: only the diagnoses carry one
         columns = {"hit_rate": "sum(reused_tokens)::float8 / nullif(sum(diagnosed_prompt_tokens), 0)",
                    "requests": "sum(requests)"}  # fmt: skip
     else:
@@ -188,6 +198,12 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
     of whole hours), or for a tenant (and for lost tokens, which only the diagnoses have) the loss
     rollups; of the rows the viewer sees."""
     hours = query.bucket % 3600 == 0  # a week of whole hours is 168 rows per group, not 10,080
+    summed = _summed_table(query, hours=hours)
+    if summed:  # the fleet's or a tenant's: from the sums per server (and tenant)
+        table, seen, params = _per_server(summed, viewer)
+        if query.scope == "tenant":
+            return table, f"tenant = %(id)s AND {seen}", {"id": query.id, **params}
+        return table, seen, params
     if query.scope == "tenant" or query.metric == "lost_tokens":
         table = "traffic_losshour" if hours else "traffic_lossminute"
     else:
@@ -200,6 +216,50 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
     if query.scope == "tenant":
         return table, f"tenant = %(id)s AND {seen}", {"id": query.id, **params}
     return table, seen, params
+
+
+def _summed_table(query: SeriesQuery, *, hours: bool) -> str:
+    """The rollup summed per server a fleet's or a tenant's series reads, "" for none: the request
+    hours, the loss hours, or for buckets of quarter hours the loss quarters."""
+    if query.scope not in ("fleet", "tenant"):
+        return ""
+    if query.scope == "tenant" or query.metric == "lost_tokens":
+        quarters = query.bucket % QUARTER_SECONDS == 0
+        return "traffic_serverlosshour" if hours else "traffic_serverlossquarter" if quarters else ""
+    return FLEET_HOURS if hours else ""
+
+
+FLEET_HOURS = "traffic_serverrequesthour"
+# A rollup summed per server (and tenant) and the per-template rollup it sums: the tables, their time
+# column and the columns a series of them reads.
+_PER_SERVER = {
+    FLEET_HOURS: ("traffic_hourrollup", "hour", "requests, cached_tokens, cache_known_prompt_tokens, "
+                                                "client_ttft_buckets, server_ttft_buckets"),
+    "traffic_serverlosshour": ("traffic_losshour", "hour", _LOSS_COLUMNS),
+    "traffic_serverlossquarter": ("traffic_lossminute", "minute", _LOSS_COLUMNS),
+}  # fmt: skip
+
+
+def _per_server(table: str, viewer: Viewer) -> tuple[str, str, dict[str, Any]]:
+    """A rollup summed per server (a week of a fleet is servers x 168 rows, not x templates too), of
+    the rows the viewer sees (Viewer.request_hours_sql, loss_hours_sql): for a viewer of some tenants,
+    its servers' sums and, from the per-template rollup, its templates' rows on other servers, as one
+    table named as the sums."""
+    fine, time, columns = _PER_SERVER[table]
+    conditions = viewer.request_hours_sql() if table == FLEET_HOURS else viewer.loss_hours_sql()
+    per_server, per_template, params = conditions
+    if per_server is None:  # a viewer of no tenant
+        return table, "false", {}
+    if per_template is None:
+        return table, per_server, params
+    union = (f"(SELECT {time}, {columns} FROM {table} WHERE {per_server} UNION ALL "
+             f"SELECT {time}, {columns} FROM {fine} WHERE {per_template}) AS {table}")  # fmt: skip
+    return union, "true", params
+
+
+def _source(table: str) -> str:
+    """The table a series is read from, as the answer names it (a union: by its alias)."""
+    return table.rsplit(" AS ", 1)[-1]
 
 
 def _server_id(ident: str, viewer: Viewer) -> int:
@@ -217,7 +277,14 @@ def _bucketed(
     table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
 ) -> dict[datetime, tuple[Any, ...]]:
     """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
-    time = "hour" if table in ("traffic_hourrollup", "traffic_losshour", "traffic_serverhour") else time
+    hourly = (
+        "traffic_hourrollup",
+        "traffic_losshour",
+        "traffic_serverhour",
+        FLEET_HOURS,
+        "traffic_serverlosshour",
+    )
+    time = "hour" if _source(table) in hourly else time
     sql = f"""
         SELECT {_bin(time)} AS b, {columns}
         FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
@@ -239,7 +306,7 @@ def _on_grid(query: SeriesQuery, found: dict[datetime, Any], empty: float | None
 
 
 def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
-    return SeriesSet(query, UNITS[query.metric], source, bucket_starts(query), found)
+    return SeriesSet(query, UNITS[query.metric], _source(source), bucket_starts(query), found)
 
 
 def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:

@@ -172,7 +172,9 @@ def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, sta
     hour = start.replace(minute=0)
     by_hour = {"since": hour.isoformat(), "until": (hour + timedelta(hours=1)).isoformat(), "bucket": 3600}
     hourly = get(signed_in, metric="lost_tokens", scope="tenant", id="acme", **by_hour)
-    assert hourly["source"] == "traffic_losshour"  # the hour summed from its minutes by the diagnosis task
+    assert (
+        hourly["source"] == "traffic_serverlosshour"
+    )  # the hour summed from its minutes by the diagnosis task
     assert {s["name"]: s["values"] for s in hourly["series"]} == {name: [v[0]] for name, v in lost.items()}
 
 
@@ -197,7 +199,7 @@ def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
         "until": (hour + timedelta(hours=1)).isoformat(),
     }
     found = get(signed_in, **params)
-    assert found["source"] == "traffic_hourrollup"
+    assert found["source"] == "traffic_serverrequesthour"  # the fleet: the hours summed per server
     assert found["series"][0]["values"] == [3500 / 4000]
     assert get(signed_in, **{**params, "metric": "ttft_p50"})["series"][0]["values"] == [0.5]  # 0.3 and 0.9 s
 

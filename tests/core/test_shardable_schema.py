@@ -19,7 +19,10 @@ from app.traffic.models import (
     MinuteRollup,
     ResidentBlock,
     ServerHour,
+    ServerLossHour,
+    ServerLossQuarter,
     ServerMinute,
+    ServerRequestHour,
 )
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +35,9 @@ GROWING_WITH_TRAFFIC = [
     LossHour,
     ServerMinute,
     ServerHour,
+    ServerRequestHour,
+    ServerLossHour,
+    ServerLossQuarter,
     ResidentBlock,
 ]
 

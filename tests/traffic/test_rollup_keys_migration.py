@@ -1,6 +1,7 @@
 """Migration 0018 gives the rollups a primary key that holds the server, keeping the rows a
 database already has (tests/core/test_shardable_schema.py checks the keys themselves)."""
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -19,6 +20,15 @@ BEFORE, AFTER = ("traffic", "0017_server_rollups"), ("traffic", "0018_rollup_key
 def migrate(target: tuple[str, str]) -> None:
     executor = MigrationExecutor(connection)
     executor.migrate([target])
+
+
+@pytest.fixture(autouse=True)
+def latest_after() -> Iterator[None]:
+    """The schema of the latest migrations again afterwards: the tests after this one (the same
+    database) need the tables of the migrations after 0018."""
+    yield
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def insert_old_rows(server_id: int) -> None:

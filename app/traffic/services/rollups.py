@@ -94,6 +94,19 @@ GROUP BY 1, 2, 3
 """
 
 
+# The hours of each server summed over its templates, from the hour rollups just summed: emptied and
+# summed again as they are (ServerRequestHour: what the Fleet page and fleet series read).
+_SERVER_HOUR_DELETE_SQL = "DELETE FROM traffic_serverrequesthour WHERE hour >= %(since)s AND hour < %(until)s"
+SERVER_HOUR_SQL = f"""
+INSERT INTO traffic_serverrequesthour (server_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
+                                       server_ttft_buckets)
+SELECT server_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s
+GROUP BY 1, 2
+"""
+
+
 def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     start = since.replace(minute=0, second=0, microsecond=0)
     end = until.replace(minute=0, second=0, microsecond=0)
@@ -114,6 +127,8 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
         hours = {"since": hours_start, "until": hours_end}
         cursor.execute(_HOUR_DELETE_SQL, hours)
         cursor.execute(HOUR_SQL, hours)
+        cursor.execute(_SERVER_HOUR_DELETE_SQL, hours)
+        cursor.execute(SERVER_HOUR_SQL, hours)
         return written
 
 
@@ -160,6 +175,38 @@ GROUP BY 1, 2, 3, 4, 5
 """
 
 
+# The loss hours of each server and tenant summed over templates and versions (ServerLossHour).
+_SERVER_LOSS_HOUR_DELETE_SQL = (
+    "DELETE FROM traffic_serverlosshour WHERE hour >= %(since)s AND hour < %(until)s"
+)
+SERVER_LOSS_HOUR_SQL = f"""
+INSERT INTO traffic_serverlosshour (server_id, tenant, hour, {", ".join(_LOSS_TOTALS)})
+SELECT server_id, tenant, hour, {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s
+GROUP BY 1, 2, 3
+"""
+
+
+# The loss minutes of each server and tenant summed per quarter hour (ServerLossQuarter): the
+# quarters emptied and summed again from their minutes, as the hours are.
+QUARTER = timedelta(minutes=15)
+_QUARTER_DELETE_SQL = "DELETE FROM traffic_serverlossquarter WHERE minute >= %(since)s AND minute < %(until)s"
+SERVER_LOSS_QUARTER_SQL = f"""
+INSERT INTO traffic_serverlossquarter (server_id, tenant, minute, {", ".join(_LOSS_TOTALS)})
+SELECT server_id, tenant, date_bin('15 minutes', minute, TIMESTAMPTZ '2000-01-01'),
+       {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_lossminute WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3
+"""
+
+
+def whole_quarters(since: datetime, until: datetime) -> tuple[datetime, datetime]:
+    """[since, until) widened to whole quarter hours (:00, :15, :30, :45)."""
+    start = since.replace(minute=since.minute - since.minute % 15, second=0, microsecond=0)
+    end = until.replace(minute=until.minute - until.minute % 15, second=0, microsecond=0)
+    return start, end + QUARTER if until != end else end
+
+
 LOSS_ROLLUP_LOCK = 0x4C4F_5353  # pg_advisory_xact_lock's key for summing loss minutes ("LOSS")
 
 
@@ -178,4 +225,9 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
         hours = {"since": hours_start, "until": hours_end}
         cursor.execute(_LOSS_HOUR_DELETE_SQL, hours)
         cursor.execute(LOSS_HOUR_SQL, hours)
+        cursor.execute(_SERVER_LOSS_HOUR_DELETE_SQL, hours)
+        cursor.execute(SERVER_LOSS_HOUR_SQL, hours)
+        quarters = dict(zip(("since", "until"), whole_quarters(start, end), strict=True))
+        cursor.execute(_QUARTER_DELETE_SQL, quarters)
+        cursor.execute(SERVER_LOSS_QUARTER_SQL, quarters)
         return written

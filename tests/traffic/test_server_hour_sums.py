@@ -1,0 +1,280 @@
+"""The hour rollups summed per server (ServerRequestHour) and per server and tenant (ServerLossHour)
+equal the raw records and diagnoses summed apart, hours cut across; and what the Fleet page and the
+fleet's hourly series read through them is, for every viewer, what the per-template rollups it sees
+(app/core/tenancy.py rollups() and traffic()) sum to."""
+
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db.models import Sum
+
+from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
+from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
+from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.traffic.models import (
+    HourRollup,
+    LossHour,
+    LossMinute,
+    MinuteRollup,
+    RequestDiagnosis,
+    RequestRecord,
+    ServerLossHour,
+    ServerLossQuarter,
+    ServerRequestHour,
+)
+from app.traffic.series import SeriesQuery, series
+from app.traffic.services.partitions import ensure_day_partitions
+from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
+
+pytestmark = pytest.mark.django_db
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+RECORDS = 90  # one every 7 minutes and 13 seconds: 10 h 50 min, every hour cut across
+VIEWERS = {
+    "admin": SEES_ALL,
+    "acme": Viewer(frozenset({"acme"})),
+    "globex and hooli": Viewer(frozenset({"globex", "hooli"})),
+    "nobody": SEES_NOTHING,
+}
+
+
+def _hour(at: datetime) -> datetime:
+    return at.replace(minute=0, second=0, microsecond=0)
+
+
+def _quarter(at: datetime) -> datetime:
+    return at.replace(minute=at.minute - at.minute % 15, second=0, microsecond=0)
+
+
+@pytest.fixture
+def stored() -> list[RequestRecord]:
+    """Records and their diagnoses on servers of acme and globex and a shared one, of templates of
+    acme, globex, shared and none, with tenants acme, globex, hooli and none; rolled up by the
+    product's services (minutes, hours, and the hours' per-server sums)."""
+    servers = [
+        Server.objects.create(
+            name=f"vllm-{tenant or 'shared'}", base_url=f"http://{tenant}:8000", tenant=tenant
+        )
+        for tenant in ("acme", "globex", "")
+    ]
+    templates: list[Template | None] = [
+        Template.objects.create(name=f"tpl-{tenant or 'shared'}", tenant=tenant)
+        for tenant in ("acme", "globex", "")
+    ]
+    templates.append(None)
+    tenants = ("acme", "globex", "hooli", "")
+    records, diagnoses = [], []
+    for n in range(RECORDS):
+        at = START + n * timedelta(minutes=7, seconds=13)
+        server, template, tenant = servers[n % 3], templates[n % 4], tenants[n // 5 % 4]
+        key = {
+            "server": server,
+            "request_id": f"r{n}",
+            "arrived_at": at,
+            "tenant": tenant,
+            "template": template,
+        }
+        records.append(RequestRecord(
+            **key, source="rest", prompt_tokens=1000 + n, cached_tokens=None if n % 11 == 0 else 10 * n,
+            client_ttft_seconds=0.01 * n, server_ttft_seconds=0.005 * n,
+        ))  # fmt: skip
+        diagnoses.append(RequestDiagnosis(
+            **key, diagnosed_at=at, prompt_tokens=1000 + n, reused_tokens=10 * n, evicted_tokens=n,
+            salt_tokens=2 * (n % 5), unexpected_hit=n % 13 == 0,
+        ))  # fmt: skip
+    ensure_day_partitions(RequestRecord, [r.arrived_at for r in records])
+    ensure_day_partitions(RequestDiagnosis, [r.arrived_at for r in records])
+    RequestRecord.objects.bulk_create(records)
+    RequestDiagnosis.objects.bulk_create(diagnoses)
+    end = START + timedelta(hours=12)
+    refresh_minute_rollups(since=START, until=end)
+    refresh_loss_minutes(since=START, until=end)
+    # Among them, what only the per-template rollups tell a tenant: acme's template on the shared
+    # server, without a tenant, in a whole hour.
+    assert LossHour.objects.filter(tenant="", template__tenant="acme", server__tenant="").exists()
+    return records
+
+
+def test_the_per_server_hours_equal_the_records_and_diagnoses_summed_apart(
+    stored: list[RequestRecord],
+) -> None:
+    expected: dict[tuple[int, datetime], dict[str, Any]] = defaultdict(lambda: defaultdict(int))
+    for r in stored:
+        hour = expected[(r.server_id, _hour(r.arrived_at))]
+        hour["requests"] += 1
+        hour["prompt_tokens"] += r.prompt_tokens or 0
+        hour["cached_tokens"] += r.cached_tokens or 0
+        hour["cache_known_prompt_tokens"] += r.prompt_tokens if r.cached_tokens is not None else 0
+        hour["client_ttft_count"] += 1
+        hour["under_100ms"] += (r.client_ttft_seconds or 0) <= 0.1
+    found = {(h.server_id, h.hour): h for h in ServerRequestHour.objects.all()}
+    assert set(found) == set(expected) and len(found) > 3 * 9  # every server in every hour touched
+    for key, sums in expected.items():
+        row = found[key]
+        assert {name: getattr(row, name) for name in sums if name != "under_100ms"} == {
+            name: value for name, value in sums.items() if name != "under_100ms"
+        }
+        assert row.client_ttft_buckets[TTFT_BUCKETS_SECONDS.index(0.1)] == sums["under_100ms"]
+        assert row.client_ttft_buckets[-1] == sums["client_ttft_count"]
+
+    lost: dict[tuple[int, str, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for d in RequestDiagnosis.objects.all():
+        losses = lost[(d.server_id, d.tenant, _hour(d.arrived_at))]
+        for name in ("prompt_tokens", "reused_tokens", "evicted_tokens", "salt_tokens"):
+            losses[name] += getattr(d, name)
+        losses["requests"] += 1
+        losses["unexpected_hits"] += d.unexpected_hit
+    summed = {(h.server_id, h.tenant, h.hour): h for h in ServerLossHour.objects.all()}
+    assert set(summed) == set(lost)
+    for at, sums in lost.items():
+        assert {name: getattr(summed[at], name) for name in sums} == sums
+
+    quarters: dict[tuple[int, str, datetime], int] = defaultdict(int)
+    for d in RequestDiagnosis.objects.all():
+        quarters[(d.server_id, d.tenant, _quarter(d.arrived_at))] += d.evicted_tokens
+    found_quarters = {
+        (q.server_id, q.tenant, q.minute): q.evicted_tokens for q in ServerLossQuarter.objects.all()
+    }
+    assert found_quarters == quarters
+
+
+def test_the_per_server_hours_follow_a_late_record_into_an_hour_already_summed(
+    stored: list[RequestRecord],
+) -> None:
+    late = stored[4].arrived_at + timedelta(seconds=1)
+    server = stored[4].server
+    before = ServerRequestHour.objects.get(server=server, hour=_hour(late)).requests
+    RequestRecord.objects.create(
+        server=server, request_id="late", arrived_at=late, source="rest", prompt_tokens=5
+    )
+    refresh_minute_rollups(since=late, until=late)  # that minute alone, as the task's window would
+    assert ServerRequestHour.objects.get(server=server, hour=_hour(late)).requests == before + 1
+
+
+def _seen_sums(rows: Any, viewer: Viewer, *, loss: bool, by: str, sums: dict[str, Any]) -> dict[Any, Any]:
+    seen = viewer.traffic(rows) if loss else viewer.rollups(rows)
+    if not by:
+        return {"": seen.aggregate(**sums)}
+    return {row[by]: {name: row[name] for name in sums} for row in seen.values(by).annotate(**sums)}
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+@pytest.mark.parametrize("by", ["server_id", ""])
+def test_the_fleet_pages_sums_are_the_rollups_the_viewer_sees(
+    stored: list[RequestRecord], viewer: Viewer, by: str
+) -> None:
+    """A window of whole hours and minutes at both edges: the sums the Fleet page reads (per server
+    and in total) equal the per-template minute and hour rows the viewer sees, summed apart."""
+    since, until = START + timedelta(minutes=23), START + timedelta(hours=9, minutes=41)
+    servers = viewer.servers(Server.objects.all())
+    for rollups, loss, sums in (
+        (REQUEST_ROLLUPS, False, {"requests": Sum("requests"), "cached": Sum("cached_tokens")}),
+        (LOSS_ROLLUPS, True, {"evicted": Sum("evicted_tokens"), "salt": Sum("salt_tokens")}),
+    ):
+        found = window_sums(rollups, servers, since=since, until=until, sums=sums, by=by, viewer=viewer)
+        minute, hour = (LossMinute, LossHour) if loss else (MinuteRollup, HourRollup)
+        parts = [
+            minute.objects.filter(minute__gte=since, minute__lt=START + timedelta(hours=1)),
+            hour.objects.filter(hour__gte=START + timedelta(hours=1), hour__lt=START + timedelta(hours=9)),
+            minute.objects.filter(minute__gte=START + timedelta(hours=9), minute__lt=until),
+        ]
+        expected: dict[Any, dict[str, int]] = {}
+        for part in parts:
+            for key, values in _seen_sums(
+                part.filter(server__in=servers), viewer, loss=loss, by=by, sums=sums
+            ).items():
+                for name, value in values.items():
+                    total = expected.setdefault(key, dict.fromkeys(sums, 0))
+                    total[name] += value or 0
+        assert {k: {n: v or 0 for n, v in values.items()} for k, values in found.items()} == expected
+    if viewer is SEES_ALL:  # the rows cut across: the shared server's of tenants' templates too
+        assert len(found) in (1, 3)
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+@pytest.mark.parametrize("metric", ["requests", "hit_rate", "ttft_p50"])
+def test_the_fleets_hourly_series_are_the_hour_rollups_the_viewer_sees(
+    stored: list[RequestRecord], viewer: Viewer, metric: str
+) -> None:
+    query = SeriesQuery(metric, "fleet", "", START, START + timedelta(hours=12), 3600)
+    found = series(query, viewer=viewer)
+    assert found.source == "traffic_serverrequesthour"
+    seen = viewer.rollups(HourRollup.objects.all())
+    expected = []
+    for at in found.times:
+        rows = list(seen.filter(hour=at))
+        requests = sum(r.requests for r in rows)
+        known = sum(r.cache_known_prompt_tokens for r in rows)
+        counts = [sum(r.client_ttft_buckets[i] for r in rows) for i in range(len(TTFT_BUCKETS_SECONDS) + 1)]
+        expected.append(
+            float(requests) if metric == "requests"
+            else (sum(r.cached_tokens for r in rows) / known if known else None) if metric == "hit_rate"
+            else histogram_quantile(0.5, TTFT_BUCKETS_SECONDS, counts) if rows else None
+        )  # fmt: skip
+    assert found.series[0].values == pytest.approx(expected)
+    if viewer is not SEES_NOTHING and metric == "requests":
+        assert sum(value or 0 for value in expected) > 0
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+@pytest.mark.parametrize(
+    ("bucket", "source"), [(900, "traffic_serverlossquarter"), (3600, "traffic_serverlosshour")]
+)
+@pytest.mark.parametrize("scope", ["fleet", "tenant"])
+def test_lost_tokens_by_quarter_hour_and_hour_are_the_loss_minutes_the_viewer_sees(
+    stored: list[RequestRecord], viewer: Viewer, bucket: int, source: str, scope: str
+) -> None:
+    """The fleet's and a tenant's lost tokens (and a tenant's hit rate) per 15 minutes and per hour,
+    read from the sums per server and tenant, equal the per-template minutes the viewer sees."""
+    for ident in [""] if scope == "fleet" else ["acme", "globex", "hooli"]:
+        query = SeriesQuery("lost_tokens", scope, ident, START, START + timedelta(hours=12), bucket)
+        found = series(query, viewer=viewer)
+        assert found.source == source
+        seen = viewer.traffic(LossMinute.objects.all()).filter(**({"tenant": ident} if ident else {}))
+        per_bucket: dict[datetime, list[int]] = defaultdict(lambda: [0, 0, 0])
+        for row in seen:
+            start = START + (row.minute - START) // timedelta(seconds=bucket) * timedelta(seconds=bucket)
+            sums = per_bucket[start]
+            sums[0] += row.evicted_tokens
+            sums[1] += row.reused_tokens
+            sums[2] += row.diagnosed_prompt_tokens
+        evicted = {s.name: s.values for s in found.series}.get("evicted", [0.0] * len(found.times))
+        assert evicted == [float(per_bucket[at][0]) for at in found.times]
+        if ident:
+            rate = series(SeriesQuery("hit_rate", scope, ident, START, query.until, bucket), viewer=viewer)
+            assert rate.source == source
+            expected = [
+                per_bucket[at][1] / per_bucket[at][2] if per_bucket[at][2] else None for at in rate.times
+            ]
+            assert rate.series[0].values == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+def test_the_cards_windows_read_at_once_are_each_window_read_alone(
+    stored: list[RequestRecord], viewer: Viewer
+) -> None:
+    """The Fleet page's cards read several windows in one query a table (windows_totals): each
+    window's totals are window_sums' of it alone, windows of minutes, of whole hours and of both."""
+    end = START + timedelta(hours=9, minutes=41, seconds=12)
+    hour = timedelta(hours=1)
+    windows = [
+        (end - timedelta(minutes=4), end), (end - hour, end), (START + timedelta(minutes=7), end),
+        (START + hour, START + 8 * hour), (START + timedelta(minutes=30), START + hour),
+    ]  # fmt: skip
+    servers = viewer.servers(Server.objects.all())
+    for rollups, sums in (
+        (REQUEST_ROLLUPS, {"cached": Sum("cached_tokens"), "known": Sum("cache_known_prompt_tokens")}),
+        (LOSS_ROLLUPS, {"evicted": Sum("evicted_tokens")}),
+        (SERVER_ROLLUPS, {"scrapes": Sum("scrapes")}),
+    ):
+        alone = [
+            window_sums(rollups, servers, since=since, until=until, sums=sums, by="", viewer=viewer)[""]
+            for since, until in windows
+        ]
+        assert windows_totals(rollups, servers, windows, sums=sums, viewer=viewer) == alone
+        if viewer is SEES_ALL and rollups is REQUEST_ROLLUPS:
+            assert len({total["cached"] for total in alone}) == len(windows)  # windows told apart
