@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ('fleet', '0003_served_models'),
         ('prompts', '0006_template_regression_min_drop'),
-        ('traffic', '0020_server_hour_sums'),
+        ('traffic', '0021_server_hour_sums'),
     ]
 
     operations = [

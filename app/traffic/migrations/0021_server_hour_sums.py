@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0003_served_models'),
-        ('traffic', '0019_template_hour_indexes'),
+        ('traffic', '0020_collector_process_per_process'),
     ]
 
     operations = [
