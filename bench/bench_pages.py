@@ -113,7 +113,7 @@ def load(args: argparse.Namespace) -> pages_load.Fleet:
         "KV events": pages_load.load_kv_events(fleet, args.kv_events),
     }
     rollup_seconds = pages_load.compute_rollups(fleet)
-    if any(rate == rate for rate in rates.values()):  # something was loaded now: fresh statistics
+    if any(rate == rate for rate in [*rates.values(), rollup_seconds]):  # loaded now: fresh statistics
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE")
     for name, rate in rates.items():

@@ -498,16 +498,20 @@ ON CONFLICT (server_id, minute) DO UPDATE SET
 
 
 def compute_rollups(fleet: Fleet) -> float:
-    """The request and loss rollups by the product's services, a day at a time; the server minutes
-    from the request rollups, their hours by the product's service. Seconds it took."""
+    """The request and loss rollups by the product's services, an hour at a time, oldest first; the
+    server minutes from the request rollups, their hours by the product's service. Seconds it took.
+
+    An hour at a time, not a day: the product refreshes the last minutes as they pass, so a minute's
+    rows lie together on disk. Summed a day at a time, each minute's rows were spread over the day's
+    pages (in group order), and a 1-hour read of the minute rollups read a page per row (30,000)."""
     found = marker("rollups")
     if found is not None and found[3]:
         return float("nan")
     started = time.perf_counter()
-    for day in range(fleet.days, -1, -1):
-        since = fleet.anchor - timedelta(days=day + 1)
-        refresh_minute_rollups(since=since, until=since + timedelta(days=1))
-        refresh_loss_minutes(since=since, until=since + timedelta(days=1))
+    for hour in range((fleet.days + 1) * 24, 0, -1):
+        since = fleet.anchor - timedelta(hours=hour)
+        refresh_minute_rollups(since=since, until=since + timedelta(hours=1))
+        refresh_loss_minutes(since=since, until=since + timedelta(hours=1))
     week = {
         "since": fleet.anchor - timedelta(days=fleet.days + 1),
         "until": fleet.anchor + timedelta(hours=1),
