@@ -56,6 +56,23 @@ CAUSE_WEIGHTS = (0.35, 0.3, 0.15, 0.15, 0.05)
 _MARKER_SQL = """CREATE TABLE IF NOT EXISTS bench_pages_loaded (
     phase text PRIMARY KEY, done bigint NOT NULL, total bigint NOT NULL, anchor timestamptz NOT NULL,
     finished boolean NOT NULL DEFAULT false)"""
+# The keys, indexes and foreign keys of a table being loaded, dropped until its last chunk is in.
+_SET_ASIDE_SQL = """CREATE TABLE IF NOT EXISTS bench_pages_set_aside (
+    name text PRIMARY KEY, tbl text NOT NULL, position int NOT NULL, restore text NOT NULL,
+    drop text NOT NULL)"""
+# A table's own (not its partitions') keys and foreign keys, then its other indexes, as the
+# statements that make them again; foreign keys are dropped first and made last.
+_DEFINITIONS_SQL = """
+SELECT conname, CASE contype WHEN 'f' THEN 2 ELSE 0 END,
+       format('ALTER TABLE %%I ADD CONSTRAINT %%I %%s', %(table)s, conname, pg_get_constraintdef(oid)),
+       format('ALTER TABLE %%I DROP CONSTRAINT %%I', %(table)s, conname)
+FROM pg_constraint WHERE conrelid = %(table)s::regclass AND contype IN ('p', 'u', 'f')
+UNION ALL
+SELECT i.indexrelid::regclass::text, 1, replace(pg_get_indexdef(i.indexrelid), ' ON ONLY ', ' ON '),
+       format('DROP INDEX %%s', i.indexrelid::regclass)
+FROM pg_index i WHERE i.indrelid = %(table)s::regclass
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.conrelid = i.indrelid)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,18 +299,75 @@ def diagnosis_rows(fleet: Fleet, chunk: Chunk) -> Iterator[tuple[Any, ...]]:
             reused if cause == "prompt_changed" else None, False, prompt,
             prompt - (lost if cause == "cold" else 0), anywhere,
             reused + (lost if cause == "unexplained" else 0), reused, *lost_by.values(),
-            Jsonb([{"cause": cause, "first_token": reused, "tokens": lost}] if cause else []),
+            Jsonb([_loss(fleet, chunk, i, cause, arrived)] if cause else []),
         )  # fmt: skip
 
 
-def _copy_chunks(phase: str, total_rows: int, chunk_rows: int, anchor: datetime,
+def _loss(fleet: Fleet, chunk: Chunk, i: int, cause: str, arrived: datetime) -> dict[str, object]:
+    """The diagnosis' one loss as the product stores it (diagnosis._loss_json): a routed-elsewhere
+    loss names the next server, which held the prompt's cached and lost tokens; an eviction names
+    the record's own server and when the blocks were stored and removed there."""
+    reused = int(chunk.cached[i])
+    lost = (int(chunk.prompt[i]) // BLOCK) * BLOCK - reused
+    found: dict[str, object] = {"cause": cause, "first_token": reused, "tokens": lost}
+    if cause == "routed_elsewhere":
+        other = (int(chunk.server[i]) + 1) % len(fleet.server_ids)
+        found |= {"server_id": int(fleet.server_ids[other]), "server_tokens": reused + lost}
+    elif cause == "evicted":
+        found |= {"server_id": int(fleet.server_ids[chunk.server[i]]),
+                  "stored_at": (arrived - timedelta(minutes=20)).isoformat(),
+                  "removed_at": (arrived - timedelta(minutes=2)).isoformat()}  # fmt: skip
+    return found
+
+
+def set_aside(table: str) -> None:
+    """Drop the table's keys, indexes and foreign keys for its load (COPY then only appends; kept
+    up row by row, a random B-tree like kv_event_server_hash made the KV events' COPY I/O-bound at
+    ~40,000 rows/s), their statements kept in bench_pages_set_aside, so a load stopped mid-way still
+    finds them; `restore` makes them again, each built once by a sort."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_SET_ASIDE_SQL)
+        cursor.execute(_DEFINITIONS_SQL, {"table": table})
+        found = cursor.fetchall()
+        for name, position, restore_sql, drop_sql in found:
+            cursor.execute(
+                "INSERT INTO bench_pages_set_aside VALUES (%s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
+                [name, table, position, restore_sql, drop_sql],
+            )
+        for _name, _position, _restore, drop_sql in sorted(found, key=lambda row: -row[1]):
+            cursor.execute(drop_sql)
+
+
+def restore(table: str) -> float:
+    """Make the set-aside keys, indexes and foreign keys of the table again (each in its own
+    transaction, a stopped restore resumes); seconds it took."""
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute(_SET_ASIDE_SQL)
+        cursor.execute(
+            "SELECT name, restore FROM bench_pages_set_aside WHERE tbl = %s ORDER BY position, name", [table]
+        )
+        found = cursor.fetchall()
+    for name, restore_sql in found:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL maintenance_work_mem = '1GB'")
+            cursor.execute(restore_sql)
+            cursor.execute("DELETE FROM bench_pages_set_aside WHERE name = %s", [name])
+        print(f"  {table}: {name} made again, {time.perf_counter() - started:,.0f} s", flush=True)
+    return time.perf_counter() - started
+
+
+def _copy_chunks(phase: str, table: str, total_rows: int, chunk_rows: int, anchor: datetime,
                  copy_one: Callable[[int], None]) -> float:  # fmt: skip
-    """COPY the chunks not yet recorded, each committed with its marker; rows per second."""
+    """COPY the chunks not yet recorded, each committed with its marker, the table's indexes set
+    aside meanwhile; rows per second (the indexes' build included)."""
     chunks = -(-total_rows // chunk_rows)
     found = marker(phase)
     if found is not None and found[3]:
+        restore(table)  # a load stopped while they were being made
         return float("nan")
     start = found[0] if found is not None else 0
+    set_aside(table)
     started, copied = time.perf_counter(), 0
     for number in range(start, chunks):
         with transaction.atomic():
@@ -306,6 +380,7 @@ def _copy_chunks(phase: str, total_rows: int, chunk_rows: int, anchor: datetime,
             rate = copied / (time.perf_counter() - started)
             print(f"  {phase}: chunk {number + 1}/{chunks}, {rate:,.0f} rows/s", flush=True)
     _mark(phase, chunks, chunks, anchor, finished=True)
+    restore(table)
     return copied / max(time.perf_counter() - started, 1e-9)
 
 
@@ -328,7 +403,7 @@ def load_records(fleet: Fleet, total: int) -> float:
         ):
             write_rows(copy, record_rows(fleet, chunk), columns=RecordRow._fields, types=TABLE_TYPES)
 
-    return _copy_chunks("records", total, RECORD_CHUNK, fleet.anchor, copy_one)
+    return _copy_chunks("records", "traffic_requestrecord", total, RECORD_CHUNK, fleet.anchor, copy_one)
 
 
 def load_diagnoses(fleet: Fleet, total: int) -> float:
@@ -344,7 +419,7 @@ def load_diagnoses(fleet: Fleet, total: int) -> float:
         ):
             write_rows(copy, diagnosis_rows(fleet, chunk), columns=_DIAGNOSIS_COLUMNS, types=_DIAGNOSIS_TYPES)
 
-    return _copy_chunks("diagnoses", total, RECORD_CHUNK, fleet.anchor, copy_one)
+    return _copy_chunks("diagnoses", "traffic_requestdiagnosis", total, RECORD_CHUNK, fleet.anchor, copy_one)
 
 
 _KV_COLUMNS = ("server_id", "dp_rank", "epoch", "seq", "event_index", "block_index", "emitted_at",
@@ -404,7 +479,7 @@ def load_kv_events(fleet: Fleet, total: int) -> float:
         with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
             copy.write(stream)
 
-    return _copy_chunks("kv_events", total, KV_CHUNK, fleet.anchor, copy_one)
+    return _copy_chunks("kv_events", "traffic_kvevent", total, KV_CHUNK, fleet.anchor, copy_one)
 
 
 # A server's own readings per minute, from its request rollups (there are no scrapes to pull them
@@ -423,16 +498,20 @@ ON CONFLICT (server_id, minute) DO UPDATE SET
 
 
 def compute_rollups(fleet: Fleet) -> float:
-    """The request and loss rollups by the product's services, a day at a time; the server minutes
-    from the request rollups, their hours by the product's service. Seconds it took."""
+    """The request and loss rollups by the product's services, an hour at a time, oldest first; the
+    server minutes from the request rollups, their hours by the product's service. Seconds it took.
+
+    An hour at a time, not a day: the product refreshes the last minutes as they pass, so a minute's
+    rows lie together on disk. Summed a day at a time, each minute's rows were spread over the day's
+    pages (in group order), and a 1-hour read of the minute rollups read a page per row (30,000)."""
     found = marker("rollups")
     if found is not None and found[3]:
         return float("nan")
     started = time.perf_counter()
-    for day in range(fleet.days, -1, -1):
-        since = fleet.anchor - timedelta(days=day + 1)
-        refresh_minute_rollups(since=since, until=since + timedelta(days=1))
-        refresh_loss_minutes(since=since, until=since + timedelta(days=1))
+    for hour in range((fleet.days + 1) * 24, 0, -1):
+        since = fleet.anchor - timedelta(hours=hour)
+        refresh_minute_rollups(since=since, until=since + timedelta(hours=1))
+        refresh_loss_minutes(since=since, until=since + timedelta(hours=1))
     week = {
         "since": fleet.anchor - timedelta(days=fleet.days + 1),
         "until": fleet.anchor + timedelta(hours=1),
