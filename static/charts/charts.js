@@ -158,7 +158,13 @@
   }
 
   function drawAll() {
-    document.querySelectorAll("figure[data-chart]").forEach((figure) => load(figure).then((data) => draw(figure, data)));
+    drawIn(document);
+  }
+
+  function drawIn(root) {
+    const figures = [...root.querySelectorAll("figure[data-chart]")];
+    if (root.matches && root.matches("figure[data-chart]")) figures.push(root);
+    figures.forEach((figure) => load(figure).then((data) => draw(figure, data)));
   }
 
   let resizing;
@@ -167,7 +173,9 @@
     resizing = setTimeout(drawAll, 150);
   });
   dark.addEventListener("change", drawAll);
-  document.addEventListener("htmx:afterSettle", drawAll);
+  // Only the charts an htmx swap brought: redrawing the others would remake their version markers
+  // under a keyboard's focus (a fragment settling late took the focus from a marker about to be opened).
+  document.addEventListener("htmx:afterSettle", (event) => drawIn(event.target));
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", drawAll);
   else drawAll();
 })();
