@@ -28,7 +28,7 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard import template_selectors as selectors
 from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
 from app.dashboard.sparks import spark
-from app.dashboard.template_selectors import Effect, LiveVersion, TemplateRequests, Totals
+from app.dashboard.template_selectors import Effect, ListSums, LiveVersion, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
@@ -83,12 +83,12 @@ def _sort_key(key: str) -> Any:
     return values[key]
 
 
-def template_rows(window: Window, *, sort: str, viewer: Viewer = SEES_ALL) -> list[TemplateRow]:
-    """Every template with its figures over the window and the one before, sorted by `sort`
+def template_rows(
+    window: Window, sums: ListSums, *, sort: str, viewer: Viewer = SEES_ALL
+) -> list[TemplateRow]:
+    """Every template with its figures over the window and the one before (`sums`), sorted by `sort`
     (a field of SORTS, "-" first for descending); templates without a figure last."""
-    length = window.until - window.since
-    now = selectors.totals_by_template(since=window.since, until=window.until, viewer=viewer)
-    before = selectors.totals_by_template(since=window.since - length, until=window.since, viewer=viewer)
+    now, before = sums.now, sums.before
     lost = selectors.lost_by_template(since=window.since, until=window.until, viewer=viewer)
     regressions = selectors.open_regressions_by_template(viewer=viewer)
     rows = [
@@ -112,10 +112,8 @@ def template_list(request: HtmxHttpRequest) -> HttpResponse:
         return _trend_numbers(request, window, viewer)
     sort = request.GET.get("sort", "-lost")
     sort = sort if sort.lstrip("-") in SORTS else "-lost"
-    rows = template_rows(window, sort=sort, viewer=viewer)
-    trends = selectors.hit_rate_trends(
-        since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
-    )
+    sums = selectors.list_sums(since=window.since, until=window.until, bucket=window.bucket, viewer=viewer)
+    rows, trends = template_rows(window, sums, sort=sort, viewer=viewer), sums.trends
     times = _bucket_starts(window)
     query = urlencode(window.params())
     headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))

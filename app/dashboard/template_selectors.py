@@ -315,3 +315,50 @@ def template_losses(
         cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until, "bucket": bucket})
         rows = cursor.fetchall()
     return {start: dict(zip(causes, (int(v) for v in values), strict=True)) for start, *values in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class ListSums:
+    """What the Templates list reads of the request rollups, per template: its totals over the window
+    and over the one of the same length just before it, and its hit rate per bucket of the window."""
+
+    now: dict[int, Totals]
+    before: dict[int, Totals]
+    trends: dict[int, list[float | None]]  # as hit_rate_trends
+
+
+def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL) -> ListSums:
+    """One read of the request rollups over both windows (of the hour rollups when both ends are whole
+    hours), grouped by template and, for the window's rows, by bucket too (GROUPING SETS): the same
+    sums as totals_by_template over each window and hit_rate_trends, in one pass over the rows."""
+    before = since - (until - since)
+    table, time = (
+        ("traffic_hourrollup", "hour") if _whole_hours(since, until) else ("traffic_minuterollup", "minute")
+    )
+    seen, params = viewer.rollups_sql()
+    now_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} >= %(since)s), 0)" for name in _TOTALS)
+    before_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} < %(since)s), 0)" for name in _TOTALS)
+    sql = f"""
+        SELECT grouping(b), template_id, b, {now_sums}, {before_sums}
+        FROM (SELECT CASE WHEN {time} >= %(since)s THEN {_BIN.format(time)} END AS b, * FROM {table}
+              WHERE template_id IS NOT NULL AND {seen}
+                AND {time} >= %(before)s AND {time} < %(until)s) AS rows
+        GROUP BY GROUPING SETS ((template_id, b), (template_id))
+    """
+    window: dict[str, Any] = {"since": since, "until": until, "before": before, "bucket": bucket}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, **window})
+        rows = cursor.fetchall()
+    width, count = len(_TOTALS), int((until - since).total_seconds()) // bucket
+    found = ListSums({}, {}, {})
+    for per_template, template_id, start, *sums in rows:
+        now = Totals(*(int(v) for v in sums[:width]))
+        if per_template:  # zeros for a template of no row in one window, as a template absent there
+            found.now[template_id] = now
+            found.before[template_id] = Totals(*(int(v) for v in sums[width:]))
+        elif start is not None and now.cache_known_prompt_tokens:
+            index = int((start - since).total_seconds()) // bucket
+            if 0 <= index < count:
+                trend = found.trends.setdefault(template_id, [None] * count)
+                trend[index] = now.cached_tokens / now.cache_known_prompt_tokens
+    return found
