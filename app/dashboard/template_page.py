@@ -28,16 +28,18 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard import template_selectors as selectors
 from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
 from app.dashboard.sparks import spark
-from app.dashboard.template_selectors import Effect, LiveVersion, Totals
+from app.dashboard.template_selectors import Effect, ListSums, LiveVersion, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
+from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
-from app.domain.prefill import prefill_tokens_per_second
+from app.domain.prefill import PrefillSums, prefill_tokens_per_second
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
 from app.regressions.evidence import diff_rows
 from app.traffic import series as traffic_series
 from app.traffic.models import RequestDiagnosis
+from app.traffic.selectors import LOST_COLUMNS
 from app.traffic.series import Series, SeriesQuery
 
 SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
@@ -81,12 +83,12 @@ def _sort_key(key: str) -> Any:
     return values[key]
 
 
-def template_rows(window: Window, *, sort: str, viewer: Viewer = SEES_ALL) -> list[TemplateRow]:
-    """Every template with its figures over the window and the one before, sorted by `sort`
+def template_rows(
+    window: Window, sums: ListSums, *, sort: str, viewer: Viewer = SEES_ALL
+) -> list[TemplateRow]:
+    """Every template with its figures over the window and the one before (`sums`), sorted by `sort`
     (a field of SORTS, "-" first for descending); templates without a figure last."""
-    length = window.until - window.since
-    now = selectors.totals_by_template(since=window.since, until=window.until, viewer=viewer)
-    before = selectors.totals_by_template(since=window.since - length, until=window.since, viewer=viewer)
+    now, before = sums.now, sums.before
     lost = selectors.lost_by_template(since=window.since, until=window.until, viewer=viewer)
     regressions = selectors.open_regressions_by_template(viewer=viewer)
     rows = [
@@ -110,10 +112,8 @@ def template_list(request: HtmxHttpRequest) -> HttpResponse:
         return _trend_numbers(request, window, viewer)
     sort = request.GET.get("sort", "-lost")
     sort = sort if sort.lstrip("-") in SORTS else "-lost"
-    rows = template_rows(window, sort=sort, viewer=viewer)
-    trends = selectors.hit_rate_trends(
-        since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
-    )
+    sums = selectors.list_sums(since=window.since, until=window.until, bucket=window.bucket, viewer=viewer)
+    rows, trends = template_rows(window, sums, sort=sort, viewer=viewer), sums.trends
     times = _bucket_starts(window)
     query = urlencode(window.params())
     headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))
@@ -190,7 +190,8 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     window = picked_window(request.GET, now=now)
     query = urlencode(window.params())
     versions = selectors.live_versions(template.pk)
-    charts = template_charts(template, window, versions, query=query, viewer=viewer)
+    reads = _reads(template.pk, window, viewer)
+    charts = template_charts(template, window, versions, reads, query=query)
     if request.GET.get("format") == "csv":
         return _chart_csv(template, charts, request.GET.get("chart", ""))
     picked = _version_panel(
@@ -200,52 +201,97 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
                "query": query, "versions": versions, "version": picked}  # fmt: skip
     if request.htmx and request.htmx.target == "version-panel":
         return render(request, "dashboard/template.html#version-panel", context)
-    totals = selectors.template_totals(
-        template_id=template.pk, since=window.since, until=window.until, viewer=viewer
-    )
-    lost = selectors.lost_by_template(
-        since=window.since, until=window.until, template_id=template.pk, viewer=viewer
-    )
-    lost_here = lost.get(template.pk, {})
+    totals, lost_here, cost, memory = _figures(template.pk, window, reads, viewer)
     context |= {"totals": totals, "hit_rate": _percent(totals.hit_rate), "lost": _lost_rows(lost_here),
-                "lost_total": sum(lost_here.values()),
-                "cost": template_cost(template.pk, window, lost_here, viewer=viewer),
-                "memory": prefix_memory(template.pk, window, viewer=viewer),
+                "lost_total": sum(lost_here.values()), "cost": cost, "memory": memory,
                 "families": list(selectors.families_of(template.pk, viewer=viewer)[:50]),
                 "regressions": list(selectors.regressions_of(template.pk, viewer=viewer)),
                 **_killers(request, template, now=now, viewer=viewer)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 
 
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """The template's rollups over a window, each table read once (template_selectors)."""
+
+    requests: TemplateRequests
+    losses: dict[datetime | None, dict[str, int]]  # per bucket start, and at None in all
+
+
+def _reads(template_id: int, window: Window, viewer: Viewer) -> Reads:
+    asked: dict[str, Any] = {"template_id": template_id, "since": window.since, "until": window.until,
+             "bucket": window.bucket, "viewer": viewer}  # fmt: skip
+    return Reads(selectors.template_requests(ttft=window.ttft, **asked), selectors.template_losses(**asked))
+
+
+def _figures(
+    template_id: int, window: Window, reads: Reads, viewer: Viewer
+) -> tuple[Totals, dict[str, int], "Cost", list["MemoryRow"]]:
+    """Its totals, lost tokens per cause, cost and prefix memory over the window: from the charts'
+    reads when they read the table these read (hours when both ends are whole hours, else minutes),
+    else read again."""
+    hours = all(at.minute == at.second == at.microsecond == 0 for at in (window.since, window.until))
+    if hours == (window.bucket % 3600 == 0):
+        found = reads.requests
+        lost = reads.losses.get(None, {})
+        return (found.totals, lost, template_cost(window, lost, found.prefill),
+                prefix_memory(found.servers))  # fmt: skip
+    span: dict[str, Any] = {"since": window.since, "until": window.until, "viewer": viewer}
+    totals = selectors.template_totals(template_id=template_id, **span)
+    lost = selectors.lost_by_template(template_id=template_id, **span).get(template_id, {})
+    prefill = selectors.prefill_sums(template_id=template_id, **span)
+    servers = selectors.totals_by_server(template_id=template_id, **span)
+    return totals, lost, template_cost(window, lost, prefill), prefix_memory(servers)
+
+
 def template_charts(
-    template: Template, window: Window, versions: list[LiveVersion], *, query: str, viewer: Viewer = SEES_ALL
+    template: Template, window: Window, versions: list[LiveVersion], reads: Reads, *, query: str
 ) -> list[MarkedChart]:
-    """Hit rate, TTFT, lost tokens by cause and requests, read as the series API reads a template."""
+    """Hit rate, TTFT, lost tokens by cause and requests, as the series API reads a template
+    (app/traffic/series.py), drawn from one read of each rollup."""
+    times = traffic_series.bucket_starts(
+        SeriesQuery("requests", "template", "", window.since, window.until, window.bucket)
+    )
+    buckets = reads.requests.buckets
 
-    def read(metric: str) -> list[Series]:
-        asked = SeriesQuery(metric, "template", str(template.pk), window.since, window.until, window.bucket,
-                            window.ttft)  # fmt: skip
-        return traffic_series.series(asked, viewer=viewer).series
+    def line(value: Any, empty: float | None) -> list[float | None]:
+        found = [buckets.get(at) for at in times]
+        return [empty if sums is None else value(sums) for sums in found]
 
-    ttft = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
+    def ttft(metric: str, q: float) -> Series:
+        values = line(lambda b: histogram_quantile(q, TTFT_BUCKETS_SECONDS, b.ttft_counts), None)
+        return Series(f"{metric} ({window.ttft})", [None if v is None else float(v) for v in values])
+
+    hit_rate = line(lambda b: b.cached_tokens / b.cache_known_prompt_tokens
+                    if b.cache_known_prompt_tokens else None, None)  # fmt: skip
+    lost = _lost_series(reads.losses, times)
+    what = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
     markers = tuple(_marker(v, template, query) for v in versions
                     if v.live_at is not None and window.since <= v.live_at < window.until)  # fmt: skip
     charts = [
         ("hit-rate", "Hit rate", "Prompt tokens served from the prefix cache, weighted by tokens", "ratio",
-         read("hit_rate")),
-        ("ttft", "Time to first token", f"p50, p90 and p99, {ttft}", "seconds",
-         read("ttft_p50") + read("ttft_p90") + read("ttft_p99")),
+         [Series("hit_rate", hit_rate)]),
+        ("ttft", "Time to first token", f"p50, p90 and p99, {what}", "seconds",
+         [ttft("ttft_p50", 0.5), ttft("ttft_p90", 0.9), ttft("ttft_p99", 0.99)]),
         ("lost-tokens", "Prompt tokens lost, by cause", "Per bucket, from the diagnoses of its requests",
-         "tokens", read("lost_tokens")),
-        ("requests", "Requests", "Per bucket", "count", read("requests")),
+         "tokens", lost),
+        ("requests", "Requests", "Per bucket", "count",
+         [Series("requests", line(lambda b: float(b.requests), 0.0))]),
     ]  # fmt: skip
-    times = traffic_series.bucket_starts(
-        SeriesQuery("requests", "template", "", window.since, window.until, window.bucket)
-    )
     return [
         MarkedChart(slug, title, note, unit, found, times, markers)
         for slug, title, note, unit, found in charts
     ]
+
+
+def _lost_series(losses: dict[datetime | None, dict[str, int]], times: list[datetime]) -> list[Series]:
+    """Prompt tokens lost per cause per bucket; the causes that lost nothing in the window left out."""
+    found = []
+    for cause in LOST_COLUMNS:
+        values: list[float | None] = [float(losses.get(at, {}).get(cause, 0)) for at in times]
+        if any(values):
+            found.append(Series(cause, values))
+    return found
 
 
 def _marker(live: LiveVersion, template: Template, query: str) -> dict[str, str]:
@@ -325,18 +371,13 @@ class Cost:
     gpu_hour_price: float
 
 
-def template_cost(
-    template_id: int, window: Window, lost: dict[str, int], *, viewer: Viewer = SEES_ALL
-) -> Cost:
+def template_cost(window: Window, lost: dict[str, int], sums: PrefillSums) -> Cost:
     """What its lost reuse costs, as a regression's cost is reckoned (app/regressions/services.py):
     prompt tokens prefilled that a cache could have served, per hour of the window; GPU seconds at the
-    prefill rate measured from its requests' TTFT over uncached tokens, else the configured rate;
-    money at the configured GPU-hour price."""
+    prefill rate measured from its requests' TTFT over uncached tokens (`sums`), else the configured
+    rate; money at the configured GPU-hour price."""
     avoidable = sum(tokens for cause, tokens in lost.items() if cause not in UNAVOIDABLE)
     hours = (window.until - window.since) / timedelta(hours=1)
-    sums = selectors.prefill_sums(
-        template_id=template_id, since=window.since, until=window.until, viewer=viewer
-    )
     measured = prefill_tokens_per_second(sums)
     rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
     per_hour = avoidable / hours
@@ -355,13 +396,10 @@ class MemoryRow:
     prefix_bytes: int | None
 
 
-def prefix_memory(template_id: int, window: Window, *, viewer: Viewer = SEES_ALL) -> list[MemoryRow]:
-    """Per server that served the template in the window, the KV memory one copy of its reused prefix
-    holds there: the tokens its requests reused on average, times the KV bytes per token of the
-    server's model (PREFIXSCOPE_MODEL_KV_SHAPES, app/domain/kvmemory.py)."""
-    found = selectors.totals_by_server(
-        template_id=template_id, since=window.since, until=window.until, viewer=viewer
-    )
+def prefix_memory(found: dict[int, Totals]) -> list[MemoryRow]:
+    """Per server that served the template in the window (`found`: its totals there), the KV memory
+    one copy of its reused prefix holds there: the tokens its requests reused on average, times the
+    KV bytes per token of the server's model (PREFIXSCOPE_MODEL_KV_SHAPES, app/domain/kvmemory.py)."""
     servers = Server.objects.in_bulk(list(found))
     rows = []
     for server_id, totals in sorted(found.items(), key=lambda pair: servers[pair[0]].name):

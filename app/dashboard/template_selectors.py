@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import Count, DateTimeField, F, Func, Min, Q, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily, TemplateVersion
 from app.regressions.models import Regression
@@ -224,3 +226,139 @@ def families_of(template_id: int, *, viewer: Viewer = SEES_ALL) -> QuerySet[Pref
     return viewer.families(PrefixFamily.objects.filter(template_id=template_id)).select_related(
         "sample_server"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSums:
+    """A template's request rollups summed over one bucket of a window: what its charts draw."""
+
+    requests: int
+    cached_tokens: int
+    cache_known_prompt_tokens: int
+    ttft_counts: list[int]  # the summed cumulative TTFT histogram (of the TTFT asked for)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRequests:
+    """A template's request rollups over a window, read once: per bucket (the charts), per server
+    (the KV memory its prefix holds) and in all (its totals and prefill sums)."""
+
+    buckets: dict[datetime, BucketSums]
+    servers: dict[int, Totals]
+    totals: Totals
+    prefill: PrefillSums
+
+
+_PREFILL = ("prefill_count", "prefill_uncached_sum", "prefill_ttft_sum", "prefill_uncached_squares",
+            "prefill_cross_sum")  # fmt: skip
+
+
+def template_requests(
+    *, template_id: int, since: datetime, until: datetime, bucket: int, ttft: str, viewer: Viewer = SEES_ALL
+) -> TemplateRequests:
+    """One read of the template's request rollups over [since, until), grouped at once by bucket, by
+    server and in all (GROUPING SETS): of the hour rollups for buckets of whole hours, as the series
+    API reads a template (app/traffic/series.py), the minute rollups otherwise."""
+    table, time = ("traffic_hourrollup", "hour") if bucket % 3600 == 0 else ("traffic_minuterollup", "minute")
+    seen, params = viewer.rollups_sql()
+    histogram = ", ".join(
+        f"coalesce(sum({ttft}_ttft_buckets[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2)
+    )
+    sums = ", ".join(f"coalesce(sum({name}), 0)" for name in (*_TOTALS, *_PREFILL))
+    sql = f"""
+        SELECT grouping(b), grouping(server_id), b, server_id, {sums}, {histogram}
+        FROM (SELECT {_BIN.format(time)} AS b, * FROM {table}
+              WHERE template_id = %(id)s AND {seen} AND {time} >= %(since)s AND {time} < %(until)s) AS rows
+        GROUP BY GROUPING SETS ((b), (server_id), ())
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until, "bucket": bucket})
+        rows = cursor.fetchall()
+    buckets: dict[datetime, BucketSums] = {}
+    servers: dict[int, Totals] = {}
+    totals, prefill = Totals(), PrefillSums()
+    width = len(_TOTALS)
+    for no_bucket, no_server, start, server_id, *values in rows:
+        counted = Totals(*(int(v) for v in values[:width]))
+        if not no_bucket:
+            ttft_counts = [int(n) for n in values[width + len(_PREFILL) :]]
+            buckets[start] = BucketSums(counted.requests, counted.cached_tokens,
+                                        counted.cache_known_prompt_tokens, ttft_counts)  # fmt: skip
+        elif not no_server:
+            servers[server_id] = counted
+        else:
+            totals = counted
+            count, *floats = values[width : width + len(_PREFILL)]
+            prefill = PrefillSums(int(count), *(float(f) for f in floats))
+    return TemplateRequests(buckets, servers, totals, prefill)
+
+
+_BIN = "date_bin(make_interval(secs => %(bucket)s), {}, TIMESTAMPTZ '2000-01-01')"
+
+
+def template_losses(
+    *, template_id: int, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL
+) -> dict[datetime | None, dict[str, int]]:
+    """One read of the template's loss rollups over [since, until): the prompt tokens lost per miss
+    cause per bucket, and (at None) in all; of the hour rollups for buckets of whole hours."""
+    table, time = ("traffic_losshour", "hour") if bucket % 3600 == 0 else ("traffic_lossminute", "minute")
+    seen, params = viewer.traffic_sql()
+    causes = list(LOST_COLUMNS)
+    sums = ", ".join(f"coalesce(sum({LOST_COLUMNS[c]}), 0)" for c in causes)
+    sql = f"""
+        SELECT b, {sums}
+        FROM (SELECT {_BIN.format(time)} AS b, * FROM {table}
+              WHERE template_id = %(id)s AND {seen} AND {time} >= %(since)s AND {time} < %(until)s) AS rows
+        GROUP BY GROUPING SETS ((b), ())
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until, "bucket": bucket})
+        rows = cursor.fetchall()
+    return {start: dict(zip(causes, (int(v) for v in values), strict=True)) for start, *values in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class ListSums:
+    """What the Templates list reads of the request rollups, per template: its totals over the window
+    and over the one of the same length just before it, and its hit rate per bucket of the window."""
+
+    now: dict[int, Totals]
+    before: dict[int, Totals]
+    trends: dict[int, list[float | None]]  # as hit_rate_trends
+
+
+def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL) -> ListSums:
+    """One read of the request rollups over both windows (of the hour rollups when both ends are whole
+    hours), grouped by template and, for the window's rows, by bucket too (GROUPING SETS): the same
+    sums as totals_by_template over each window and hit_rate_trends, in one pass over the rows."""
+    before = since - (until - since)
+    table, time = (
+        ("traffic_hourrollup", "hour") if _whole_hours(since, until) else ("traffic_minuterollup", "minute")
+    )
+    seen, params = viewer.rollups_sql()
+    now_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} >= %(since)s), 0)" for name in _TOTALS)
+    before_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} < %(since)s), 0)" for name in _TOTALS)
+    sql = f"""
+        SELECT grouping(b), template_id, b, {now_sums}, {before_sums}
+        FROM (SELECT CASE WHEN {time} >= %(since)s THEN {_BIN.format(time)} END AS b, * FROM {table}
+              WHERE template_id IS NOT NULL AND {seen}
+                AND {time} >= %(before)s AND {time} < %(until)s) AS rows
+        GROUP BY GROUPING SETS ((template_id, b), (template_id))
+    """
+    window: dict[str, Any] = {"since": since, "until": until, "before": before, "bucket": bucket}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, **window})
+        rows = cursor.fetchall()
+    width, count = len(_TOTALS), int((until - since).total_seconds()) // bucket
+    found = ListSums({}, {}, {})
+    for per_template, template_id, start, *sums in rows:
+        now = Totals(*(int(v) for v in sums[:width]))
+        if per_template:  # zeros for a template of no row in one window, as a template absent there
+            found.now[template_id] = now
+            found.before[template_id] = Totals(*(int(v) for v in sums[width:]))
+        elif start is not None and now.cache_known_prompt_tokens:
+            index = int((start - since).total_seconds()) // bucket
+            if 0 <= index < count:
+                trend = found.trends.setdefault(template_id, [None] * count)
+                trend[index] = now.cached_tokens / now.cache_known_prompt_tokens
+    return found
