@@ -327,10 +327,13 @@ class SimulatedServer:
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
-        for chunk in shape.chunks(str(body.get("model") or self.config.model), done, body):
-            await response.write(b"data: " + compact_json(chunk) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            for chunk in shape.chunks(str(body.get("model") or self.config.model), done, body):
+                await response.write(b"data: " + compact_json(chunk) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+            pass  # the client hung up mid-stream: vLLM aborts the request, and so the stream ends here
         return response
 
     async def tokenize(self, request: web.Request) -> web.Response:

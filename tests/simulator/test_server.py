@@ -318,3 +318,16 @@ def test_kv_usage_counts_the_blocks_of_running_requests_and_reads_0_between_them
         again = post(config, "/v1/completions", body | {"max_tokens": 1}).json()["usage"]
         assert again["prompt_tokens_details"]["cached_tokens"] > 0
         assert kv_usage(config) == 0.0
+
+
+def test_a_client_gone_mid_stream_ends_the_stream_quietly(
+    server: ServerConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that hangs up mid-stream (a load generator stopped, a gateway closing) ends the request
+    as vLLM aborts it: no 'Error handling request' and traceback from the server."""
+    body = {"model": server.model, "prompt": "Tell me everything.", "max_tokens": 480, "stream": True}
+    for _ in range(3):  # the hang-up has to land while the server still writes: try a few times
+        with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=10) as response:
+            assert next(response.iter_lines()).startswith("data: ")
+        time.sleep(0.3)  # the server's next writes meet the closed connection
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
