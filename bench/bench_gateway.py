@@ -41,7 +41,7 @@ import psutil
 from aiohttp import web
 
 from app.domain import gpt2
-from tests.simulator.running import free_ports
+from tests.ports import unused_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = "bench-sim"
@@ -177,7 +177,7 @@ def main() -> None:
         asyncio.run(serve_bare(int(args.serve_bare[0]), args.serve_bare[1]))
         return
     spill_only = args.spill_only or not os.environ.get("DATABASE_URL")
-    http, kv, replay, listen, closed = free_ports(5)
+    http, kv, replay, listen, closed = unused_ports(5)
     drop: Callable[[], int] | None = None
     if spill_only:
         database_url = f"postgres://127.0.0.1:{closed}/none"

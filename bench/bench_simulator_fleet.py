@@ -20,7 +20,7 @@ import aiohttp
 import psutil
 
 from simulator.cache import PrefixCache
-from tests.simulator.running import free_ports
+from tests.ports import unused_ports
 
 SERVERS = 4
 
@@ -64,7 +64,7 @@ async def drive(base_urls: list[str], batch: list[list[int]], concurrency: int) 
 
 
 def start_fleet() -> tuple[subprocess.Popen[str], list[str]]:
-    http, kv, replay = free_ports(3)
+    http, kv, replay = unused_ports(3)
     args = ["--servers", str(SERVERS), "--base-port", str(http), "--kv-base-port", str(kv)]
     args += [
         "--replay-base-port",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.simulator.running import free_ports
+from tests.ports import unused_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def database_url(database: str) -> str:
 def served(database: str) -> Iterator[tuple[str, int]]:
     """gunicorn serving Prefixscope on the throw-away database until the block ends; yields its
     host and port."""
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     env = {
         **os.environ, "DATABASE_URL": database_url(database), "DJANGO_DEBUG": "false",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(32), "DJANGO_ALLOWED_HOSTS": "127.0.0.1",

@@ -23,7 +23,7 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from tests.simulator.running import free_ports
+from tests.ports import unused_ports
 from tests.traffic.processes import Web, database_url_for_tests
 
 pytestmark = pytest.mark.django_db
@@ -152,7 +152,7 @@ def test_gunicorns_access_log_prints_no_token_sent_as_basic_credentials(tmp_path
     # gunicorn's default access format prints `%(u)s`, the user name it decodes from
     # `Authorization: Basic`: an ingest token sent as `curl -u <token>:` was on every line.
     token = create_ingest_token(name="vllm-cpu")
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     web = Web(database_url_for_tests(), tmp_path / "web.log", port)
     try:
         web.start().wait_listening(port)

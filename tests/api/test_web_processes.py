@@ -17,8 +17,8 @@ from django.utils import timezone
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.services.requests import INGEST_LOCK_SPACE
+from tests.ports import unused_ports
 from tests.sessions import session, wait_for_lock_waits
-from tests.simulator.running import free_ports
 from tests.traffic.processes import Web, database_url_for_tests
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +47,7 @@ def test_a_batch_goes_to_an_idle_web_process_while_another_is_busy(tmp_path: Pat
     busy = Server.objects.create(name="busy", base_url="http://busy:8000", block_size=16)
     Server.objects.create(name="idle", base_url="http://idle:8000", block_size=16)
     token = create_ingest_token(name="sender")
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     web = Web(database_url_for_tests(), tmp_path / "web.log", port, workers=2, options=ACCESS_LOG)
     address = f"http://127.0.0.1:{port}"
     try:

@@ -28,15 +28,10 @@ from app.domain.kvmemory import kv_bytes_per_token, parse_kv_shapes
 from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
 from simulator.scenario import load_scenario, resolve_scenario
-from tests.simulator.running import free_ports, running_fleet
+from tests.ports import FIRST_EPHEMERAL, LOWEST, unused_port, unused_ports
+from tests.simulator.running import running_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def free_demo_ports() -> int:
@@ -44,7 +39,7 @@ def free_demo_ports() -> int:
     fleet and its gateways)."""
     rng = random.Random()
     for _ in range(100):
-        base = rng.randrange(20000, 60000)
+        base = rng.randrange(LOWEST, FIRST_EPHEMERAL - 40)
         try:
             with contextlib.ExitStack() as stack:
                 for offset in (0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33):
@@ -135,7 +130,7 @@ def wait_for_demo_data(data_dir: Path, timeout: float = 120, **more: str) -> Non
 
 @pytest.mark.timeout(600)
 def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: Path) -> None:
-    port, demo_port = free_port(), free_demo_ports()
+    port, demo_port = unused_port(), free_demo_ports()
     # Secrets as `make run` generates them, here both beginning with "-" (1 in 64 of generated ones
     # does), which the commands it runs once took for an option and failed on.
     (tmp_path / "admin-password").write_text("-starts-like-an-option")
@@ -225,7 +220,7 @@ def test_a_process_that_keeps_dying_waits_longer_each_time_until_it_has_run_a_wh
 
 @pytest.mark.timeout(600)
 def test_a_killed_collector_is_started_again_while_the_rest_keep_running(tmp_path: Path) -> None:
-    port, demo_port = free_port(), free_demo_ports()
+    port, demo_port = unused_port(), free_demo_ports()
     run = start(tmp_path, port, demo_port)
     try:
         try:
@@ -259,7 +254,7 @@ def test_the_demo_fleet_runs_the_servers_its_scenario_describes() -> None:
     assert argv[1:3] == ["-m", "simulator.fleet"]
     configs = configs_from_args(parse_args(argv[3:]))
     assert len(configs) == devstack.DEMO_SERVERS == scenario.servers.count  # the load generator's URLs
-    http, kv, replay = free_ports(3)
+    http, kv, replay = unused_ports(3)
     served = replace(configs[0], http_port=http, kv_port=kv, replay_port=replay, otlp_endpoint=None)
     with running_fleet([served]), urllib.request.urlopen(f"{served.base_url}/metrics", timeout=5) as page:
         config = cache_config(parse_metrics(page.read().decode()))

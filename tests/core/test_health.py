@@ -1,15 +1,12 @@
-import socket
-
 import pytest
 from django.test import Client
 
 from app.celery import celery_app
+from tests.ports import unused_port
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return unused_port()
 
 
 def test_healthz_answers_without_touching_anything(client: Client) -> None:

@@ -28,7 +28,8 @@ from app.traffic.tasks import scrape_server
 from collectors.records import canonical_request_id
 from tests.collectors.gateway.running import call
 from tests.fixtures import captured_traffic
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 from tests.traffic.processes import Command, database_url_for_tests
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
@@ -59,7 +60,7 @@ def gateways(upstreams: list[Upstream], tmp_path: Path) -> Iterator[dict[str, tu
     try:
         for upstream in upstreams:
             server = register_server(name=upstream.name, base_url=upstream.base_url)
-            (port,) = free_ports(1)
+            (port,) = unused_ports(1)
             command = Command(
                 database_url_for_tests(), tmp_path / f"{upstream.name}.log", "gateway",
                 "--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", upstream.name,

@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.domain.gpt2 import CHAT_TEMPLATE
+from tests.ports import unused_ports
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def serve(
     python = install()
     model_dir = build_model()
     if restart_of is None:
-        http_port, kv_port, replay_port, spare_port = _free_ports(4)
+        http_port, kv_port, replay_port, spare_port = unused_ports(4)
         otlp = otlp_endpoint or f"http://127.0.0.1:{spare_port}/v1/traces"
     else:  # a new process where the old one served: the same URLs, endpoints and topic
         http_port, kv_port, replay_port = (
@@ -282,18 +282,6 @@ def _group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """Ports the kernel reports free now (another process may take one before vLLM binds it)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @contextlib.contextmanager

@@ -1,6 +1,5 @@
 """Pulling the real /metrics page over HTTP into scrapes, samples and the server's discovered settings."""
 
-import socket
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,6 +14,7 @@ from app.traffic.models import MetricSeries, Scrape, ScrapeSample
 from app.traffic.tasks import scrape_server
 from collectors.metrics.parse import parse_metrics
 from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.ports import unused_port
 
 pytestmark = pytest.mark.django_db
 PAGE = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()
@@ -40,9 +40,7 @@ def vllm_url() -> Iterator[str]:
 
 
 def closed_url() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+    return f"http://127.0.0.1:{unused_port()}"
 
 
 def test_a_scrape_stores_every_sample_and_discovers_the_cache_settings(vllm_url: str) -> None:

@@ -10,22 +10,12 @@ from dataclasses import replace
 
 from simulator.fleet import serve
 from simulator.server import ServerConfig
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+from tests.ports import unused_ports
 
 
 def local_config(**fields: object) -> ServerConfig:
     """A fast (no sleeping) server on free ports; `fields` override the rest."""
-    http, kv, replay = free_ports(3)
+    http, kv, replay = unused_ports(3)
     config = ServerConfig(http_port=http, kv_port=kv, replay_port=replay, sleep=False)
     return replace(config, **fields)  # type: ignore[arg-type]
 

@@ -8,7 +8,6 @@ import contextlib
 import copy
 import itertools
 import json
-import socket
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +24,7 @@ from simulator.run_summary import RunSummary
 from simulator.scenario import Scenario
 from simulator.template_repo import Commit, version_at
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.ports import unused_port
 from tests.simulator.test_scenario import scenario_data, versions_as_commits
 
 
@@ -367,17 +367,10 @@ def run_against(
     async def go() -> RunSummary:
         async with serving(fleet, scenario.servers.count) as urls:
             for server in dead or set():
-                urls[server] = f"http://127.0.0.1:{free_port()}"
+                urls[server] = f"http://127.0.0.1:{unused_port()}"
             return await run(scenario, urls, speed=speed, commits=commits, seed=3, concurrency=4)
 
     return asyncio.run(go()), planned
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def small(**overrides: Any) -> dict[str, Any]:
@@ -537,9 +530,7 @@ def served_in_a_thread(fleet: FakeFleet, count: int) -> Iterator[list[str]]:
 
 
 def test_the_cli_gives_up_when_the_servers_never_answer(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    url = f"http://127.0.0.1:{unused_port()}"
     args = ["--scenario", "vllm-cpu", "--repo", str(tmp_path / "repo"), "--base-url", url, "--wait", "0.5"]
     assert main(args) == 2
     assert not (tmp_path / "repo").exists()

@@ -35,7 +35,8 @@ from collectors.records import RequestFacts, canonical_request_id
 from simulator.server import ServerConfig
 from tests.collectors.gateway.running import call, running_gateway, wait_for
 from tests.fixtures import captured_traffic
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
@@ -173,7 +174,7 @@ class Outage:
 
     def __init__(self) -> None:
         self.down = threading.Event()
-        (self.port,) = free_ports(1)
+        (self.port,) = unused_ports(1)
         self.original: dict[str, Any] | None = None
         self.refused = 0
 
@@ -276,7 +277,7 @@ def test_the_command_refuses_an_unknown_server_and_a_bad_address() -> None:
 def test_the_command_proxies_records_and_drains_on_sigterm(
     upstream: ServerConfig, server: Server, tmp_path: Path
 ) -> None:
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     database = settings.DATABASES["default"]["NAME"]  # the test database
     parts = urlsplit(os.environ["DATABASE_URL"])
     environment = {**os.environ, "DATABASE_URL": urlunsplit(parts._replace(path=f"/{database}"))}
@@ -316,7 +317,7 @@ def test_a_gateway_of_forty_servers_writes_on_its_few_connections_and_stores_eve
         )
         for i in range(40)
     ]
-    ports = free_ports(len(servers))
+    ports = unused_ports(len(servers))
     database = settings.DATABASES["default"]["NAME"]
     parts = urlsplit(os.environ["DATABASE_URL"])
     environment = {

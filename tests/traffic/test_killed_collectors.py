@@ -20,7 +20,8 @@ from app.traffic.gateway_writer import read_spill
 from app.traffic.models import KVEvent, KVGap, KVStream, RequestRecord, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 from tests.traffic.processes import Command, Load, database_url_for_tests, wait_until
 from tests.traffic.published import differences, published, resident_after, rows_of
 
@@ -91,7 +92,7 @@ def test_a_killed_gateway_loses_at_most_its_queue_and_what_it_spilled_is_stored_
     upstream: ServerConfig, server: Server, tmp_path: Path
 ) -> None:
     spill = tmp_path / "gateway.jsonl"
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     options = ["--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", "sim-0",
                "--spill-file", str(spill), "--queue-size", str(QUEUE_SIZE), "--batch-size", str(BATCH_SIZE),
                "--flush-seconds", "0.2"]  # fmt: skip

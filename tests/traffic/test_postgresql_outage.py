@@ -30,7 +30,8 @@ from app.devstack import start_embedded_postgres
 from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 from tests.traffic.processes import Command, Load, Web, manage, wait_until
 from tests.traffic.published import Row, differences, published, resident_after, rows_of
 
@@ -90,7 +91,7 @@ class Deployment:
     """The gateway, the KV collector and the web server, each in its own process."""
 
     def __init__(self, database_url: str, upstream: ServerConfig, folder: Path) -> None:
-        self.gateway_port, self.web_port = free_ports(2)
+        self.gateway_port, self.web_port = unused_ports(2)
         self.gateway = Command(
             database_url, folder / "gateway.log", "gateway", "--listen", f"127.0.0.1:{self.gateway_port}",
             "--upstream", upstream.base_url, "--server", "sim-0", "--spill-file", str(folder / "spill.jsonl"),

@@ -31,7 +31,8 @@ from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.template_repo import create_repo
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 from tests.traffic.processes import Command, database_url_for_tests, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,7 +114,7 @@ def run_scenario(definition: dict[str, Any], tmp_path: Path) -> Ran:
         for config in configs:
             server = register_server(**{k: str(v) for k, v in describe(config).items()})
             scrape_server(server.pk)
-        ports = free_ports(len(configs))
+        ports = unused_ports(len(configs))
         routes = [
             f"--listen 127.0.0.1:{p} --upstream {c.base_url} --server {c.name}".split()
             for p, c in zip(ports, configs, strict=True)

@@ -15,7 +15,7 @@ import aiohttp
 
 from collectors.gateway.proxy import Recorder, serve
 from collectors.records import RequestFacts
-from tests.simulator.running import free_ports
+from tests.ports import unused_ports
 
 # Fields that differ from call to call (a fresh id, the second of the answer), masked for comparing.
 _PER_CALL = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
@@ -68,7 +68,7 @@ class KeptRecords:
 @contextmanager
 def running_gateway(upstream: str, recorder: Recorder) -> Iterator[str]:
     """Serve the gateway on a free local port until the block ends; yields its base URL."""
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(

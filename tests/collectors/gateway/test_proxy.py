@@ -23,7 +23,8 @@ from collectors.records import canonical_request_id
 from simulator.server import ServerConfig
 from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
 from tests.fixtures import load_json
-from tests.simulator.running import free_ports, local_config, running_fleet
+from tests.ports import unused_ports
+from tests.simulator.running import local_config, running_fleet
 
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
 MESSAGES = [{"role": "system", "content": PROMPT[:400]}, {"role": "user", "content": "What does red mean?"}]
@@ -210,7 +211,7 @@ def test_a_request_id_header_names_the_request(
 
 def test_an_unreachable_upstream_is_a_bad_gateway_and_no_record() -> None:
     recorder = KeptRecords()
-    (closed,) = free_ports(1)
+    (closed,) = unused_ports(1)
     with running_gateway(f"http://127.0.0.1:{closed}", recorder) as url:
         answer = call("POST", url + "/v1/completions", completion())
     assert answer.status == 502 and recorder.records == []
@@ -242,7 +243,7 @@ def slow_upstream() -> Iterator[str]:
 @contextmanager
 def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Iterator[str]:
     """An upstream answering /v1/completions with `handler`, on a free port, until the block ends."""
-    (port,) = free_ports(1)
+    (port,) = unused_ports(1)
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/completions", handler)

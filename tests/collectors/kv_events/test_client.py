@@ -6,7 +6,6 @@ replay requests with the captured replies, as vLLM 0.32 did (frames byte for byt
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import zmq
 from collectors.kv_events.client import ReplayUnavailable, SubscribeFailed, fetch_replay, open_subscriber
 from collectors.kv_events.parse import decode_sub_message
 from tests.collectors.kv_events.captures import TOPIC, live_frames, replay_frames
+from tests.ports import unused_port
 
 LIVE = live_frames()
 REPLAY = replay_frames()  # ["", topic, seq, payload] each, end marker last
@@ -67,10 +67,7 @@ def replay_server(context: Context, replies: list[list[bytes]]) -> Iterator[str]
 
 
 def unserved_endpoint() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
+    return f"tcp://127.0.0.1:{unused_port()}"
 
 
 def test_subscriber_receives_the_captured_stream_in_order_and_only_its_topic(context: Context) -> None:

@@ -1,6 +1,5 @@
 """Fetching /metrics over real HTTP from a local server."""
 
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -10,6 +9,7 @@ import pytest
 
 from collectors.metrics.client import ScrapeFailed, fetch_metrics
 from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.ports import unused_port
 
 PAGE = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()
 
@@ -57,9 +57,7 @@ def test_a_slow_server_times_out_retryably(base_url: str) -> None:
 
 
 def test_nobody_listening_is_retryable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     with httpx.Client() as client, pytest.raises(ScrapeFailed) as failure:
         fetch_metrics(client, f"http://127.0.0.1:{port}/metrics", timeout_seconds=2)
     assert failure.value.retryable

@@ -1,0 +1,55 @@
+"""Ports for test servers that nothing else will take between choosing one and binding it.
+
+A port from `bind(("127.0.0.1", 0))` is an *ephemeral* port: once the probe closes it, the kernel
+may hand it to any outgoing connection (to PostgreSQL, to Valkey, to another simulated server) before
+the server under test binds it, and the server then fails "address already in use" (seen in CI: a
+simulated server's replay socket lost its port to a connection). Ports below the ephemeral range are
+never given to outgoing connections, and one counter walks them, so a test run never hands out the
+same port twice.
+"""
+
+import itertools
+import os
+import random
+import socket
+from pathlib import Path
+
+LOWEST = 20_000
+
+
+def _first_ephemeral_port() -> int:
+    """The bottom of the kernel's ephemeral range (Linux's default is 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+FIRST_EPHEMERAL = _first_ephemeral_port()
+# Start where another test process (a second checkout's run) is unlikely to be walking.
+_START = random.Random(os.getpid()).randrange(LOWEST, FIRST_EPHEMERAL)
+_candidates = itertools.cycle(itertools.chain(range(_START, FIRST_EPHEMERAL), range(LOWEST, _START)))
+
+
+def unused_ports(count: int) -> list[int]:
+    """`count` different ports on 127.0.0.1 that nothing listens on now and no connection will get."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = next(_candidates)
+        if port not in ports and _bindable(port):
+            ports.append(port)
+    return ports
+
+
+def unused_port() -> int:
+    """One port as `unused_ports` chooses them: free for a server, or closed for a refused connection."""
+    return unused_ports(1)[0]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
