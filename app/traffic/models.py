@@ -538,6 +538,10 @@ class KVStream(models.Model):
     blocks_stored = models.BigIntegerField(default=0, db_default=0)
     blocks_removed = models.BigIntegerField(default=0, db_default=0)
     blocks_thrashed = models.BigIntegerField(default=0, db_default=0)
+    # The stream's rows in the block index (ResidentBlock), kept in step by the same statements that
+    # write them: the Fleet page reads each server's resident share every load, and counting a fleet's
+    # block index (servers x tens of thousands of blocks) there would grow with the GPUs.
+    resident_blocks = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["server", "dp_rank"], name="kv_stream_identity")]

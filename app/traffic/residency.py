@@ -136,18 +136,20 @@ class ResidentShare:
 
 
 def resident_shares(servers: Iterable[Server]) -> dict[int, ResidentShare]:
-    """Each server's resident prefix blocks now, one query for all (servers without events: 0)."""
+    """Each server's resident prefix blocks now, one query for all (servers without events: 0): the
+    counts its KV streams keep (KVStream.resident_blocks), not a count of the block index."""
     found = {server.pk: server for server in servers}
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT server_id, count(*), count(DISTINCT dp_rank) FROM traffic_residentblock"
-            " WHERE server_id = ANY(%s) GROUP BY server_id",
+            "SELECT server_id, sum(resident_blocks), count(*) FILTER (WHERE resident_blocks > 0)"
+            " FROM traffic_kvstream WHERE server_id = ANY(%s) GROUP BY server_id",
             [list(found)],
         )
         counted = {server_id: (blocks, ranks) for server_id, blocks, ranks in cursor.fetchall()}
     shares = {}
     for pk, server in found.items():
         blocks, ranks = counted.get(pk, (0, 1))
+        blocks, ranks = int(blocks), ranks or 1  # sum() of bigints is numeric; no rank holding any: one
         usable = (
             (server.num_gpu_blocks - 1) * ranks
             if server.num_gpu_blocks and server.num_gpu_blocks > 1

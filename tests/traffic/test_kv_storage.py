@@ -174,3 +174,54 @@ def test_rows_of_a_server_that_does_not_exist_are_refused(server: Server) -> Non
     with pytest.raises(IntegrityError):
         store_kv_events(rows=[one_row(server), one_row(server)._replace(server_id=gone_id)], positions=[])
     assert not KVEvent.objects.exists() and not ResidentBlock.objects.exists()
+
+
+def resident_counts(server: Server) -> tuple[dict[int, int], dict[int, int]]:
+    """Per rank: the streams' kept counts, and a count of the block index itself."""
+    kept = dict(KVStream.objects.filter(server=server).values_list("dp_rank", "resident_blocks"))
+    counted: dict[int, int] = {}
+    for rank in ResidentBlock.objects.filter(server=server).values_list("dp_rank", flat=True):
+        counted[rank] = counted.get(rank, 0) + 1
+    return {rank: n for rank, n in kept.items() if n}, counted
+
+
+def test_each_stream_keeps_its_count_of_resident_blocks_batch_by_batch(server: Server) -> None:
+    rows = captured_rows(server, emitted_at=timezone.now())
+    batches = sorted({row.seq for row in rows})
+    for seq in batches:  # as the collector flushes: each batch with its position
+        batch = [row for row in rows if row.seq == seq]
+        store_kv_events(rows=batch, positions=[StreamPosition(server.pk, 0, 0, seq, batch[-1].emitted_at)])
+        kept, counted = resident_counts(server)
+        assert kept == counted, f"after batch {seq}"
+    assert kept == {0: len(expected_resident(rows))} and kept[0] > 0
+
+    # Redelivered (blocks stored again, removed again), then a block stored again on top of the index.
+    store_kv_events(rows=rows, positions=[StreamPosition(server.pk, 0, 0, batches[-1], rows[-1].emitted_at)])
+    assert resident_counts(server)[0] == kept
+    again = [row for row in rows if row.kind == 1 and row.block_hash in expected_resident(rows)][:1]
+    again = [again[0]._replace(seq=batches[-1] + 1)]
+    store_kv_events(
+        rows=again, positions=[StreamPosition(server.pk, 0, 0, batches[-1] + 1, again[0].emitted_at)]
+    )
+    assert resident_counts(server)[0] == kept  # already resident: no new row
+
+
+def test_a_clear_or_a_restart_brings_the_count_to_what_the_index_holds(server: Server) -> None:
+    now = timezone.now()
+    stored = [
+        KVEventRow(server.pk, rank, 0, 1, 0, i, now, now, 1, 1000 * rank + i, None, 16, "GPU", "", 0)
+        for rank in (0, 1)
+        for i in range(3)
+    ]
+    positions = [StreamPosition(server.pk, rank, 0, 1, now) for rank in (0, 1)]
+    store_kv_events(rows=stored, positions=positions)
+    assert resident_counts(server) == ({0: 3, 1: 3}, {0: 3, 1: 3})
+
+    cleared = KVEventRow(server.pk, 0, 0, 2, 0, 0, now, now, 3, None, None, None, "GPU", "", None)
+    store_kv_events(rows=[cleared], positions=[StreamPosition(server.pk, 0, 0, 2, now)])
+    assert resident_counts(server) == ({1: 3}, {1: 3})
+
+    # Rank 1's server restarted: its first batch of the new epoch stores one block.
+    restarted = stored[3]._replace(epoch=1, seq=0, block_hash=7)
+    store_kv_events(rows=[restarted], positions=[StreamPosition(server.pk, 1, 1, 0, now)])
+    assert resident_counts(server) == ({1: 1}, {1: 1})

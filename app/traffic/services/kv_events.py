@@ -94,8 +94,9 @@ def store_kv_events(
     """
     with transaction.atomic(), connection.cursor() as cursor:
         new_rows = _insert_new_kv_rows(cursor, rows)
-        _apply_residency(cursor, new_rows, positions)
+        resident = _apply_residency(cursor, new_rows, positions)
         _save_positions(cursor, positions)
+        _add_resident(cursor, resident)
         _save_gaps(cursor, gaps)
         _add_counts(cursor, counts)
     return len(new_rows)
@@ -193,8 +194,11 @@ def _copy_rows(cursor: Any, table: str, rows: Sequence[KVEventRow]) -> None:
             write((*row[:_BLOCK_HASH], block_hash, parent_hash, *row[_BLOCK_HASH + 2 :]))
 
 
-def _apply_residency(cursor: Any, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition]) -> None:
-    """Apply each (server, rank) stream's net change to the block index, rows taken in stream order.
+def _apply_residency(
+    cursor: Any, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition]
+) -> dict[tuple[int, int], int]:
+    """Apply each (server, rank) stream's net change to the block index, rows taken in stream order;
+    returns each stream's change in its number of resident blocks (rows inserted minus rows deleted).
 
     Only the newest epoch a stream reaches here counts, whether by rows or by position alone (a
     restarted server's first batch may bring no row); net_residency_of_epoch says what it does.
@@ -206,6 +210,7 @@ def _apply_residency(cursor: Any, rows: Sequence[KVEventRow], positions: Sequenc
         key = (p.server_id, p.dp_rank)
         newest[key] = max(newest.get(key, p.epoch), p.epoch)
     resident_epochs = _committed_epochs(cursor, {server_id for server_id, _ in newest})
+    changed: dict[tuple[int, int], int] = {}
     for (server_id, dp_rank), epoch in newest.items():
         stream = streams.get((server_id, dp_rank), [])
         if stream and stream[0].epoch != epoch:  # restarted within these rows: the old process is gone
@@ -219,7 +224,10 @@ def _apply_residency(cursor: Any, rows: Sequence[KVEventRow], positions: Sequenc
             net, epoch=epoch, resident_epoch=resident_epochs.get((server_id, dp_rank))
         )
         stored_at = stream[-1].emitted_at if stream else None
-        _write_net_residency(cursor, server_id, dp_rank, net, stored_at=stored_at)
+        changed[(server_id, dp_rank)] = _write_net_residency(
+            cursor, server_id, dp_rank, net, stored_at=stored_at
+        )
+    return changed
 
 
 def _committed_epochs(cursor: Any, server_ids: set[int]) -> dict[tuple[int, int], int]:
@@ -241,26 +249,49 @@ _KIND_CHANGES: dict[int, Change] = {
 
 def _write_net_residency(
     cursor: Any, server_id: int, dp_rank: int, net: NetResidency, stored_at: datetime | None
-) -> None:
+) -> int:
+    """Write one stream's net change to the block index; returns its rows inserted minus deleted
+    (counted from what the statements did, so a redelivered change counts nothing)."""
     where = "server_id = %s AND dp_rank = %s"
+    change = 0
     if net.cleared:
         cursor.execute(f"DELETE FROM traffic_residentblock WHERE {where}", [server_id, dp_rank])
+        change -= cursor.rowcount
     if net.removed:
         removed = [wire_to_signed(h) for h in net.removed]
         cursor.execute(
             f"DELETE FROM traffic_residentblock WHERE {where} AND block_hash = ANY(%s)",
             [server_id, dp_rank, removed],
         )
+        change -= cursor.rowcount
     if net.stored:
         hashes = [wire_to_signed(h) for h in net.stored]
         parents = [None if p is None else wire_to_signed(p) for p in net.stored.values()]
+        # xmax is 0 on a row this statement inserted, not on one it updated (a block stored again).
         cursor.execute(
+            "WITH written AS ("
             "INSERT INTO traffic_residentblock (server_id, dp_rank, block_hash, parent_hash, stored_at) "
             "SELECT %s, %s, h, p, %s FROM unnest(%s::bigint[], %s::bigint[]) AS u(h, p) "
             "ON CONFLICT (server_id, dp_rank, block_hash) "
-            "DO UPDATE SET parent_hash = EXCLUDED.parent_hash, stored_at = EXCLUDED.stored_at",
+            "DO UPDATE SET parent_hash = EXCLUDED.parent_hash, stored_at = EXCLUDED.stored_at "
+            "RETURNING xmax = 0 AS inserted) "
+            "SELECT count(*) FILTER (WHERE inserted) FROM written",
             [server_id, dp_rank, stored_at, hashes, parents],
         )
+        change += cursor.fetchone()[0]
+    return change
+
+
+def _add_resident(cursor: Any, changed: dict[tuple[int, int], int]) -> None:
+    """Move each stream's count of resident blocks by its change (its row exists: positions are
+    saved first, and every stream with rows has a position)."""
+    for (server_id, dp_rank), change in changed.items():
+        if change:
+            cursor.execute(
+                "UPDATE traffic_kvstream SET resident_blocks = resident_blocks + %s "
+                "WHERE server_id = %s AND dp_rank = %s",
+                [change, server_id, dp_rank],
+            )
 
 
 def _save_positions(cursor: Any, positions: Sequence[StreamPosition]) -> None:
