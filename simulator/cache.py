@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from app.domain.blockhash import BlockHash, LoraKey, block_extra_keys, block_hash_chain, hash_block
 from app.domain.blocks import blocks_to_reserve, full_blocks
+from simulator.block_metrics import BlockMetrics
 from simulator.kv_events import KVEventData, all_blocks_cleared, block_removed, block_stored
 
 logger = logging.getLogger(__name__)
@@ -78,8 +79,11 @@ class _Request:
 class PrefixCache:
     """The prefix cache and block pool of one vLLM engine (one KV-cache group, full attention)."""
 
-    def __init__(self, block_size: int, num_blocks: int) -> None:
-        """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``.
+    def __init__(
+        self, block_size: int, num_blocks: int, *, block_metrics: BlockMetrics | None = None
+    ) -> None:
+        """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``;
+        ``block_metrics`` is told of allocations, prefix hits and evictions (``--kv-cache-metrics``).
 
         Raises ValueError when block_size < 1 or num_blocks < 2 (no usable block).
         """
@@ -96,6 +100,7 @@ class PrefixCache:
         self._events: list[KVEventData] = []
         self._lora_ids: dict[str, int] = {}
         self._counters = CacheCounters(requests=0, queries=0, hits=0)
+        self._block_metrics = block_metrics
 
     @property
     def usage(self) -> float:
@@ -206,6 +211,8 @@ class PrefixCache:
         for block in self._free.values():
             block.block_hash = None
         self._cached.clear()
+        if self._block_metrics:
+            self._block_metrics.reset()
         self._events.append(all_blocks_cleared())
         return True
 
@@ -232,15 +239,21 @@ class PrefixCache:
             if block.ref_cnt == 0:  # a free block waiting for eviction: take it back
                 del self._free[block.block_id]
             block.ref_cnt += 1
+            if self._block_metrics:
+                self._block_metrics.accessed(block.block_id)
 
     def _allocate(self, count: int) -> list[_Block]:
         """Pop ``count`` blocks off the head of the free queue, evicting cached ones."""
         blocks = []
         for _ in range(count):
             _, block = self._free.popitem(last=False)
+            if self._block_metrics:  # as vLLM, for every block taken, cached or not
+                self._block_metrics.evicted(block.block_id)
             if block.block_hash is not None:
                 self._evict(block, block.block_hash)
             block.ref_cnt = 1
+            if self._block_metrics:
+                self._block_metrics.allocated(block.block_id)
             blocks.append(block)
         return blocks
 

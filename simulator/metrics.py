@@ -5,11 +5,11 @@ without `_total`, as vLLM does; prometheus_client adds `_total` and `_created` o
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
+from simulator.block_metrics import Eviction
 
 LABELS = ("model_name", "engine")
 REQUEST_TIME_BUCKETS = (
@@ -197,38 +197,29 @@ class ServerMetrics:
             "vllm:request_prefill_kv_computed_tokens", "New KV tokens computed during prefill.", tokens
         )
         self.block_lifetime: Histogram | None = None
-        self._stored_at: dict[int, float] = {}
+        self.block_idle: Histogram | None = None
+        self.block_reuse_gap: Histogram | None = None
         if kv_cache_metrics:  # vLLM only registers these with --kv-cache-metrics
             self.block_lifetime = self._histogram(
                 "vllm:kv_block_lifetime_seconds",
                 "KV block lifetime from allocation to eviction.",
                 KV_BLOCK_BUCKETS,
             )
-            self._histogram(
+            self.block_idle = self._histogram(
                 "vllm:kv_block_idle_before_evict_seconds", "Idle time before eviction.", KV_BLOCK_BUCKETS
             )
-            self._histogram(
+            self.block_reuse_gap = self._histogram(
                 "vllm:kv_block_reuse_gap_seconds", "Time between KV block reuses.", KV_BLOCK_BUCKETS
             )
 
-    def observe_block_events(self, events: list[dict[str, Any]], now: float) -> None:
-        """Block lifetimes, from BlockStored to BlockRemoved of the same hash (with --kv-cache-metrics).
-
-        Idle-before-evict and reuse gaps need per-block access times the cache does not report;
-        their families exist, as in vLLM, but stay empty here.
-        """
-        if self.block_lifetime is None:
+    def observe_eviction(self, eviction: Eviction) -> None:
+        """One sampled block's eviction (simulator/block_metrics.py), as vLLM's collector observes it."""
+        if self.block_lifetime is None or self.block_idle is None or self.block_reuse_gap is None:
             return
-        for event in events:
-            hashes = event.get("block_hashes") or []
-            if event["type"] == "BlockStored":
-                self._stored_at.update(dict.fromkeys(hashes, now))
-            elif event["type"] == "BlockRemoved":
-                for block_hash in hashes:
-                    if (stored := self._stored_at.pop(block_hash, None)) is not None:
-                        self.block_lifetime.labels(**self.labels).observe(now - stored)
-            else:
-                self._stored_at.clear()
+        self.block_lifetime.labels(**self.labels).observe(eviction.lifetime)
+        self.block_idle.labels(**self.labels).observe(eviction.idle)
+        for gap in eviction.reuse_gaps:
+            self.block_reuse_gap.labels(**self.labels).observe(gap)
 
     def observe_request(self, outcome: "RequestTiming") -> None:
         """Count one finished request the way vLLM's PrometheusStatLogger does."""

@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 from app.domain import gpt2
 from app.domain.blockhash import LoraKey
 from simulator import openai_requests
+from simulator.block_metrics import BlockMetrics
 from simulator.cache import OutOfBlocks, PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
@@ -54,6 +55,7 @@ class ServerConfig:
     sleep: bool = True
     array_form_events: bool = False
     kv_cache_metrics: bool = True
+    kv_cache_metrics_sample: float = 1.0  # the share of blocks observed; the captures' server ran with 1.0
     otlp_endpoint: str | None = None
     seed: int = 0
     # Served like vLLM's --lora-modules name=path: request one by its name as the `model`; vLLM
@@ -110,11 +112,16 @@ class Engine:
     def restart(self, config: ServerConfig) -> None:
         """A fresh process: empty cache, counters at zero, event sequence from 0."""
         self.config = config
-        self.cache = PrefixCache(config.block_size, config.num_blocks)
         info = CacheInfo(block_size=config.block_size, num_gpu_blocks=config.num_blocks)
         self.metrics = ServerMetrics(
             config.model, info, max_model_len=config.max_model_len, kv_cache_metrics=config.kv_cache_metrics
         )
+        block_metrics = (
+            BlockMetrics(self.metrics.observe_eviction, sample=config.kv_cache_metrics_sample,
+                         clock=time.time, seed=config.seed)
+            if config.kv_cache_metrics else None
+        )  # fmt: skip
+        self.cache = PrefixCache(config.block_size, config.num_blocks, block_metrics=block_metrics)
         self.publisher.restart()
         self.busy_until = 0.0
         self.random = random.Random(config.seed)
@@ -175,10 +182,8 @@ class Engine:
         return done
 
     async def publish_events(self) -> None:
-        """Send what the cache did since the last call, and time the blocks it evicted."""
-        events = self.cache.take_events()
-        self.metrics.observe_block_events(events, time.time())
-        await self.publisher.publish(events)
+        """Send what the cache did since the last call."""
+        await self.publisher.publish(self.cache.take_events())
 
     def _run_through_cache(
         self,

@@ -94,3 +94,19 @@ def stored_block_hashes() -> set[int]:
         if event["type"] == "BlockStored"
         for block_hash in event["block_hashes"]
     }
+
+
+_KV_BLOCK_COUNTS = {
+    "vllm:kv_block_lifetime_seconds_count": "lifetimes",
+    "vllm:kv_block_idle_before_evict_seconds_count": "idles",
+    "vllm:kv_block_reuse_gap_seconds_count": "reuse_gaps",
+}
+
+
+def kv_block_metric_counts(metrics_text: str) -> dict[str, float]:
+    """The observation counts of the --kv-cache-metrics histograms in a /metrics text; of
+    metrics-after.txt, what the real server observed of the captured traffic (sampling 1.0)."""
+    from collectors.metrics.parse import parse_metrics
+
+    samples = parse_metrics(metrics_text)
+    return {_KV_BLOCK_COUNTS[s.name]: s.value for s in samples if s.name in _KV_BLOCK_COUNTS}

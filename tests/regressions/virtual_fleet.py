@@ -44,6 +44,7 @@ from app.traffic.tasks import ROLLUP_LOOKBACK
 from collectors.kv_events.parse import decode_sub_message
 from collectors.metrics.parse import parse_metrics
 from collectors.records import RequestFacts
+from simulator.block_metrics import BlockMetrics, Eviction
 from simulator.cache import PrefixCache
 from simulator.kv_events import encode_batch, seq_frame
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
@@ -155,7 +156,8 @@ class _Serving:
         self.scrape_every = scrape_every
         self.next_scrape = 0.0
         blocks, size = run.scenario.servers.num_blocks, run.scenario.servers.block_size
-        self.caches = [PrefixCache(size, blocks) for _ in run.servers]
+        self.now = run.at(0).timestamp()  # the virtual clock, moved by each request served
+        self.caches = [self._cache(server, size, blocks) for server in range(len(run.servers))]
         self.seqs = [0] * len(run.servers)
         self.epochs = [0] * len(run.servers)
         self.facts: list[RequestFacts] = []
@@ -206,10 +208,21 @@ class _Serving:
             event = self.timeline.pop(0)
             server, cache = event.server, self.caches[event.server]
             blocks = event.num_blocks if isinstance(event, CapacityCut) else cache.num_blocks
-            self.caches[server] = PrefixCache(cache.block_size, blocks)
+            self.caches[server] = self._cache(server, cache.block_size, blocks)
             self.seqs[server], self.epochs[server] = 0, self.epochs[server] + 1
             if self.run.metrics:  # its counters from zero, its cache of the new size
                 self.run.metrics[server] = _started_metrics(self.run.scenario, blocks)
+
+    def _cache(self, server: int, block_size: int, num_blocks: int) -> PrefixCache:
+        """A server's cache, its block metrics (--kv-cache-metrics) timed by the virtual clock and
+        observed by the server's /metrics as they are then (a restart starts new ones)."""
+
+        def observe(eviction: Eviction) -> None:
+            if self.run.metrics:
+                self.run.metrics[server].observe_eviction(eviction)
+
+        block_metrics = BlockMetrics(observe, sample=1.0, clock=lambda: self.now)
+        return PrefixCache(block_size, num_blocks, block_metrics=block_metrics)
 
     def _serve(self, request: PlannedRequest) -> None:
         body = request.body
@@ -217,11 +230,12 @@ class _Serving:
         tokens = gpt2.encode(text)
         salt = body.get("cache_salt")
         cache, server = self.caches[request.server], self.run.servers[request.server]
+        arrived_at = self.run.at(request.at)
+        self.now = arrived_at.timestamp()
         admission = cache.admit(
             request.request_id, tokens, cache_salt=salt if isinstance(salt, str) else None
         )
         cache.finish(request.request_id)
-        arrived_at = self.run.at(request.at)
         events = cache.take_events()
         payload = encode_batch(arrived_at.timestamp() + 0.001, events, None)
         seq = self.seqs[request.server]
@@ -247,7 +261,6 @@ class _Serving:
         )  # fmt: skip
         if self.run.metrics:  # as simulator.server.Engine counts a request and its blocks
             metrics = self.run.metrics[request.server]
-            metrics.observe_block_events(events, arrived_at.timestamp())
             metrics.observe_request(RequestTiming(len(tokens), admission.cached_tokens, 0, 0.0, ttft, 0.0))
             metrics.kv_cache_usage.labels(**metrics.labels).set(cache.usage)
 

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from app.domain.blockhash import LoraKey, block_hash_chain
+from simulator.block_metrics import BlockMetrics, Eviction
 from simulator.cache import Admission, OutOfBlocks, PrefixCache
 from simulator.kv_events import KVEventData, encode_batch
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.fixtures import VLLM_CPU_FIXTURES, kv_block_metric_counts, load_json
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 48  # --num-gpu-blocks-override: 47 usable blocks, block 0 is the null block
@@ -90,11 +91,13 @@ class Replay:
     cache: PrefixCache
 
 
-def replay(num_blocks: int = NUM_BLOCKS, *, step_by_step: bool = True) -> Replay:
+def replay(
+    num_blocks: int = NUM_BLOCKS, *, step_by_step: bool = True, block_metrics: BlockMetrics | None = None
+) -> Replay:
     """Run the captured traffic one request at a time. Step by step, each output token is
     given alone and its events form a batch; otherwise all of a request's output goes in
     one call, as a non-streaming server would."""
-    cache = PrefixCache(BLOCK_SIZE, num_blocks)
+    cache = PrefixCache(BLOCK_SIZE, num_blocks, block_metrics=block_metrics)
     admissions: list[tuple[CapturedRequest, Admission]] = []
     batches: list[list[KVEventData]] = []
 
@@ -409,3 +412,48 @@ def test_finishing_an_unknown_request_is_ignored() -> None:
     cache = PrefixCache(BS, 8)
     cache.finish("never-admitted")
     assert cache.usage == 0.0
+
+
+def test_block_metrics_observe_what_the_real_server_observed_of_the_captured_traffic() -> None:
+    evictions: list[Eviction] = []
+    ticks = iter(range(1_000_000))
+    replay(block_metrics=BlockMetrics(evictions.append, sample=1.0, clock=lambda: float(next(ticks))))
+
+    observed = {
+        "lifetimes": len(evictions), "idles": len(evictions),
+        "reuse_gaps": sum(len(e.reuse_gaps) for e in evictions),
+    }  # fmt: skip
+    captured = kv_block_metric_counts((VLLM_CPU_FIXTURES / "metrics-after.txt").read_text())
+    assert observed == captured == {"lifetimes": 61, "idles": 61, "reuse_gaps": 15}
+    assert all(e.lifetime >= e.idle >= 0 and all(g > 0 for g in e.reuse_gaps) for e in evictions)
+
+
+def test_a_blocks_lifetime_idle_time_and_reuse_gaps_run_from_allocation_through_hits_to_eviction() -> None:
+    now = [0.0]
+    evictions: list[Eviction] = []
+    cache = PrefixCache(4, 3, block_metrics=BlockMetrics(evictions.append, sample=1.0, clock=lambda: now[0]))
+    prompt = [1, 2, 3, 4, 5]  # one full block, then one more token
+    for at, request in ((10.0, "a"), (12.0, "b"), (15.0, "c")):  # stored at 10, hit at 12 and 15
+        now[0] = at
+        cache.admit(request, prompt)
+        cache.finish(request)
+    now[0] = 21.0
+    cache.admit("d", [9, 9, 9, 9, 9, 9, 9, 9])  # two blocks: both taken back
+    # As vLLM observes them: every block taken from the free queue, cached or not. The partial block
+    # (id 2) is taken again by each request, never hit; the cached one (id 1) lived from 10 to 21,
+    # hit at 12 and 15.
+    assert evictions == [
+        Eviction(lifetime=2.0, idle=2.0, reuse_gaps=[]),
+        Eviction(lifetime=3.0, idle=3.0, reuse_gaps=[]),
+        Eviction(lifetime=6.0, idle=6.0, reuse_gaps=[]),
+        Eviction(lifetime=11.0, idle=6.0, reuse_gaps=[3.0]),
+    ]
+
+
+def test_unsampled_blocks_are_never_observed() -> None:
+    evictions: list[Eviction] = []
+    metrics = BlockMetrics(evictions.append, sample=1e-9, clock=lambda: 0.0)
+    replay(block_metrics=metrics)
+    assert evictions == [] and metrics.blocks == {}
+    with pytest.raises(ValueError, match="sample rate"):
+        BlockMetrics(evictions.append, sample=0, clock=lambda: 0.0)
