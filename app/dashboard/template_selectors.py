@@ -146,23 +146,29 @@ def hit_rate_trends(
     *, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL
 ) -> dict[int, list[float | None]]:
     """Each template's delivered hit rate per `bucket` seconds of [since, until) (None where no request
-    reported its cached tokens): the Templates list's sparklines. One query for every template, of the
-    hour rollups when both ends are whole hours; buckets start on multiples of `bucket` from midnight."""
-    rows = _requests(since, until, viewer).filter(template__isnull=False)
+    reported its cached tokens): the Templates list's sparklines. Of the hour rollups when both ends are
+    whole hours (their sums per template where the viewer may read them: one query, or two for a
+    tenant), else the minute rollups; buckets start on multiples of `bucket` from midnight."""
     column = "hour" if _whole_hours(since, until) else "minute"
     start = Func(Value(timedelta(seconds=bucket)), F(column), Value(_ORIGIN), function="date_bin",
                  output_field=DateTimeField())  # fmt: skip
-    summed: Iterable[dict[str, Any]] = (
-        rows.annotate(start=start)
-        .values("template_id", "start")
-        .annotate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
-    )
     count = int((until - since).total_seconds()) // bucket
+    sums: dict[tuple[int, int], list[int]] = {}  # (template, bucket index): cached and known tokens
+    for rows in _template_rows(since, until, viewer, losses=False):
+        summed: Iterable[dict[str, Any]] = (
+            rows.annotate(start=start)
+            .values("template_id", "start")
+            .annotate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
+        )
+        for row in summed:
+            index = int((row["start"] - since).total_seconds()) // bucket
+            if 0 <= index < count:
+                tokens = sums.setdefault((row["template_id"], index), [0, 0])
+                tokens[0], tokens[1] = tokens[0] + (row["cached"] or 0), tokens[1] + (row["known"] or 0)
     found: dict[int, list[float | None]] = {}
-    for row in summed:
-        index = int((row["start"] - since).total_seconds()) // bucket
-        if 0 <= index < count and row["known"]:
-            found.setdefault(row["template_id"], [None] * count)[index] = row["cached"] / row["known"]
+    for (template_id, index), (cached, known) in sums.items():
+        if known:
+            found.setdefault(template_id, [None] * count)[index] = cached / known
     return found
 
 

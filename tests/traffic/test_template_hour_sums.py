@@ -137,6 +137,7 @@ def test_the_templates_lists_sums_are_the_hour_rollups_the_viewer_sees(
         assert selectors.totals_by_template(since=since, until=until, viewer=viewer) == {
             pk: selectors.Totals(**totals) for pk, totals in expected.items()
         }
+    assert selectors.hit_rate_trends(since=SINCE, until=UNTIL, bucket=3600, viewer=viewer) == found.trends
     for pk, trend in found.trends.items():
         for i, rate in enumerate(trend):
             hour = rows.filter(template_id=pk, hour=SINCE + i * HOUR).aggregate(**sums)
