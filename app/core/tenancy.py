@@ -14,7 +14,9 @@ A user belongs to tenants (app/core/models.py Membership). Their `Viewer` filter
   anyone's, so only admins see it: whatever cannot be attributed is never shown to a tenant.
 - The request rollups (per server, template and minute) name no tenant: a tenant sees the rows of
   the servers and templates its tenants own, as above. Its figures on a shared server come from
-  the loss rollups, which name the tenant, or from the rows of its own templates.
+  the loss rollups, which name the tenant, or from the rows of its own templates. Their sums over
+  templates (per server) serve a tenant for its own servers, their sums over servers (per template)
+  for its own templates: a sum is read only where every row it holds is the viewer's to see.
 - A regression belongs to its tenant; one without (a server's, a template's or the fleet's) is an
   aggregate of whatever traffic went through its scope, and is seen through its server's or
   template's owner only, else by admins alone (an aggregate of shared traffic is several tenants').

@@ -485,10 +485,11 @@ class TemplateRequestHour(RequestTotals):
     rows, not x servers too. Rows of no template are not summed (those pages read none).
 
     Tenancy (app/core/tenancy.py Viewer.template_request_hours): these sums serve the templates the
-    viewer's tenants own, every server's row of those being theirs; the rows of its servers for the
-    other templates stay in HourRollup. Recomputed from the hour rollups whenever they are
-    (app/traffic/services/rollups.py). No server: a small table (templates x hours, not traffic), a
-    reference table beside the distributed ones, not one of them (tests/core/test_shardable_schema.py).
+    viewer's tenants own, every server's row of those being theirs; a shared template's sum holds other
+    tenants' servers' rows, so its rows on the viewer's servers are read from HourRollup. Recomputed
+    from the hour rollups whenever they are (app/traffic/services/rollups.py). No server: a small table
+    (templates x hours, not traffic), a reference table beside the distributed ones, not one of them
+    (tests/core/test_shardable_schema.py).
     """
 
     pk = models.CompositePrimaryKey("template", "hour")
@@ -507,8 +508,9 @@ class TemplateLossHour(LossTotals):
     tokens over a day or a week, for the Templates list and the template's page.
 
     Tenancy (Viewer.template_loss_hours): these sums serve the rows of the viewer's tenants and the
-    tenant-less rows of its templates; tenant-less rows of its servers for other templates stay in
-    LossHour. Recomputed from the loss hours whenever they are; a small table, as TemplateRequestHour.
+    tenant-less rows of its templates; the tenant-less rows of shared templates on its servers are
+    read from LossHour. Recomputed from the loss hours whenever they are; a small table, as
+    TemplateRequestHour.
     """
 
     pk = models.CompositePrimaryKey("template", "hour", "tenant")
