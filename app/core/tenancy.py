@@ -14,7 +14,9 @@ A user belongs to tenants (app/core/models.py Membership). Their `Viewer` filter
   anyone's, so only admins see it: whatever cannot be attributed is never shown to a tenant.
 - The request rollups (per server, template and minute) name no tenant: a tenant sees the rows of
   the servers and templates its tenants own, as above. Its figures on a shared server come from
-  the loss rollups, which name the tenant, or from the rows of its own templates.
+  the loss rollups, which name the tenant, or from the rows of its own templates. Their sums over
+  templates (per server) serve a tenant for its own servers, their sums over servers (per template)
+  for its own templates: a sum is read only where every row it holds is the viewer's to see.
 - A regression belongs to its tenant; one without (a server's, a template's or the fleet's) is an
   aggregate of whatever traffic went through its scope, and is seen through its server's or
   template's owner only, else by admins alone (an aggregate of shared traffic is several tenants').
@@ -42,6 +44,7 @@ M = TypeVar("M", bound=Model)
 
 _SERVERS_SQL = "SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s)"
 _TEMPLATES_SQL = "SELECT id FROM prompts_template WHERE tenant = ANY(%(viewer_tenants)s)"
+_SHARED_TEMPLATES_SQL = "SELECT id FROM prompts_template WHERE tenant = ''"
 _OWNED_SQL = f"server_id IN ({_SERVERS_SQL}) OR template_id IN ({_TEMPLATES_SQL})"
 
 
@@ -165,6 +168,78 @@ class Viewer:
         return (
             f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND server_id IN ({_SERVERS_SQL})))",
             f"tenant = '' AND template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
+            self._sql_params,
+        )
+
+    def template_request_hours(
+        self, per_template: QuerySet[Any], per_server: QuerySet[Any]
+    ) -> list[QuerySet[Any]]:
+        """rollups() of the request hours of the templates the viewer sees (templates()), read from
+        their sums per template (`per_template`, every server's) where it can: its tenants' templates
+        from the sums (every server's row of those is seen), the shared templates' rows of its servers
+        from the per-server rollup (`per_server`); admins, the sums. A shared template's sum holds
+        other tenants' servers' rows: never read for a tenant. Another tenant's template is not seen,
+        so its rows on the viewer's servers are left out (they are rollups() rows, not a template's)."""
+        if self.tenants is None:
+            return [per_template]
+        if not self.tenants:
+            return []
+        servers, templates, shared = self._template_keys(per_server)
+        return [
+            per_template.filter(template__in=templates),
+            per_server.filter(server__in=servers, template__in=shared),
+        ]
+
+    def template_loss_hours(
+        self, per_template: QuerySet[Any], per_server: QuerySet[Any]
+    ) -> list[QuerySet[Any]]:
+        """traffic() of the loss hours of the templates the viewer sees, read from their sums per
+        template and tenant where it can: the viewer's tenants' rows and the tenant-less ones of its
+        templates from the sums, the tenant-less rows of shared templates on its servers from the
+        per-server rollup."""
+        if self.tenants is None:
+            return [per_template]
+        if not self.tenants:
+            return []
+        servers, templates, shared = self._template_keys(per_server)
+        visible = Q(template__in=templates) | Q(template__in=shared)
+        return [
+            per_template.filter(visible & (Q(tenant__in=self._names) | Q(tenant="", template__in=templates))),
+            per_server.filter(tenant="", server__in=servers, template__in=shared),
+        ]
+
+    def _template_keys(self, rows: QuerySet[Any]) -> tuple[QuerySet[Any], QuerySet[Any], QuerySet[Any]]:
+        """The ids of the servers and of the templates the viewer's tenants own, and of the shared
+        templates, as subqueries."""
+        servers, templates = self._owned_keys(rows)
+        manager = rows.model._meta.get_field("template").related_model._default_manager
+        return servers, templates, manager.filter(tenant="").values("pk")
+
+    def template_request_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
+        """template_request_hours()'s conditions in raw SQL: over the per-template sums (template_id),
+        and over the per-server rollup (server_id, template_id); None: no row of that table."""
+        if self.tenants is None:
+            return "true", None, {}
+        if not self.tenants:
+            return None, None, {}
+        return (
+            f"template_id IN ({_TEMPLATES_SQL})",
+            f"server_id IN ({_SERVERS_SQL}) AND template_id IN ({_SHARED_TEMPLATES_SQL})",
+            self._sql_params,
+        )
+
+    def template_loss_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
+        """template_loss_hours()'s conditions in raw SQL: over the per-template and tenant sums
+        (template_id, tenant), and over the per-server rollup (server_id, template_id, tenant)."""
+        if self.tenants is None:
+            return "true", None, {}
+        if not self.tenants:
+            return None, None, {}
+        seen = f"template_id IN ({_TEMPLATES_SQL} OR tenant = '')"  # templates()
+        owned = f"template_id IN ({_TEMPLATES_SQL})"
+        return (
+            f"{seen} AND (tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND {owned}))",
+            f"tenant = '' AND server_id IN ({_SERVERS_SQL}) AND template_id IN ({_SHARED_TEMPLATES_SQL})",
             self._sql_params,
         )
 

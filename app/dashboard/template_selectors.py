@@ -17,7 +17,14 @@ from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily, TemplateVersion
 from app.regressions.models import Regression
-from app.traffic.models import HourRollup, LossHour, LossMinute, MinuteRollup
+from app.traffic.models import (
+    HourRollup,
+    LossHour,
+    LossMinute,
+    MinuteRollup,
+    TemplateLossHour,
+    TemplateRequestHour,
+)
 from app.traffic.selectors import LOST_COLUMNS
 
 
@@ -61,17 +68,59 @@ def _losses(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]:
     return viewer.traffic(rows)
 
 
+def _template_rows(since: datetime, until: datetime, viewer: Viewer, *, losses: bool) -> list[QuerySet[Any]]:
+    """The request (or loss) rollup rows of some template in [since, until) the viewer sees, as
+    querysets to sum apart: for whole hours, the sums per template where the viewer may read them and
+    the rest from the hour rollups (Viewer.template_request_hours, template_loss_hours); else the
+    minute rollups."""
+    if not _whole_hours(since, until):
+        rows = _losses(since, until, viewer) if losses else _requests(since, until, viewer)
+        return [rows.filter(template__isnull=False)]
+    window = {"hour__gte": since, "hour__lt": until}
+    if losses:
+        sums = TemplateLossHour.objects.filter(**window)
+        return viewer.template_loss_hours(sums, LossHour.objects.filter(**window))
+    per_template = TemplateRequestHour.objects.filter(**window)
+    return viewer.template_request_hours(per_template, HourRollup.objects.filter(**window))
+
+
+def _hour_rows(select: str, where: str, viewer: Viewer, *, losses: bool) -> tuple[str, dict[str, Any]]:
+    """SQL of the hour rollups' rows of some template the viewer sees, `select` of those matching
+    `where`, as _template_rows' querysets: the per-template sums where the viewer may read them, the
+    rest from the per-server hour rollup (a UNION ALL; both tables have the columns summed)."""
+    if losses:
+        tables, (sums, fine, params) = (
+            ("traffic_templatelosshour", "traffic_losshour"),
+            viewer.template_loss_hours_sql(),
+        )
+    else:
+        tables, (sums, fine, params) = (
+            ("traffic_templaterequesthour", "traffic_hourrollup"),
+            viewer.template_request_hours_sql(),
+        )
+    parts = [f"SELECT {select} FROM {tables[0]} WHERE {sums or 'false'} AND {where}"]
+    if fine is not None:
+        parts.append(f"SELECT {select} FROM {tables[1]} WHERE {fine} AND {where}")
+    return " UNION ALL ".join(parts), params
+
+
 def totals_by_template(
     *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL, template_id: int | None = None
 ) -> dict[int, Totals]:
     """Each template's totals over [since, until) (templates without requests left out)."""
-    rows = _requests(since, until, viewer).filter(template__isnull=False)
-    if template_id is not None:
-        rows = rows.filter(template_id=template_id)
-    summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
-        **{name: Sum(name) for name in _TOTALS}
-    )
-    return {row["template_id"]: Totals(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
+    found: dict[int, Totals] = {}
+    for rows in _template_rows(since, until, viewer, losses=False):
+        if template_id is not None:
+            rows = rows.filter(template_id=template_id)
+        summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
+            **{name: Sum(name) for name in _TOTALS}
+        )
+        for row in summed:
+            before = found.get(row["template_id"], Totals())
+            found[row["template_id"]] = Totals(
+                *(getattr(before, name) + (row[name] or 0) for name in _TOTALS)
+            )
+    return found
 
 
 def totals_by_server(
@@ -97,23 +146,29 @@ def hit_rate_trends(
     *, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL
 ) -> dict[int, list[float | None]]:
     """Each template's delivered hit rate per `bucket` seconds of [since, until) (None where no request
-    reported its cached tokens): the Templates list's sparklines. One query for every template, of the
-    hour rollups when both ends are whole hours; buckets start on multiples of `bucket` from midnight."""
-    rows = _requests(since, until, viewer).filter(template__isnull=False)
+    reported its cached tokens): the Templates list's sparklines. Of the hour rollups when both ends are
+    whole hours (their sums per template where the viewer may read them: one query, or two for a
+    tenant), else the minute rollups; buckets start on multiples of `bucket` from midnight."""
     column = "hour" if _whole_hours(since, until) else "minute"
     start = Func(Value(timedelta(seconds=bucket)), F(column), Value(_ORIGIN), function="date_bin",
                  output_field=DateTimeField())  # fmt: skip
-    summed: Iterable[dict[str, Any]] = (
-        rows.annotate(start=start)
-        .values("template_id", "start")
-        .annotate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
-    )
     count = int((until - since).total_seconds()) // bucket
+    sums: dict[tuple[int, int], list[int]] = {}  # (template, bucket index): cached and known tokens
+    for rows in _template_rows(since, until, viewer, losses=False):
+        summed: Iterable[dict[str, Any]] = (
+            rows.annotate(start=start)
+            .values("template_id", "start")
+            .annotate(cached=Sum("cached_tokens"), known=Sum("cache_known_prompt_tokens"))
+        )
+        for row in summed:
+            index = int((row["start"] - since).total_seconds()) // bucket
+            if 0 <= index < count:
+                tokens = sums.setdefault((row["template_id"], index), [0, 0])
+                tokens[0], tokens[1] = tokens[0] + (row["cached"] or 0), tokens[1] + (row["known"] or 0)
     found: dict[int, list[float | None]] = {}
-    for row in summed:
-        index = int((row["start"] - since).total_seconds()) // bucket
-        if 0 <= index < count and row["known"]:
-            found.setdefault(row["template_id"], [None] * count)[index] = row["cached"] / row["known"]
+    for (template_id, index), (cached, known) in sums.items():
+        if known:
+            found.setdefault(template_id, [None] * count)[index] = cached / known
     return found
 
 
@@ -124,13 +179,18 @@ def lost_by_template(
     *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL, template_id: int | None = None
 ) -> dict[int, dict[str, int]]:
     """Each template's prompt tokens lost per miss cause over [since, until), from the loss rollups."""
-    rows = _losses(since, until, viewer).filter(template__isnull=False)
-    if template_id is not None:
-        rows = rows.filter(template_id=template_id)
-    summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
-        **{cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
-    )
-    return {row["template_id"]: {cause: row[cause] or 0 for cause in LOST_COLUMNS} for row in summed}
+    found: dict[int, dict[str, int]] = {}
+    for rows in _template_rows(since, until, viewer, losses=True):
+        if template_id is not None:
+            rows = rows.filter(template_id=template_id)
+        summed: Iterable[dict[str, Any]] = rows.values("template_id").annotate(
+            **{cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
+        )
+        for row in summed:
+            lost = found.setdefault(row["template_id"], dict.fromkeys(LOST_COLUMNS, 0))
+            for cause in LOST_COLUMNS:
+                lost[cause] += row[cause] or 0
+    return found
 
 
 def open_regressions_by_template(*, viewer: Viewer = SEES_ALL) -> dict[int, int]:
@@ -256,24 +316,41 @@ _PREFILL = ("prefill_count", "prefill_uncached_sum", "prefill_ttft_sum", "prefil
 def template_requests(
     *, template_id: int, since: datetime, until: datetime, bucket: int, ttft: str, viewer: Viewer = SEES_ALL
 ) -> TemplateRequests:
-    """One read of the template's request rollups over [since, until), grouped at once by bucket, by
-    server and in all (GROUPING SETS): of the hour rollups for buckets of whole hours, as the series
-    API reads a template (app/traffic/series.py), the minute rollups otherwise."""
-    table, time = ("traffic_hourrollup", "hour") if bucket % 3600 == 0 else ("traffic_minuterollup", "minute")
-    seen, params = viewer.rollups_sql()
+    """One read of the template's request rollups over [since, until), grouped at once by bucket and
+    in all (GROUPING SETS), and its totals per server: for buckets of whole hours, as the series API
+    reads a template (app/traffic/series.py), the buckets from its sums per template where the viewer
+    may read them (_hour_rows) and the servers from the hour rollups' index of the template's totals
+    (hour_rollup_template_sums, an index-only scan); the minute rollups otherwise, in one query."""
+    hours = bucket % 3600 == 0
+    time = "hour" if hours else "minute"
     histogram = ", ".join(
         f"coalesce(sum({ttft}_ttft_buckets[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2)
     )
     sums = ", ".join(f"coalesce(sum({name}), 0)" for name in (*_TOTALS, *_PREFILL))
+    columns = f"{_BIN.format(time)} AS b, {', '.join((*_TOTALS, *_PREFILL))}, {ttft}_ttft_buckets"
+    where = f"template_id = %(id)s AND {time} >= %(since)s AND {time} < %(until)s"
+    if hours:
+        rows, params = _hour_rows(columns, where, viewer, losses=False)
+        (grouped, server), sets = ("1", "NULL"), "(b), ()"  # 1: as grouping() of a set without it
+    else:
+        seen, params = viewer.rollups_sql()
+        rows = f"SELECT server_id, {columns} FROM traffic_minuterollup WHERE {seen} AND {where}"
+        (grouped, server), sets = ("grouping(server_id)", "server_id"), "(b), (server_id), ()"
     sql = f"""
-        SELECT grouping(b), grouping(server_id), b, server_id, {sums}, {histogram}
-        FROM (SELECT {_BIN.format(time)} AS b, * FROM {table}
-              WHERE template_id = %(id)s AND {seen} AND {time} >= %(since)s AND {time} < %(until)s) AS rows
-        GROUP BY GROUPING SETS ((b), (server_id), ())
+        SELECT grouping(b), {grouped}, b, {server}, {sums}, {histogram} FROM ({rows}) AS rows
+        GROUP BY GROUPING SETS ({sets})
     """
+    asked = {**params, "id": template_id, "since": since, "until": until, "bucket": bucket}
     with connection.cursor() as cursor:
-        cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until, "bucket": bucket})
-        rows = cursor.fetchall()
+        cursor.execute(sql, asked)
+        found = _request_sums(cursor.fetchall())
+    if hours:
+        found.servers.update(_server_hours(template_id, since, until, viewer))
+    return found
+
+
+def _request_sums(rows: Iterable[Any]) -> TemplateRequests:
+    """template_requests' rows: per bucket, per server and in all, told apart by grouping()."""
     buckets: dict[datetime, BucketSums] = {}
     servers: dict[int, Totals] = {}
     totals, prefill = Totals(), PrefillSums()
@@ -293,6 +370,20 @@ def template_requests(
     return TemplateRequests(buckets, servers, totals, prefill)
 
 
+def _server_hours(template_id: int, since: datetime, until: datetime, viewer: Viewer) -> dict[int, Totals]:
+    """The template's totals per server over [since, until) of whole hours, from the hour rollups the
+    viewer sees: the index of the template's hours holds the server and these totals."""
+    seen, params = viewer.rollups_sql()
+    sums = ", ".join(f"coalesce(sum({name}), 0)" for name in _TOTALS)
+    sql = f"""
+        SELECT server_id, {sums} FROM traffic_hourrollup
+        WHERE template_id = %(id)s AND {seen} AND hour >= %(since)s AND hour < %(until)s GROUP BY server_id
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until})
+        return {server_id: Totals(*(int(v) for v in values)) for server_id, *values in cursor.fetchall()}
+
+
 _BIN = "date_bin(make_interval(secs => %(bucket)s), {}, TIMESTAMPTZ '2000-01-01')"
 
 
@@ -300,21 +391,24 @@ def template_losses(
     *, template_id: int, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL
 ) -> dict[datetime | None, dict[str, int]]:
     """One read of the template's loss rollups over [since, until): the prompt tokens lost per miss
-    cause per bucket, and (at None) in all; of the hour rollups for buckets of whole hours."""
-    table, time = ("traffic_losshour", "hour") if bucket % 3600 == 0 else ("traffic_lossminute", "minute")
-    seen, params = viewer.traffic_sql()
+    cause per bucket, and (at None) in all; for buckets of whole hours, of its sums per template and
+    tenant where the viewer may read them and the hour rollups (_hour_rows), else the minutes."""
+    hours = bucket % 3600 == 0
+    time = "hour" if hours else "minute"
     causes = list(LOST_COLUMNS)
+    columns = f"{_BIN.format(time)} AS b, {', '.join(LOST_COLUMNS[c] for c in causes)}"
+    where = f"template_id = %(id)s AND {time} >= %(since)s AND {time} < %(until)s"
+    if hours:
+        rows, params = _hour_rows(columns, where, viewer, losses=True)
+    else:
+        seen, params = viewer.traffic_sql()
+        rows = f"SELECT {columns} FROM traffic_lossminute WHERE {seen} AND {where}"
     sums = ", ".join(f"coalesce(sum({LOST_COLUMNS[c]}), 0)" for c in causes)
-    sql = f"""
-        SELECT b, {sums}
-        FROM (SELECT {_BIN.format(time)} AS b, * FROM {table}
-              WHERE template_id = %(id)s AND {seen} AND {time} >= %(since)s AND {time} < %(until)s) AS rows
-        GROUP BY GROUPING SETS ((b), ())
-    """
+    sql = f"SELECT b, {sums} FROM ({rows}) AS rows GROUP BY GROUPING SETS ((b), ())"
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until, "bucket": bucket})
-        rows = cursor.fetchall()
-    return {start: dict(zip(causes, (int(v) for v in values), strict=True)) for start, *values in rows}
+        found = cursor.fetchall()
+    return {start: dict(zip(causes, (int(v) for v in values), strict=True)) for start, *values in found}
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,21 +422,26 @@ class ListSums:
 
 
 def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer = SEES_ALL) -> ListSums:
-    """One read of the request rollups over both windows (of the hour rollups when both ends are whole
-    hours), grouped by template and, for the window's rows, by bucket too (GROUPING SETS): the same
-    sums as totals_by_template over each window and hit_rate_trends, in one pass over the rows."""
+    """One read of the request rollups over both windows (for whole hours, of the sums per template
+    where the viewer may read them and the hour rollups: _hour_rows), grouped by template and, for the
+    window's rows, by bucket too (GROUPING SETS): the same sums as totals_by_template over each window
+    and hit_rate_trends, in one pass over the rows."""
     before = since - (until - since)
-    table, time = (
-        ("traffic_hourrollup", "hour") if _whole_hours(since, until) else ("traffic_minuterollup", "minute")
-    )
-    seen, params = viewer.rollups_sql()
-    now_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} >= %(since)s), 0)" for name in _TOTALS)
-    before_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE {time} < %(since)s), 0)" for name in _TOTALS)
+    time = "hour" if _whole_hours(since, until) else "minute"
+    columns = f"template_id, {time} AS t, {', '.join(_TOTALS)}"
+    where = f"{time} >= %(before)s AND {time} < %(until)s"
+    if time == "hour":
+        rows, params = _hour_rows(columns, where, viewer, losses=False)
+    else:
+        seen, params = viewer.rollups_sql()
+        rows = (
+            f"SELECT {columns} FROM traffic_minuterollup WHERE template_id IS NOT NULL AND {seen} AND {where}"
+        )
+    now_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE t >= %(since)s), 0)" for name in _TOTALS)
+    before_sums = ", ".join(f"coalesce(sum({name}) FILTER (WHERE t < %(since)s), 0)" for name in _TOTALS)
     sql = f"""
         SELECT grouping(b), template_id, b, {now_sums}, {before_sums}
-        FROM (SELECT CASE WHEN {time} >= %(since)s THEN {_BIN.format(time)} END AS b, * FROM {table}
-              WHERE template_id IS NOT NULL AND {seen}
-                AND {time} >= %(before)s AND {time} < %(until)s) AS rows
+        FROM (SELECT CASE WHEN t >= %(since)s THEN {_BIN.format("t")} END AS b, * FROM ({rows}) AS r) AS rows
         GROUP BY GROUPING SETS ((template_id, b), (template_id))
     """
     window: dict[str, Any] = {"since": since, "until": until, "before": before, "bucket": bucket}

@@ -296,6 +296,19 @@ class HourRollup(RequestTotals):
                 include=["server", "requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens"],
                 name="hour_rollup_template_sums",
             ),
+            # A tenant's Templates list reads its servers' rows of the shared templates (its own
+            # templates' from TemplateRequestHour): from this index alone, its servers' rows only.
+            models.Index(
+                fields=["server", "hour"],
+                include=[
+                    "template",
+                    "requests",
+                    "prompt_tokens",
+                    "cached_tokens",
+                    "cache_known_prompt_tokens",
+                ],
+                name="hour_rollup_server_sums",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -415,6 +428,11 @@ class LossHour(LossTotals):
         indexes = [
             models.Index(fields=["hour"], name="loss_hour_time"),
             models.Index(fields=["template", "hour"], name="loss_hour_template_time"),
+            # A tenant's Templates list: the tenant-less rows of its servers (TemplateLossHour's
+            # Viewer.template_loss_hours), a few among the tenants' ones.
+            models.Index(
+                fields=["server", "hour"], name="loss_hour_untenanted", condition=models.Q(tenant="")
+            ),
         ]
 
     def __str__(self) -> str:
@@ -459,6 +477,51 @@ class ServerLossQuarter(LossTotals):
 
     def __str__(self) -> str:
         return f"{self.server_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}+15min"
+
+
+class TemplateRequestHour(RequestTotals):
+    """The hour rollups of one template summed over the servers that served it: what the Templates
+    list and a template's page read for whole hours, a week of every template being templates x 168
+    rows, not x servers too. Rows of no template are not summed (those pages read none).
+
+    Tenancy (app/core/tenancy.py Viewer.template_request_hours): these sums serve the templates the
+    viewer's tenants own, every server's row of those being theirs; a shared template's sum holds other
+    tenants' servers' rows, so its rows on the viewer's servers are read from HourRollup. Recomputed
+    from the hour rollups whenever they are (app/traffic/services/rollups.py). No server: a small table
+    (templates x hours, not traffic), a reference table beside the distributed ones, not one of them
+    (tests/core/test_shardable_schema.py).
+    """
+
+    pk = models.CompositePrimaryKey("template", "hour")
+    template = models.ForeignKey("prompts.Template", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="template_request_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.template_id} {self.hour:%Y-%m-%d %H}h"
+
+
+class TemplateLossHour(LossTotals):
+    """The loss hours of one template and tenant summed over servers and versions: a template's lost
+    tokens over a day or a week, for the Templates list and the template's page.
+
+    Tenancy (Viewer.template_loss_hours): these sums serve the rows of the viewer's tenants and the
+    tenant-less rows of its templates; the tenant-less rows of shared templates on its servers are
+    read from LossHour. Recomputed from the loss hours whenever they are; a small table, as
+    TemplateRequestHour.
+    """
+
+    pk = models.CompositePrimaryKey("template", "hour", "tenant")
+    template = models.ForeignKey("prompts.Template", on_delete=models.CASCADE, related_name="+")
+    hour = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["hour"], name="template_loss_hour_time")]
+
+    def __str__(self) -> str:
+        return f"{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
 
 
 class ServerTotals(models.Model):

@@ -4,6 +4,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorWrapper
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.traffic.models import RequestDiagnosis
@@ -129,6 +130,7 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
         cursor.execute(HOUR_SQL, hours)
         cursor.execute(_SERVER_HOUR_DELETE_SQL, hours)
         cursor.execute(SERVER_HOUR_SQL, hours)
+        _sum_template_hours(cursor, hours, losses=False)
         return written
 
 
@@ -207,6 +209,42 @@ def whole_quarters(since: datetime, until: datetime) -> tuple[datetime, datetime
     return start, end + QUARTER if until != end else end
 
 
+# The hours of each template summed over servers (TemplateRequestHour) and of each template and
+# tenant summed over servers and versions (TemplateLossHour), from the hour rollups just summed:
+# emptied and summed again as they are (what the Templates list and a template's page read).
+_TEMPLATE_HOUR_DELETE_SQL = (
+    "DELETE FROM traffic_templaterequesthour WHERE hour >= %(since)s AND hour < %(until)s"
+)
+TEMPLATE_HOUR_SQL = f"""
+INSERT INTO traffic_templaterequesthour (template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
+                                         server_ttft_buckets)
+SELECT template_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s AND template_id IS NOT NULL
+GROUP BY 1, 2
+"""
+_TEMPLATE_LOSS_HOUR_DELETE_SQL = (
+    "DELETE FROM traffic_templatelosshour WHERE hour >= %(since)s AND hour < %(until)s"
+)
+TEMPLATE_LOSS_HOUR_SQL = f"""
+INSERT INTO traffic_templatelosshour (template_id, hour, tenant, {", ".join(_LOSS_TOTALS)})
+SELECT template_id, hour, tenant, {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s AND template_id IS NOT NULL
+GROUP BY 1, 2, 3
+"""
+
+
+def _sum_template_hours(cursor: CursorWrapper, hours: dict[str, datetime], *, losses: bool) -> None:
+    """Sum the request (or loss) hours of [since, until) per template, after the hours themselves."""
+    delete, insert = (
+        (_TEMPLATE_LOSS_HOUR_DELETE_SQL, TEMPLATE_LOSS_HOUR_SQL)
+        if losses
+        else (_TEMPLATE_HOUR_DELETE_SQL, TEMPLATE_HOUR_SQL)
+    )
+    cursor.execute(delete, hours)
+    cursor.execute(insert, hours)
+
+
 LOSS_ROLLUP_LOCK = 0x4C4F_5353  # pg_advisory_xact_lock's key for summing loss minutes ("LOSS")
 
 
@@ -227,6 +265,7 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
         cursor.execute(LOSS_HOUR_SQL, hours)
         cursor.execute(_SERVER_LOSS_HOUR_DELETE_SQL, hours)
         cursor.execute(SERVER_LOSS_HOUR_SQL, hours)
+        _sum_template_hours(cursor, hours, losses=True)
         quarters = dict(zip(("since", "until"), whole_quarters(start, end), strict=True))
         cursor.execute(_QUARTER_DELETE_SQL, quarters)
         cursor.execute(SERVER_LOSS_QUARTER_SQL, quarters)
