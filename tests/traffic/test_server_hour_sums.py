@@ -291,7 +291,7 @@ def test_the_tenant_audit_is_the_loss_minutes_the_viewer_sees_summed_per_tenant(
     minutes = viewer.traffic(LossMinute.objects.filter(minute__gte=since, minute__lt=until))
     sums = {"requests": Sum("requests"), "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits"),
             "lost": Sum("evicted_tokens") + Sum("salt_tokens")}  # the fixture's only losses  # fmt: skip
-    rows: list[dict[str, Any]] = list(minutes.values("tenant").annotate(**sums))
+    rows: Any = minutes.values("tenant").annotate(**sums)
     expected = {row["tenant"]: {name: row[name] for name in sums} for row in rows}
     found = {
         row.tenant: {"requests": row.requests, "salt": row.salt_tokens, "lost": row.lost_tokens,
