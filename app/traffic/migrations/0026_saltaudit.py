@@ -77,6 +77,8 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('minute', 'model', 'first_block', 'tenant', 'template'), name='unsalted_prefix_minute_identity', nulls_distinct=False)],
             },
         ),
+        # The grouping sorts a row per record: in memory, not in files (this transaction alone).
+        migrations.RunSQL("SET LOCAL work_mem = '256MB'", migrations.RunSQL.noop),
         migrations.RunSQL(FILL_MINUTES_SQL, migrations.RunSQL.noop),
         migrations.RunSQL(FILL_HOURS_SQL, migrations.RunSQL.noop),
     ]
