@@ -403,8 +403,9 @@ def shared_unsalted_prefixes(
     groups: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
     for row in sorted(rows):  # by model, first block and tenant
         groups.setdefault((row[0], row[1]), []).append(row)
-    shared = [_shared_prefix(model, block, found) for (model, block), found in groups.items()]
-    return sorted(shared, key=lambda prefix: (-prefix.requests, prefix.model, prefix.first_block))
+    # As the query's LIMIT ranks them: the most requests first, then by model and the stored (signed) hash.
+    ranked = sorted(groups.items(), key=lambda group: (-sum(row[4] for row in group[1]), group[0]))
+    return [_shared_prefix(model, block, found) for (model, block), found in ranked]
 
 
 def _shared_prefix(model: str, block: int, rows: list[tuple[Any, ...]]) -> SharedPrefix:
