@@ -259,6 +259,13 @@ class Viewer:
             return "true", {}
         return f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND {_OWNED_SQL}))", self._sql_params
 
+    def tenanted_sql(self) -> tuple[str, dict[str, Any]]:
+        """traffic_sql() of rows that always name their tenant (the unsalted prefix rollups: the salt
+        audit leaves tenant-less records out): the rows of the viewer's tenants."""
+        if self.tenants is None:
+            return "true", {}
+        return "tenant = ANY(%(viewer_tenants)s)", self._sql_params
+
     def rollups_sql(self) -> tuple[str, dict[str, Any]]:
         """rollups()'s condition in raw SQL, over a table with `server_id` and `template_id`."""
         if self.tenants is None:

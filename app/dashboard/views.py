@@ -41,7 +41,6 @@ from app.prompts.models import CacheKiller
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import resident_shares
 from app.traffic.selectors import (
-    SHARED_PREFIX_LOOKBACK,
     LossRow,
     diagnosed_requests,
     losses,
@@ -376,6 +375,5 @@ def tenants(request: HtmxHttpRequest) -> HttpResponse:
     context = {"tenants": tenant_audit(since=since, until=until, viewer=viewer),
                "hits": unexpected_hits(since=since, until=until, viewer=viewer),
                "shared": shared_unsalted_prefixes(since=since, until=until, viewer=viewer),
-               "shared_hours": SHARED_PREFIX_LOOKBACK // timedelta(hours=1),
                "window": window, "windows": [*WINDOWS, "custom"]}  # fmt: skip
     return render(request, "dashboard/tenants.html", context)

@@ -4,12 +4,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import Count, F, Max, QuerySet, Sum, Value
+from django.db import connection
+from django.db.models import F, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
-from app.traffic.models import LossHour, LossMinute, RequestDiagnosis, RequestRecord
+from app.traffic.models import (
+    LossHour,
+    LossMinute,
+    RequestDiagnosis,
+    RequestRecord,
+    ServerLossHour,
+    ServerLossQuarter,
+)
+from app.traffic.services.rollups import QUARTER
 
 LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
 
@@ -246,7 +254,7 @@ def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL)
     sums = {"requests": Sum("requests"), "prompt": Sum("prompt_tokens"), "reused": Sum("reused_tokens"),
             "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits"),
             **{f"lost_{cause}": Sum(column) for cause, column in LOST_COLUMNS.items()}}  # fmt: skip
-    rows = _summed(_loss_rollups(since=since, until=until, viewer=viewer), keys=("tenant",), sums=sums)
+    rows = _summed(_tenant_loss_rollups(since=since, until=until, viewer=viewer), keys=("tenant",), sums=sums)
     found = [
         TenantAudit(
             row["tenant"],
@@ -260,6 +268,42 @@ def tenant_audit(*, since: datetime, until: datetime, viewer: Viewer = SEES_ALL)
         for row in rows
     ]
     return sorted(found, key=lambda row: (-row.unexpected_hits, -row.salt_tokens, row.tenant))
+
+
+def _tenant_loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
+    """_loss_rollups() for sums per tenant, read from the loss sums per server and tenant where they
+    serve: whole hours from ServerLossHour, whole quarter hours around them from ServerLossQuarter, the
+    minutes around those from LossMinute (an hour's window was up to 118 loss minutes of every server,
+    template and version; now 28 at most). Viewer.loss_hours says which rows of the sums the viewer
+    sees, and reads the rest (tenant-less rows of its templates on others' servers) from the rollups
+    per template."""
+    quarters = _ceil_quarter(since), _floor_quarter(until)
+    if quarters[0] >= quarters[1]:
+        return [_loss_minutes(since=since, until=until, viewer=viewer)]
+    hours = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
+    spans = [(quarters[0], hours[0]), (hours[1], quarters[1])] if hours[0] < hours[1] else [quarters]
+    parts = [_loss_minutes(since=since, until=quarters[0], viewer=viewer),
+             _loss_minutes(since=quarters[1], until=until, viewer=viewer)]  # fmt: skip
+    for start, end in spans:
+        if start < end:
+            quarter, minute = ServerLossQuarter.objects.all(), LossMinute.objects.all()
+            parts += viewer.loss_hours(quarter.filter(minute__gte=start, minute__lt=end),
+                                       minute.filter(minute__gte=start, minute__lt=end))  # fmt: skip
+    if hours[0] < hours[1]:
+        hour_span = {"hour__gte": hours[0], "hour__lt": hours[1]}
+        parts += viewer.loss_hours(
+            ServerLossHour.objects.filter(**hour_span), LossHour.objects.filter(**hour_span)
+        )
+    return parts
+
+
+def _ceil_quarter(moment: datetime) -> datetime:
+    floor = _floor_quarter(moment)
+    return floor if floor == moment else floor + QUARTER
+
+
+def _floor_quarter(moment: datetime) -> datetime:
+    return moment.replace(minute=moment.minute - moment.minute % 15, second=0, microsecond=0)
 
 
 def unexpected_hits(
@@ -280,8 +324,14 @@ def unexpected_hits(
     return list(hits.select_related("server", "template").order_by("-arrived_at")[:limit])
 
 
-SHARED_PREFIX_LOOKBACK = timedelta(hours=1)
-"""How far back the shared-prefix audit reads raw request records: there is no rollup of prefixes."""
+@dataclass(frozen=True, slots=True)
+class SharedPrefixSample:
+    """The latest request of one tenant that began with a shared first block, by its key."""
+
+    tenant: str
+    server_name: str
+    request_id: str
+    arrived_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,51 +345,82 @@ class SharedPrefix:
     templates: list[str]
     requests: int
     last_seen_at: datetime
-    samples: list[RequestRecord]  # the latest request of each tenant
+    samples: list[SharedPrefixSample]  # the latest request of each tenant, by tenant
 
     @property
     def hash_hex(self) -> str:
         return f"{self.first_block:016x}"
 
 
+_LATEST_ROW = "ORDER BY s.last_seen_at DESC, s.last_server_id DESC, s.last_request_id DESC"
+# The window's rows (minutes at its edges, hours between); the first blocks of two tenants or more
+# among them, the most requests first (hashed sums: no sort of the window's rows); then those blocks'
+# rows summed per tenant, with its latest request. Grouped by the first block before the model:
+# integers sort faster than text.
+_SHARED_SQL = f"""
+WITH seen AS (
+    SELECT model, first_block, tenant, template_id, requests, last_seen_at, last_server_id, last_request_id
+    FROM traffic_unsaltedprefixminute WHERE ({{minutes}}) AND {{seen}}
+    UNION ALL
+    SELECT model, first_block, tenant, template_id, requests, last_seen_at, last_server_id, last_request_id
+    FROM traffic_unsaltedprefixhour WHERE hour >= %(first)s AND hour < %(last)s AND {{seen}}
+), per_tenant AS (
+    SELECT first_block, model, tenant, sum(requests) AS requests FROM seen GROUP BY 1, 2, 3
+), shared AS (
+    SELECT first_block, model FROM per_tenant GROUP BY 1, 2 HAVING count(*) >= 2
+    ORDER BY sum(requests) DESC, model, first_block LIMIT %(limit)s
+), latest AS (
+    SELECT s.first_block, s.model, s.tenant, array_agg(DISTINCT s.template_id) AS template_ids,
+           sum(s.requests) AS requests, max(s.last_seen_at) AS last_seen_at,
+           (array_agg(s.last_server_id {_LATEST_ROW}))[1] AS server_id,
+           (array_agg(s.last_request_id {_LATEST_ROW}))[1] AS request_id
+    FROM seen s JOIN shared USING (first_block, model) GROUP BY 1, 2, 3
+)
+SELECT l.model, l.first_block, l.tenant,
+       ARRAY(SELECT t.name FROM prompts_template t WHERE t.id = ANY(l.template_ids)),
+       l.requests, l.last_seen_at, srv.name, l.request_id
+FROM latest l JOIN fleet_server srv ON srv.id = l.server_id
+"""
+
+
 def shared_unsalted_prefixes(
     *, since: datetime, until: datetime, limit: int = 20, viewer: Viewer = SEES_ALL
 ) -> list[SharedPrefix]:
-    """The first blocks (per model) that unsalted requests of two tenants or more began with, in the
-    last SHARED_PREFIX_LOOKBACK of the window at most, the most requests first. Of the traffic the
-    viewer sees: a viewer of one tenant sees none shared with another."""
-    since = max(since, until - SHARED_PREFIX_LOOKBACK)
-    unsalted = (
-        viewer.traffic(RequestRecord.objects.all())
-        .filter(arrived_at__gte=since, arrived_at__lt=until, salt_hash="", block_hashes__0__isnull=False)
-        .exclude(tenant="")
-        .annotate(first_block=F("block_hashes__0"))
+    """The first blocks (per model) that unsalted requests of two tenants or more began with in the
+    minutes from `since` to `until`, the most requests first; from the unsalted prefix rollups, which
+    keep the first blocks two requests sent in the same hour (UnsaltedPrefixTotals says why). Of the
+    traffic the viewer sees: a viewer of one tenant sees none shared with another."""
+    first, last = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
+    edges = [(since, first), (last, until)] if first < last else [(since, until)]
+    seen, params = viewer.tenanted_sql()
+    minutes = " OR ".join(f"(minute >= %(since{i})s AND minute < %(until{i})s)" for i in range(len(edges)))
+    for i, (start, end) in enumerate(edges):
+        params |= {f"since{i}": start, f"until{i}": end}
+    params |= {"first": first, "last": last, "limit": limit}
+    with connection.cursor() as cursor:
+        cursor.execute(_SHARED_SQL.format(minutes=minutes, seen=seen), params)
+        rows = cursor.fetchall()
+    groups: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    for row in sorted(rows):  # by model, first block and tenant
+        groups.setdefault((row[0], row[1]), []).append(row)
+    # As the query's LIMIT ranks them: the most requests first, then by model and the stored (signed) hash.
+    ranked = sorted(groups.items(), key=lambda group: (-sum(row[4] for row in group[1]), group[0]))
+    return [_shared_prefix(model, block, found) for (model, block), found in ranked]
+
+
+def _shared_prefix(model: str, block: int, rows: list[tuple[Any, ...]]) -> SharedPrefix:
+    """One first block's rows of _SHARED_SQL (one per tenant, in tenant order) as a SharedPrefix."""
+    samples = [SharedPrefixSample(row[2], row[6], row[7], row[5]) for row in rows]
+    templates = sorted({name for row in rows for name in row[3]})
+    requests, last_seen_at = sum(row[4] for row in rows), max(row[5] for row in rows)
+    return SharedPrefix(
+        model, block % 2**64, [row[2] for row in rows], templates, requests, last_seen_at, samples
     )
-    groups = list(
-        unsalted.values("model", "first_block")
-        .annotate(tenant_count=Count("tenant", distinct=True), requests=Count("*"),
-                  tenants=ArrayAgg("tenant", distinct=True, order_by="tenant"),
-                  templates=ArrayAgg("template__name", distinct=True, order_by="template__name"),
-                  last_seen_at=Max("arrived_at"))
-        .filter(tenant_count__gte=2)
-        .order_by("-requests", "model", "first_block")[:limit]
-    )  # fmt: skip
-    samples: dict[tuple[str, int], list[RequestRecord]] = {}
-    latest = (
-        unsalted.filter(first_block__in=[group["first_block"] for group in groups])
-        .defer("token_ids", "block_hashes", "neutral_hashes")
-        .select_related("server")
-        .order_by("model", "first_block", "tenant", "-arrived_at")
-        .distinct("model", "first_block", "tenant")
-    )
-    for record in latest:
-        samples.setdefault((record.model, record.first_block), []).append(record)
-    return [
-        SharedPrefix(group["model"], group["first_block"] % 2**64, group["tenants"],
-                     [name for name in group["templates"] if name], group["requests"],
-                     group["last_seen_at"], samples.get((group["model"], group["first_block"]), []))
-        for group in groups
-    ]  # fmt: skip
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = moment.replace(minute=0, second=0, microsecond=0)
+    return floor if floor == moment else floor + timedelta(hours=1)
 
 
 def recent_misses(*, since: datetime, limit: int = 15, viewer: Viewer = SEES_ALL) -> list[RequestDiagnosis]:

@@ -18,6 +18,7 @@ from app.traffic.models import RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
 from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
+from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.users import fleet_viewer
 
@@ -41,19 +42,24 @@ def facts(
 
 def record(now: datetime, settings: Any) -> None:
     """acme and globex send the same first block unsalted; initech salts it; umbrella starts
-    elsewhere; an acme request of three hours ago sits outside the last hour (diagnosed too)."""
+    elsewhere; an acme request of three hours ago sits outside the last hour (diagnosed too). The
+    last hour's requests fall in one clock hour, whatever the time (the salt audit's rollup counts a
+    first block that two requests sent in the same hour: app/traffic/models.py UnsaltedPrefixTotals)."""
     settings.PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = 4 * 60
     Server.objects.create(name="vllm-a", base_url="http://127.0.0.1:9/a", block_size=BLOCK, model="m")
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    first = hour + timedelta(minutes=5) if now.minute >= 30 else hour - timedelta(minutes=25)
     sent = [
         facts("acme-old", now - timedelta(hours=3), "acme", SYSTEM),
-        facts("acme-1", now - timedelta(minutes=20), "acme", SYSTEM),
-        facts("acme-2", now - timedelta(minutes=10), "acme", SYSTEM),
-        facts("globex-1", now - timedelta(minutes=15), "globex", SYSTEM),
-        facts("initech-1", now - timedelta(minutes=12), "initech", SYSTEM, salt="initech-2026"),
-        facts("umbrella-1", now - timedelta(minutes=8), "umbrella", OTHER),
+        facts("acme-1", first, "acme", SYSTEM),
+        facts("acme-2", first + timedelta(minutes=10), "acme", SYSTEM),
+        facts("globex-1", first + timedelta(minutes=5), "globex", SYSTEM),
+        facts("initech-1", first + timedelta(minutes=8), "initech", SYSTEM, salt="initech-2026"),
+        facts("umbrella-1", first + timedelta(minutes=12), "umbrella", OTHER),
     ]
     assert ingest_request_records(sent, source="gateway", now=now).rejected == []
     diagnose_requests(now=now + timedelta(minutes=2))
+    refresh_minute_rollups(since=now - timedelta(hours=4), until=now)
 
 
 def row_of(html: str, tenant: str) -> str:

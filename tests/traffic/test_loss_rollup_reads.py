@@ -10,7 +10,7 @@ from django.db import connection
 from app.fleet.models import Server
 from app.traffic.models import LossMinute
 from app.traffic.selectors import losses, lost_tokens_by_cause, server_funnel, tenant_audit
-from app.traffic.services.rollups import LOSS_HOUR_SQL
+from app.traffic.services.rollups import LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ HOURS = 4
 @pytest.fixture
 def server() -> Server:
     """Four hours of loss minutes of two tenants on one server (minute n lost n evicted tokens and
-    2 salt tokens), and their hours as the rollup service sums them."""
+    2 salt tokens), and their hours, per-server hours and quarters as the rollup service sums them."""
     server = Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:9/0", block_size=16)
     LossMinute.objects.bulk_create(
         LossMinute(server=server, tenant=tenant, minute=START + timedelta(minutes=n), requests=1, diagnosed=1,
@@ -30,7 +30,8 @@ def server() -> Server:
         for n in range(HOURS * 60) for tenant in ("acme", "globex")
     )  # fmt: skip
     with connection.cursor() as cursor:
-        cursor.execute(LOSS_HOUR_SQL, {"since": START, "until": START + timedelta(hours=HOURS)})
+        for sql in (LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL):
+            cursor.execute(sql, {"since": START, "until": START + timedelta(hours=HOURS)})
     return server
 
 
@@ -66,3 +67,14 @@ def test_a_window_inside_one_hour_reads_minutes(server: Server) -> None:
     since, until = START + timedelta(minutes=5), START + timedelta(minutes=50)
     found = lost_tokens_by_cause(since=since, until=until)
     assert found["evicted"] == 2 * sum(range(5, 50))
+
+
+def test_the_tenant_audit_reads_whole_quarter_hours_from_the_per_server_quarters(server: Server) -> None:
+    since, until = START + timedelta(minutes=17, seconds=30), START + timedelta(hours=3, minutes=41)
+    found = _figures(server, since, until)
+    # The minutes of the whole quarters around the whole hours (09:30 to 10:00, 12:00 to 12:30) gone:
+    # the tenant audit's figures read them from the per-server quarters; the per-template reads change.
+    for start in (START + timedelta(minutes=30), START + timedelta(hours=3)):
+        LossMinute.objects.filter(minute__gte=start, minute__lt=start + timedelta(minutes=30)).delete()
+    after = _figures(server, since, until)
+    assert after[3] == found[3] and after[0] != found[0]

@@ -26,6 +26,7 @@ from app.traffic.models import (
     ServerLossQuarter,
     ServerRequestHour,
 )
+from app.traffic.selectors import tenant_audit
 from app.traffic.series import SeriesQuery, series
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
@@ -278,3 +279,25 @@ def test_the_cards_windows_read_at_once_are_each_window_read_alone(
         assert windows_totals(rollups, servers, windows, sums=sums, viewer=viewer) == alone
         if viewer is SEES_ALL and rollups is REQUEST_ROLLUPS:
             assert len({total["cached"] for total in alone}) == len(windows)  # windows told apart
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+def test_the_tenant_audit_is_the_loss_minutes_the_viewer_sees_summed_per_tenant(
+    stored: list[RequestRecord], viewer: Viewer
+) -> None:
+    """The Tenants page's sums (tenant_audit: per-server hours and quarters, minutes at the edges)
+    equal the loss minutes the viewer sees (Viewer.traffic), summed per tenant apart."""
+    since, until = START + timedelta(minutes=23, seconds=10), START + timedelta(hours=9, minutes=41)
+    minutes = viewer.traffic(LossMinute.objects.filter(minute__gte=since, minute__lt=until))
+    sums = {"requests": Sum("requests"), "salt": Sum("salt_tokens"), "unexpected": Sum("unexpected_hits"),
+            "lost": Sum("evicted_tokens") + Sum("salt_tokens")}  # the fixture's only losses  # fmt: skip
+    rows: Any = minutes.values("tenant").annotate(**sums)
+    expected = {row["tenant"]: {name: row[name] for name in sums} for row in rows}
+    found = {
+        row.tenant: {"requests": row.requests, "salt": row.salt_tokens, "lost": row.lost_tokens,
+                     "unexpected": row.unexpected_hits}
+        for row in tenant_audit(since=since, until=until, viewer=viewer)
+    }  # fmt: skip
+    assert found == expected
+    if viewer is SEES_ALL:
+        assert set(found) == {"acme", "globex", "hooli", ""}

@@ -13,7 +13,7 @@ WHERE s.server_id = counted.server_id AND s.dp_rank = counted.dp_rank
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("traffic", "0025_template_hour_sums"),
+        ("traffic", "0026_unsalted_prefix_rollups"),
     ]
 
     operations = [

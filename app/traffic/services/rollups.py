@@ -131,6 +131,7 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
         cursor.execute(_SERVER_HOUR_DELETE_SQL, hours)
         cursor.execute(SERVER_HOUR_SQL, hours)
         _sum_template_hours(cursor, hours, losses=False)
+        refresh_unsalted_prefixes(since=start, until=end)
         return written
 
 
@@ -270,3 +271,55 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
         cursor.execute(_QUARTER_DELETE_SQL, quarters)
         cursor.execute(SERVER_LOSS_QUARTER_SQL, quarters)
         return written
+
+
+# The salt audit's rollups (UnsaltedPrefixMinute, UnsaltedPrefixHour): the unsalted, tenanted records'
+# first blocks per minute, tenant and template, of the first blocks two requests or more sent in the
+# hour (the window sum below); whole hours are emptied and summed again, as that count is the hour's.
+# The latest request of a group is the last by (arrived_at, server, request id): one rule everywhere.
+_LATEST = "ORDER BY {at} DESC, {server} DESC, {request} DESC"
+_LATEST_RECORD = _LATEST.format(at="arrived_at", server="server_id", request="request_id")
+_LATEST_ROW = _LATEST.format(at="last_seen_at", server="last_server_id", request="last_request_id")
+_PREFIX_COLUMNS = (
+    "model, first_block, tenant, template_id, requests, last_seen_at, last_server_id, last_request_id"
+)
+_PREFIX_MINUTE_DELETE_SQL = (
+    "DELETE FROM traffic_unsaltedprefixminute WHERE minute >= %(since)s AND minute < %(until)s"
+)
+PREFIX_MINUTE_SQL = f"""
+INSERT INTO traffic_unsaltedprefixminute (minute, {_PREFIX_COLUMNS})
+SELECT minute, {_PREFIX_COLUMNS} FROM (
+    SELECT date_trunc('minute', arrived_at) AS minute, model, block_hashes[1] AS first_block, tenant,
+           template_id, count(*) AS requests, max(arrived_at) AS last_seen_at,
+           (array_agg(server_id {_LATEST_RECORD}))[1] AS last_server_id,
+           (array_agg(request_id {_LATEST_RECORD}))[1] AS last_request_id,
+           sum(count(*)) OVER (PARTITION BY date_trunc('hour', date_trunc('minute', arrived_at)), model,
+                                     block_hashes[1])
+               AS in_hour
+    FROM traffic_requestrecord
+    WHERE arrived_at >= %(since)s AND arrived_at < %(until)s AND salt_hash = '' AND tenant <> ''
+      AND block_hashes[1] IS NOT NULL
+    GROUP BY 1, 2, 3, 4, 5
+) grouped
+WHERE in_hour >= 2
+"""
+_PREFIX_HOUR_DELETE_SQL = (
+    "DELETE FROM traffic_unsaltedprefixhour WHERE hour >= %(since)s AND hour < %(until)s"
+)
+PREFIX_HOUR_SQL = f"""
+INSERT INTO traffic_unsaltedprefixhour (hour, {_PREFIX_COLUMNS})
+SELECT date_trunc('hour', minute), model, first_block, tenant, template_id, sum(requests),
+       max(last_seen_at), (array_agg(last_server_id {_LATEST_ROW}))[1],
+       (array_agg(last_request_id {_LATEST_ROW}))[1]
+FROM traffic_unsaltedprefixminute WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3, 4, 5
+"""
+
+
+def refresh_unsalted_prefixes(*, since: datetime, until: datetime) -> None:
+    """Recompute the unsalted prefix minutes and hours of every whole hour touching [since, until)
+    from the records (whether a first block counts depends on its whole hour)."""
+    hours = dict(zip(("since", "until"), whole_hours(since, until), strict=True))
+    with transaction.atomic(), connection.cursor() as cursor:
+        for sql in (_PREFIX_MINUTE_DELETE_SQL, PREFIX_MINUTE_SQL, _PREFIX_HOUR_DELETE_SQL, PREFIX_HOUR_SQL):
+            cursor.execute(sql, hours)
