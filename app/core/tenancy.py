@@ -105,8 +105,8 @@ class Viewer:
         return rows.filter(self._owned(rows))
 
     def request_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
-        """rollups() of the request hours, read from their sums per server (`per_server`, every
-        template's) where it can: the same rows in fewer. The servers of the viewer's tenants from the
+        """rollups() of the request hours (or minutes), read from their sums per server (`per_server`,
+        every template's) where it can: the same rows in fewer. The servers of the viewer's tenants from the
         sums, the other servers' rows of its templates from the per-template rollup; admins, the sums."""
         if self.tenants is None:
             return [per_server]
@@ -119,9 +119,9 @@ class Viewer:
         ]
 
     def loss_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
-        """traffic() of the loss hours, read from their sums per server and tenant where it can: the
-        viewer's tenants' rows and the tenant-less ones of its servers from the sums, the tenant-less
-        rows of its templates on other servers from the per-template rollup."""
+        """traffic() of the loss hours (or minutes), read from their sums per server and tenant where
+        it can: the viewer's tenants' rows and the tenant-less ones of its servers from the sums, the
+        tenant-less rows of its templates on other servers from the per-template rollup."""
         if self.tenants is None:
             return [per_server]
         if not self.tenants:
