@@ -763,8 +763,9 @@ class RequestDiagnosis(PostgresPartitionedModel):
                 condition=models.Q(unexpected_hit=True),
                 name="diagnosis_unexpected_hits",
             ),
-            # The Fleet page's recent misses, most reusable tokens lost first then newest: a walk of the
-            # last day's partitions from the top, stopping at the first rows of the window.
+            # The Fleet page's recent misses, most reusable tokens lost first then newest: the index of
+            # each partition of the window read from its top, merged, stopped at the limit (a few dozen
+            # entries, not the hour's tens of thousands of rows sorted).
             models.Index(REUSABLE_LOST.desc(), models.F("arrived_at").desc(), name="diagnosis_reusable_lost"),
         ]
 

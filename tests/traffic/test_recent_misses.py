@@ -84,8 +84,8 @@ def test_recent_misses_are_the_seen_diagnoses_that_lost_most_then_the_newest(
 
 
 def test_the_recent_misses_walk_their_index_and_sort_nothing(diagnoses: list[RequestDiagnosis]) -> None:
-    """Sorting left to the planner only as a last resort: the query's order is the index's, so its
-    plan reads each partition's index in order (a merge of them) and stops at the limit."""
+    """Sorting made the planner's last resort: it still sorts if the query's order is not the index's
+    expression exactly; it is, so the plan reads each partition's index in order, merged."""
     for viewer in (SEES_ALL, VIEWERS["acme"]):
         with CaptureQueriesContext(connection) as queries:
             recent_misses(since=NOW - timedelta(hours=1), viewer=viewer)
