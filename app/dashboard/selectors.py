@@ -239,13 +239,15 @@ _PER_SERVER: dict[type[Any], type[Any]] = {
 def _rows(rollup: type[Any], ids: Any, within: Q, *, by: str, viewer: Viewer) -> list[QuerySet[Any]]:
     """The rows of a rollup of the servers `ids` (their keys, or a subquery of them) meeting `within`
     (its time range) the viewer sees, as one or more querysets to sum: its per-server sums where they
-    hold the same figures (Viewer.request_hours, loss_hours: the same rules for minutes and hours)."""
+    hold the same figures (Viewer.request_hours, request_minutes, loss_hours)."""
     rows = rollup.objects.filter(within, server__in=ids)
     summed = _PER_SERVER.get(rollup)
     if summed is None or by not in ("", "server_id"):
         return [_seen(rows, viewer)]
     per_server = summed.objects.filter(within, server__in=ids)
-    if rollup in REQUEST_ROLLUPS:
+    if rollup is MinuteRollup:
+        return viewer.request_minutes(per_server, rows)
+    if rollup is HourRollup:
         return viewer.request_hours(per_server, rows)
     return viewer.loss_hours(per_server, rows)
 
