@@ -22,8 +22,10 @@ from app.traffic.models import (
     RejectedInput,
     ServerHour,
     ServerLossHour,
+    ServerLossMinute,
     ServerMinute,
     ServerRequestHour,
+    ServerRequestMinute,
 )
 from app.traffic.selectors import LOST_COLUMNS
 
@@ -202,17 +204,18 @@ def window_sums(
     """Per `by` ("" for one total), `sums` of a pair of minute and hour rollups of `servers` over
     [since, until): the whole hours from the hours, the minutes around them from the minutes (a day
     is 24 rows per server, not 1,440). Aggregates named max_* are the largest of the parts."""
-    minutes = rollups[0].objects.filter(server__in=servers.values("pk"))
     first, last = _ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
+    ids = servers.values("pk")
     if first < last:
         edges = [(since, first), (last, until)]
-        hours = _hours(rollups[1], servers, since=first, until=last, by=by, viewer=viewer)
+        hours = _rows(rollups[1], ids, Q(hour__gte=first, hour__lt=last), by=by, viewer=viewer)
     else:
         edges, hours = [(since, until)], []
     parts = [
-        _seen(minutes.filter(minute__gte=start, minute__lt=end), viewer)
+        part
         for start, end in edges
         if start < end
+        for part in _rows(rollups[0], ids, Q(minute__gte=start, minute__lt=end), by=by, viewer=viewer)
     ]
     found: dict[Any, dict[str, Any]] = {"": dict.fromkeys(sums)} if not by else {}
     for part in parts + hours:
@@ -224,21 +227,26 @@ def window_sums(
     return found  # fmt: skip
 
 
-# The hour rollups summed per server (and tenant), read instead of them for per-server or fleet sums:
-# a week of a fleet's hours per template is hundreds of thousands of rows, per server thousands.
-_PER_SERVER: dict[type[Any], type[Any]] = {HourRollup: ServerRequestHour, LossHour: ServerLossHour}
+# The minute and hour rollups summed per server (and tenant), read instead of them for per-server or
+# fleet sums: an hour of a fleet's minutes per template is tens of thousands of rows, per server
+# thousands; a week of its hours per template hundreds of thousands, per server thousands.
+_PER_SERVER: dict[type[Any], type[Any]] = {
+    MinuteRollup: ServerRequestMinute, HourRollup: ServerRequestHour,
+    LossMinute: ServerLossMinute, LossHour: ServerLossHour,
+}  # fmt: skip
 
 
-def _hours(
-    rollup: type[Any], servers: QuerySet[Server], *, since: datetime, until: datetime, by: str, viewer: Viewer
-) -> list[QuerySet[Any]]:
-    """The rows of an hour rollup of `servers` in [since, until) the viewer sees, as one or more
-    querysets to sum: its per-server sums where they hold the same figures (Viewer.request_hours)."""
-    rows = rollup.objects.filter(server__in=servers.values("pk"), hour__gte=since, hour__lt=until)
+def _rows(rollup: type[Any], ids: Any, within: Q, *, by: str, viewer: Viewer) -> list[QuerySet[Any]]:
+    """The rows of a rollup of the servers `ids` (their keys, or a subquery of them) meeting `within`
+    (its time range) the viewer sees, as one or more querysets to sum: its per-server sums where they
+    hold the same figures (Viewer.request_hours, request_minutes, loss_hours)."""
+    rows = rollup.objects.filter(within, server__in=ids)
     summed = _PER_SERVER.get(rollup)
     if summed is None or by not in ("", "server_id"):
         return [_seen(rows, viewer)]
-    per_server = summed.objects.filter(server__in=servers.values("pk"), hour__gte=since, hour__lt=until)
+    per_server = summed.objects.filter(within, server__in=ids)
+    if rollup is MinuteRollup:
+        return viewer.request_minutes(per_server, rows)
     if rollup is HourRollup:
         return viewer.request_hours(per_server, rows)
     return viewer.loss_hours(per_server, rows)
@@ -404,8 +412,8 @@ def windows_totals(
     # The servers' ids, not a subquery: with one, the planner took each server's index over the minutes'
     # (a week of a server's rows per server) rather than the windows' minutes (bench_pages' tenant).
     ids = list(servers.values_list("pk", flat=True))
-    minutes = rollups[0].objects.filter(Q(*minute_ranges, _connector=Q.OR), server__in=ids)
-    parts = [(_seen(minutes, viewer), named)]
+    within = Q(*minute_ranges, _connector=Q.OR)
+    parts = [(part, named) for part in _rows(rollups[0], ids, within, by="", viewer=viewer)]
     spans = [span for span in hour_ranges if span]
     if spans:
         hourly = {
@@ -415,7 +423,9 @@ def windows_totals(
         first, last = min(a for a, _ in spans), max(b for _, b in spans)
         parts += [
             (part, hourly)
-            for part in _hours(rollups[1], servers, since=first, until=last, by="", viewer=viewer)
+            for part in _rows(
+                rollups[1], servers.values("pk"), Q(hour__gte=first, hour__lt=last), by="", viewer=viewer
+            )
         ]
     found: list[dict[str, Any]] = [dict.fromkeys(sums) for _ in windows]
     for part, aggregates in parts:

@@ -6,6 +6,9 @@ event or request is written once (ON CONFLICT DO NOTHING / COPY into a staging t
 that Citus could shard them by server unchanged.
 """
 
+import operator
+from functools import reduce
+
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from psqlextra.models import PostgresPartitionedModel
@@ -524,6 +527,44 @@ class TemplateLossHour(LossTotals):
         return f"{self.template_id}/{self.tenant} {self.hour:%Y-%m-%d %H}h"
 
 
+class ServerRequestMinute(RequestTotals):
+    """The minute rollups of one server summed over its templates: what the Fleet page reads for the
+    minutes of its window (an hour of a fleet is servers x 60 rows, not x templates too).
+
+    Tenancy as ServerRequestHour's (Viewer.request_hours): the other servers' rows of a viewer's
+    templates stay in MinuteRollup. Recomputed from the minutes in the transaction that writes them.
+    """
+
+    pk = models.CompositePrimaryKey("server", "minute")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["minute"], name="server_request_minute_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class ServerLossMinute(LossTotals):
+    """The loss minutes of one server and tenant summed over templates and versions: the Fleet page's
+    lost tokens and routing over the minutes of its window.
+
+    Tenancy as ServerLossHour's (Viewer.loss_hours): the tenant-less rows of a viewer's templates on
+    other servers stay in LossMinute. Recomputed from the minutes in the transaction that writes them.
+    """
+
+    pk = models.CompositePrimaryKey("server", "tenant", "minute")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["minute"], name="server_loss_minute_time")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id}/{self.tenant} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class ServerTotals(models.Model):
     """A server's own readings summed over one period: its /metrics pulls (counter growth, the KV
     usage gauge, vLLM's TTFT histogram) and the blocks its KV events removed.
@@ -708,6 +749,17 @@ class RejectedInput(models.Model):
         return f"{self.source}: {self.reason} x{self.count}"
 
 
+# The prompt tokens a diagnosis lost that a cache could have reused: every cause's but the tail below
+# one block. The recent misses are ordered by it and the index they walk (diagnosis_reusable_lost) is
+# built from it: one expression, so that PostgreSQL matches the two (tests/traffic/test_recent_misses.py
+# checks it lists every RequestDiagnosis.Cause but below_block).
+REUSABLE_LOST_COLUMNS = (
+    "prompt_changed_tokens", "evicted_tokens", "routed_elsewhere_tokens", "salt_tokens", "restarted_tokens",
+    "cold_tokens", "unexplained_tokens", "no_kv_events_tokens",
+)  # fmt: skip
+REUSABLE_LOST = reduce(operator.add, [models.F(column) for column in REUSABLE_LOST_COLUMNS])
+
+
 class RequestDiagnosis(PostgresPartitionedModel):
     """Why one request record's prompt tokens were not reused (app/domain/misscauses.py), and its
     funnel; keyed as its record. Derived: written once per record by the diagnosis task."""
@@ -778,6 +830,10 @@ class RequestDiagnosis(PostgresPartitionedModel):
                 condition=models.Q(unexpected_hit=True),
                 name="diagnosis_unexpected_hits",
             ),
+            # The Fleet page's recent misses, most reusable tokens lost first then newest: the index of
+            # each partition of the window read from its top, merged, stopped at the limit (a few dozen
+            # entries, not the hour's tens of thousands of rows sorted).
+            models.Index(REUSABLE_LOST.desc(), models.F("arrived_at").desc(), name="diagnosis_reusable_lost"),
         ]
 
     def __str__(self) -> str:

@@ -5,16 +5,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, QuerySet, Sum, Value
+from django.db.models import Q, QuerySet, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.fleet.models import Server
 from app.traffic.models import (
+    REUSABLE_LOST,
     LossHour,
     LossMinute,
     RequestDiagnosis,
     RequestRecord,
     ServerLossHour,
+    ServerLossMinute,
     ServerLossQuarter,
 )
 from app.traffic.services.rollups import QUARTER
@@ -96,6 +98,30 @@ def _loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[Q
         _loss_minutes(since=since, until=first, viewer=viewer),
         hours,
         _loss_minutes(since=last, until=until, viewer=viewer),
+    ]
+
+
+def _loss_sums(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
+    """_loss_rollups' rows as read for sums per server or in total: from the sums per server and
+    tenant (ServerLossMinute, ServerLossHour: an hour of a fleet is servers x 60 rows, not x templates
+    too) and, for a viewer of some tenants, the rows of its templates on other servers from the
+    per-template rollups (Viewer.loss_hours: the rows traffic() lets it see)."""
+    first = since.replace(minute=0, second=0, microsecond=0)
+    first += timedelta(hours=1) if first < since else timedelta(0)
+    last = until.replace(minute=0, second=0, microsecond=0)
+    spans: list[tuple[type[Any], type[Any], Q]] = (
+        [(LossMinute, ServerLossMinute, Q(minute__gte=since, minute__lt=until))]
+        if first >= last
+        else [
+            (LossMinute, ServerLossMinute, Q(minute__gte=since, minute__lt=first)),
+            (LossHour, ServerLossHour, Q(hour__gte=first, hour__lt=last)),
+            (LossMinute, ServerLossMinute, Q(minute__gte=last, minute__lt=until)),
+        ]
+    )
+    return [
+        part
+        for fine, summed, within in spans
+        for part in viewer.loss_hours(summed.objects.filter(within), fine.objects.filter(within))
     ]
 
 
@@ -204,7 +230,7 @@ def routing_effectiveness(
     lost most first."""
     sums = {"requests": Sum("requests"), "anywhere": Sum("resident_anywhere_tokens"),
             "reused": Sum("reused_tokens"), "routed": Sum("routed_elsewhere_tokens")}  # fmt: skip
-    parts = _loss_rollups(since=since, until=until, viewer=viewer)
+    parts = _loss_sums(since=since, until=until, viewer=viewer)
     per_server = {row["server_id"]: row for row in _summed(parts, keys=("server_id",), sums=sums)}
     groups: dict[tuple[str, int | None, str], list[Server]] = {}
     for server in Server.objects.filter(pk__in=per_server).order_by("name"):
@@ -425,12 +451,12 @@ def _ceil_hour(moment: datetime) -> datetime:
 
 def recent_misses(*, since: datetime, limit: int = 15, viewer: Viewer = SEES_ALL) -> list[RequestDiagnosis]:
     """The diagnosed requests since `since` that lost the most reusable prompt tokens (the tail
-    below one block is not reusable, so it does not count), most first, then newest."""
-    lost = sum((F(column) for cause, column in LOST_COLUMNS.items() if cause != "below_block"), Value(0))
+    below one block is not reusable, so it does not count), most first, then newest: a walk of the
+    diagnoses' index of that order (RequestDiagnosis.REUSABLE_LOST), stopped at `limit`."""
     return list(
         viewer.traffic(RequestDiagnosis.objects.all())
         .filter(arrived_at__gte=since)
-        .annotate(reusable_lost=lost)
+        .annotate(reusable_lost=REUSABLE_LOST)
         .filter(reusable_lost__gt=0)
         .select_related("server", "template")
         .order_by("-reusable_lost", "-arrived_at")[:limit]

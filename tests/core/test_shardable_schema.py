@@ -20,9 +20,11 @@ from app.traffic.models import (
     ResidentBlock,
     ServerHour,
     ServerLossHour,
+    ServerLossMinute,
     ServerLossQuarter,
     ServerMinute,
     ServerRequestHour,
+    ServerRequestMinute,
 )
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +40,8 @@ GROWING_WITH_TRAFFIC = [
     ServerRequestHour,
     ServerLossHour,
     ServerLossQuarter,
+    ServerRequestMinute,
+    ServerLossMinute,
     ResidentBlock,
 ]
 

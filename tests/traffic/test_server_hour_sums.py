@@ -3,12 +3,15 @@ equal the raw records and diagnoses summed apart, hours cut across; and what the
 fleet's hourly series read through them is, for every viewer, what the per-template rollups it sees
 (app/core/tenancy.py rollups() and traffic()) sum to."""
 
+import importlib
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.db.models import Sum
+from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
 from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
@@ -23,10 +26,12 @@ from app.traffic.models import (
     RequestDiagnosis,
     RequestRecord,
     ServerLossHour,
+    ServerLossMinute,
     ServerLossQuarter,
     ServerRequestHour,
+    ServerRequestMinute,
 )
-from app.traffic.selectors import tenant_audit
+from app.traffic.selectors import routing_effectiveness, tenant_audit
 from app.traffic.series import SeriesQuery, series
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
@@ -301,3 +306,137 @@ def test_the_tenant_audit_is_the_loss_minutes_the_viewer_sees_summed_per_tenant(
     assert found == expected
     if viewer is SEES_ALL:
         assert set(found) == {"acme", "globex", "hooli", ""}
+
+
+# The minutes summed per server (ServerRequestMinute) and per server and tenant (ServerLossMinute):
+# what the Fleet page reads for the minutes of its window, kept by the same services.
+
+
+def _minute(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+def test_the_per_server_minutes_equal_the_records_and_diagnoses_summed_apart(
+    stored: list[RequestRecord],
+) -> None:
+    expected: dict[tuple[int, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in stored:
+        assert r.prompt_tokens is not None
+        minute = expected[(r.server_id, _minute(r.arrived_at))]
+        minute["requests"] += 1
+        minute["prompt_tokens"] += r.prompt_tokens
+        minute["cached_tokens"] += r.cached_tokens or 0
+        minute["cache_known_prompt_tokens"] += r.prompt_tokens if r.cached_tokens is not None else 0
+        minute["client_ttft_count"] += 1
+    found = {(m.server_id, m.minute): m for m in ServerRequestMinute.objects.all()}
+    assert set(found) == set(expected) and len(found) == RECORDS
+    for key, sums in expected.items():
+        assert {name: getattr(found[key], name) for name in sums} == sums
+        assert found[key].client_ttft_buckets[-1] == 1
+
+    lost: dict[tuple[int, str, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for d in RequestDiagnosis.objects.all():
+        losses = lost[(d.server_id, d.tenant, _minute(d.arrived_at))]
+        for name in ("prompt_tokens", "reused_tokens", "evicted_tokens", "salt_tokens"):
+            losses[name] += getattr(d, name)
+        losses["requests"] += 1
+        losses["unexpected_hits"] += d.unexpected_hit
+    summed = {(m.server_id, m.tenant, m.minute): m for m in ServerLossMinute.objects.all()}
+    assert set(summed) == set(lost)
+    for at, losses in lost.items():
+        assert {name: getattr(summed[at], name) for name in losses} == losses
+
+
+def test_the_per_server_minutes_follow_a_late_record_and_diagnosis(stored: list[RequestRecord]) -> None:
+    late = stored[4].arrived_at + timedelta(seconds=1)
+    server, minute = stored[4].server, _minute(late)
+    key = {"server": server, "request_id": "late", "arrived_at": late, "tenant": "acme"}
+    lost = ServerLossMinute.objects.get(server=server, tenant="acme", minute=minute).evicted_tokens
+    RequestRecord.objects.create(**key, source="rest", prompt_tokens=5)
+    RequestDiagnosis.objects.create(**key, diagnosed_at=late, prompt_tokens=5, evicted_tokens=3)
+    refresh_minute_rollups(since=late, until=late)  # that minute alone, as the tasks' windows would
+    refresh_loss_minutes(since=late, until=late)
+    assert ServerRequestMinute.objects.get(server=server, minute=minute).requests == 2
+    assert (
+        ServerLossMinute.objects.get(server=server, tenant="acme", minute=minute).evicted_tokens == lost + 3
+    )
+
+
+def test_the_migration_fills_the_per_server_minutes_as_the_services_sum_them(
+    stored: list[RequestRecord],
+) -> None:
+    """traffic 0024 sums the minutes already there with one INSERT ... SELECT a table: the rows the
+    services wrote."""
+    fill = importlib.import_module("app.traffic.migrations.0024_server_minute_sums").FILL_SQL
+
+    def rows() -> tuple[list[Any], list[Any]]:
+        return (
+            list(ServerRequestMinute.objects.order_by("server", "minute").values()),
+            list(ServerLossMinute.objects.order_by("server", "tenant", "minute").values()),
+        )
+
+    kept = rows()
+    ServerRequestMinute.objects.all().delete()
+    ServerLossMinute.objects.all().delete()
+    with connection.cursor() as cursor:
+        cursor.execute(fill)
+    assert rows() == kept and len(kept[0]) == RECORDS and len(kept[1]) == RECORDS
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+@pytest.mark.parametrize("by", ["server_id", ""])
+def test_a_window_of_minutes_sums_the_per_server_minutes_as_the_rollups_the_viewer_sees(
+    stored: list[RequestRecord], viewer: Viewer, by: str
+) -> None:
+    """The Fleet page's last hour (no whole hour in it): per server and in total, read from the sums
+    per server (and tenant), the per-template minute rows the viewer sees summed apart."""
+    since, until = START + timedelta(hours=3, minutes=23), START + timedelta(hours=4, minutes=23)
+    servers = viewer.servers(Server.objects.all())
+    for rollups, loss, sums in (
+        (REQUEST_ROLLUPS, False, {"requests": Sum("requests"), "cached": Sum("cached_tokens")}),
+        (LOSS_ROLLUPS, True, {"evicted": Sum("evicted_tokens"), "salt": Sum("salt_tokens")}),
+    ):
+        with CaptureQueriesContext(connection) as queries:
+            found = window_sums(rollups, servers, since=since, until=until, sums=sums, by=by, viewer=viewer)
+        minutes = rollups[0].objects.filter(minute__gte=since, minute__lt=until, server__in=servers)
+        expected = _seen_sums(minutes, viewer, loss=loss, by=by, sums=sums)
+        assert {k: {n: v or 0 for n, v in values.items()} for k, values in found.items()} == {
+            k: {n: v or 0 for n, v in values.items()} for k, values in expected.items()
+        }
+        read = " ".join(query["sql"] for query in queries.captured_queries)
+        summed = "traffic_serverlossminute" if loss else "traffic_serverrequestminute"
+        assert (summed in read) is (viewer is not SEES_NOTHING)
+        assert (f'{rollups[0]._meta.db_table}"' in read) is (viewer not in (SEES_ALL, SEES_NOTHING))
+    if viewer is SEES_ALL:
+        assert sum(values["evicted"] for values in found.values()) > 0
+
+
+@pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
+def test_routing_effectiveness_sums_the_loss_rollups_the_viewer_sees_per_server(
+    stored: list[RequestRecord], viewer: Viewer
+) -> None:
+    """Per server (its group here: the fixture's servers serve one model each way alike), from the
+    sums per server and tenant: the per-template minutes and hours the viewer sees, summed apart."""
+    since, until = START + timedelta(minutes=23), START + timedelta(hours=9, minutes=41)
+    parts: list[Any] = [
+        LossMinute.objects.filter(minute__gte=since, minute__lt=START + timedelta(hours=1)),
+        LossHour.objects.filter(hour__gte=START + timedelta(hours=1), hour__lt=START + timedelta(hours=9)),
+        LossMinute.objects.filter(minute__gte=START + timedelta(hours=9), minute__lt=until),
+    ]
+    names = dict(Server.objects.values_list("pk", "name"))
+    expected: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for part in parts:
+        for row in viewer.traffic(part):
+            sums = expected[names[row.server_id]]
+            sums[0] += row.requests
+            sums[1] += row.reused_tokens
+            sums[2] += row.resident_anywhere_tokens
+    found = routing_effectiveness(since=since, until=until, viewer=viewer)
+    if viewer is SEES_NOTHING:
+        assert found == [] and not expected
+        return
+    (group,) = found
+    assert group.servers == sorted(expected)
+    totals = [sum(sums[i] for sums in expected.values()) for i in range(3)]
+    assert [group.requests, group.reused_tokens, group.resident_anywhere_tokens] == totals
+    assert totals[0] > 0

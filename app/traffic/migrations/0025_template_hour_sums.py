@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('prompts', '0006_template_regression_min_drop'),
-        ('traffic', '0023_template_hour_sums_index'),
+        ('traffic', '0024_server_minute_sums'),
     ]
 
     operations = [

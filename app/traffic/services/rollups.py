@@ -125,6 +125,8 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
         written = int(cursor.rowcount)
+        cursor.execute(_SERVER_MINUTE_DELETE_SQL, {"since": start, "until": end})
+        cursor.execute(SERVER_MINUTE_SQL, {"since": start, "until": end})
         hours = {"since": hours_start, "until": hours_end}
         cursor.execute(_HOUR_DELETE_SQL, hours)
         cursor.execute(HOUR_SQL, hours)
@@ -234,6 +236,30 @@ FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s AND template_
 GROUP BY 1, 2, 3
 """
 
+# The minutes of each server (and tenant) summed over templates (and versions), in the transaction
+# that writes the minutes they sum: emptied and summed again as the hours are, so that a minute
+# converges on its rows (ServerRequestMinute, ServerLossMinute: the Fleet page's minutes).
+_SERVER_MINUTE_DELETE_SQL = (
+    "DELETE FROM traffic_serverrequestminute WHERE minute >= %(since)s AND minute < %(until)s"
+)
+SERVER_MINUTE_SQL = f"""
+INSERT INTO traffic_serverrequestminute (server_id, minute, {", ".join(_TOTALS)}, client_ttft_buckets,
+                                         server_ttft_buckets)
+SELECT server_id, minute, {", ".join(f"sum({c})" for c in _TOTALS)},
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2
+"""
+_SERVER_LOSS_MINUTE_DELETE_SQL = (
+    "DELETE FROM traffic_serverlossminute WHERE minute >= %(since)s AND minute < %(until)s"
+)
+SERVER_LOSS_MINUTE_SQL = f"""
+INSERT INTO traffic_serverlossminute (server_id, tenant, minute, {", ".join(_LOSS_TOTALS)})
+SELECT server_id, tenant, minute, {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
+FROM traffic_lossminute WHERE minute >= %(since)s AND minute < %(until)s
+GROUP BY 1, 2, 3
+"""
+
 
 def _sum_template_hours(cursor: CursorWrapper, hours: dict[str, datetime], *, losses: bool) -> None:
     """Sum the request (or loss) hours of [since, until) per template, after the hours themselves."""
@@ -261,6 +287,8 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOSS_ROLLUP_LOCK])
         cursor.execute(_LOSS_SQL, {"since": start, "until": end})
         written = int(cursor.rowcount)
+        cursor.execute(_SERVER_LOSS_MINUTE_DELETE_SQL, {"since": start, "until": end})
+        cursor.execute(SERVER_LOSS_MINUTE_SQL, {"since": start, "until": end})
         hours = {"since": hours_start, "until": hours_end}
         cursor.execute(_LOSS_HOUR_DELETE_SQL, hours)
         cursor.execute(LOSS_HOUR_SQL, hours)
