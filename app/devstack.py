@@ -349,7 +349,11 @@ def run(port: int) -> int:
         manage(env, "ensure_ingest_token", "demo-fleet", f"--secret={token}")
         # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
         envs["fleet"] = {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token}
-    print(f"\nPrefixscope: http://127.0.0.1:{port}/  login: admin / {password}  (Ctrl-C stops)\n", flush=True)
+    # Where the password is, not the password: this line lands in whatever keeps the run's output.
+    from_env = os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD")
+    kept = "PREFIXSCOPE_ADMIN_PASSWORD" if from_env else DATA / "admin-password"
+    banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
+    print(f"\n{banner}\n", flush=True)
     manager = DemoFirstManager()
     for name, command in processes(port).items():
         manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))

@@ -180,6 +180,10 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             assert names == {"kept", "sim-0", "sim-1", "sim-2", "sim-3"}
     finally:
         assert press_ctrl_c(second) == 0, log_tail(tmp_path)
+    # Both runs' whole output: it says where the admin password is, never the password or the token.
+    output = (tmp_path / "run.log").read_text(errors="replace")
+    assert f"password in {tmp_path / 'admin-password'}" in output
+    assert "starts-like-an-option" not in output
 
 
 def kv_collector_of(run: subprocess.Popen[bytes], timeout: float = 60, other_than: int = 0) -> psutil.Process:
