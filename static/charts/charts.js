@@ -56,7 +56,7 @@
       axes: [x, y],
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
-      plugins: data.markers && data.markers.length ? [markers(data)] : [],
+      plugins: data.markers && data.markers.length ? [markers(figure, data)] : [],
       series: [
         { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
         ...data.series.map((s, i) => ({
@@ -72,9 +72,13 @@
 
   // A version's marker: a dashed vertical line at the moment it went live, and over it a link (a
   // keyboard stop with the version's name) that opens the version's panel, by htmx where the page has it.
-  function markers(data) {
+  // Markers are made anew whenever the chart is drawn (a resize, the scheme, a swap): the one that held
+  // the keyboard's focus takes it back, else a redraw between a Tab and an Enter would eat the Enter.
+  function markers(figure, data) {
     const found = (data.markers || []).map((m) => ({ ...m, t: Date.parse(m.at) / 1000 }));
     function place(u) {
+      const focused = focusedMarker(figure) || figure._refocus;
+      figure._refocus = null;
       u.over.querySelectorAll("a.chart-marker").forEach((a) => a.remove());
       found.forEach((m) => {
         const a = document.createElement("a");
@@ -86,6 +90,7 @@
         a.style.left = u.valToPos(m.t, "x") + "px";
         a.addEventListener("click", (event) => openVersion(event, a));
         u.over.append(a);
+        if (focused === a.dataset.version) a.focus();
       });
     }
     function line(u) {
@@ -104,6 +109,12 @@
       ctx.restore();
     }
     return { hooks: { draw: [line], ready: [place], setSize: [place] } };
+  }
+
+  // The version of the marker in this figure that has the keyboard's focus, if one has.
+  function focusedMarker(figure) {
+    const active = document.activeElement;
+    return active && active.matches("a.chart-marker") && figure.contains(active) ? active.dataset.version : null;
   }
 
   function openVersion(event, link) {
@@ -133,6 +144,7 @@
   function draw(figure, data) {
     const target = figure.querySelector(".chart-canvas");
     const spark = figure.dataset.chart === "spark";
+    figure._refocus = focusedMarker(figure); // the new plot's markers come a microtask later
     if (figure._plot) figure._plot.destroy();
     target.textContent = "";
     if (!data.series.length) {
