@@ -114,6 +114,9 @@ def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     return start, end + timedelta(hours=1) if until != end else end
 
 
+REQUEST_ROLLUP_LOCK = 0x5245_5155  # pg_advisory_xact_lock's key for summing request minutes ("REQU")
+
+
 def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
     """Recompute the rollup rows of every whole minute touching [since, until), and of every whole
     hour holding those minutes; returns the minute rows written.
@@ -123,6 +126,10 @@ def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
     start, end = whole_minutes(since, until)
     hours_start, hours_end = whole_hours(start, end)
     with transaction.atomic(), connection.cursor() as cursor:
+        # The minute task and a merge of a proposed server (or two task runs, when one outlasts its
+        # minute) may sum the same hour from other minutes: one at a time, or the second's
+        # DELETE-then-INSERT misses the first's new rows and its INSERT fails on them.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [REQUEST_ROLLUP_LOCK])
         cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
         written = int(cursor.rowcount)
         cursor.execute(_SERVER_MINUTE_DELETE_SQL, {"since": start, "until": end})

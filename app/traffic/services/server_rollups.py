@@ -111,6 +111,9 @@ GROUP BY 1, 2
 """
 
 
+SERVER_ROLLUP_LOCK = 0x5352_5655  # pg_advisory_xact_lock's key for summing server minutes ("SRVU")
+
+
 def refresh_server_minutes(*, since: datetime, until: datetime) -> int:
     """Recompute every server's rows of the whole minutes touching [since, until) from its raw pulls,
     samples and KV events, and the hours holding those minutes; returns the minute rows written.
@@ -123,6 +126,9 @@ def refresh_server_minutes(*, since: datetime, until: datetime) -> int:
     params: dict[str, Any] = {"since": start, "until": end, "lookback": start - SCRAPE_GAP, "gap": SCRAPE_GAP,
               "counters": list(COUNTERS), "usage": KV_USAGE}  # fmt: skip
     with transaction.atomic(), connection.cursor() as cursor:
+        # Two task runs (one outlasting its minute) sum the same hours: one at a time, as the request
+        # rollups (rollups.refresh_minute_rollups).
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SERVER_ROLLUP_LOCK])
         cursor.execute(_MINUTE_SQL, params)
         written = int(cursor.rowcount)
         hours = {"since": hours_start, "until": hours_end}
