@@ -36,7 +36,7 @@ def unused_ports(count: int) -> list[int]:
     ports: list[int] = []
     while len(ports) < count:
         port = next(_candidates)
-        if port not in ports and _bindable(port):
+        if port not in ports and bindable(port):
             ports.append(port)
     return ports
 
@@ -46,7 +46,8 @@ def unused_port() -> int:
     return unused_ports(1)[0]
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
+    """Whether nothing holds `port` on 127.0.0.1 now."""
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))
