@@ -6,17 +6,27 @@ refused), and no foreign key to another distributed table that does not go throu
 The large tables are the day-partitioned raw tables (every partitioned table in the catalogue) and
 those that grow with them: the rollups, and the block index (a row per resident block per server).
 The small ones (servers, templates, tokens...) become Citus reference tables, copied to every node:
-a foreign key to one of them is fine.
+a foreign key to one of them is fine. A few sums are across servers by design (a template's hours
+over the fleet, a prefix shared by tenants on any server): keyed by what they sum to, they become
+reference tables too, filled by INSERT ... SELECT from the distributed rollups; their rows grow with
+templates, tenants and shared prefixes, not with servers or requests. Every table of the
+traffic app is one of the three, named here, so a new one is placed before it ships.
 """
 
 import pytest
+from django.apps import apps
 from django.db import connection
 
 from app.traffic.models import (
+    CollectorProcess,
     HourRollup,
+    KVGap,
+    KVStream,
     LossHour,
     LossMinute,
+    MetricSeries,
     MinuteRollup,
+    RejectedInput,
     ResidentBlock,
     ServerHour,
     ServerLossHour,
@@ -25,6 +35,10 @@ from app.traffic.models import (
     ServerMinute,
     ServerRequestHour,
     ServerRequestMinute,
+    TemplateLossHour,
+    TemplateRequestHour,
+    UnsaltedPrefixHour,
+    UnsaltedPrefixMinute,
 )
 
 pytestmark = pytest.mark.django_db
@@ -44,6 +58,10 @@ GROWING_WITH_TRAFFIC = [
     ServerLossMinute,
     ResidentBlock,
 ]
+
+# Reference tables: a row per server, stream, series or collector process, or a tally per reason.
+SMALL = [KVStream, KVGap, CollectorProcess, RejectedInput, MetricSeries]
+SUMS_ACROSS_SERVERS = [TemplateRequestHour, TemplateLossHour, UnsaltedPrefixMinute, UnsaltedPrefixHour]
 
 _PARTITIONED_SQL = """
 SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid
@@ -96,3 +114,9 @@ def test_no_foreign_key_joins_two_large_tables() -> None:
     with connection.cursor() as cursor:
         cursor.execute(_FOREIGN_KEYS_SQL, [tables, tables])
         assert cursor.fetchall() == []
+
+
+def test_every_traffic_table_is_large_small_or_a_sum_across_servers() -> None:
+    named = {model._meta.db_table for model in SMALL + SUMS_ACROSS_SERVERS} | set(large_tables())
+    traffic = {model._meta.db_table for model in apps.get_app_config("traffic").get_models()}
+    assert traffic - named == set()
