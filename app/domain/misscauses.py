@@ -136,6 +136,24 @@ class Funnel:
     reused: int  # what vLLM reported (cached tokens)
 
 
+def _funnel(
+    prompt: int, cached: int, size: int, *, seen_before: int, anywhere: int, here: int, reused: int
+) -> Funnel:
+    """The funnel from the blocks each step holds. What vLLM reused was resident on its server at
+    arrival, whatever the KV events said by then (a request just before it may have stored those
+    blocks, their events timed after this arrival): each step takes the engine's word, so that it
+    holds the next (reused <= here <= anywhere <= seen before) and a share of one never passes 1."""
+    here = max(here, reused)
+    anywhere = max(anywhere, here)
+    return Funnel(
+        prompt_tokens=prompt,
+        seen_before=max(seen_before, anywhere) * size,
+        resident_anywhere=anywhere * size,
+        resident_here=here * size,
+        reused=cached,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     cause: Cause | None  # the one that lost the most reusable tokens; None when all that could be was
@@ -316,13 +334,8 @@ class FleetHistory:
         runs = self._runs(request, chain[:reusable])  # its own server's among them
         resident_here = runs.get(request.server, 0)
         seen_before = self._seen.leading(chain[:reusable])
-        funnel = Funnel(
-            prompt_tokens=prompt,
-            seen_before=seen_before * size,
-            resident_anywhere=_best(runs)[1] * size,
-            resident_here=resident_here * size,
-            reused=cached,
-        )
+        funnel = _funnel(prompt, cached, size, seen_before=seen_before, anywhere=_best(runs)[1],
+                         here=resident_here, reused=reused)  # fmt: skip
         causes = self._block_causes(request, chain, range(reused, reusable), size)
         losses = _runs(causes, first_block=reused, size=size)
         tail = prompt - max(reusable, reused) * size

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from django.db.models import F, Q
 from django.utils import timezone
 
 from app.fleet.models import Server
@@ -319,6 +320,12 @@ def test_a_faults_requests_get_the_cause_it_injected(name: str, tmp_path: Path) 
     assert len(expected) >= 3, f"the fault hit too few requests to judge: {len(expected)}"
     right = sum(count for (cause, got), count in table.items() if cause == got)
     assert right / len(expected) >= ACCURACY, f"{name}: {dict(table)}, misses {misses[:10]}"
+    # Each step of every request's funnel holds the next: reused <= here <= anywhere <= seen before.
+    assert not RequestDiagnosis.objects.filter(
+        Q(reused_tokens__gt=F("resident_here_tokens"))
+        | Q(resident_here_tokens__gt=F("resident_anywhere_tokens"))
+        | Q(resident_anywhere_tokens__gt=F("seen_before_tokens"))
+    ).exists()
     if name == "volatile_top":
         diverged = [r.diverged_at for r in ran.requests if r.request_id in expected]
         assert all(at is not None and at < 24 for at in diverged), diverged  # in the moved first line
