@@ -149,6 +149,11 @@ PREFIXSCOPE_TEMPLATE_CACHE_DIR = Path(
 # How often the cache killers are searched for (each template's recent requests, token ids read).
 PREFIXSCOPE_KILLER_EVERY_SECONDS = env_int("PREFIXSCOPE_KILLER_EVERY_SECONDS", 300, minimum=10)
 
+# The deploy check (app/regressions/deploys.py): every CHECK_SECONDS, each version that went live in
+# the last 15 minutes against the version before it, with MIN_REQUESTS warm requests on each side.
+PREFIXSCOPE_DEPLOY_CHECK_SECONDS = env_int("PREFIXSCOPE_DEPLOY_CHECK_SECONDS", 15, minimum=1)
+PREFIXSCOPE_DEPLOY_MIN_REQUESTS = env_int("PREFIXSCOPE_DEPLOY_MIN_REQUESTS", 20, minimum=5)
+
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {
         "task": "traffic.maintain_partitions",
@@ -184,6 +189,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "regressions.detect",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    "check-deploys": {
+        "task": "regressions.check_deploys",
+        "schedule": float(PREFIXSCOPE_DEPLOY_CHECK_SECONDS),
+        "options": {"expires": PREFIXSCOPE_DEPLOY_CHECK_SECONDS},
     },
     "find-killers": {
         "task": "compare.find_killers",

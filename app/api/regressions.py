@@ -41,7 +41,9 @@ class CandidateOut(Schema):
     commit_sha: str
     message: str
     gain: float = Field(description="Its share of the template's requests after the change less before")
-    live_at: datetime | None = Field(description="Its first deploy marker or first request")
+    live_at: datetime | None = Field(
+        description="Its latest deploy marker up to the change, else its first request"
+    )
     minutes_before_change: float | None
 
 
