@@ -17,13 +17,14 @@ from django.urls import reverse
 from app.fleet.models import Server
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.models import Regression
-from app.regressions.series import scope_series
+from app.regressions.series import Minute, scope_series
 from app.traffic.models import MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.residency import ResidentShare, resident_shares
 from app.traffic.series import Series
 
 BEFORE = timedelta(hours=1)  # drawn before the change
 AFTER_AT_MOST = timedelta(hours=6)  # drawn after it: to its resolution or now, this at most
+BEFORE_AT_LEAST = timedelta(minutes=10)  # drawn before it, when the scope's traffic began later
 CACHE_CONFIG = "vllm:cache_config_info"
 
 
@@ -41,13 +42,20 @@ class ChartWindow:
         return [self.since + timedelta(minutes=i) for i in range(count)]
 
 
-def chart_window(regression: Regression, *, now: datetime) -> ChartWindow:
+def chart_window(regression: Regression, *, now: datetime) -> tuple[ChartWindow, list[Minute]]:
     """An hour before the change to its resolution (an open one's: now), six hours after it at
-    most, and always the change's own minute and the next."""
+    most, and always the change's own minute and the next; a scope whose traffic began later than
+    an hour before is drawn from its first minute (ten minutes before the change at least), not
+    from an empty hour. With the scope's minutes in it, from the loss rollups."""
     changed_at = _floor(regression.changed_at)
-    end = _ceil(regression.resolved_at or now)
+    # An open one's to the last whole minute: the minute under way is not rolled up in full.
+    end = _ceil(regression.resolved_at) if regression.resolved_at else _floor(now)
     until = max(min(end, changed_at + AFTER_AT_MOST), changed_at + timedelta(minutes=2))
-    return ChartWindow(changed_at - BEFORE, until, changed_at)
+    key = (regression.scope, regression.template_id, regression.server_id, regression.tenant)
+    found = scope_series(regression.scope, since=changed_at - BEFORE, until=until).get(key, [])
+    first = found[0].minute if found else changed_at
+    since = max(changed_at - BEFORE, min(first, changed_at - BEFORE_AT_LEAST))
+    return ChartWindow(since, until, changed_at), [m for m in found if m.minute >= since]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +91,10 @@ class RegressionChart:
         ]
 
 
-def hit_rate_chart(regression: Regression, window: ChartWindow) -> RegressionChart:
+def hit_rate_chart(regression: Regression, window: ChartWindow, found: list[Minute]) -> RegressionChart:
     """The scope's hit rate per minute over the window (None in a minute without diagnosed
     requests), the rate before and after the change as the regression states them, each over its
     side of the change; marked at the change and where the template's versions went live."""
-    key = (regression.scope, regression.template_id, regression.server_id, regression.tenant)
-    found = scope_series(regression.scope, since=window.since, until=window.until).get(key, [])
     points = {m.minute: m.point for m in found}
     rates = [_rate(points.get(at)) for at in window.minutes]
     before = [regression.rate_before if at < window.changed_at else None for at in window.minutes]

@@ -42,9 +42,9 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
     """One regression: its figures, what it is attributed to and why, its cost; a note from a person."""
     viewer = viewer_of(request.user)
     regression = get_object_or_404(selectors.regressions(state="all", viewer=viewer), pk=regression_id)
-    window = page.chart_window(regression, now=timezone.now())
+    window, minutes = page.chart_window(regression, now=timezone.now())
     found = page.capacity(regression, window)
-    charts = [page.hit_rate_chart(regression, window), *([found.chart] if found else [])]
+    charts = [page.hit_rate_chart(regression, window, minutes), *([found.chart] if found else [])]
     if request.method == "GET" and request.GET.get("format") == "csv":
         return _chart_csv(regression, charts, request.GET.get("chart", ""))
     initial = {
