@@ -261,9 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     With `--rounds N` the scenario runs N times (0: until stopped), each round with its own
     repository under `--repo`/round-K, the next seed, and virtual time starting anew (a demo
     shows its regressions again every round). Request ids carry `--run-id` (default: one made
-    from the start time), so a demo restarted with the same seed sends ids no earlier run sent. Exit status 0 after the runs (failed requests
-    are in the summaries), 1 when every request of a round failed, 2 for a bad scenario,
-    arguments or repository folder.
+    from the start time), so a demo restarted with the same seed sends ids no earlier run sent.
+    Exit status 0 after the runs (failed requests are in the summaries), 1 when every request of
+    a round failed, 2 for a bad scenario, arguments or repository folder.
     """
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
