@@ -11,7 +11,7 @@ from django.db.models import CharField
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, alias_merged_server, locked_server
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW
+from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW, SOURCE_MERGE
 from app.traffic.services.rollups import refresh_minute_rollups
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,9 @@ def merge_server(*, server_id: int, into_id: int) -> Merged:
 
 def _gap_filling() -> str:
     """SET clauses: each column of `into`'s record (r) keeps its value, or takes the moved one's (p)
-    where it has none. Built from the model, so a new field of request records is merged too."""
-    fills = []
+    where it has none; a span's source gives way to the moved one's. Built from the model, so a new
+    field of request records is merged too."""
+    fills = [SOURCE_MERGE.format("p")]
     for field in RequestRecord._meta.concrete_fields:
         column = field.column
         if column in ("server_id", "request_id", "arrived_at", "source"):
