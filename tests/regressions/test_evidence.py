@@ -3,7 +3,7 @@ do not rewrite them), and its suspect's diff with the moved line marked, on its 
 
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -141,10 +141,8 @@ def test_the_pair_is_the_last_request_before_the_suspect_and_its_first_wherever_
 
 
 def record_of(side: dict[str, Any]) -> RequestRecord:
-    request_id: str = side["request_id"]
-    return RequestRecord.objects.get(
-        request_id=request_id, arrived_at=datetime.fromisoformat(side["arrived_at"])
-    )
+    at = datetime.fromisoformat(side["arrived_at"])
+    return cast(RequestRecord, RequestRecord.objects.get(request_id=side["request_id"], arrived_at=at))
 
 
 def test_a_later_regression_of_the_template_has_its_own_pair_and_killers(tmp_path: Path) -> None:
