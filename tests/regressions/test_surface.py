@@ -75,12 +75,10 @@ def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(fo
     assert b"<td>Prompt changed</td>" in page.content  # the cause shift, named as elsewhere
     pair = regression.evidence["pair"]
     after = RequestDiagnosis.objects.get(request_id=pair["after"]["request_id"])
-    assert (after.cause, after.diverged_at) == ("prompt_changed", pair["diverged_at"])
-    assert (
-        RequestDiagnosis.objects.get(request_id=pair["before"]["request_id"]).arrived_at
-        < regression.changed_at
-    )
-    assert f"earlier prompts at token <strong>{pair['diverged_at']}</strong>".encode() in page.content
+    before = RequestDiagnosis.objects.get(request_id=pair["before"]["request_id"])
+    assert after.template_version == regression.suspect_version != before.template_version
+    assert before.arrived_at < after.arrived_at and pair["diverged_at"] == 0  # the new first line
+    assert f"version before at token <strong>{pair['diverged_at']}</strong>".encode() in page.content
     assert client.get(reverse("compare:detail", args=[pair["compare_slug"]])).status_code == 200
     assert b'" class="diff-moved-to"' in page.content  # the suspect commit's diff, its moved line marked
 
