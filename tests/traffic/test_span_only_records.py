@@ -3,6 +3,7 @@ not in the tenant audit (vLLM's spans carry no tenant), while a span merged with
 record still counts once."""
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import Sum
@@ -24,7 +25,7 @@ def test_span_only_records_are_not_requests_in_the_rollups_or_the_tenant_audit()
     now = timezone.now().replace(microsecond=0)
     at = now - timedelta(minutes=3)
 
-    def send(source: str, request_id: str, **facts: object) -> None:
+    def send(source: str, request_id: str, **facts: Any) -> None:
         record = RequestFacts(
             request_id=request_id, arrived_at=at, server="vllm-0", prompt_tokens=100, **facts
         )
