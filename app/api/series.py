@@ -2,7 +2,7 @@
 
 Read from the per-minute rollups and summed per bucket in SQL (app/traffic/series.py); a server's
 own readings (its scrapes, its KV events) for scope=server. Every parameter is checked here and a
-bad one answered 400 with a code and a message, rather than by django-ninja's 422.
+bad one answered 400 with a code and a message, as django-ninja's validation is (app/api/errors.py).
 """
 
 from datetime import datetime
