@@ -254,6 +254,10 @@ PREFIXSCOPE_KILLER_MAX_REQUESTS = env_int("PREFIXSCOPE_KILLER_MAX_REQUESTS", 200
 # Prefixscope's own /metrics: per label (template, version, server, tenant) the TOP_N values with the
 # most prompt tokens today keep their name; the rest are summed under "other" (bounded series).
 PREFIXSCOPE_METRICS_TOP_N = env_int("PREFIXSCOPE_METRICS_TOP_N", 20, minimum=1)
+# Set: /metrics answers only `Authorization: Bearer <this>` (Prometheus' `authorization:
+# credentials_file`, deploy/prometheus/scrape-with-token.yml), 401 otherwise. Unset: open, as
+# /healthz is; it names templates, servers and tenants, so set it where the network is shared.
+PREFIXSCOPE_METRICS_BEARER_TOKEN = env_str("PREFIXSCOPE_METRICS_BEARER_TOKEN", "").strip()
 # Database connections one gateway process writes its records on, however many servers it fronts.
 PREFIXSCOPE_GATEWAY_CONNECTIONS = env_int("PREFIXSCOPE_GATEWAY_CONNECTIONS", 2, minimum=1)
 # Eviction thrashing: a block stored again within this many seconds of its removal counts as a thrash.
