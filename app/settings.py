@@ -87,9 +87,7 @@ PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".dat
 # PostgreSQL `make run` keeps running in the data folder (so manage.py from another shell finds it),
 # else a local server on 5432 (manage.py says which were tried when neither answers).
 DATABASE_URL = (
-    env_str("DATABASE_URL", "")
-    or embedded_database_url(PREFIXSCOPE_DATA_DIR / EMBEDDED_FOLDER)
-    or LOCAL_URL
+    env_str("DATABASE_URL", "") or embedded_database_url(PREFIXSCOPE_DATA_DIR / EMBEDDED_FOLDER) or LOCAL_URL
 )
 DATABASES = {
     "default": dj_database_url.parse(

@@ -126,7 +126,7 @@ class RegressionOut(Schema):
     killers: list[FrozenKillerOut] = Field(
         description="A template regression's cache killers found since the change while it was open, kept "
         "with it (later searches do not change them); samples null: their text is served by "
-        "GET /api/v1/templates/{id}/killers?samples=true while the template's search still finds them"
+        "GET /api/v1/templates/{template}/killers?samples=true while the template's search still finds them"
     )
     webhook: dict[str, NoticeOut] = Field(
         description="The webhook's last outcome for each event told (opened, resolved); {} when none was"

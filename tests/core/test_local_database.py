@@ -13,7 +13,10 @@ from app.localdb import embedded_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
-SHOW_DATABASE = "from django.db import connection; connection.ensure_connection(); print(connection.settings_dict['HOST'])"
+SHOW_DATABASE = (
+    "from django.db import connection; connection.ensure_connection(); "
+    "print(connection.settings_dict['HOST'])"
+)
 
 
 @pytest.fixture
