@@ -63,15 +63,16 @@ class Diagnosed(Schema):
 
 @router.get(
     "/requests/{server}/{request_id}/diagnosis",
-    response={200: list[Diagnosed], 404: ApiError},
+    response={200: Diagnosed, 404: ApiError},
     summary="Why a request missed",
-    description="Every record of the request id on that server (one per arrival), newest first.",
+    description="The request of that id on that server, as one object: its latest arrival, should a "
+    "client have sent one id twice.",
 )
 def request_diagnosis(request: HttpRequest, server: str, request_id: str) -> Any:
     found = diagnosed_requests(server_name=server, request_id=request_id, viewer=caller_viewer(request))
     if not found:
         return error(404, "no such request on that server")
-    return [diagnosed_answer(item) for item in found]
+    return diagnosed_answer(found[0])  # newest first
 
 
 def diagnosed_answer(item: DiagnosedRequest) -> dict[str, Any]:
