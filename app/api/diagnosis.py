@@ -15,7 +15,7 @@ from app.api.errors import ApiError, error
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.fleet.models import Server
-from app.prompts.models import Template
+from app.prompts.selectors import find_template
 from app.traffic.selectors import (
     LOSS_GROUPS,
     AddressedRequest,
@@ -143,7 +143,7 @@ class CauseWindow(Schema):
 
 class CauseQuery(CauseWindow):
     scope: Literal["fleet", "server", "template", "tenant"] = "fleet"
-    id: str = Field("", description="server: its name; template: its name; tenant: its name")
+    id: str = Field("", description="server: its name; template: its name or id; tenant: its name")
 
 
 @router.get(
@@ -163,12 +163,8 @@ def miss_causes(request: HttpRequest, query: Query[CauseQuery]) -> Any:
             viewer.servers(Server.objects.all()).filter(name=query.id).values_list("pk", flat=True).first()
         )
     elif query.scope == "template":
-        scope["template_id"] = (
-            viewer.templates(Template.objects.all())
-            .filter(name=query.id)
-            .values_list("pk", flat=True)
-            .first()
-        )
+        template = find_template(query.id, viewer=viewer)
+        scope["template_id"] = template.pk if template else None
     elif query.scope == "tenant":
         scope["tenant"] = query.id
     if None in scope.values():

@@ -1,9 +1,11 @@
+import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -60,8 +62,26 @@ _registry.register(PrefixscopeCollector())
 @require_GET
 @never_cache
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
-    """Prometheus text exposition of Prefixscope's own state (see app/dashboard/metrics.py)."""
+    """Prometheus text exposition of Prefixscope's own state (see app/dashboard/metrics.py); with
+    PREFIXSCOPE_METRICS_BEARER_TOKEN set, only to a caller sending it (else a 401)."""
+    if not _may_scrape(request):
+        refused = HttpResponse(
+            "send PREFIXSCOPE_METRICS_BEARER_TOKEN as `Authorization: Bearer <token>`\n",
+            status=401, content_type="text/plain; charset=utf-8",
+        )  # fmt: skip
+        refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return refused
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _may_scrape(request: HtmxHttpRequest) -> bool:
+    """True when no metrics token is set, or the request's bearer credentials are that token,
+    compared in constant time (a timing difference would leak it a character at a time)."""
+    expected = settings.PREFIXSCOPE_METRICS_BEARER_TOKEN
+    if not expected:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
 
 
 @login_required

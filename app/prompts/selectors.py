@@ -32,6 +32,21 @@ def templates(*, viewer: Viewer = SEES_ALL) -> QuerySet[Template]:
     )
 
 
+def find_template(ident: str, *, viewer: Viewer = SEES_ALL) -> Template | None:
+    """The template the viewer sees that `ident` names, by its name or its id (template_named)."""
+    return template_named(viewer.templates(Template.objects.all()), ident)
+
+
+def template_named(templates: QuerySet[Template], ident: str) -> Template | None:
+    """The one of `templates` that `ident` names: its name, else (a number no template is named)
+    its id; None when neither fits. A template named as another's id is found by its name. Every
+    template parameter of the API and the explorer is resolved here."""
+    found = templates.filter(name=ident).first() if ident else None  # NUL: PostgreSQL's DataError
+    if found is None and ident.isascii() and ident.isdigit() and int(ident) < 2**63:
+        found = templates.filter(pk=int(ident)).first()
+    return found
+
+
 def versions(template: Template) -> QuerySet[TemplateVersion]:
     """A template's versions, newest commit first, without their content and diff."""
     return template.versions.defer("content", "diff").order_by("-committed_at", "-pk")

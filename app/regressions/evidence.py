@@ -45,7 +45,7 @@ def before_after_pair(
         earlier = earlier.filter(arrived_at__lt=after.arrived_at)
     if after.template_version_id is not None:  # Django keeps the rows without a version here
         earlier = earlier.exclude(template_version_id=after.template_version_id)
-    before = earlier.select_related("server").order_by("-arrived_at").first()
+    before = earlier.select_related("server", "template_version").order_by("-arrived_at").first()
     if before is None:
         return {}
     pair: dict[str, Any] = {
@@ -73,7 +73,7 @@ def _after(
         on_suspect = diagnoses.filter(template_version_id=version_id)
     else:
         on_suspect = diagnoses.filter(arrived_at__gte=changed_at, cause=RequestDiagnosis.Cause.PROMPT_CHANGED)
-    return on_suspect.select_related("server").order_by("arrived_at").first()
+    return on_suspect.select_related("server", "template_version").order_by("arrived_at").first()
 
 
 def _departs_at(before: RequestDiagnosis, after: RequestDiagnosis) -> int | None:
@@ -103,11 +103,61 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def _key(diagnosis: RequestDiagnosis) -> dict[str, Any]:
+    version = diagnosis.template_version
     return {
         "server": diagnosis.server.name,
         "request_id": diagnosis.request_id,
         "arrived_at": diagnosis.arrived_at.isoformat(),
+        "version": version.commit_sha if version else None,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class PairRequest:
+    """One request of a regression's before/after pair."""
+
+    server: str
+    request_id: str
+    arrived_at: datetime
+    version: str | None  # its template version's commit sha; None: traffic without one
+
+
+@dataclass(frozen=True, slots=True)
+class EvidencePair:
+    """A template regression's before/after pair: where the after one departs, and their Compare."""
+
+    before: PairRequest
+    after: PairRequest
+    departs_at_token: int | None
+    compare_slug: str | None
+
+
+def evidence_pair(regression: Regression) -> EvidencePair | None:
+    """The pair stored with the regression (``evidence["pair"]``), None when it has none. A pair
+    stored before versions were kept with it has them looked up (None once its records are gone)."""
+    pair = regression.evidence.get("pair") or {}
+    if "before" not in pair or "after" not in pair:
+        return None
+    return EvidencePair(
+        before=_pair_request(pair["before"]),
+        after=_pair_request(pair["after"]),
+        departs_at_token=pair.get("diverged_at"),
+        compare_slug=pair.get("compare_slug") or None,
+    )
+
+
+def _pair_request(stored: dict[str, Any]) -> PairRequest:
+    arrived_at = datetime.fromisoformat(stored["arrived_at"])
+    version = stored.get("version")
+    if "version" not in stored:
+        version = (
+            RequestDiagnosis.objects.filter(
+                server__name=stored["server"], request_id=stored["request_id"], arrived_at=arrived_at
+            )
+            .values_list("template_version__commit_sha", flat=True)
+            .first()
+        )
+    return PairRequest(stored["server"], stored["request_id"], arrived_at, version)
 
 
 def diff_rows(diff: str) -> list[tuple[DiffLine, str]]:

@@ -61,7 +61,7 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
     assert f"prefixscope_regression_active{{{labels}}} 1.0" in exported
     assert client.get("/api/v1/regressions").status_code == 401
     assert client.get("/api/v1/regressions/999999", headers=bearer).status_code == 404
-    assert client.get("/api/v1/regressions?state=bogus", headers=bearer).status_code == 422
+    assert client.get("/api/v1/regressions?state=bogus", headers=bearer).status_code == 400
 
 
 def test_a_person_acknowledges_it_with_a_note_on_its_page_and_through_the_api(found: VirtualRun) -> None:
