@@ -286,9 +286,13 @@ LOGGING = {
         },
         "text": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
     },
+    "filters": {"regression_summary": {"()": "app.regressions.logsummary.RegressionSummary"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        # "regression opened" and "regression resolved" say which, by how much and the suspect
+        # (`make run`'s console shows these lines; app/devstack.py).
+        "app.regressions.lifecycle": {"filters": ["regression_summary"]},
         # Django's default logging gives "django" handlers of its own (a console one under DEBUG),
         # and its records went on to the root's too: every line twice. Named here, it keeps none, and
         # everything is printed once, by the root's handler (Celery's, in a worker: it takes the root).
