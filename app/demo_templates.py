@@ -6,7 +6,7 @@ the push webhook a git host sends whenever a commit lands in it.
 The load generator makes one repository a round (`<folder>/round-K`) and pushes each of the
 scenario's commits to it when the scenario reaches it (simulator/template_repo.py). The newest round
 is registered as `demo-templates` (with the webhook secret in PREFIXSCOPE_DEMO_WEBHOOK_SECRET), and
-each move of its branch is told to /api/templates/hooks/git as GitHub tells it (a signed `push`),
+each move of its branch is told to /api/v1/templates/hooks/git as GitHub tells it (a signed `push`),
 so the worker imports it as it would a real deployment's repository. Imports no Django.
 """
 
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 NAME = "demo-templates"
 SECRET_ENV = "PREFIXSCOPE_DEMO_WEBHOOK_SECRET"
 POLL_SECONDS = 1.0
+REFUSED_WAIT_SECONDS = 60.0  # a refusal (wrong secret, say) will not change by itself: warn seldom
 _ROUND = re.compile(r"round-(\d+)")
 _REGISTERED_ID = re.compile(r"template repository \S+ \(id (\d+)\)")
 
@@ -67,24 +68,28 @@ def register(path: Path) -> int:
     return int(found[1])
 
 
-def send_push(web: str, repository: int, head: str, secret: str) -> bool:
-    """Send GitHub's push webhook for `head` of the repository; True once it is queued (202). A web
-    process not up yet, or a task queue away, is False (quietly: the next poll tries again); a
-    refusal (a wrong secret, no such repository) is logged as a warning too."""
+def send_push(web: str, repository: int, head: str, secret: str) -> str:
+    """Send GitHub's push webhook for `head` of the repository: "queued" (202), "retry" when the web
+    process is not up yet or the task queue is away, "refused" for another answer (a wrong secret,
+    no such repository), logged as a warning."""
     body = json.dumps({"ref": "refs/heads/main", "after": head}).encode()
     signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     headers = {"Content-Type": "application/json", "X-GitHub-Event": "push", "X-Hub-Signature-256": signature}
-    url = f"{web.rstrip('/')}/api/templates/hooks/git?repository={repository}"
+    url = f"{web.rstrip('/')}/api/v1/templates/hooks/git?repository={repository}"
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return bool(response.status == 202)
+            status = response.status
     except urllib.error.HTTPError as exc:
-        if exc.code != 503:
-            logger.warning("push webhook of %s refused: HTTP %s %s", head[:12], exc.code, exc.read()[:200])
-        return False
+        if exc.code == 503:
+            return "retry"
+        status = exc.code
     except OSError:  # refused or timed out: the web process is starting
-        return False
+        return "retry"
+    if status == 202:
+        return "queued"
+    logger.warning("the push webhook of %s was answered %s, not 202 (queued)", head[:12], status)
+    return "refused"
 
 
 def follow(folder: Path, web: str, secret: str) -> None:
@@ -102,9 +107,12 @@ def follow(folder: Path, web: str, secret: str) -> None:
                     time.sleep(POLL_SECONDS * 10)
                     continue
                 logger.info("registered %s as %s (id %d)", latest[0], NAME, registered[1])
-            if send_push(web, registered[1], latest[1], secret):
+            sent = send_push(web, registered[1], latest[1], secret)
+            if sent == "queued":
                 logger.info("push webhook sent: %s at %s", latest[0].name, latest[1][:12])
                 told = latest
+            elif sent == "refused":
+                time.sleep(REFUSED_WAIT_SECONDS)
         time.sleep(POLL_SECONDS)
 
 

@@ -180,6 +180,9 @@ def processes(port: int) -> dict[str, str]:
         )
         found["traffic"] = (
             f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
+            # The fleet's spans of the first requests went to a web process still starting (its
+            # exporter gives up after 2 s): an error a batch on every start.
+            f" --wait 300 --wait-url http://127.0.0.1:{port}/readyz"
         )
         # Each round's template repository is registered as it appears, and imported through the
         # push webhook whenever a commit lands in it, so the scenario's commits (its faults too)

@@ -306,6 +306,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not wait_for_servers(args.base_url, timeout_seconds=args.wait):
         print(f"error: the servers did not answer /health within {args.wait} s", file=sys.stderr)  # noqa: T201
         return 2
+    if not wait_for_urls(args.wait_url, timeout_seconds=args.wait):
+        print(f"error: {' '.join(args.wait_url)} did not answer within {args.wait} s", file=sys.stderr)  # noqa: T201
+        return 2
     round_number = 0
     while args.rounds == 0 or round_number < max(args.rounds, 1):
         repo = Path(args.repo) if args.rounds == 1 else Path(args.repo) / f"round-{round_number}"
@@ -318,11 +321,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def wait_for_servers(base_urls: Sequence[str], *, timeout_seconds: float) -> bool:
     """True once every server answers GET /health, False when `timeout_seconds` pass first."""
+    return wait_for_urls([url.rstrip("/") + "/health" for url in base_urls], timeout_seconds=timeout_seconds)
+
+
+def wait_for_urls(urls: Sequence[str], *, timeout_seconds: float) -> bool:
+    """True once every URL answers a GET with a success, False when `timeout_seconds` pass first."""
     deadline = time.monotonic() + timeout_seconds
-    waiting = list(base_urls)
+    waiting = list(urls)
     while waiting and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(waiting[0].rstrip("/") + "/health", timeout=2):
+            with urllib.request.urlopen(waiting[0], timeout=2):
                 waiting.pop(0)
         except OSError:  # refused or timed out: the fleet is still starting
             time.sleep(0.2)
@@ -370,6 +378,12 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=1, help="how many times to run the scenario; 0: forever"
     )
     parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the servers' /health")
+    parser.add_argument(
+        "--wait-url",
+        action="append",
+        default=[],
+        help="a URL to wait for too (where the fleet's spans go, say)",
+    )
     return parser
 
 

@@ -577,3 +577,11 @@ def test_the_cli_gives_up_when_the_servers_never_answer(tmp_path: Path) -> None:
     args = ["--scenario", "vllm-cpu", "--repo", str(tmp_path / "repo"), "--base-url", url, "--wait", "0.5"]
     assert main(args) == 2
     assert not (tmp_path / "repo").exists()
+
+
+def test_the_cli_waits_for_the_urls_it_is_given_too(tmp_path: Path) -> None:
+    never = f"http://127.0.0.1:{unused_port()}/readyz"
+    with served_in_a_thread(FakeFleet(), 4) as urls:
+        args = ["--scenario", "demo", "--repo", str(tmp_path / "repo"), "--wait", "0.5", "--wait-url", never]
+        assert main([*args, *itertools.chain.from_iterable(("--base-url", u) for u in urls)]) == 2
+    assert not (tmp_path / "repo").exists()
