@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import queue
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,11 +25,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import quote
 
-from honcho.manager import KILL_WAIT, SIGNALS, Manager
+from honcho.manager import KILL_WAIT, SIGNALS, SYSTEM_PRINTER_NAME, Manager
 from honcho.printer import Message
 
+from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
+from app.devconsole import ConsolePrinter
 from app.env import env_bool, env_int
 from app.localdb import DATABASE_NAME
 
@@ -41,6 +45,7 @@ BIN = Path(sys.executable).parent
 DEMO_KV_SHAPES = "tiny=2:2:64"
 DEMO_SERVERS = 4
 DEMO_PROCESSES = ("traffic", "fleet")
+RUN_LOG = Path("logs") / "run.log"  # under DATA
 
 
 def start_embedded_postgres(folder: Path, database: str) -> str:
@@ -107,8 +112,20 @@ def service_environment(prefix: str) -> dict[str, str]:
     return env
 
 
-def manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
+def manage(env: dict[str, str], *args: str, output: TextIO | None = None) -> str:
+    """Run a manage.py command; its output, also written to `output` when given (else printed).
+    Raises CalledProcessError when it fails."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    print(done.stdout + done.stderr, end="", file=output or sys.stdout, flush=True)
+    done.check_returncode()
+    return done.stdout
 
 
 def kept_secret(name: str) -> str:
@@ -163,36 +180,15 @@ def processes(port: int) -> dict[str, str]:
         )
         found["traffic"] = (
             f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
+            # The fleet's spans of the first requests went to a web process still starting (its
+            # exporter gives up after 2 s): an error a batch on every start.
+            f" --wait 300 --wait-url http://127.0.0.1:{port}/readyz"
         )
-        # Each round's template repository is registered and imported as it appears, so the
-        # scenario's commits (its faults too) are template versions.
-        found["templates"] = f"{sys.executable} -m app.devstack demo-templates {repo}"
+        # Each round's template repository is registered as it appears, and imported through the
+        # push webhook whenever a commit lands in it, so the scenario's commits (its faults too)
+        # are template versions from their time on.
+        found["templates"] = f"{sys.executable} -m app.demo_templates {repo} --web http://127.0.0.1:{port}"
     return found
-
-
-DEMO_TEMPLATES_POLL_SECONDS = 2.0
-
-
-def follow_demo_templates(folder: Path) -> None:
-    """Register the load generator's newest round repository (`folder`/round-K, one a round) as
-    Prefixscope's `demo-templates` and import it; again whenever its branch moves (a round's
-    commits are made one by one) or a new round begins. Runs until stopped."""
-    done: tuple[Path, str] | None = None
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C stops it quietly
-        while True:
-            # The branch's loose ref file: the round repositories are fresh and never packed.
-            heads = sorted(folder.glob("round-*/.git/refs/heads/main"), key=_round_number)
-            latest = (heads[-1].parents[3], heads[-1].read_text().strip()) if heads else None
-            if latest is not None and latest != done:
-                args = [str(latest[0]), "--name=demo-templates", "--glob=templates/*.j2", "--branch=main"]
-                with contextlib.suppress(subprocess.CalledProcessError):  # it said why; next poll retries
-                    manage(dict(os.environ), "register_template_repository", *args, "--import-now")
-                    done = latest
-            time.sleep(DEMO_TEMPLATES_POLL_SECONDS)
-
-
-def _round_number(ref: Path) -> int:
-    return int(ref.parents[3].name.removeprefix("round-"))  # <folder>/round-K/.git/refs/heads/main
 
 
 RESTART_FIRST_SECONDS = 1.0
@@ -229,8 +225,8 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
     DEMO_STOP_SECONDS = 10
     _terminating: bool
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, printer: ConsolePrinter | None = None) -> None:
+        super().__init__(printer)
         self._started_at: dict[str, float] = {}
         self._restart_delay: dict[str, float] = {}
         self._restart_due: dict[str, float] = {}
@@ -241,7 +237,7 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
         a process that stops unasked: it is started again, the others go on)."""
 
         def stop_all(signum: int, frame: object) -> None:
-            self._system_print(f"{SIGNALS[signum]['name']} received\n")
+            self._system_print(f"{SIGNALS[signum]['name']} received: stopping\n", console=True)
             self.returncode = SIGNALS[signum]["rc"]
             self.terminate()
 
@@ -284,7 +280,17 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
         delay = restart_delay(self._restart_delay.get(name), ran)
         self._restart_delay[name] = delay
         self._restart_due[name] = time.monotonic() + delay
-        self._system_print(f"{name} stopped on its own after {ran:.0f} s: starting it again in {delay:g} s\n")
+        self._system_print(
+            f"{name} stopped on its own after {ran:.0f} s: starting it again in {delay:g} s\n", console=True
+        )
+
+    def _system_print(self, data: str, *, console: bool = False) -> None:
+        """A line of the manager's own: to the log file, and to the console if `console`."""
+        line = Message(type="line", data=data, time=self._clock.now(), name=SYSTEM_PRINTER_NAME, colour=None)
+        if isinstance(self._printer, ConsolePrinter):
+            self._printer.write(line, console=console)
+        else:
+            self._printer.write(line)
 
     def _start_again(self, name: str) -> None:
         """Start a stopped process as honcho's _start does; its start message brings the new pid."""
@@ -318,8 +324,44 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
 
 
 def run(port: int) -> int:
-    """Start everything, print the URL and login, and stop it all on Ctrl-C."""
-    env = service_environment(prefix="")
+    """Start everything, print the URL, the login and where the log is, and stop it all on Ctrl-C.
+
+    Every process's output goes to the run's log file (RUN_LOG, the run before's kept beside it as
+    run.log.1); the console gets the banner, warnings, errors and one line per regression opened
+    or resolved (app/devconsole.py): 3,300 lines in 21 minutes of the demo were too many to watch.
+    """
+    log_path = DATA / RUN_LOG
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if log_path.exists():
+        log_path.replace(log_path.with_name(log_path.name + ".1"))
+    with log_path.open("a", encoding="utf-8") as log:
+        env = service_environment(prefix="")
+        try:
+            envs = prepare(env, log)
+        except subprocess.CalledProcessError as exc:
+            print(
+                f"{shlex.join(exc.cmd[1:3])} failed (exit status {exc.returncode}): see {log_path}",
+                flush=True,
+            )
+            return 1
+        # Where the password is, not the password: this line lands in whatever keeps the run's output.
+        from_env = os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD")
+        kept = "PREFIXSCOPE_ADMIN_PASSWORD" if from_env else DATA / "admin-password"
+        banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
+        quiet = f"Log of every process: {log_path}; here: warnings, errors, regressions opened and resolved."
+        print(f"\n{banner}\n{quiet}\n", flush=True)
+        manager = DemoFirstManager(ConsolePrinter(log))
+        for name, command in processes(port).items():
+            manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
+        manager.loop()
+    # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
+    return 0 if manager.returncode in (None, 130, 143) else manager.returncode
+
+
+def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
+    """Set `env` up for the processes, migrate, and register the admin and the demo (their commands'
+    output to `log`); the processes' own environments where they differ from `env`. Raises
+    CalledProcessError when a command fails."""
     # Production-like unless DJANGO_DEBUG=true: no debug pages, static files collected for
     # whitenoise, a secret key kept in .data/. Plain HTTP on the loopback: no redirect to HTTPS and
     # no Secure-only cookies (the browser would not send them back), and logs a person can read.
@@ -334,32 +376,24 @@ def run(port: int) -> int:
     for name, value in {**plain_http, **demo, "LOG_FORMAT": "text"}.items():
         env[name] = env.get(name) or value
     env["DJANGO_SECRET_KEY"] = env.get("DJANGO_SECRET_KEY") or kept_secret("django-secret-key")
-    manage(env, "collectstatic", "--noinput", "--verbosity", "0")
-    manage(env, "migrate", "--noinput")
-    manage(env, "maintain_partitions")
-    password = admin_password()
+    manage(env, "collectstatic", "--noinput", "--verbosity", "0", output=log)
+    manage(env, "migrate", "--noinput", output=log)
+    manage(env, "maintain_partitions", output=log)
     # `--option=value`: a generated secret may begin with "-", which argparse would take for an option.
-    manage(env, "ensure_admin", "--username", "admin", f"--password={password}")
-    envs = {}  # a process's own environment, where it differs from env
-    if env_bool("PREFIXSCOPE_DEMO", True):
-        http, kv, replay = demo_ports()
-        ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
-        manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports)
-        token = kept_secret("demo-ingest-token")
-        manage(env, "ensure_ingest_token", "demo-fleet", f"--secret={token}")
+    manage(env, "ensure_admin", "--username", "admin", f"--password={admin_password()}", output=log)
+    if not env_bool("PREFIXSCOPE_DEMO", True):
+        return {}
+    http, kv, replay = demo_ports()
+    ports = ["--base-port", str(http), "--kv-base-port", str(kv), "--replay-base-port", str(replay)]
+    manage(env, "register_demo_fleet", "--servers", str(DEMO_SERVERS), *ports, output=log)
+    token = kept_secret("demo-ingest-token")
+    manage(env, "ensure_ingest_token", "demo-fleet", f"--secret={token}", output=log)
+    return {
         # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
-        envs["fleet"] = {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token}
-    # Where the password is, not the password: this line lands in whatever keeps the run's output.
-    from_env = os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD")
-    kept = "PREFIXSCOPE_ADMIN_PASSWORD" if from_env else DATA / "admin-password"
-    banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
-    print(f"\n{banner}\n", flush=True)
-    manager = DemoFirstManager()
-    for name, command in processes(port).items():
-        manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
-    manager.loop()
-    # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
-    return 0 if manager.returncode in (None, 130, 143) else manager.returncode
+        "fleet": {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token},
+        # The demo's template repository is registered with this secret, and its push webhooks signed.
+        "templates": {**env, DEMO_WEBHOOK_SECRET_ENV: kept_secret("demo-webhook-secret")},
+    }
 
 
 # What the tests need from Debian: promtool checks the shipped alert rules, Chromium runs the UI tests.
@@ -430,13 +464,8 @@ def main() -> None:
     run_parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     commands.add_parser("test", help="run the quality gates and the tests; extra arguments go to pytest")
     commands.add_parser("lint", help="run the quality gates only")
-    follow = commands.add_parser("demo-templates", help="register the demo's template repositories (run)")
-    follow.add_argument("folder", type=Path)
     args, rest = parser.parse_known_args()
     os.chdir(ROOT)
-    if args.command == "demo-templates":
-        follow_demo_templates(args.folder)
-        return
     if args.command == "lint":
         failed = lint()
         print(f"\nFailed: {', '.join(failed)}" if failed else "\nAll checks passed.", flush=True)

@@ -2,8 +2,8 @@
 
 ``run`` sends the requests ``simulator.planner.plan_requests`` plans with aiohttp on the scenario's
 clock scaled by ``speed``, makes the admin calls of capacity cuts and restarts at their times, and
-reads each answer's cached tokens. The CLI creates the template repository and runs a scenario
-against base URLs::
+reads each answer's cached tokens. The CLI creates the template repository, which gains each of the
+scenario's later commits when the scenario reaches it, and runs the scenario against base URLs::
 
     python -m simulator.loadgen --scenario demo --repo /tmp/prompts \\
         --base-url http://127.0.0.1:8101 --base-url http://127.0.0.1:8102 ... --speed 10
@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import math
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +41,7 @@ from simulator.scenario import (
     load_scenario,
     resolve_scenario,
 )
-from simulator.template_repo import Commit, TemplateRepoError, create_repo
+from simulator.template_repo import Commit, TemplateRepoError, push, stage_repo
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,7 @@ async def run(
     concurrency: int = 16,
     start: datetime = EPOCH,
     run_id: str = "",
+    publish: Callable[[Commit], None] | None = None,
 ) -> RunSummary:
     """Send the scenario's planned requests and make its admin calls; never raises for HTTP failures.
 
@@ -92,7 +95,10 @@ async def run(
     ``{"num_blocks": N}``, ``POST {base}/_simulator/restart``) happen at their virtual time, before any
     request planned at or after it is sent; requests already in flight go on. Failed requests and
     admin calls are counted in the summary. ``run_id`` goes into every request id
-    (``plan_requests``). Raises ValueError for bad arguments.
+    (``plan_requests``). With ``publish``, each commit after virtual second 0 is passed to it at its
+    time, before any request planned at or after it is sent (a template version goes live when its
+    commit lands: ``stage_repo`` and ``push``); a failure is logged, not raised. Raises ValueError
+    for bad arguments.
     """
     urls = _check_arguments(scenario, base_urls, speed, concurrency)
     clock = _Clock(math.inf if speed == 0 else speed, time.monotonic())
@@ -103,7 +109,8 @@ async def run(
         sender = _Sender(session, urls, clock, asyncio.Semaphore(concurrency))
         planned = plan_requests(scenario, commits, seed=seed, start=start, run_id=run_id)
         admin = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
-        results, calls = await sender.dispatch(planned, admin)
+        releases = [commit for commit in commits if commit.time > 0] if publish else []
+        results, calls = await sender.dispatch(planned, admin, releases, publish)
     summary = RunSummary(tuple(results), tuple(calls), time.monotonic() - clock.started)
     logger.info(
         "scenario %s: %d requests, %d errors, hit rate %s, %.1f s",
@@ -154,21 +161,49 @@ class _Sender:
         self.slots = slots
 
     async def dispatch(
-        self, planned: Iterable[PlannedRequest], admin: Sequence[CapacityCut | ServerRestart]
+        self,
+        planned: Iterable[PlannedRequest],
+        admin: Sequence[CapacityCut | ServerRestart],
+        releases: Sequence[Commit] = (),
+        publish: Callable[[Commit], None] | None = None,
     ) -> tuple[list[RequestResult], list[AdminCall]]:
-        """Send everything in time order; admin events go before requests planned at the same time."""
-        pending = deque(admin)
+        """Send everything in time order; admin calls and commit releases go before requests planned
+        at the same time."""
+        pending: deque[CapacityCut | ServerRestart | Commit] = deque(
+            sorted([*admin, *releases], key=_event_time)  # stable: the timeline's order at one time
+        )
         calls: list[AdminCall] = []
         tasks: list[asyncio.Task[RequestResult]] = []
+
+        async def until(at: float) -> None:
+            while pending and _event_time(pending[0]) <= at:
+                event = pending.popleft()
+                if isinstance(event, Commit):
+                    await self.release(event, publish)
+                else:
+                    calls.append(await self.admin(event))
+
         for request in planned:
-            while pending and pending[0].at <= request.at:
-                calls.append(await self.admin(pending.popleft()))
+            await until(request.at)
             await self.clock.wait_until(request.at)
             await self.slots.acquire()  # released by send(), so at most `concurrency` in flight
             tasks.append(asyncio.create_task(self.send(request)))
-        while pending:
-            calls.append(await self.admin(pending.popleft()))
+        await until(math.inf)
         return list(await asyncio.gather(*tasks)), calls
+
+    async def release(self, commit: Commit, publish: Callable[[Commit], None] | None) -> None:
+        """Publish a template commit at its virtual time; a failure is logged, not raised."""
+        await self.clock.wait_until(commit.time)
+        if publish is None:
+            return
+        try:
+            await asyncio.to_thread(publish, commit)
+        except TemplateRepoError as exc:
+            logger.warning("template commit %s not published: %s", commit.sha[:12], exc)
+            return
+        logger.info(
+            "%s: commit %s landed at virtual second %s", commit.template, commit.sha[:12], commit.time
+        )
 
     async def send(self, request: PlannedRequest) -> RequestResult:
         """Send one request and read its usage; failures become the result's error."""
@@ -234,6 +269,10 @@ class _Sender:
         return AdminCall(event.at, event.server, action, status, error, sent_after)
 
 
+def _event_time(event: CapacityCut | ServerRestart | Commit) -> float:
+    return event.time if isinstance(event, Commit) else event.at
+
+
 async def _json_usage(response: aiohttp.ClientResponse) -> Usage:
     data = await response.json(content_type=None)
     return parse_usage(data.get("usage") if isinstance(data, dict) else None)
@@ -270,6 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not wait_for_servers(args.base_url, timeout_seconds=args.wait):
         print(f"error: the servers did not answer /health within {args.wait} s", file=sys.stderr)  # noqa: T201
         return 2
+    if not wait_for_urls(args.wait_url, timeout_seconds=args.wait):
+        print(f"error: {' '.join(args.wait_url)} did not answer within {args.wait} s", file=sys.stderr)  # noqa: T201
+        return 2
     run_id = args.run_id or new_run_id()
     round_number = 0
     while args.rounds == 0 or round_number < max(args.rounds, 1):
@@ -283,11 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def wait_for_servers(base_urls: Sequence[str], *, timeout_seconds: float) -> bool:
     """True once every server answers GET /health, False when `timeout_seconds` pass first."""
+    return wait_for_urls([url.rstrip("/") + "/health" for url in base_urls], timeout_seconds=timeout_seconds)
+
+
+def wait_for_urls(urls: Sequence[str], *, timeout_seconds: float) -> bool:
+    """True once every URL answers a GET with a success, False when `timeout_seconds` pass first."""
     deadline = time.monotonic() + timeout_seconds
-    waiting = list(base_urls)
+    waiting = list(urls)
     while waiting and time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(waiting[0].rstrip("/") + "/health", timeout=2):
+            with urllib.request.urlopen(waiting[0], timeout=2):
                 waiting.pop(0)
         except OSError:  # refused or timed out: the fleet is still starting
             time.sleep(0.2)
@@ -312,11 +359,15 @@ def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) 
     try:
         scenario = load_scenario(resolve_scenario(args.scenario))
         start = datetime.now(UTC).replace(microsecond=0)
-        commits = create_repo(repo, scenario, start)
-        summary = asyncio.run(
-            run(scenario, args.base_url, speed=args.speed, commits=commits, seed=seed,
-                concurrency=args.concurrency, start=start, run_id=run_id)
-        )  # fmt: skip
+        # The author's copy, where every commit of the scenario is made at once; `repo` gets each
+        # when the scenario reaches it, as a real repository gets its pushes.
+        with tempfile.TemporaryDirectory(prefix="prefixscope-templates-") as staging:
+            commits = stage_repo(repo, Path(staging), scenario, start)
+            summary = asyncio.run(
+                run(scenario, args.base_url, speed=args.speed, commits=commits, seed=seed,
+                    concurrency=args.concurrency, start=start, run_id=run_id,
+                    publish=functools.partial(push, Path(staging), repo))
+            )  # fmt: skip
     except (ScenarioError, TemplateRepoError, ValueError, OSError) as exc:
         notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
         print(f"error: {exc}{notes}", file=sys.stderr)  # noqa: T201
@@ -348,6 +399,12 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=1, help="how many times to run the scenario; 0: forever"
     )
     parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the servers' /health")
+    parser.add_argument(
+        "--wait-url",
+        action="append",
+        default=[],
+        help="a URL to wait for too (where the fleet's spans go, say)",
+    )
     return parser
 
 

@@ -5,6 +5,10 @@ scenario's virtual second 0), then each template change of the timeline as its o
 ``start`` plus its virtual time, so ``git log`` shows when each version went live. Prefixscope imports
 this history like any prompt-template repository; requests name their version by commit sha
 (``version_at``). Git runs as a subprocess with the caller's ``git`` on PATH.
+
+``stage_repo`` does the same as a real repository grows: the whole history is committed in a
+staging copy (the author's), the repository holds the commits up to now, and ``push`` brings each
+later one when the scenario reaches it (a fast-forward push, as its author's would be).
 """
 
 from __future__ import annotations
@@ -90,6 +94,29 @@ def create_repo(path: Path, scenario: Scenario, start: datetime) -> list[Commit]
     commits = [_commit(path, version, start) for version in template_versions(scenario)]
     logger.info("created template repository %s with %d commits", path, len(commits))
     return commits
+
+
+def stage_repo(path: Path, staging: Path, scenario: Scenario, start: datetime) -> list[Commit]:
+    """Commit the scenario's whole history in ``staging`` (as ``create_repo``) and make ``path`` a
+    repository that holds those at virtual second 0 or before only; return every commit.
+
+    Both folders must be empty or missing. The later commits reach ``path`` by ``push`` when they are
+    due; they are not in its object database before (a ``git log --all`` there shows what is live).
+    ``path`` accepts pushes to its checked-out ``main`` and updates its work tree with them.
+    """
+    commits = create_repo(staging, scenario, start)
+    _init(path)
+    _git(path, "config", "receive.denyCurrentBranch", "updateInstead")
+    live = [commit for commit in commits if commit.time <= 0]
+    if live:
+        push(staging, path, live[-1])
+    return commits
+
+
+def push(staging: Path, path: Path, commit: Commit) -> None:
+    """Push ``commit`` and those before it from ``staging`` to ``path``'s ``main``, fast-forward only.
+    Raises TemplateRepoError when git refuses (not a descendant of ``path``'s ``main``, say)."""
+    _git(staging, "push", "--quiet", str(path.resolve()), f"{commit.sha}:refs/heads/main")
 
 
 def version_at(commits: Sequence[Commit], template: str, t: float) -> str | None:

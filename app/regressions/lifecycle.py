@@ -131,9 +131,12 @@ def saved(regression: Regression) -> Regression | None:
 
 def summary(regression: Regression) -> str:
     """What a log line says of a regression at a glance: "template support: 95% -> 29%, Template
-    commit, suspect 1a2b3c4" (make run's console shows these lines)."""
+    commit, suspect 1a2b3c4 (support: show the time at the top)" (make run's console shows these
+    lines, app/devconsole.py)."""
     suspect = regression.suspect_version
+    subject = suspect.message.splitlines()[0][:80] if suspect is not None and suspect.message else ""
     named = f", suspect {suspect.commit_sha[:7]}" if suspect is not None else ""
+    named += f" ({subject})" if subject else ""
     return f"{regression}, {regression.kind_label}{named}"
 
 

@@ -46,7 +46,11 @@ def free_demo_ports() -> int:
 
 
 def log_tail(data_dir: Path) -> str:
-    return "\n".join((data_dir / "run.log").read_text(errors="replace").splitlines()[-40:])
+    """The end of the console's output (run.log here) and of the processes' log (logs/run.log)."""
+    console = (data_dir / "run.log").read_text(errors="replace").splitlines()[-20:]
+    processes = data_dir / devstack.RUN_LOG
+    logged = processes.read_text(errors="replace").splitlines()[-40:] if processes.exists() else []
+    return "\n".join(["console:", *console, f"{processes}:", *logged])
 
 
 def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
@@ -84,9 +88,45 @@ def press_ctrl_c(process: subprocess.Popen[bytes]) -> int:
 
 
 def stop_output(data_dir: Path) -> str:
-    """What the processes wrote from the last Ctrl-C on."""
-    log = (data_dir / "run.log").read_text(errors="replace")
+    """What the processes wrote from the last Ctrl-C on (all of it: the log file's)."""
+    log = (data_dir / devstack.RUN_LOG).read_text(errors="replace")
     return log[log.rindex("SIGINT received") :]
+
+
+def assert_console_is_quiet(data_dir: Path) -> None:
+    """The console shows the banner, the run's notices and warnings or worse; the rest, every
+    process's INFO lines, is in the log file."""
+    console = (data_dir / "run.log").read_text(errors="replace").splitlines()
+    logged = (data_dir / devstack.RUN_LOG).read_text(errors="replace").splitlines()
+    assert f"Log of every process: {data_dir / devstack.RUN_LOG}" in "\n".join(console)
+    assert len(console) < 40 and len(logged) > 3 * len(console), "\n".join(console)
+    shown = [line for line in console if " | " in line and " system " not in line]
+    picked = r"WARNING|ERROR|CRITICAL|Warning|Error|Traceback|\| \s"
+    assert not [line for line in shown if not re.search(picked, line)], shown
+
+
+def assert_demo_templates_are_live_ones_imported_by_webhook(data_dir: Path, timeout: float = 60) -> None:
+    """The demo's repository holds the templates' first commits only (the scenario's first fault is
+    minutes away), and they were imported through the push webhook."""
+    scenario = load_scenario(resolve_scenario("demo"))
+    [repo] = data_dir.glob("demo-templates/*/round-0")
+    head = repo / ".git" / "refs" / "heads" / "main"
+    everything = subprocess.run(
+        ["git", "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)"],
+        cwd=repo, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert everything.count("commit") == len(scenario.templates), everything
+    deadline = time.monotonic() + timeout
+    imported = None
+    while time.monotonic() < deadline and imported != head.read_text().strip():
+        with database(data_dir) as conn:
+            row = conn.execute(
+                "SELECT last_imported_sha FROM prompts_templaterepository WHERE name = 'demo-templates'"
+            ).fetchone()
+        imported = row[0] if row else None
+        time.sleep(0.5)
+    assert imported == head.read_text().strip(), log_tail(data_dir)
+    assert "push webhook sent: round-0" in (data_dir / devstack.RUN_LOG).read_text(errors="replace")
 
 
 def database(data_dir: Path) -> psycopg.Connection:
@@ -143,6 +183,7 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
         wait_for_demo_data(tmp_path, timeout=180, rollups=ROLLED_UP)
         assert_fleet_shows_request_hit_rates(browser, f"http://127.0.0.1:{port}")
         assert_server_page_serves_its_chart_library(browser, f"http://127.0.0.1:{port}")
+        assert_demo_templates_are_live_ones_imported_by_webhook(tmp_path)
         with database(tmp_path) as conn:
             admin = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
             assert admin is not None and check_password("-starts-like-an-option", admin[0])
@@ -159,6 +200,7 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
     # The demo stops before the web process it sends spans to: nothing complains on the way out.
     stopping = stop_output(tmp_path)
     assert "ERROR" not in stopping and "Traceback" not in stopping, stopping
+    assert_console_is_quiet(tmp_path)
     assert not (tmp_path / "postgres" / "postmaster.pid").exists(), "PostgreSQL was left running"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
@@ -236,7 +278,9 @@ def test_a_killed_collector_is_started_again_while_the_rest_keep_running(tmp_pat
     finally:
         exit_code = press_ctrl_c(run)
     assert exit_code == 0, log_tail(tmp_path)
-    log = (tmp_path / "run.log").read_text(errors="replace")
+    console = (tmp_path / "run.log").read_text(errors="replace")
+    assert "collectors stopped on its own after" in console, console[-4000:]  # said where it is seen
+    log = (tmp_path / devstack.RUN_LOG).read_text(errors="replace")
     before_ctrl_c = log[: log.rindex("SIGINT received")]
     assert "collectors stopped on its own after" in before_ctrl_c, before_ctrl_c[-4000:]
     assert before_ctrl_c.count("stopped (rc=") == 1, before_ctrl_c[-4000:]  # the others kept running

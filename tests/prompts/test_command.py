@@ -34,12 +34,12 @@ def test_register_and_import_now_prints_progress(
     monkeypatch.setenv("PROMPTS_HOOK_SECRET", "from-the-environment")
     out = run(str(repo.path), "--glob", "templates/*.j2", "--glob", "prompts/**", "--branch", "main",
               "--secret-env", "PROMPTS_HOOK_SECRET", "--import-now")  # fmt: skip
+    repository = TemplateRepository.objects.get()
     assert out.splitlines() == [
-        "registered template repository prompts",
+        f"registered template repository prompts (id {repository.pk})",
         "  3/3 commits",
         "imported 3 commits of prompts: 3 versions",
     ]
-    repository = TemplateRepository.objects.get()
     assert (repository.globs, repository.branch, repository.webhook_secret) == (
         ["templates/*.j2", "prompts/**"], "main", "from-the-environment"
     )  # fmt: skip
@@ -60,8 +60,8 @@ def test_registering_again_by_name_updates_it_and_keeps_the_secret(
 
     out = run(str(other.path), "--glob", "templates/*.j2", "--name", "demo", "--import-now")
 
-    assert out.splitlines()[0] == "updated template repository demo"
     repository = TemplateRepository.objects.get()
+    assert out.splitlines()[0] == f"updated template repository demo (id {repository.pk})"
     assert (repository.location, repository.webhook_secret, repository.last_imported_sha) == (
         str(other.path), "kept", sha
     )  # fmt: skip

@@ -8,7 +8,9 @@ import contextlib
 import copy
 import itertools
 import json
+import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -19,10 +21,10 @@ import pytest
 from aiohttp import web
 
 from simulator.loadgen import Usage, main, parse_usage, plan_requests, run
-from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, PlannedRequest
+from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, EPOCH, PlannedRequest
 from simulator.run_summary import RunSummary
-from simulator.scenario import Scenario
-from simulator.template_repo import Commit, version_at
+from simulator.scenario import Scenario, parse_scenario
+from simulator.template_repo import Commit, push, stage_repo, version_at
 from tests.fixtures import VLLM_CPU_FIXTURES, load_json
 from tests.ports import unused_port
 from tests.simulator.test_scenario import scenario_data, versions_as_commits
@@ -459,6 +461,46 @@ def test_admin_calls_happen_at_their_virtual_times() -> None:
     assert summary.wall_seconds >= planned[-1].at / speed - 0.01
 
 
+def test_a_template_commit_lands_at_its_virtual_time_before_the_requests_that_render_it(
+    tmp_path: Path,
+) -> None:
+    data = small(duration=20, rate=4, mix={"main": 1, "chat": 0})
+    data["timeline"] = [{"at": 10, "template": "main", "change": {"fault": "volatile_top"}}]
+    scenario = parse_scenario(data)
+    repo, staging = tmp_path / "repo", tmp_path / "author"
+    commits = stage_repo(repo, staging, scenario, EPOCH)
+    fault = commits[-1]
+    fleet, speed = FakeFleet(), 20.0
+    landed: list[tuple[int, float, list[str]]] = []
+
+    def publish(commit: Commit) -> None:
+        before = git_log(repo)
+        push(staging, repo, commit)
+        landed.append((len(fleet.seen), time.monotonic() - started, before))
+
+    async def go() -> RunSummary:
+        async with serving(fleet, scenario.servers.count) as urls:
+            return await run(scenario, urls, speed=speed, commits=commits, seed=3, publish=publish)
+
+    assert git_log(repo) == [c.sha for c in commits if c.time == 0]
+    started = time.monotonic()
+    summary = asyncio.run(go())
+
+    ((sent_before, after_seconds, log_before),) = landed
+    assert log_before == [c.sha for c in commits if c.time == 0]  # nothing of the fault until then
+    assert git_log(repo) == [c.sha for c in commits]
+    assert after_seconds >= fault.time / speed - 0.01  # never early
+    versions = [seen.headers["x-prefixscope-template-version"] for seen in fleet.seen]
+    assert fault.sha not in versions[:sent_before] and set(versions[sent_before:]) == {fault.sha}
+    assert summary.errors == 0 and len(versions) == summary.requests
+
+
+def git_log(repo: Path) -> list[str]:
+    """The repository's commits, oldest first."""
+    log = subprocess.run(["git", "log", "--reverse", "--format=%H"], cwd=repo, capture_output=True, text=True)
+    return log.stdout.split()
+
+
 def test_speed_inf_runs_an_hour_of_traffic_at_once() -> None:
     fleet = FakeFleet()
 
@@ -503,6 +545,7 @@ def test_the_cli_creates_the_repository_and_prints_the_summary(
     assert status == 0
     assert out.startswith(f"requests {len(fleet.seen)}, errors 0,")
     assert (tmp_path / "repo" / "templates" / "main.j2").is_file()
+    assert len(git_log(tmp_path / "repo")) == 3  # the two templates, then the fault when it was due
     assert "main " in out and "chat " in out
 
 
@@ -571,3 +614,11 @@ def test_two_cli_runs_with_the_same_seed_send_different_request_ids(tmp_path: Pa
 
     assert sent[0] and sent[1]
     assert not sent[0] & sent[1]
+
+
+def test_the_cli_waits_for_the_urls_it_is_given_too(tmp_path: Path) -> None:
+    never = f"http://127.0.0.1:{unused_port()}/readyz"
+    with served_in_a_thread(FakeFleet(), 4) as urls:
+        args = ["--scenario", "demo", "--repo", str(tmp_path / "repo"), "--wait", "0.5", "--wait-url", never]
+        assert main([*args, *itertools.chain.from_iterable(("--base-url", u) for u in urls)]) == 2
+    assert not (tmp_path / "repo").exists()

@@ -13,6 +13,8 @@ from simulator.template_repo import (
     Commit,
     TemplateRepoError,
     create_repo,
+    push,
+    stage_repo,
     template_versions,
     version_at,
 )
@@ -135,3 +137,26 @@ def test_the_callers_git_environment_does_not_leak_in(
     monkeypatch.delenv("GIT_AUTHOR_DATE")
     assert git(path, "log", "-1", "--format=%H %at").split() == [commits[-1].sha, str(int(START.timestamp()))]
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_staged_repository_holds_what_is_live_and_gains_each_commit_when_pushed(tmp_path: Path) -> None:
+    path, staging = tmp_path / "prompts", tmp_path / "author"
+    commits = stage_repo(path, staging, parse_scenario(history_scenario_data()), START)
+
+    def live() -> list[str]:
+        # Every object of the repository, reachable or not: nothing of a later commit is there.
+        objects = git(path, "cat-file", "--batch-all-objects", "--batch-check=%(objectname) %(objecttype)")
+        return [line.split()[0] for line in objects.splitlines() if line.endswith(" commit")]
+
+    assert git(staging, "log", "--reverse", "--format=%H").split() == [c.sha for c in commits]
+    assert sorted(live()) == sorted(c.sha for c in commits if c.time <= 0)
+    assert git(path, "rev-parse", "HEAD").strip() == commits[1].sha
+
+    push(staging, path, commits[2])  # the fault at virtual second 60
+
+    assert git(path, "log", "--format=%H|%cI").split() == [
+        f"{c.sha}|{(START + timedelta(seconds=c.time)).isoformat()}" for c in reversed(commits[:3])
+    ]
+    assert (path / "templates" / "main.j2").read_text() == commits[2].text  # the work tree follows
+    with pytest.raises(TemplateRepoError):
+        push(staging, path, commits[1])  # not a fast-forward

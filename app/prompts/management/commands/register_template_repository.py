@@ -44,7 +44,8 @@ class Command(BaseCommand):
                 )
         except (ValueError, services.RepositoryConflict) as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"{'updated' if existing else 'registered'} template repository {repository.name}")
+        done = "updated" if existing else "registered"
+        self.stdout.write(f"{done} template repository {repository.name} (id {repository.pk})")
         if options["import_now"]:
             self._import(repository)
 
