@@ -44,7 +44,7 @@ def test_the_divergence_is_the_longest_common_prefix_over_all_earlier_prompts(se
     """Prompts of a three-token alphabet in blocks of 4: every block a fan-out point of many followers,
     prompts that end inside another's block, or repeat one whole."""
     rng = random.Random(seed)
-    memory, earlier = Followers(), []
+    memory, earlier = Followers(), list[list[int]]()
     for _ in range(400):
         if earlier and rng.random() < 0.5:  # a copy of an earlier one up to a point, then its own
             base = rng.choice(earlier)
