@@ -1,5 +1,6 @@
 """The diagnosis' `diverged_at` on the scenarios' own traffic (simulator/scenarios/*.yaml through the
-simulator's planner, rendered, tokenized with GPT-2 and hashed as the servers would): the longest
+simulator's planner, rendered, tokenized with GPT-2 and hashed as the servers would) and on the real
+vLLM captures' prompts (GPT-2 tokenizes them as the server did: tests/domain/test_gpt2.py): the longest
 common prefix with any earlier prompt of the same template and salt, as a brute force finds it."""
 
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from app.domain.misscauses import Diagnosis, FleetHistory, RequestPrompt
 from simulator.planner import plan_requests
 from simulator.scenario import Scenario, load_scenario
 from simulator.template_repo import Commit, template_versions
+from tests.fixtures import captured_traffic
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "simulator" / "scenarios").glob("*.yaml"))
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -51,7 +53,19 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 @pytest.mark.parametrize("path", SCENARIOS, ids=[path.stem for path in SCENARIOS])
 def test_diverged_at_is_the_longest_common_prefix_with_any_earlier_prompt_of_the_template(path: Path) -> None:
     scenario, prompts = traffic(path)
-    size = scenario.servers.block_size
+    compared = checked_divergences(prompts, scenario.servers.block_size)
+    assert compared >= len(prompts) // 4  # many changed somewhere (their own question), after the first
+
+
+def test_diverged_at_is_the_longest_common_prefix_on_the_real_captures() -> None:
+    prompts = [("captures", str(body.get("cache_salt") or ""), encode(str(body["prompt"])))
+               for body, _ in captured_traffic()]  # fmt: skip
+    assert checked_divergences(prompts, 32) >= 5  # the server's --block-size
+
+
+def checked_divergences(prompts: list[tuple[str, str, list[int]]], size: int) -> int:
+    """Diagnose the prompts in order (one server, no KV events, nothing reused) and check each
+    `diverged_at` against the brute force; returns how many were checked."""
     history = FleetHistory()
     earlier: dict[tuple[str, str], list[np.ndarray]] = {}
     compared = 0
@@ -71,4 +85,4 @@ def test_diverged_at_is_the_longest_common_prefix_with_any_earlier_prompt_of_the
             assert diagnosis.diverged_at == max(common_prefix(ours, other) for other in family), n
             compared += 1
         family.append(ours)
-    assert compared >= len(prompts) // 4  # many changed somewhere (their own question), after the first
+    return compared
