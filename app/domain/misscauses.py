@@ -38,17 +38,15 @@ while this one waited, is in its KV events only after this one's arrival.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
 from itertools import repeat
 from typing import Any, TypeAlias
 
-import numpy as np
-
 from app.domain.blockhash import TokenIds
+from app.domain.followers import Followers
 from app.domain.generations import Generations
 from app.domain.leading import leading
 
@@ -157,7 +155,7 @@ def _funnel(
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     cause: Cause | None  # the one that lost the most reusable tokens; None when all that could be was
-    diverged_at: int | None  # prompt_changed: the first token that departs from the family's prefix
+    diverged_at: int | None  # prompt_changed: the first token departing from the closest earlier prompt
     losses: tuple[Loss, ...]
     funnel: Funnel
     unexpected_hit: bool
@@ -167,19 +165,6 @@ class Diagnosis:
         for loss in self.losses:
             found[loss.cause] = found.get(loss.cause, 0) + loss.tokens
         return found
-
-
-@dataclass(slots=True)
-class _Family:
-    """What earlier requests of one template (or family) and salt had: their blocks, and for each
-    block the tokens of a block that followed it (a recent request's), for a token-exact
-    divergence, as int64 bytes (a tuple of ints per block was a container the garbage collector
-    tracked, hundreds of thousands of them). Bounded: the oldest blocks are forgotten first."""
-
-    blocks: OrderedDict[int | None, bytes] = field(default_factory=OrderedDict)
-
-
-FAMILY_MEMORY_BLOCKS = 65_536  # blocks remembered per template and salt
 
 
 def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
@@ -206,7 +191,7 @@ class FleetHistory:
         self._last_removed = _Evictions()  # block -> last eviction anywhere
         self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
-        self._families: dict[tuple[Hashable, str], _Family] = {}
+        self._families: dict[tuple[Hashable, str], Followers] = {}
         # Requests whose first lost block was resident at arrival, until their first token: the
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
@@ -343,7 +328,8 @@ class FleetHistory:
             losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
         diverged = None  # the same for every block of the request: computed once
         if any(loss.cause == Cause.PROMPT_CHANGED for loss in losses):
-            diverged = _divergence(request, chain, self._families[(request.family, request.salt)], size)
+            family = self._families[(request.family, request.salt)]
+            diverged = family.divergence(chain, request.token_ids, size)
             if diverged == 0 and request.family is None:
                 # Without a template, earlier prompts are only other prompts: one sharing not
                 # even its first token with them is new, not changed.
@@ -445,10 +431,8 @@ class FleetHistory:
         self._seen.write_all(chain, True)
         neutral = list(request.neutral_hashes) if request.salt else chain
         self._neutral_salts.setdefault_all(neutral, request.salt)
-        family = self._families.setdefault((request.family, request.salt), _Family())
-        _remember_followers(family.blocks, chain, request.token_ids, request.block_size or 0)
-        while len(family.blocks) > FAMILY_MEMORY_BLOCKS:
-            family.blocks.popitem(last=False)
+        family = self._families.setdefault((request.family, request.salt), Followers())
+        family.remember(chain, request.token_ids, request.block_size or 0)
 
 
 _Eviction: TypeAlias = tuple[int, datetime | None, datetime]
@@ -553,53 +537,6 @@ def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:
     if lost:
         return max(lost, key=lambda cause: lost[cause])  # dicts keep order: max keeps the first of ties
     return Cause.BELOW_BLOCK if losses and not reusable else None
-
-
-def _remember_followers(
-    blocks: OrderedDict[int | None, bytes], chain: list[int], token_ids: TokenIds | None, size: int
-) -> None:
-    """Record, for each parent of the chain (None: the first block's), the tokens of the block that
-    follows it. A known next block is the same tokens after the same parent (its hash covers both):
-    only its place in the memory moves, the common case of a shared prefix, done in one C loop."""
-    parents: list[int | None] = [None, *chain]
-    kept = max(leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
-    deque(map(blocks.move_to_end, parents[:kept]), maxlen=0)
-    tail = b"" if token_ids is None else np.asarray(token_ids[kept * size :], dtype=np.int64).tobytes()
-    width = size * _TOKEN_BYTES
-    for offset, parent in enumerate(parents[kept:]):
-        index = kept + offset
-        if index < len(chain) and chain[index] in blocks and parent in blocks:
-            blocks.move_to_end(parent)  # a known pair after a forgotten one
-            continue
-        blocks[parent] = tail[offset * width : (offset + 1) * width]
-        blocks.move_to_end(parent)
-
-
-_TOKEN_BYTES = 8  # a token id remembered as an int64
-
-
-def _divergence(request: RequestPrompt, chain: list[int], family: _Family, size: int) -> int:
-    """The first token where the prompt departs from the longest prefix its family had: block-exact
-    from the chain, token-exact within the block when both sides' token ids are known."""
-    shared = leading(chain, family.blocks)
-    parent = chain[shared - 1] if shared else None
-    remembered = family.blocks.get(parent, b"")
-    if request.token_ids is None or not remembered:
-        return shared * size
-    theirs = np.frombuffer(remembered, np.int64).tolist()
-    ours = _tokens(request.token_ids, shared * size, (shared + 1) * size)
-    same = next(
-        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs))
-    )
-    return shared * size + same
-
-
-def _tokens(token_ids: TokenIds | None, start: int, end: int) -> tuple[int, ...]:
-    """Token ids [start, end) as a tuple of ints (token ids may come as a numpy array)."""
-    if token_ids is None:
-        return ()
-    found = token_ids[start:end]
-    return tuple(found.tolist() if isinstance(found, np.ndarray) else found)
 
 
 def _runs(causes: list[_BlockCause], *, first_block: int, size: int) -> list[Loss]:

@@ -163,6 +163,18 @@ def test_a_changed_prompt_departs_at_the_exact_token_after_what_its_template_sha
     assert hash_only.diverged_at == 32  # block-exact without token ids
 
 
+def test_a_changed_prompt_departs_from_the_earlier_prompt_sharing_the_most_not_the_latest() -> None:
+    history = FleetHistory()
+    older = prompt(seed=1)
+    newer = [*older[:162], *prompt(seed=2)[162:]]  # 2 tokens of block 10 as the older one's
+    for n, earlier in enumerate((older, newer)):
+        history.diagnose(request(earlier, seconds=10 + n))
+        stored(history, 1, chain(earlier), 10.5 + n)
+    later = [*older[:173], *prompt(seed=3)[173:]]  # 13 tokens of block 10 as the older one's
+    found = diagnosed(history, request(later, cached=10 * SIZE))
+    assert found.cause == Cause.PROMPT_CHANGED and found.diverged_at == 173
+
+
 def test_another_template_with_the_same_tokens_is_not_a_changed_prompt() -> None:
     history = FleetHistory()
     history.diagnose(request(prompt(seed=1), family="billing", seconds=10))

@@ -56,6 +56,11 @@ INSTALL_RECIPE = " ".join(
 
 SERVED_MODEL_NAME = "tiny"
 BLOCK_SIZE = 32  # the CPU attention backend refuses block sizes that are not multiples of 32
+# The recipe's: a prompt of up to 512 tokens, a cache of 48 blocks (1,536 tokens) that evicts soon.
+# A server for longer prompts asks for more of both (serve's max_model_len and num_blocks); the model
+# is then built again with that many positions (its config's max_position_embeddings) in its own folder.
+MAX_MODEL_LEN = 512
+NUM_BLOCKS = 48
 SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
@@ -86,6 +91,8 @@ class VLLMServer:
     block_size: int
     otlp_endpoint: str
     startup_seconds: float
+    max_model_len: int = MAX_MODEL_LEN
+    num_blocks: int = NUM_BLOCKS
 
 
 def install() -> Path:
@@ -118,28 +125,40 @@ def _install_locked() -> Path:
     return VENV_PYTHON
 
 
-def build_model() -> Path:
-    """Build the tiny random-weight Llama with the GPT-2 tokenizer into MODEL_DIR and return it.
+def build_model(*, max_model_len: int = MAX_MODEL_LEN) -> Path:
+    """Build the tiny random-weight Llama with the GPT-2 tokenizer and return its folder: MODEL_DIR
+    for the recipe's MAX_MODEL_LEN positions, a folder of its own for another ``max_model_len``
+    (its config's ``max_position_embeddings``; the weights are the same, RoPE has none per position).
 
-    Deterministic (fixed seed) and idempotent: the marker holds a digest of the build script and the
-    chat template, so a changed template rebuilds. Needs install() first; raises VLLMUnavailable
-    when the build fails.
+    Deterministic (fixed seed) and idempotent: the marker holds a digest of the build script, the
+    chat template and the length, so a changed template rebuilds. Needs install() first; raises
+    VLLMUnavailable when the build fails.
     """
     template = CHAT_TEMPLATE  # the simulator renders chats with the same template
-    digest = hashlib.sha256(BUILD_SCRIPT.read_bytes() + template.encode("utf-8")).hexdigest()
+    recipe = BUILD_SCRIPT.read_bytes() + template.encode("utf-8") + str(max_model_len).encode()
+    digest = hashlib.sha256(recipe).hexdigest()
+    model_dir = model_dir_for(max_model_len)
     with _setup_lock():
-        if not _marker_matches(MODEL_MARKER, digest):
-            _build_model_locked(_install_locked(), template, digest)
-    return MODEL_DIR
+        if not _marker_matches(model_dir / MODEL_MARKER.name, digest):
+            _build_model_locked(_install_locked(), template, digest, model_dir, max_model_len)
+    return model_dir
 
 
-def _build_model_locked(python: Path, template: str, digest: str) -> None:
+def model_dir_for(max_model_len: int) -> Path:
+    """Where the tiny model with ``max_model_len`` positions is built."""
+    return MODEL_DIR if max_model_len == MAX_MODEL_LEN else DATA_DIR / f"model-{max_model_len}"
+
+
+def _build_model_locked(
+    python: Path, template: str, digest: str, model_dir: Path, max_model_len: int
+) -> None:
     started = time.monotonic()
-    shutil.rmtree(MODEL_DIR, ignore_errors=True)
-    _run([str(python), str(BUILD_SCRIPT), str(MODEL_DIR), template], "build the tiny model")
+    shutil.rmtree(model_dir, ignore_errors=True)
+    command = [str(python), str(BUILD_SCRIPT), str(model_dir), template, str(max_model_len)]
+    _run(command, "build the tiny model")
     elapsed = time.monotonic() - started
-    MODEL_MARKER.write_text(f"{digest}\nbuilt in {elapsed:.1f}s\n")
-    logger.info("built the tiny model in %.1fs", elapsed)
+    (model_dir / MODEL_MARKER.name).write_text(f"{digest}\nbuilt in {elapsed:.1f}s\n")
+    logger.info("built the tiny model (%d positions) in %.1fs", max_model_len, elapsed)
 
 
 def build_lora_adapter() -> Path:
@@ -166,6 +185,8 @@ def serve(
     log_path: Path = SERVER_LOG,
     extra_flags: Sequence[str] = (),
     restart_of: VLLMServer | None = None,
+    max_model_len: int = MAX_MODEL_LEN,
+    num_blocks: int = NUM_BLOCKS,
 ) -> Iterator[VLLMServer]:
     """Run the real vLLM OpenAI-compatible server on free local ports until the block exits.
 
@@ -175,9 +196,12 @@ def serve(
     its children get SIGTERM, then SIGKILL; its output stays in ``log_path`` (two servers running at
     once need two logs). ``extra_flags`` go after the recipe's flags (``--enable-lora ...``).
     ``restart_of``, a server that has stopped: serve on its ports instead (vLLM restarted in place).
+    ``max_model_len`` (``--max-model-len``, and the model's positions) and ``num_blocks``
+    (``--num-gpu-blocks-override``): the recipe's 512 and 48 unless a test needs longer prompts;
+    vLLM refuses to start when ``num_blocks`` blocks cannot hold one prompt of ``max_model_len``.
     """
     python = install()
-    model_dir = build_model()
+    model_dir = build_model(max_model_len=max_model_len)
     if restart_of is None:
         http_port, kv_port, replay_port, spare_port = unused_ports(4)
         otlp = otlp_endpoint or f"http://127.0.0.1:{spare_port}/v1/traces"
@@ -192,7 +216,8 @@ def serve(
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(http_port),
-        *_server_flags(otlp, kv_port, replay_port, topic), *extra_flags,
+        *_server_flags(otlp, kv_port, replay_port, topic, max_model_len=max_model_len, num_blocks=num_blocks),
+        *extra_flags,
     ]  # fmt: skip
     base_url = f"http://127.0.0.1:{http_port}"
     started = time.monotonic()
@@ -213,6 +238,8 @@ def serve(
                 block_size=BLOCK_SIZE,
                 otlp_endpoint=otlp,
                 startup_seconds=time.monotonic() - started,
+                max_model_len=max_model_len,
+                num_blocks=num_blocks,
             )
             logger.info("vLLM serves %s after %.1fs", base_url, server.startup_seconds)
             yield server
@@ -220,8 +247,10 @@ def serve(
             _stop(process)
 
 
-def _server_flags(otlp_endpoint: str, kv_port: int, replay_port: int, topic: str) -> list[str]:
-    """The flags of the fixtures README, with this run's ports."""
+def _server_flags(
+    otlp_endpoint: str, kv_port: int, replay_port: int, topic: str, *, max_model_len: int, num_blocks: int
+) -> list[str]:
+    """The flags of the fixtures README, with this run's ports, model length and cache blocks."""
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
@@ -230,8 +259,8 @@ def _server_flags(otlp_endpoint: str, kv_port: int, replay_port: int, topic: str
         "topic": topic,
     }
     return [
-        "--max-model-len", "512", "--enable-prefix-caching", "--dtype", "bfloat16",
-        "--max-num-seqs", "4", "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", "48",
+        "--max-model-len", str(max_model_len), "--enable-prefix-caching", "--dtype", "bfloat16",
+        "--max-num-seqs", "4", "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(num_blocks),
         "--enable-prompt-tokens-details", "--kv-cache-metrics", "--kv-cache-metrics-sample", "1.0",
         "--prefix-caching-hash-algo", "sha256_cbor", "--otlp-traces-endpoint", otlp_endpoint,
         "--kv-events-config", json.dumps(kv_events),
