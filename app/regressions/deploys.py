@@ -11,11 +11,13 @@ first request.
 
 Not tested: a version whose text restores an earlier good version's (a revert, or a re-deploy of
 a known-good text: it cannot be a drop's suspect), one that is already a regression's suspect on
-the template, a template with an active regression (that one is updated), and a version that has
-not taken most of the template's requests since it went live (a canary: the per-minute search
-opens it on its server's scope, where it is material).
+the template, a template with an active regression (that one is updated) unless the version before
+this one reverted its suspect (then that one is resolved as reverted when this one opens), and a
+version that has not taken most of the template's requests since it went live (a canary: the
+per-minute search opens it on its server's scope, where it is material).
 """
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +31,7 @@ from app.regressions import attribution
 from app.regressions.attribution import restores_good_text
 from app.regressions.lifecycle import config_of, of_scope
 from app.regressions.models import Regression
+from app.regressions.selectors import reverts_of
 from app.regressions.series import ScopeKey
 from app.traffic.models import RequestRecord
 
@@ -56,11 +59,22 @@ def recent_deploys(*, now: datetime) -> dict[TemplateVersion, datetime]:
     return {version: live[pk] for pk, version in versions.items()}
 
 
-def deploy_change(version: TemplateVersion, *, live_at: datetime, now: datetime) -> RateChange | None:
+@dataclass(frozen=True, slots=True)
+class DeployDrop:
+    """A deployed version's drop, and the template's active regression its opening resolves: the
+    one whose suspect the version before it reverted (a bad deploy, its revert, a bad deploy again
+    before the detection saw the revert take the traffic)."""
+
+    change: RateChange
+    reverted: Regression | None
+
+
+def deploy_change(version: TemplateVersion, *, live_at: datetime, now: datetime) -> DeployDrop | None:
     """The version's drop against the version before it, when it is one to test (module docstring)
     and the test finds a regression at the detection's confidence; else None."""
     key: ScopeKey = (Regression.Scope.TEMPLATE, version.template_id, None, "")
-    if _not_to_test(version, key):
+    regressions = of_scope(key, Regression.Metric.HIT_RATE)
+    if restores_good_text(version) or regressions.filter(suspect_version=version).exists():
         return None
     records = RequestRecord.objects.filter(
         template_id=version.template_id,
@@ -73,13 +87,16 @@ def deploy_change(version: TemplateVersion, *, live_at: datetime, now: datetime)
     previous = _version_before(records, version, live_at)
     if previous is None or not _took_over(records, version, live_at, len(after)):
         return None
+    active = regressions.exclude(state=Regression.State.RESOLVED).select_related("suspect_version").first()
+    if active is not None and not _reverted_by(active, previous):
+        return None  # still regressed: that regression is updated, not doubled
     before = _reuse(records.filter(template_version_id=previous))
     config = config_of(key)
     test = DeployTest(min_requests=settings.PREFIXSCOPE_DEPLOY_MIN_REQUESTS, looks=_looks())
     change = version_change(before, after, config, test)
     if change is None or not change.is_regression or change.confidence < config.min_confidence:
         return None
-    return change
+    return DeployDrop(change, active)
 
 
 def _looks() -> int:
@@ -87,13 +104,9 @@ def _looks() -> int:
     return max(1, int(DEPLOY_HORIZON.total_seconds() // settings.PREFIXSCOPE_DEPLOY_CHECK_SECONDS))
 
 
-def _not_to_test(version: TemplateVersion, key: ScopeKey) -> bool:
-    regressions = of_scope(key, Regression.Metric.HIT_RATE)
-    return (
-        restores_good_text(version)
-        or regressions.filter(suspect_version=version).exists()
-        or regressions.exclude(state=Regression.State.RESOLVED).exists()
-    )
+def _reverted_by(regression: Regression, version_id: int) -> bool:
+    suspect = regression.suspect_version
+    return suspect is not None and version_id in reverts_of(suspect)
 
 
 def _version_before(

@@ -166,10 +166,15 @@ def resolve_idle(metric: str, seen: set[ScopeKey], window: Window, *, now: datet
     active = active.exclude(state=Regression.State.RESOLVED)
     for regression in active:
         if key_of(regression) not in seen:
-            resolve(regression, Resolution.IDLE, now=now)
-            regression.updated_at = now
-            regression.save(update_fields=["state", "resolved_at", "resolution", "updated_at"])
-            hooks.regression_resolved(regression, now=now)
+            resolve_saved(regression, Resolution.IDLE, now=now)
+
+
+def resolve_saved(regression: Regression, resolution: str, *, now: datetime) -> None:
+    """Resolved (as `resolve`), saved, and the webhook told."""
+    resolve(regression, resolution, now=now)
+    regression.updated_at = now
+    regression.save(update_fields=["state", "resolved_at", "resolution", "updated_at"])
+    hooks.regression_resolved(regression, now=now)
 
 
 def reverted(regression: Regression, window: Window) -> bool:

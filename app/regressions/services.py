@@ -73,6 +73,7 @@ from app.regressions.lifecycle import (
     reopen,
     resolve,
     resolve_idle,
+    resolve_saved,
     reverted,
     same_drop,
     saved,
@@ -155,21 +156,23 @@ def check_deploys(*, now: datetime) -> int:
     the version before it; returns the regressions opened. Beat runs it between detection runs."""
     window, opened = window_of(now), 0
     for version, live_at in deploys.recent_deploys(now=now).items():
-        change = deploys.deploy_change(version, live_at=live_at, now=now)
-        if change is None:
+        found = deploys.deploy_change(version, live_at=live_at, now=now)
+        if found is None:
             continue
-        key: ScopeKey = (Scope.TEMPLATE, version.template_id, None, "")
+        if found.reverted is not None:
+            resolve_saved(found.reverted, Resolution.REVERTED, now=now)
+        change, key = found.change, (Scope.TEMPLATE, version.template_id, None, "")
         minutes = series.scope_series(Scope.TEMPLATE, since=window.since, until=window.until).get(key, [])
         before = [minute for minute in minutes if minute.minute < change.minute]
         after = [minute for minute in minutes if minute.minute >= change.minute]
         candidates = deploys.suspects_with(
             version, suspects_of(key, change.minute, window), changed_at=change.minute
         )
-        found = _Attribution(
+        attributed = _Attribution(
             Regression.Kind.TEMPLATE_COMMIT, attribution.cause_shift(before, after), candidates, None
         )
         method = {**_method(config_of(key), change), **deploys.METHOD}
-        opened += _create(key, change, found, after, window, method=method, now=now) is not None
+        opened += _create(key, change, attributed, after, window, method=method, now=now) is not None
     return opened
 
 

@@ -12,6 +12,7 @@ diagnosis and the detection run as beat runs them over the traffic's time: the c
 others once a minute.
 """
 
+import os
 import random
 import subprocess
 import time
@@ -60,15 +61,19 @@ COMMITS = (
 
 
 def commit_templates(path: Path) -> list[str]:
-    """A repository with COMMITS of `support` in turn: their shas."""
+    """A repository with COMMITS of `support` in turn, a minute apart and ending a minute ago (a
+    revert is known by its commit coming after the one it reverts): their shas."""
     (path / "templates").mkdir(parents=True)
     git = ["git", "-C", str(path), "-c", "user.name=dev", "-c", "user.email=dev@example.com"]
     subprocess.run([*git[:3], "init", "-q", "-b", "main"], check=True)
     shas = []
-    for text, message, _ in COMMITS:
+    first = timezone.now() - timedelta(minutes=len(COMMITS) + 1)
+    for index, (text, message, _) in enumerate(COMMITS):
         (path / "templates" / "support.j2").write_text(text)
+        date = (first + timedelta(minutes=index)).isoformat()
+        dated = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
         subprocess.run([*git, "add", "-A"], check=True)
-        subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", message], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", message], check=True, env=dated)
         shas.append(
             subprocess.run(
                 [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
