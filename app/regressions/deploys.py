@@ -85,7 +85,7 @@ def deploy_change(version: TemplateVersion, *, live_at: datetime, now: datetime)
     )
     after = _reuse(records.filter(template_version=version, arrived_at__gte=live_at))
     previous = _version_before(records, version, live_at)
-    if previous is None or not _took_over(records, version, live_at, len(after)):
+    if previous is None or not _took_over(records, live_at, len(after)):
         return None
     active = regressions.exclude(state=Regression.State.RESOLVED).select_related("suspect_version").first()
     if active is not None and not _reverted_by(active, previous):
@@ -104,6 +104,24 @@ def _looks() -> int:
     return max(1, int(DEPLOY_HORIZON.total_seconds() // settings.PREFIXSCOPE_DEPLOY_CHECK_SECONDS))
 
 
+def reverted_regression(version: TemplateVersion, *, live_at: datetime, now: datetime) -> Regression | None:
+    """The template's active regression that `version` reverts (it restores the text before the
+    regression's suspect) once it has taken most of the template's requests since it went live,
+    DeployTest's minimum of them at least: the cause is gone, whatever the cache still has to warm.
+    Sooner than the per-minute rule (lifecycle.reverted: two diagnosed minutes), and sure of it."""
+    key: ScopeKey = (Regression.Scope.TEMPLATE, version.template_id, None, "")
+    regressions = of_scope(key, Regression.Metric.HIT_RATE).exclude(state=Regression.State.RESOLVED)
+    active = regressions.select_related("suspect_version").first()
+    if active is None or not _reverted_by(active, version.pk):
+        return None
+    since = RequestRecord.objects.filter(
+        template_id=version.template_id, arrived_at__gte=live_at, arrived_at__lt=now
+    )
+    taken = since.filter(template_version=version).count()
+    enough = taken >= settings.PREFIXSCOPE_DEPLOY_MIN_REQUESTS
+    return active if enough and _took_over(since, live_at, taken) else None
+
+
 def _reverted_by(regression: Regression, version_id: int) -> bool:
     suspect = regression.suspect_version
     return suspect is not None and version_id in reverts_of(suspect)
@@ -119,10 +137,8 @@ def _version_before(
     return found
 
 
-def _took_over(
-    records: QuerySet[RequestRecord], version: TemplateVersion, live_at: datetime, taken: int
-) -> bool:
-    """Whether the version has most of the template's requests since it went live."""
+def _took_over(records: QuerySet[RequestRecord], live_at: datetime, taken: int) -> bool:
+    """Whether `taken` requests are most of the template's since the version went live."""
     return taken * 2 > records.filter(arrived_at__gte=live_at).count()
 
 

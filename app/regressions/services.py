@@ -153,9 +153,13 @@ def _open(
 
 def check_deploys(*, now: datetime) -> int:
     """The deploy check (app/regressions/deploys.py): each version that went live lately against
-    the version before it; returns the regressions opened. Beat runs it between detection runs."""
+    the version before it, and a revert that took the traffic resolving its regression; returns the
+    regressions opened. Beat runs it between detection runs."""
     window, opened = window_of(now), 0
     for version, live_at in deploys.recent_deploys(now=now).items():
+        reverted = deploys.reverted_regression(version, live_at=live_at, now=now)
+        if reverted is not None:
+            resolve_saved(reverted, Resolution.REVERTED, now=now)
         found = deploys.deploy_change(version, live_at=live_at, now=now)
         if found is None:
             continue
