@@ -158,7 +158,7 @@ PREFIXSCOPE_KILLER_EVERY_SECONDS = env_int("PREFIXSCOPE_KILLER_EVERY_SECONDS", 3
 # The deploy check (app/regressions/deploys.py): every CHECK_SECONDS, each version that went live in
 # the last 15 minutes against the version before it, with MIN_REQUESTS warm requests on each side.
 PREFIXSCOPE_DEPLOY_CHECK_SECONDS = env_int("PREFIXSCOPE_DEPLOY_CHECK_SECONDS", 15, minimum=1)
-PREFIXSCOPE_DEPLOY_MIN_REQUESTS = env_int("PREFIXSCOPE_DEPLOY_MIN_REQUESTS", 20, minimum=5)
+PREFIXSCOPE_DEPLOY_MIN_REQUESTS = env_int("PREFIXSCOPE_DEPLOY_MIN_REQUESTS", 15, minimum=5)
 
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {

@@ -43,7 +43,7 @@ class RequestReuse:
 class DeployTest:
     """What the deploy check needs beyond the detection's own configuration."""
 
-    min_requests: int = 20  # warm requests on each side
+    min_requests: int = 15  # warm requests on each side
     looks: int = 60  # how often one deploy is tested as its requests arrive (Bonferroni)
 
 

@@ -174,6 +174,34 @@ def _moved_note(index: int, line: DiffLine) -> str:
     return f"moved here from {where}" if line.kind == LineKind.MOVED_TO else f"moved {where}"
 
 
+def fill_pairs(*, since: datetime, now: datetime) -> None:
+    """The before/after pairs of the template regressions changed since `since` that have none yet:
+    opened before their requests were diagnosed (the deploy check is sooner than the diagnosis, and
+    the pair reads diagnoses), looked for again at each detection run until found, resolved or not."""
+    template_scopes = (
+        Regression.Scope.TEMPLATE,
+        Regression.Scope.TEMPLATE_SERVER,
+        Regression.Scope.TEMPLATE_TENANT,
+    )
+    missing = Regression.objects.filter(
+        Q(evidence__pair={}) | ~Q(evidence__has_key="pair"),
+        scope__in=template_scopes, metric=Regression.Metric.HIT_RATE, changed_at__gte=since,
+        template__isnull=False,
+    )  # fmt: skip
+    for regression in missing:
+        assert regression.template_id is not None  # the query's
+        pair = before_after_pair(
+            regression.template_id, changed_at=regression.changed_at, now=now,
+            version_id=regression.suspect_version_id,
+        )  # fmt: skip
+        if pair:
+            store_evidence(regression.pk, "pair", _replaced_by(pair))
+
+
+def _replaced_by(value: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+    return lambda _: value
+
+
 def freeze_killers(regression: Regression, *, now: datetime) -> None:
     """Search the regression's own requests since its change (of its server or tenant, for a
     narrower template scope; the killer window back at most) for killers, and copy them into its

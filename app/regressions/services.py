@@ -117,6 +117,7 @@ def detect_regressions(*, now: datetime) -> int:
             else:
                 opened += _open(key, minutes, window, wider, now=now) is not None
     resolve_idle(Metric.HIT_RATE, seen, window, now=now)
+    evidence.fill_pairs(since=window.since, now=now)
     return opened + ttft.detect_ttft(window, now=now)
 
 
