@@ -17,8 +17,10 @@ from app.api.pages import Pages
 from app.api.templates import KillerOut, killer_out
 from app.api.viewers import caller_viewer
 from app.compare.killers import visible_killers
+from app.domain.cost import COUNTS
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
+from app.regressions.cost import cost_window_of
 from app.regressions.models import Regression
 
 router = Router(tags=["regressions"])
@@ -46,7 +48,13 @@ class CandidateOut(Schema):
 
 
 class CostOut(Schema):
-    lost_tokens_per_hour: float = Field(description="Prefill tokens an hour that reuse no longer saves")
+    since: datetime = Field(description="The window priced: from its change, the last hour at most")
+    until: datetime = Field(description="The last whole minute summed when it was last updated")
+    counts: str = Field(description="What the lost tokens count")
+    lost_tokens_per_hour: float = Field(
+        description="Prefill tokens an hour that reuse no longer saves: those lost in the window over its "
+        "length, as GET /api/v1/cost prices any scope and window"
+    )
     prefill_tokens_per_second: float
     prefill_rate_source: str = Field(description="measured (from the records) or configured")
     gpu_seconds_per_hour: float
@@ -155,7 +163,11 @@ class RegressionOut(Schema):
 
     @staticmethod
     def resolve_cost(regression: Regression) -> CostOut:
+        since, until = cost_window_of(regression)
         return CostOut(
+            since=since,
+            until=until,
+            counts=COUNTS[regression.template_id is not None],
             lost_tokens_per_hour=regression.lost_tokens_per_hour,
             prefill_tokens_per_second=regression.prefill_tokens_per_second,
             prefill_rate_source=regression.prefill_rate_source,

@@ -211,21 +211,6 @@ def regressions_of(template_id: int, *, viewer: Viewer = SEES_ALL, limit: int = 
     return found.order_by("resolved_at", "-changed_at")[:limit]
 
 
-def prefill_sums(
-    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
-) -> PrefillSums:
-    """The TTFT-over-uncached-tokens sums of the template's requests (app/domain/prefill.py)."""
-    found = (
-        _requests(since, until, viewer)
-        .filter(template_id=template_id)
-        .aggregate(
-            count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
-            xx=Sum("prefill_uncached_squares"), xy=Sum("prefill_cross_sum"),
-        )
-    )  # fmt: skip
-    return PrefillSums(**{name: value or 0 for name, value in found.items()})
-
-
 @dataclass(frozen=True, slots=True)
 class LiveVersion:
     """A version of a template and when it went live: its first deploy marker, else the first request
