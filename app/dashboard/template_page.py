@@ -31,8 +31,8 @@ from app.dashboard.sparks import spark
 from app.dashboard.template_selectors import Effect, ListSums, LiveVersion, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
 from app.domain.cost import Cost
-from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
+from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
@@ -258,7 +258,7 @@ def template_charts(
         return [empty if sums is None else value(sums) for sums in found]
 
     def ttft(metric: str, q: float) -> Series:
-        values = line(lambda b: histogram_quantile(q, TTFT_BUCKETS_SECONDS, b.ttft_counts), None)
+        values = line(lambda b: sketch_quantile(q, b.ttft_sketch), None)
         return Series(f"{metric} ({window.ttft})", [None if v is None else float(v) for v in values])
 
     hit_rate = line(lambda b: b.cached_tokens / b.cache_known_prompt_tokens

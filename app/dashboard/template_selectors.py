@@ -13,7 +13,6 @@ from django.db import connection
 from django.db.models import Count, DateTimeField, F, Func, Min, Q, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily, TemplateVersion
 from app.regressions.models import Regression
@@ -26,6 +25,7 @@ from app.traffic.models import (
     TemplateRequestHour,
 )
 from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.services.sketch_sql import SKETCH_SUM, loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +280,7 @@ class BucketSums:
     requests: int
     cached_tokens: int
     cache_known_prompt_tokens: int
-    ttft_counts: list[int]  # the summed cumulative TTFT histogram (of the TTFT asked for)
+    ttft_sketch: dict[str, int]  # the merged TTFT quantile sketch (of the TTFT asked for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,11 +308,9 @@ def template_requests(
     (hour_rollup_template_sums, an index-only scan); the minute rollups otherwise, in one query."""
     hours = bucket % 3600 == 0
     time = "hour" if hours else "minute"
-    histogram = ", ".join(
-        f"coalesce(sum({ttft}_ttft_buckets[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2)
-    )
+    histogram = f"{SKETCH_SUM}({ttft}_ttft_sketch)"
     sums = ", ".join(f"coalesce(sum({name}), 0)" for name in (*_TOTALS, *_PREFILL))
-    columns = f"{_BIN.format(time)} AS b, {', '.join((*_TOTALS, *_PREFILL))}, {ttft}_ttft_buckets"
+    columns = f"{_BIN.format(time)} AS b, {', '.join((*_TOTALS, *_PREFILL))}, {ttft}_ttft_sketch"
     where = f"template_id = %(id)s AND {time} >= %(since)s AND {time} < %(until)s"
     if hours:
         rows, params = _hour_rows(columns, where, viewer, losses=False)
@@ -343,9 +341,9 @@ def _request_sums(rows: Iterable[Any]) -> TemplateRequests:
     for no_bucket, no_server, start, server_id, *values in rows:
         counted = Totals(*(int(v) for v in values[:width]))
         if not no_bucket:
-            ttft_counts = [int(n) for n in values[width + len(_PREFILL) :]]
+            sketch = loaded(values[width + len(_PREFILL)])
             buckets[start] = BucketSums(counted.requests, counted.cached_tokens,
-                                        counted.cache_known_prompt_tokens, ttft_counts)  # fmt: skip
+                                        counted.cache_known_prompt_tokens, sketch)  # fmt: skip
         elif not no_server:
             servers[server_id] = counted
         else:

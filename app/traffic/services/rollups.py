@@ -8,6 +8,7 @@ from django.db.backends.utils import CursorWrapper
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.traffic.models import RequestDiagnosis
+from app.traffic.services.sketch_sql import SKETCH_SUM, sketches_sql
 
 logger = logging.getLogger(__name__)
 
@@ -21,13 +22,9 @@ def _histogram(column: str) -> str:
 # Recomputes whole minutes from raw records, so running it twice (or concurrently with
 # late arrivals, then again) converges on the same rows.
 _REFRESH_SQL = f"""
-INSERT INTO traffic_minuterollup AS m (
-    server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
-    client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
-    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
-    prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum
-)
-SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*),
+WITH k AS ({sketches_sql("r.arrived_at >= %(since)s AND r.arrived_at < %(until)s")}),
+a AS (
+SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at) AS minute, count(*),
        coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
        {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")},
@@ -40,6 +37,17 @@ FROM traffic_requestrecord r,
                      (r.prompt_tokens - r.cached_tokens)::float8 AS uncached) p
 WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
 GROUP BY 1, 2, 3
+)
+INSERT INTO traffic_minuterollup AS m (
+    server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
+    client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
+    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
+    prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum,
+    client_ttft_sketch, server_ttft_sketch
+)
+SELECT a.*, coalesce(k.client, '{{}}'), coalesce(k.server, '{{}}')
+FROM a LEFT JOIN k ON k.server_id = a.server_id AND coalesce(k.template_id, 0) = coalesce(a.template_id, 0)
+                  AND k.minute = a.minute
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
     cached_tokens = EXCLUDED.cached_tokens, cache_known_prompt_tokens = EXCLUDED.cache_known_prompt_tokens,
@@ -52,7 +60,8 @@ ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     prefill_count = EXCLUDED.prefill_count, prefill_uncached_sum = EXCLUDED.prefill_uncached_sum,
     prefill_ttft_sum = EXCLUDED.prefill_ttft_sum,
     prefill_uncached_squares = EXCLUDED.prefill_uncached_squares,
-    prefill_cross_sum = EXCLUDED.prefill_cross_sum
+    prefill_cross_sum = EXCLUDED.prefill_cross_sum,
+    client_ttft_sketch = EXCLUDED.client_ttft_sketch, server_ttft_sketch = EXCLUDED.server_ttft_sketch
 """
 
 
@@ -87,9 +96,10 @@ def _summed_histogram(column: str) -> str:
 _HOUR_DELETE_SQL = "DELETE FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s"
 HOUR_SQL = f"""
 INSERT INTO traffic_hourrollup (server_id, template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                server_ttft_buckets)
+                                server_ttft_buckets, client_ttft_sketch, server_ttft_sketch)
 SELECT server_id, template_id, date_trunc('hour', minute), {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")},
+       {SKETCH_SUM}(client_ttft_sketch), {SKETCH_SUM}(server_ttft_sketch)
 FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
 GROUP BY 1, 2, 3
 """
@@ -100,9 +110,10 @@ GROUP BY 1, 2, 3
 _SERVER_HOUR_DELETE_SQL = "DELETE FROM traffic_serverrequesthour WHERE hour >= %(since)s AND hour < %(until)s"
 SERVER_HOUR_SQL = f"""
 INSERT INTO traffic_serverrequesthour (server_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                       server_ttft_buckets)
+                                       server_ttft_buckets, client_ttft_sketch, server_ttft_sketch)
 SELECT server_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")},
+       {SKETCH_SUM}(client_ttft_sketch), {SKETCH_SUM}(server_ttft_sketch)
 FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s
 GROUP BY 1, 2
 """
@@ -227,9 +238,10 @@ _TEMPLATE_HOUR_DELETE_SQL = (
 )
 TEMPLATE_HOUR_SQL = f"""
 INSERT INTO traffic_templaterequesthour (template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                         server_ttft_buckets)
+                                         server_ttft_buckets, client_ttft_sketch, server_ttft_sketch)
 SELECT template_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")},
+       {SKETCH_SUM}(client_ttft_sketch), {SKETCH_SUM}(server_ttft_sketch)
 FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s AND template_id IS NOT NULL
 GROUP BY 1, 2
 """
@@ -251,9 +263,10 @@ _SERVER_MINUTE_DELETE_SQL = (
 )
 SERVER_MINUTE_SQL = f"""
 INSERT INTO traffic_serverrequestminute (server_id, minute, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                         server_ttft_buckets)
+                                         server_ttft_buckets, client_ttft_sketch, server_ttft_sketch)
 SELECT server_id, minute, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")},
+       {SKETCH_SUM}(client_ttft_sketch), {SKETCH_SUM}(server_ttft_sketch)
 FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
 GROUP BY 1, 2
 """
