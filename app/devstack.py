@@ -30,12 +30,12 @@ from honcho.manager import KILL_WAIT, SIGNALS, Manager
 from honcho.printer import Message
 
 from app.env import env_bool, env_int
+from app.localdb import DATABASE_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 # PREFIXSCOPE_DATA_DIR moves the embedded servers' data (tests use a temporary folder).
 DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
-DATABASE_NAME = "prefixscope"
 # The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
 # (tests/e2e/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
 DEMO_KV_SHAPES = "tiny=2:2:64"

@@ -1,7 +1,8 @@
 """Prefixscope's settings: every value comes from the environment (see .env.example).
 
 With no variables set, a laptop works: DEBUG on, the embedded PostgreSQL and Valkey that
-`make run` starts (it exports DATABASE_URL and CELERY_BROKER_URL for them).
+`make run` starts (it exports DATABASE_URL and CELERY_BROKER_URL for them; without DATABASE_URL,
+manage.py in another shell finds the embedded PostgreSQL running in the data folder).
 """
 
 from pathlib import Path
@@ -12,6 +13,7 @@ from celery.schedules import crontab
 
 from app.domain.kvmemory import parse_kv_shapes
 from app.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from app.localdb import EMBEDDED_FOLDER, LOCAL_URL, embedded_database_url
 
 # Lets generic Django classes be subscripted at run time (ModelAdmin[Server]) for mypy.
 django_stubs_ext.monkeypatch()
@@ -79,8 +81,14 @@ TEMPLATES = [
     },
 ]
 
-# psqlextra's backend is PostgreSQL's plus declarative partitioning support.
-DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@localhost:5432/prefixscope")
+# The local data folder: embedded servers (app/devstack.py), collected static files, gateway spill files.
+PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
+# psqlextra's backend is PostgreSQL's plus declarative partitioning support. Unset: the embedded
+# PostgreSQL `make run` keeps running in the data folder (so manage.py from another shell finds it),
+# else a local server on 5432 (manage.py says which were tried when neither answers).
+DATABASE_URL = (
+    env_str("DATABASE_URL", "") or embedded_database_url(PREFIXSCOPE_DATA_DIR / EMBEDDED_FOLDER) or LOCAL_URL
+)
 DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL, engine="psqlextra.backend", conn_max_age=60, conn_health_checks=True
@@ -103,8 +111,6 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 # collectstatic's output, in the data folder (`make run` collects there on every start).
-# The local data folder: embedded servers (app/devstack.py), collected static files, gateway spill files.
-PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
 STATIC_ROOT = PREFIXSCOPE_DATA_DIR / "static"
 # uPlot, the chart library, as npm installed it (`make` runs `npm ci`; the Dockerfile too): served
 # from the package's own dist/ under static/uplot/, never copied into the repository.
@@ -149,6 +155,11 @@ PREFIXSCOPE_TEMPLATE_CACHE_DIR = Path(
 # How often the cache killers are searched for (each template's recent requests, token ids read).
 PREFIXSCOPE_KILLER_EVERY_SECONDS = env_int("PREFIXSCOPE_KILLER_EVERY_SECONDS", 300, minimum=10)
 
+# The deploy check (app/regressions/deploys.py): every CHECK_SECONDS, each version that went live in
+# the last 15 minutes against the version before it, with MIN_REQUESTS warm requests on each side.
+PREFIXSCOPE_DEPLOY_CHECK_SECONDS = env_int("PREFIXSCOPE_DEPLOY_CHECK_SECONDS", 15, minimum=1)
+PREFIXSCOPE_DEPLOY_MIN_REQUESTS = env_int("PREFIXSCOPE_DEPLOY_MIN_REQUESTS", 20, minimum=5)
+
 CELERY_BEAT_SCHEDULE = {
     "maintain-partitions": {
         "task": "traffic.maintain_partitions",
@@ -184,6 +195,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "regressions.detect",
         "schedule": 60.0,
         "options": {"expires": 60},
+    },
+    "check-deploys": {
+        "task": "regressions.check_deploys",
+        "schedule": float(PREFIXSCOPE_DEPLOY_CHECK_SECONDS),
+        "options": {"expires": PREFIXSCOPE_DEPLOY_CHECK_SECONDS},
     },
     "find-killers": {
         "task": "compare.find_killers",
@@ -254,6 +270,10 @@ PREFIXSCOPE_KILLER_MAX_REQUESTS = env_int("PREFIXSCOPE_KILLER_MAX_REQUESTS", 200
 # Prefixscope's own /metrics: per label (template, version, server, tenant) the TOP_N values with the
 # most prompt tokens today keep their name; the rest are summed under "other" (bounded series).
 PREFIXSCOPE_METRICS_TOP_N = env_int("PREFIXSCOPE_METRICS_TOP_N", 20, minimum=1)
+# Set: /metrics answers only `Authorization: Bearer <this>` (Prometheus' `authorization:
+# credentials_file`, deploy/prometheus/scrape-with-token.yml), 401 otherwise. Unset: open, as
+# /healthz is; it names templates, servers and tenants, so set it where the network is shared.
+PREFIXSCOPE_METRICS_BEARER_TOKEN = env_str("PREFIXSCOPE_METRICS_BEARER_TOKEN", "").strip()
 # Database connections one gateway process writes its records on, however many servers it fronts.
 PREFIXSCOPE_GATEWAY_CONNECTIONS = env_int("PREFIXSCOPE_GATEWAY_CONNECTIONS", 2, minimum=1)
 # Eviction thrashing: a block stored again within this many seconds of its removal counts as a thrash.

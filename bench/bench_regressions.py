@@ -1,24 +1,28 @@
 """Regression detection against what the simulator injected: delay per fault, and false regressions.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5] \
-        [--scenarios demo,routing]
+        [--scenarios demo,routing,sequence] [--baseline]
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
 (simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
-deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the
-detection (app.regressions.services.detect_regressions) run after each minute, as beat runs it. For
-each fault that should open a regression (the `volatile_top` commit on `support`, the `unsorted_tools`
-commit on `agent`, the capacity cut on server 3) it prints the detection delay in virtual seconds
-after the fault, in detection cycles (runs) after the 50th request of its scope arrived, whether the
-suspect commit was the injected one (for the others: whether the kind was), and every regression
-that matches no fault (misattributions). The routing scenario, run for the same seeds, is the demo's
-templates and tenants on servers of 64 blocks (room for the prefixes prefix-aware routing sends each,
-not for all of them) whose router switches to round-robin at minute 10: a routing regression of the
-fleet.
+deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the detection
+(app.regressions.services.detect_regressions) run after each minute, as beat runs it. The deploy check
+(app/regressions/deploys.py) runs every 15 virtual seconds between them, as beat runs it (not with
+--baseline's second pass: the per-minute search alone, to compare). For each fault that should open a
+regression (the `volatile_top` commit on `support`, the `unsorted_tools` commit on `agent`, the capacity
+cut on server 3) it prints the detection delay in virtual seconds after the fault (a template fault's:
+after the first request on its version), in detection cycles (runs) after the 50th request of its scope
+arrived, whether the suspect commit was the injected one (for the others: whether the kind was), and
+every regression that matches no fault (misattributions). The routing scenario, run for the same seeds,
+is the demo's templates and tenants on servers of 64 blocks (room for the prefixes prefix-aware routing
+sends each, not for all of them) whose router switches to round-robin at minute 10: a routing regression
+of the fleet.
 Then --quiet-hours seeds of a fault-free hour whose traffic swings tenfold (2 requests/s, then 0.2,
 by turns of ten minutes) and stops for five minutes every twenty: the regressions they open (target:
-none). Targets (issue 12): every template fault found within two cycles of its 50th request, with the
-injected commit as suspect; no false regression.
+none). The sequence scenario: a bad deploy on `support`, its revert, a second bad deploy three
+minutes later and its revert (two regressions, each with its own suspect). Targets (issue 22): every
+template fault found at most 90 s after the first request on its version, with the injected commit
+as suspect; no false regression.
 """
 
 import argparse
@@ -42,7 +46,7 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 
 from app.regressions.models import Regression  # noqa: E402
-from app.regressions.services import detect_regressions  # noqa: E402
+from app.regressions.services import check_deploys, detect_regressions  # noqa: E402
 from app.traffic.models import KVEvent  # noqa: E402
 from simulator.planner import PlannedRequest  # noqa: E402
 from simulator.scenario import resolve_scenario  # noqa: E402
@@ -83,7 +87,30 @@ def routing() -> dict[str, Any]:
     return found | {"duration": 900, "servers": found["servers"] | {"num_blocks": 64}, "timeline": timeline}
 
 
-SCENARIOS = {"demo": (demo, FAULTS), "routing": (routing, ROUTING_FAULTS)}
+SUPPORT_TEXT = next(t["text"] for t in demo()["templates"] if t["name"] == "support")
+SEQUENCE_FAULTS = [
+    Fault("volatile_top", 300, "template", template="support"),
+    Fault("shuffled_chunks", 660, "template", template="support"),
+]
+
+
+def sequence() -> dict[str, Any]:
+    """A bad deploy, its revert, a second bad deploy three minutes later, and its revert."""
+    revert = {"template": "support", "change": {"message": "Revert", "text": SUPPORT_TEXT}}
+    timeline = [
+        {"at": 300, "template": "support", "change": {"fault": "volatile_top"}},
+        revert | {"at": 480},
+        {"at": 660, "template": "support", "change": {"fault": "shuffled_chunks"}},
+        revert | {"at": 840},
+    ]
+    return demo() | {"duration": 1020, "timeline": timeline}
+
+
+SCENARIOS = {
+    "demo": (demo, FAULTS),
+    "routing": (routing, ROUTING_FAULTS),
+    "sequence": (sequence, SEQUENCE_FAULTS),
+}
 
 
 def clear() -> None:
@@ -93,8 +120,14 @@ def clear() -> None:
 
 
 def detected(
-    definition: dict[str, Any], seed: int, keep: Callable[[PlannedRequest], bool] | None = None
+    definition: dict[str, Any],
+    seed: int,
+    keep: Callable[[PlannedRequest], bool] | None = None,
+    *,
+    deploy_check: bool = True,
 ) -> VirtualRun:
+    """The scenario run with the detection each minute and, unless `deploy_check` is off (the
+    baseline: the per-minute search alone), the deploy check every CHECK_SECONDS, as beat runs them."""
     clear()
     with tempfile.TemporaryDirectory() as folder:
         return run_virtually(
@@ -103,6 +136,7 @@ def detected(
             seed=seed,
             keep=keep,
             every_minute=lambda now: detect_regressions(now=now),
+            every_check=(lambda now: check_deploys(now=now)) if deploy_check else None,
         )
 
 
@@ -150,11 +184,13 @@ def fault_rows(
         if found is not None:
             matched.add(found.pk)
             detected_at = (found.detected_at - run.start).total_seconds()
-            row["delay_s"] = detected_at - fault.at
-            row["cycles"] = (detected_at - evidence_at) / 60 if evidence_at is not None else None
             commits = [
                 c.sha for c in run.commits if c.template == fault.template and abs(c.time - fault.at) < 1
             ]
+            # A template fault's delay runs from the first request on its version: it was live then.
+            first = next((r.at for r in run.planned if r.version in commits), fault.at)
+            row["delay_s"] = detected_at - (first if fault.template else fault.at)
+            row["cycles"] = (detected_at - evidence_at) / 60 if evidence_at is not None else None
             row["suspect_ok"] = found.kind == fault.kind and (
                 fault.template is None
                 or (found.suspect_version is not None and found.suspect_version.commit_sha in commits)
@@ -175,24 +211,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--quiet-hours", type=int, default=5, help="seeds of a fault-free hour")
-    parser.add_argument("--scenarios", default="demo,routing", help=f"of {', '.join(SCENARIOS)}")
+    parser.add_argument("--scenarios", default="demo,routing,sequence", help=f"of {', '.join(SCENARIOS)}")
+    parser.add_argument("--baseline", action="store_true", help="also without the deploy check, to compare")
     args = parser.parse_args()
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
         for name in args.scenarios.split(","):
-            scenario, faults = SCENARIOS[name]
-            rows, stray = [], []
-            for seed in range(args.seeds):
-                run = detected(scenario(), seed)
-                found, unmatched = fault_rows(run, seed, faults)
-                rows += found
-                stray += [
-                    (seed, r.scope, r.scope_label, r.metric, r.kind,
-                     (r.changed_at - run.start).total_seconds(), r.cause_shift)
-                    for r in unmatched
-                ]  # fmt: skip
-            report(name, faults, rows, stray, args.seeds)
+            for deploy_check in (True, False) if args.baseline else (True,):
+                scenario, faults = SCENARIOS[name]
+                rows, stray = [], []
+                for seed in range(args.seeds):
+                    run = detected(scenario(), seed, deploy_check=deploy_check)
+                    found, unmatched = fault_rows(run, seed, faults)
+                    rows += found
+                    stray += [
+                        (seed, r.scope, r.scope_label, r.metric, r.kind,
+                         (r.changed_at - run.start).total_seconds(), r.cause_shift)
+                        for r in unmatched
+                    ]  # fmt: skip
+                label = name if deploy_check else f"{name} (baseline: the per-minute search alone)"
+                report(label, faults, rows, stray, args.seeds)
         quiet = demo() | {"duration": 3600, "timeline": []}
         false = []
         for seed in range(args.quiet_hours):
@@ -210,7 +249,7 @@ def main() -> None:
 def report(
     name: str, faults: list[Fault], rows: list[dict[str, Any]], stray: list[tuple[Any, ...]], seeds: int
 ) -> None:
-    print(f"{name} scenario, {seeds} seeds; a detection cycle is one minute")
+    print(f"\n{name} scenario, {seeds} seeds; a detection cycle is one minute, a deploy check 15 s")
     print(
         "fault            found  delay s (median, max)  cycles after the 50th request (median, max)", end=""
     )

@@ -81,6 +81,7 @@ async def run(
     seed: int,
     concurrency: int = 16,
     start: datetime = EPOCH,
+    run_id: str = "",
 ) -> RunSummary:
     """Send the scenario's planned requests and make its admin calls; never raises for HTTP failures.
 
@@ -90,7 +91,8 @@ async def run(
     wait, so a slow fleet stretches the run. Admin calls (``POST {base}/_simulator/capacity`` with
     ``{"num_blocks": N}``, ``POST {base}/_simulator/restart``) happen at their virtual time, before any
     request planned at or after it is sent; requests already in flight go on. Failed requests and
-    admin calls are counted in the summary. Raises ValueError for bad arguments.
+    admin calls are counted in the summary. ``run_id`` goes into every request id
+    (``plan_requests``). Raises ValueError for bad arguments.
     """
     urls = _check_arguments(scenario, base_urls, speed, concurrency)
     clock = _Clock(math.inf if speed == 0 else speed, time.monotonic())
@@ -99,7 +101,7 @@ async def run(
     connector = aiohttp.TCPConnector(limit=concurrency + 1)  # + 1: admin calls never wait for requests
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         sender = _Sender(session, urls, clock, asyncio.Semaphore(concurrency))
-        planned = plan_requests(scenario, commits, seed=seed, start=start)
+        planned = plan_requests(scenario, commits, seed=seed, start=start, run_id=run_id)
         admin = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
         results, calls = await sender.dispatch(planned, admin)
     summary = RunSummary(tuple(results), tuple(calls), time.monotonic() - clock.started)
@@ -258,19 +260,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     With `--rounds N` the scenario runs N times (0: until stopped), each round with its own
     repository under `--repo`/round-K, the next seed, and virtual time starting anew (a demo
-    shows its regressions again every round). Exit status 0 after the runs (failed requests
-    are in the summaries), 1 when every request of a round failed, 2 for a bad scenario,
-    arguments or repository folder.
+    shows its regressions again every round). Request ids carry `--run-id` (default: one made
+    from the start time), so a demo restarted with the same seed sends ids no earlier run sent.
+    Exit status 0 after the runs (failed requests are in the summaries), 1 when every request of
+    a round failed, 2 for a bad scenario, arguments or repository folder.
     """
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not wait_for_servers(args.base_url, timeout_seconds=args.wait):
         print(f"error: the servers did not answer /health within {args.wait} s", file=sys.stderr)  # noqa: T201
         return 2
+    run_id = args.run_id or new_run_id()
     round_number = 0
     while args.rounds == 0 or round_number < max(args.rounds, 1):
         repo = Path(args.repo) if args.rounds == 1 else Path(args.repo) / f"round-{round_number}"
-        status = _run_round(args, repo, seed=args.seed + round_number)
+        status = _run_round(args, repo, seed=args.seed + round_number, run_id=run_id)
         if status != 0:
             return status
         round_number += 1
@@ -290,14 +294,28 @@ def wait_for_servers(base_urls: Sequence[str], *, timeout_seconds: float) -> boo
     return not waiting
 
 
-def _run_round(args: argparse.Namespace, repo: Path, *, seed: int) -> int:
+def new_run_id() -> str:
+    """A run id unlike any earlier run's: the clock in base 36 (milliseconds), 8 characters."""
+    return _base36(time.time_ns() // 1_000_000)
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while number:
+        number, digit = divmod(number, 36)
+        text = digits[digit] + text
+    return text or "0"
+
+
+def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) -> int:
     try:
         scenario = load_scenario(resolve_scenario(args.scenario))
         start = datetime.now(UTC).replace(microsecond=0)
         commits = create_repo(repo, scenario, start)
         summary = asyncio.run(
             run(scenario, args.base_url, speed=args.speed, commits=commits, seed=seed,
-                concurrency=args.concurrency, start=start)
+                concurrency=args.concurrency, start=start, run_id=run_id)
         )  # fmt: skip
     except (ScenarioError, TemplateRepoError, ValueError, OSError) as exc:
         notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
@@ -322,6 +340,9 @@ def _parser() -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="virtual seconds per second; 0 or inf: no waits"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--run-id", default="", help="put into every request id (default: one made from the clock)"
+    )
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight at most")
     parser.add_argument(
         "--rounds", type=int, default=1, help="how many times to run the scenario; 0: forever"

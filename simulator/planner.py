@@ -51,7 +51,7 @@ class PlannedRequest:
 
 
 def plan_requests(
-    scenario: Scenario, commits: Sequence[Commit], *, seed: int, start: datetime = EPOCH
+    scenario: Scenario, commits: Sequence[Commit], *, seed: int, start: datetime = EPOCH, run_id: str = ""
 ) -> Iterator[PlannedRequest]:
     """Yield the scenario's requests in time order; the same seed gives the same requests.
 
@@ -61,10 +61,12 @@ def plan_requests(
     fresh variables (``request_variables``); a tenant's salt follows the timeline's salt changes, and
     the routing policy its routing changes.
     ``start`` is the wall-clock time of virtual second 0 for the ``now`` variable. Request ids are
-    ``<scenario>-<seed>-<index>``, so two runs with the same seed repeat them. Raises ValueError when
-    a template has no commit at a request's time.
+    ``<scenario>-<run_id>-<seed>-<index>`` (``<scenario>-<seed>-<index>`` without a ``run_id``): two
+    runs with the same seed repeat their ids unless their run ids differ, and a client that sends
+    one id for two requests is what the product must tell apart, not what a demo should show.
+    Raises ValueError when a template has no commit at a request's time.
     """
-    planner = _Planner(scenario, commits, seed, start)
+    planner = _Planner(scenario, commits, seed, start, run_id)
     rng = planner.rng
     at = rng.expovariate(scenario.rate)
     index = 0
@@ -102,8 +104,11 @@ class _Router:
 class _Planner:
     """The state of one planning pass: rng, routing memory, tenants' current salts, compiled templates."""
 
-    def __init__(self, scenario: Scenario, commits: Sequence[Commit], seed: int, start: datetime) -> None:
+    def __init__(
+        self, scenario: Scenario, commits: Sequence[Commit], seed: int, start: datetime, run_id: str
+    ) -> None:
         self.scenario = scenario
+        self.id_prefix = "-".join(part for part in (scenario.name, run_id, str(seed)) if part)
         self.commits = commits
         self.texts = {commit.sha: commit.text for commit in commits}
         self.seed = seed
@@ -123,7 +128,7 @@ class _Planner:
         template, tenant = self._pick()
         server = self.router.choose(template.name, tenant.name, self.rng)
         stream = self.rng.random() < self.scenario.stream_fraction
-        request_id = f"{self.scenario.name}-{self.seed}-{index:06d}"
+        request_id = f"{self.id_prefix}-{index:06d}"
         version = version_at(self.commits, template.name, at)
         if version is None:
             raise ValueError(f"template {template.name!r} has no commit at virtual second {at}")

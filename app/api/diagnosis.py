@@ -3,8 +3,10 @@ effectiveness; the tenants' salt audit."""
 
 from datetime import datetime, timedelta
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
@@ -14,14 +16,15 @@ from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
 from app.fleet.models import Server
-from app.prompts.models import Template
+from app.prompts.selectors import find_template
 from app.traffic.cost import scope_cost
 from app.traffic.selectors import (
     LOSS_GROUPS,
+    AddressedRequest,
     DiagnosedRequest,
     LossRow,
     RoutingGroup,
-    diagnosed_requests,
+    addressed_request,
     losses,
     lost_tokens_by_cause,
     routing_effectiveness,
@@ -38,6 +41,22 @@ class Funnel(Schema):
     resident_anywhere_tokens: int = Field(description="leading tokens on the compatible server holding most")
     resident_here_tokens: int = Field(description="leading tokens resident on its own server at arrival")
     reused_tokens: int = Field(description="cached tokens, as vLLM reported them")
+
+
+class OtherRequest(Schema):
+    arrived_at: datetime
+    url: str = Field(description="its record and diagnosis")
+
+
+class SameId(Schema):
+    count: int = Field(description="other requests the client sent under this id to this server")
+    others: list[OtherRequest] = Field(description="the latest of them, newest first (20 at most)")
+
+
+class ArrivalQuery(Schema):
+    at: Instant | None = Field(
+        None, description="which request of a reused id: its arrival, exactly as listed (default: the latest)"
+    )
 
 
 class Diagnosed(Schema):
@@ -61,19 +80,39 @@ class Diagnosed(Schema):
     funnel: Funnel | None
     lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")
     losses: list[dict[str, Any]] = Field(description="runs of blocks lost to one cause, in prompt order")
+    same_id: SameId = Field(
+        description="the other requests under this id on this server: a client that reuses an id sends "
+        "different requests under it (records further apart than the ingest merges are different requests)"
+    )
+
+
+ONE_OF_A_REUSED_ID = (
+    "One request: the latest of that id on that server, or the one that arrived at `at`. A client that "
+    "reused the id sent others: `same_id` counts and links them."
+)
 
 
 @router.get(
     "/requests/{server}/{request_id}/diagnosis",
-    response={200: list[Diagnosed], 404: ApiError},
+    response={200: Diagnosed, 404: ApiError},
     summary="Why a request missed",
-    description="Every record of the request id on that server (one per arrival), newest first.",
+    description=ONE_OF_A_REUSED_ID,
 )
-def request_diagnosis(request: HttpRequest, server: str, request_id: str) -> Any:
-    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=caller_viewer(request))
-    if not found:
+def request_diagnosis(request: HttpRequest, server: str, request_id: str, query: Query[ArrivalQuery]) -> Any:
+    found = addressed_request(
+        server_name=server, request_id=request_id, arrived_at=query.at, viewer=caller_viewer(request)
+    )
+    if found is None:
         return error(404, "no such request on that server")
-    return [diagnosed_answer(item) for item in found]
+    return addressed_answer(found)
+
+
+def addressed_answer(found: AddressedRequest) -> dict[str, Any]:
+    """`Diagnosed` of the request addressed, with the others under its id."""
+    record = found.request.record
+    path = reverse("api:request_detail", args=[record.server.name, record.request_id])
+    others = [{"arrived_at": at, "url": f"{path}?{urlencode({'at': at.isoformat()})}"} for at in found.others]
+    return diagnosed_answer(found.request) | {"same_id": {"count": found.other_count, "others": others}}
 
 
 def diagnosed_answer(item: DiagnosedRequest) -> dict[str, Any]:
@@ -106,7 +145,7 @@ class CauseWindow(Schema):
 
 class CauseQuery(CauseWindow):
     scope: Literal["fleet", "server", "template", "tenant"] = "fleet"
-    id: str = Field("", description="server: its name; template: its name; tenant: its name")
+    id: str = Field("", description="server: its name; template: its name or id; tenant: its name")
 
 
 @router.get(
@@ -134,12 +173,8 @@ def _scope_of(query: CauseQuery, viewer: Viewer) -> dict[str, Any] | None:
             viewer.servers(Server.objects.all()).filter(name=query.id).values_list("pk", flat=True).first()
         )
     elif query.scope == "template":
-        scope["template_id"] = (
-            viewer.templates(Template.objects.all())
-            .filter(name=query.id)
-            .values_list("pk", flat=True)
-            .first()
-        )
+        template = find_template(query.id, viewer=viewer)
+        scope["template_id"] = template.pk if template else None
     elif query.scope == "tenant":
         scope["tenant"] = query.id
     return None if None in scope.values() else scope

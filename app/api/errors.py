@@ -3,7 +3,8 @@
 `code` is a stable word a script can branch on, `message` a sentence for a person, `fields` what is
 wrong with each parameter or body field ({} when the error is not about one). django-ninja's own
 answers (its validation errors, a failed authentication or CSRF check, an unknown method, a body it
-cannot parse) are turned into the same shape by the handlers installed here.
+cannot parse) are turned into the same shape by the handlers installed here. A bad parameter or
+field is a 400 on every route, django-ninja's validation included (its own status would be 422).
 """
 
 import logging
@@ -27,7 +28,6 @@ CODES = {
     409: "conflict",
     413: "too_large",
     415: "unsupported_media_type",
-    422: "invalid",
     429: "busy",
     503: "unavailable",
 }
@@ -72,12 +72,14 @@ class UnsupportedMediaType(ValueError):
 
 
 def _validation_error(request: HttpRequest, exc: Any) -> HttpResponse:  # ValidationError
+    # A 400, as every other bad parameter of the API (and the routes that check their own): one
+    # status for a script to handle, `code` telling a type or range error (invalid) from the others.
     fields: dict[str, list[str]] = {}
     for problem in exc.errors:
         # ninja's location: ("query", "limit"), ("body", "body", "a", "text"), ("path", "id")
         where = [str(part) for part in problem.get("loc", ())[1:] if part != "body"]
         fields.setdefault(".".join(where) or "body", []).append(str(problem.get("msg", "not valid")))
-    return error_response(422, "some parameters or fields are not valid", fields=fields)
+    return error_response(400, "some parameters or fields are not valid", code="invalid", fields=fields)
 
 
 def _http_error(request: HttpRequest, exc: Any) -> HttpResponse:  # HttpError

@@ -20,6 +20,7 @@ from app.api.templates import DeployOut, KillerOut, killer_out
 from app.api.templates import router as templates_router
 from app.api.viewers import caller_viewer
 from app.compare.killers import visible_killers
+from app.core.tenancy import Viewer
 from app.fleet.models import Server
 from app.prompts import killers
 from app.prompts import selectors as prompt_selectors
@@ -29,7 +30,7 @@ router = Router(tags=["fleet"])
 
 
 class DeployFilters(Schema):
-    template: str | None = Field(None, description="A template's name")
+    template: str | None = Field(None, description="A template's name, or its id")
     server: str | None = Field(None, description="A server's name: its markers and the fleet-wide ones")
     since: Instant | None = Field(None, description="Deployed at or after")
     until: Instant | None = Field(None, description="Deployed before")
@@ -49,14 +50,24 @@ class DeployFilters(Schema):
 )
 @paginate(Pages)
 def list_deploys(request: HttpRequest, filters: Query[DeployFilters]) -> Any:
-    found = prompt_selectors.deploys(
-        template=filters.template or "", server=filters.server or "", since=filters.since, until=filters.until
-    )
     viewer = caller_viewer(request)
+    found = prompt_selectors.deploys(
+        template=_template_name(filters.template, viewer), server=filters.server or "",
+        since=filters.since, until=filters.until,
+    )  # fmt: skip
     seen = found.filter(template_version__template__in=viewer.templates(Template.objects.all()).values("pk"))
     return Rows(
         seen.filter(Q(server=None) | Q(server__in=viewer.servers(Server.objects.all()).values("pk"))), _deploy
     )
+
+
+def _template_name(given: str | None, viewer: Viewer) -> str:
+    """The name of the template a filter names by its name or id ("": no filter); one matching
+    none is kept as given, so that the list is empty."""
+    if not given:
+        return ""
+    template = prompt_selectors.find_template(given, viewer=viewer)
+    return template.name if template else given
 
 
 def _deploy(marker: DeployMarker) -> dict[str, Any]:
@@ -75,7 +86,7 @@ class FleetKillerOut(KillerOut):
 
 
 class KillerFilters(Schema):
-    template: str | None = Field(None, description="A template's name")
+    template: str | None = Field(None, description="A template's name, or its id")
     kind: CacheKiller.Kind | None = None
 
 
@@ -85,13 +96,14 @@ class KillerFilters(Schema):
     response=list[FleetKillerOut],
     summary="Cache killers of every template, costliest first",
     description="The token positions where each template's traffic fans out, with their cost; without "
-    "prompt text (a template's own list gives samples: GET /api/v1/templates/{id}/killers). " + READ_AUTH,
+    "prompt text (a template's own list gives samples: GET /api/v1/templates/{template}/killers). "
+    + READ_AUTH,
     url_name="killers",
 )
 @paginate(Pages)
 def list_killers(request: HttpRequest, filters: Query[KillerFilters]) -> Any:
     viewer = caller_viewer(request)
-    found = killers.fleet_killers(template=filters.template or "", kind=filters.kind or "")
+    found = killers.fleet_killers(template=_template_name(filters.template, viewer), kind=filters.kind or "")
     if not viewer.sees_all:  # a tenant sees a killer through one of its samples (app/compare/killers.py)
         found = found.filter(pk__in=[killer.pk for killer in visible_killers(list(found), viewer=viewer)[0]])
     names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))

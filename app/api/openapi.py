@@ -39,10 +39,12 @@ def _add_errors(operation: dict[str, Any], cookies: set[str]) -> None:
     body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
     reads_json = "$ref" in body  # a body django-ninja reads; an operation reading its own says its errors
     if operation.get("parameters") or reads_json:
-        common[400] = "A value the database cannot store: a NUL character, a number or time out of range"
-        common[422] = "A parameter or field is not valid: `fields` says which and why"
+        common[400] = (
+            "A parameter or field is not valid (`fields` says which and why), or a value the database "
+            "cannot store: a NUL character, a number or time out of range"
+        )
     if reads_json:
-        common[400] = "The body is not JSON, or holds a value the database cannot store"
+        common[400] = "The body is not JSON, a field is not valid, or a value the database cannot store"
         common[413] = "The body is larger than the server takes"
         common[415] = "The body is not sent as application/json"
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", ())):

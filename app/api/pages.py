@@ -14,7 +14,7 @@ MAX_OFFSET = 2**31 - 1  # far beyond any list here; an offset (or limit) past bi
 
 
 class Pages(LimitOffsetPagination):
-    """django-ninja's limit and offset, bounded: a larger one is a 422, not a 500."""
+    """django-ninja's limit and offset, bounded: a larger one is a 400, not a 500."""
 
     class Input(Schema):
         limit: int = Field(PER_PAGE, ge=1, le=MAX_LIMIT)

@@ -3,10 +3,12 @@ to, and its cost
 (app/regressions). Read by a logged-in user's session or personal API token; a note (acknowledge, mute)
 is a person's too (a session sends X-CSRFToken), never an ingest token's."""
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Literal
 
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import paginate
@@ -43,7 +45,9 @@ class CandidateOut(Schema):
     commit_sha: str
     message: str
     gain: float = Field(description="Its share of the template's requests after the change less before")
-    live_at: datetime | None = Field(description="Its first deploy marker or first request")
+    live_at: datetime | None = Field(
+        description="Its latest deploy marker up to the change, else its first request"
+    )
     minutes_before_change: float | None
 
 
@@ -80,6 +84,25 @@ class TtftOut(Schema):
     ratio: float = Field(description="p90 after over before")
 
 
+class PairRequestOut(Schema):
+    server: str
+    request_id: str
+    arrived_at: datetime
+    version: str | None = Field(description="Its template version's commit sha; null: none known")
+
+
+class PairOut(Schema):
+    before: PairRequestOut = Field(
+        description="The last request of the template and tenant before the change"
+    )
+    after: PairRequestOut = Field(
+        description="The first request after the change that lost tokens to the prompt changing"
+    )
+    departs_at_token: int | None = Field(description="The first token where `after` departs from before")
+    compare_slug: str | None = Field(description="The pair's Compare permalink: GET /api/v1/compare/{slug}")
+    compare_url: str | None = Field(description="The Compare page of the two, token by token")
+
+
 class RegressionOut(Schema):
     id: int
     scope: Scope
@@ -113,12 +136,16 @@ class RegressionOut(Schema):
     killers: list[FrozenKillerOut] = Field(
         description="A template regression's cache killers found since the change while it was open, kept "
         "with it (later searches do not change them); samples null: their text is served by "
-        "GET /api/v1/templates/{id}/killers?samples=true while the template's search still finds them"
+        "GET /api/v1/templates/{template}/killers?samples=true while the template's search still finds them"
     )
     webhook: dict[str, NoticeOut] = Field(
         description="The webhook's last outcome for each event told (opened, resolved); {} when none was"
     )
     ttft: TtftOut | None = Field(description="A TTFT regression's figures")
+    pair: PairOut | None = Field(
+        description="A template regression's evidence: a request before the change and one after it, "
+        "where the after one departs, and their Compare permalink; null when none was found"
+    )
     note: str
 
     @staticmethod
@@ -143,6 +170,18 @@ class RegressionOut(Schema):
         names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
         _, seen = visible_killers([f.killer for f in frozen], viewer=viewer)
         return [killer_out(f.killer, names, None, None, seen) | {"found_at": f.found_at} for f in frozen]
+
+    @staticmethod
+    def resolve_pair(regression: Regression, context: dict[str, Any]) -> PairOut | None:
+        pair = evidence.evidence_pair(regression)
+        if pair is None:
+            return None
+        slug = pair.compare_slug
+        page = context["request"].build_absolute_uri(reverse("compare:detail", args=[slug])) if slug else None
+        return PairOut(
+            before=PairRequestOut(**asdict(pair.before)), after=PairRequestOut(**asdict(pair.after)),
+            departs_at_token=pair.departs_at_token, compare_slug=slug, compare_url=page,
+        )  # fmt: skip
 
     @staticmethod
     def resolve_webhook(regression: Regression) -> dict[str, Any]:

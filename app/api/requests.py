@@ -11,7 +11,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
 from app.api.auth import READERS
-from app.api.diagnosis import Diagnosed, diagnosed_answer
+from app.api.diagnosis import ONE_OF_A_REUSED_ID, ArrivalQuery, Diagnosed, addressed_answer
 from app.api.errors import ApiError, error
 from app.api.ingest.rest import router as ingest_router
 from app.api.viewers import caller_viewer
@@ -27,7 +27,7 @@ from app.traffic.explorer import (
     explore_requests,
     kept_token_ids,
 )
-from app.traffic.selectors import diagnosed_requests
+from app.traffic.selectors import addressed_request
 
 router = Router(tags=["requests"], auth=READERS)
 
@@ -132,8 +132,14 @@ def _row(row: ExploredRequest) -> dict[str, Any]:
         "hit_rate": None if row.hit_percent is None else row.hit_percent / 100,
         "cause": (diagnosis.cause or None) if diagnosis else None, "diagnosed": diagnosis is not None,
         "client_ttft_seconds": record.client_ttft_seconds, "server_ttft_seconds": record.server_ttft_seconds,
-        "url": reverse("api:request_detail", args=[record.server.name, record.request_id]),
+        "url": _detail_url(record.server.name, record.request_id, record.arrived_at),
     }  # fmt: skip
+
+
+def _detail_url(server: str, request_id: str, arrived_at: datetime) -> str:
+    """The request's own URL: its arrival picks it out of the others of a reused id."""
+    path = reverse("api:request_detail", args=[server, request_id])
+    return f"{path}?{urlencode({'at': arrived_at.isoformat()})}"
 
 
 class RequestKey(Schema):
@@ -166,35 +172,29 @@ class RequestDetail(Diagnosed):
 
 @router.get(
     "/requests/{server}/{request_id}",
-    response={200: list[RequestDetail], 404: ApiError},
-    summary="A request's records and diagnoses",
-    description="Every record of the request id on that server (one per arrival), newest first.",
+    response={200: RequestDetail, 404: ApiError},
+    summary="A request's record and diagnosis",
+    description=ONE_OF_A_REUSED_ID,
 )
-def request_detail(request: HttpRequest, server: str, request_id: str) -> Any:
+def request_detail(request: HttpRequest, server: str, request_id: str, query: Query[ArrivalQuery]) -> Any:
     viewer = caller_viewer(request)
-    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=viewer)
-    if not found:
+    found = addressed_request(server_name=server, request_id=request_id, arrived_at=query.at, viewer=viewer)
+    if found is None:
         return error(404, "no such request on that server")
-    readable, now = may_read_prompts(request.user), timezone.now()
-    answers = []
-    for item in found:
-        record = item.record
-        previous = previous_request_key(RecordKey.of(record), viewer=viewer)
-        earlier = (
-            None
-            if previous is None
-            else {"server": server, "request_id": previous.request_id, "arrived_at": previous.arrived_at}
-        )
-        answers.append(
-            diagnosed_answer(item) | {
-                "model": record.model, "source": record.source, "trace_id": record.trace_id,
-                "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
-                "completion_tokens": record.completion_tokens,
-                "client_ttft_seconds": record.client_ttft_seconds,
-                "server_ttft_seconds": record.server_ttft_seconds, "queue_seconds": record.queue_seconds,
-                "prefill_seconds": record.prefill_seconds, "salted": bool(record.salt_hash),
-                "block_hashes": [f"{h % 2**64:016x}" for h in record.block_hashes], "previous": earlier,
-                "token_ids": kept_token_ids(record, now=now) if readable else None,
-            }
-        )  # fmt: skip
-    return answers
+    record = found.request.record
+    previous = previous_request_key(RecordKey.of(record), viewer=viewer)
+    earlier = (
+        None
+        if previous is None
+        else {"server": server, "request_id": previous.request_id, "arrived_at": previous.arrived_at}
+    )
+    readable = may_read_prompts(request.user)
+    return addressed_answer(found) | {
+        "model": record.model, "source": record.source, "trace_id": record.trace_id,
+        "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
+        "completion_tokens": record.completion_tokens, "client_ttft_seconds": record.client_ttft_seconds,
+        "server_ttft_seconds": record.server_ttft_seconds, "queue_seconds": record.queue_seconds,
+        "prefill_seconds": record.prefill_seconds, "salted": bool(record.salt_hash),
+        "block_hashes": [f"{h % 2**64:016x}" for h in record.block_hashes], "previous": earlier,
+        "token_ids": kept_token_ids(record, now=timezone.now()) if readable else None,
+    }  # fmt: skip

@@ -20,7 +20,7 @@ TokenId = Annotated[int, Meta(ge=-INTEGER_MAX - 1, le=INTEGER_MAX)]
 def in_utc(value: datetime) -> datetime:
     """The time in UTC; one without a time zone is taken as UTC. PostgreSQL refuses an offset beyond
     15:59 (Python takes up to 23:59), and a time near year 1 or 9999 may have no UTC equivalent: a
-    ValueError, which the API answers 422."""
+    ValueError, which the API answers 400."""
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     try:

@@ -2,7 +2,7 @@
 
 Read from the per-minute rollups and summed per bucket in SQL (app/traffic/series.py); a server's
 own readings (its scrapes, its KV events) for scope=server. Every parameter is checked here and a
-bad one answered 400 with a code and a message, rather than by django-ninja's 422.
+bad one answered 400 with a code and a message, as django-ninja's validation is (app/api/errors.py).
 """
 
 from datetime import datetime
@@ -15,6 +15,7 @@ from ninja import Field, Router, Schema
 from app.api.auth import READERS
 from app.api.errors import ApiError, error
 from app.api.viewers import caller_viewer
+from app.prompts.selectors import find_template
 from app.traffic import series as traffic_series
 
 router = Router(tags=["series"])
@@ -48,7 +49,7 @@ For scope=server also its own readings: engine_hit_rate (its prefix-cache counte
 (mean of vllm:kv_cache_usage_perc), evictions (blocks removed, from its KV events, kept for hours),
 preemptions (per bucket), request_rate (finished requests per second).
 
-`scope`: fleet, server (`id`: its id or name), template (`id`), tenant (`id`: its name).
+`scope`: fleet, server (`id`: its id or name), template (`id`: its name or id), tenant (`id`: its name).
 `since`/`until`: ISO 8601 or Unix seconds (default: the last hour), rounded to the bucket.
 `bucket`: 60, 300, 900, 3600, 21600 or 86400 seconds; at most 2000 buckets, 31 days.
 CSV (`format=csv` or `Accept: text/csv`): a `time` column, then one column per series.
@@ -75,6 +76,11 @@ def series(
 ) -> Any:
     params = {"metric": metric, "scope": scope, "id": id, "since": since, "until": until,
               "bucket": bucket, "ttft": ttft}  # fmt: skip
+    if scope == "template" and id.strip():  # by its name or its id, as everywhere in the API
+        template = find_template(id.strip(), viewer=caller_viewer(request))
+        if template is None:
+            return error(400, f"no template {id.strip()!r}", code="unknown_template")
+        params["id"] = str(template.pk)
     try:
         query = traffic_series.parse_query(params, now=timezone.now())
         found = traffic_series.series(query, viewer=caller_viewer(request))

@@ -9,13 +9,13 @@ prompts.read_prompt_text.
 """
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from django.http import HttpRequest
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema, Status
 from ninja.pagination import paginate
+from ninja.params.functions import Path
 
 from app.api.auth import READ_AUTH, READERS, WRITE_AUTH, WRITERS
 from app.api.errors import ApiError, error
@@ -29,6 +29,8 @@ from app.prompts import git, killers, selectors, services, tasks, webhooks
 from app.prompts.models import CacheKiller, DeployMarker, Template, TemplateRepository, TemplateVersion
 
 router = Router(tags=["templates"])
+# A template in a path or query, as every operation of the API takes one.
+TemplateKey = Annotated[str, Path(description="A template's name, or its id")]
 
 WEBHOOK_MAX_BYTES = 25 * 1024 * 1024  # GitHub's cap on a delivery
 
@@ -330,7 +332,7 @@ def list_templates(request: HttpRequest) -> Any:
 
 
 @router.get(
-    "/templates/{template_id}/versions",
+    "/templates/{template}/versions",
     auth=READERS,
     response=list[VersionOut],
     summary="A template's versions, newest commit first",
@@ -338,29 +340,31 @@ def list_templates(request: HttpRequest) -> Any:
     url_name="template-versions",
 )
 @paginate(Pages)
-def list_versions(request: HttpRequest, template_id: int) -> Any:
-    template = get_object_or_404(selectors.templates(viewer=caller_viewer(request)), pk=template_id)
-    return [VersionOut.of(version) for version in selectors.versions(template)]
+def list_versions(request: HttpRequest, template: TemplateKey) -> Any:
+    found = selectors.find_template(template, viewer=caller_viewer(request))
+    if found is None:
+        raise Http404("no such template")
+    return [VersionOut.of(version) for version in selectors.versions(found)]
 
 
 @router.get(
-    "/templates/{template_id}/versions/{name}",
+    "/templates/{template}/versions/{name}",
     auth=READERS,
     response={200: VersionDetailOut, 404: ApiError},
     summary="One version of a template, with its content and diff",
     description="`name`: a full or short (7+ hex digits) sha, or a tag. " + READ_AUTH,
     url_name="template-version",
 )
-def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
-    template = selectors.templates(viewer=caller_viewer(request)).filter(pk=template_id).first()
-    version = selectors.find_version(template, name) if template else None
+def get_version(request: HttpRequest, template: TemplateKey, name: str) -> Any:
+    found = selectors.find_template(template, viewer=caller_viewer(request))
+    version = selectors.find_version(found, name) if found else None
     if version is None:
         return error(404, "no such template or version")
     return VersionOut.of(version) | {"content": version.content, "diff": version.diff}
 
 
 @router.get(
-    "/templates/{template_id}/killers",
+    "/templates/{template}/killers",
     auth=READERS,
     response={200: KillersOut, 404: ApiError},
     summary="A template's cache killers, costliest first",
@@ -370,12 +374,12 @@ def get_version(request: HttpRequest, template_id: int, name: str) -> Any:
     "prompts.read_prompt_text permission (never for an ingest token). " + READ_AUTH,
     url_name="template-killers",
 )
-def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQuery]) -> Any:
+def list_killers(request: HttpRequest, query: Query[KillersQuery], template: TemplateKey) -> Any:
     viewer = caller_viewer(request)
-    template = selectors.templates(viewer=viewer).filter(pk=template_id).first()
-    if template is None:
+    found_template = selectors.find_template(template, viewer=viewer)
+    if found_template is None:
         return error(404, "no such template")
-    found, seen = visible_killers(list(killers.template_killers(template.pk)), viewer=viewer)
+    found, seen = visible_killers(list(killers.template_killers(found_template.pk)), viewer=viewer)
     texts: dict[int, Samples] | None = None
     if query.samples and killers.may_read_prompts(request.user):
         texts = killer_samples(found, now=timezone.now(), viewer=viewer)
@@ -383,7 +387,7 @@ def list_killers(request: HttpRequest, template_id: int, query: Query[KillersQue
     names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
     first = found[0] if found else None
     return {
-        "template": template.name, "computed_at": first.computed_at if first else None,
+        "template": found_template.name, "computed_at": first.computed_at if first else None,
         "window_start": first.window_start if first else None,
         "window_end": first.window_end if first else None,
         "killers": [killer_out(k, names, texts.get(k.pk) if texts else None, missing, seen) for k in found],

@@ -17,12 +17,13 @@ tokenizers, which the prompts app, below traffic and compare, may not import.
 """
 
 import logging
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import reduce
 from operator import or_
+from typing import Any
 
 import numpy as np
 from django.conf import settings
@@ -31,10 +32,10 @@ from django.db.models import Q, QuerySet
 from app.compare.tokenization import Detokenizer
 from app.core.retention import kept_token_ids_since
 from app.core.tenancy import SEES_ALL, Viewer
-from app.domain.killers import Prompt, find_killers, sample_texts
+from app.domain.killers import SUGGESTIONS, Killer, KillerClass, Prompt, find_killers, sample_texts
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
-from app.prompts.killers import FoundKillers, SampleKey, replace_killers
+from app.prompts.killers import FoundKillers, SampleKey, killer_rows, replace_killers
 from app.prompts.models import CacheKiller
 from app.traffic.models import MinuteRollup, RequestRecord
 
@@ -82,16 +83,98 @@ def find_template_killers(*, template_id: int, now: datetime) -> int:
     since = now - timedelta(minutes=settings.PREFIXSCOPE_KILLER_WINDOW_MINUTES)
     servers = {server.pk: server for server in Server.objects.all()}
     groups = _grouped(_window_records(template_id, since=since, until=now, now=now), servers)
-    found = [_search(group, records, servers) for group, records in groups.items()]
+    found = _classes_kept(
+        template_id, [_search(group, records, servers) for group, records in groups.items()]
+    )
     return replace_killers(template_id=template_id, found=found, window_start=since, window_end=now, now=now)
 
 
-def _window_records(template_id: int, *, since: datetime, until: datetime, now: datetime) -> list[_Record]:
+def _classes_kept(template_id: int, found: list[FoundKillers]) -> list[FoundKillers]:
+    """The killers found, each with the class of the template's stored killer (the last search's) in
+    the same block of the same compatibility record whose samples are of the same template version:
+    what varies at one place of one version's text does not change from one search to the next,
+    where the few requests a search decodes (others as the window moves, fewer as traffic leaves it,
+    other versions' among them) may tell it otherwise."""
+    stored = list(CacheKiller.objects.filter(template_id=template_id))
+    keys = {SampleKey.of(sample) for killer in stored for sample in killer.samples}
+    keys |= {key for group in found for samples in group.samples for key in samples}
+    if not stored or not keys:
+        return found
+    rows = _records(keys, SEES_ALL).values_list(
+        "server_id", "request_id", "arrived_at", "template_version_id"
+    )
+    versions = {SampleKey(server, request, at): version for server, request, at, version in rows}
+    classes = {
+        (k.salt_hash, k.model, k.block_size, k.mode, k.block_index, _version_of(k.samples, versions)): k.kind
+        for k in stored
+    }
+    return [
+        replace(group, killers=tuple(
+            _with_class(killer, classes.get(
+                (group.salt_hash, group.model, group.block_size, group.mode, killer.position_block,
+                 _version_of([key.stored() for key in samples], versions))
+            ))
+            for killer, samples in zip(group.killers, group.samples, strict=True)
+        ))
+        for group in found
+    ]  # fmt: skip
+
+
+def _version_of(samples: Sequence[dict[str, Any]], versions: Mapping[SampleKey, int | None]) -> int | None:
+    """The template version most of a killer's sample requests are of (None: none known)."""
+    counted = Counter(versions.get(SampleKey.of(sample)) for sample in samples)
+    return counted.most_common(1)[0][0] if counted else None
+
+
+def _with_class(killer: Killer, kind: str | None) -> Killer:
+    if kind is None or kind == killer.klass.value:
+        return killer
+    klass = KillerClass(kind)
+    return replace(killer, klass=klass, suggestion=SUGGESTIONS[klass])
+
+
+def killers_between(
+    *,
+    template_id: int,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    server_id: int | None = None,
+    tenant: str | None = None,
+) -> list[CacheKiller]:
+    """The killers of the template's requests that arrived in [since, until) (on one server, of one
+    tenant, when given), costliest first, as rows not saved: a regression's own, found in its
+    requests since its change alone, and their samples among them. The template's stored killers
+    are left as they are."""
+    servers = {server.pk: server for server in Server.objects.all()}
+    records = _window_records(
+        template_id, since=since, until=until, now=now, server_id=server_id, tenant=tenant
+    )
+    found = [_search(group, kept, servers) for group, kept in _grouped(records, servers).items()]
+    rows = killer_rows(template_id=template_id, found=found, window_start=since, window_end=until, now=now)
+    return sorted(rows, key=lambda row: -row.tokens_lost)
+
+
+def _window_records(
+    template_id: int,
+    *,
+    since: datetime,
+    until: datetime,
+    now: datetime,
+    server_id: int | None = None,
+    tenant: str | None = None,
+) -> list[_Record]:
     """The template's most recent records of the window (at most MAX_REQUESTS), in arrival order,
     with their token ids only where retention still keeps them."""
+    scoped = RequestRecord.objects.filter(
+        template_id=template_id, arrived_at__gte=since, arrived_at__lt=until
+    )
+    if server_id is not None:
+        scoped = scoped.filter(server_id=server_id)
+    if tenant is not None:
+        scoped = scoped.filter(tenant=tenant)
     rows = (
-        RequestRecord.objects.filter(template_id=template_id, arrived_at__gte=since, arrived_at__lt=until)
-        .exclude(block_hashes=[])
+        scoped.exclude(block_hashes=[])
         .order_by("-arrived_at", "-server_id", "-request_id")
         .values_list(
             "server_id",

@@ -154,6 +154,13 @@ class PromptShown:
     token_count: int
 
 
+def request_page_url(server: str, request_id: str, arrived_at: datetime | None = None) -> str:
+    """The request page of that server and id: of the request arrived at `arrived_at` when given
+    (a client may reuse an id), else of the latest."""
+    path = reverse("dashboard:request-detail", args=[server, request_id])
+    return path if arrived_at is None else f"{path}?{urlencode({'at': arrived_at.isoformat()})}"
+
+
 def request_extras(
     found: DiagnosedRequest,
     *,
@@ -169,7 +176,7 @@ def request_extras(
     ids = kept_token_ids(record, now=now) if may_read_prompts(user) else None
     previous = previous_request_key(key, viewer=viewer)
     previous_url = (
-        reverse("dashboard:request-detail", args=[names.get(previous.server_id, "?"), previous.request_id])
+        request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
         if previous is not None
         else None
     )

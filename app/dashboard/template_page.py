@@ -28,7 +28,7 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard import template_selectors as selectors
 from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
 from app.dashboard.sparks import spark
-from app.dashboard.template_selectors import Effect, ListSums, LiveVersion, TemplateRequests, Totals
+from app.dashboard.template_selectors import Effect, ListSums, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
 from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
@@ -36,6 +36,7 @@ from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
+from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.evidence import diff_rows
 from app.traffic import series as traffic_series
 from app.traffic.cost import scope_cost
@@ -189,7 +190,7 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     now = timezone.now()
     window = picked_window(request.GET, now=now)
     query = urlencode(window.params())
-    versions = selectors.live_versions(template.pk)
+    versions = live_versions(template.pk)
     reads = _reads(template.pk, window, viewer)
     charts = template_charts(template, window, versions, reads, query=query)
     if request.GET.get("format") == "csv":

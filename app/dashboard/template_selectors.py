@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, DateTimeField, F, Func, Min, Q, QuerySet, Sum, Value
+from django.db.models import Count, DateTimeField, F, Func, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.prefill import PrefillSums
-from app.prompts.models import PrefixFamily, TemplateVersion
+from app.prompts.models import PrefixFamily
 from app.regressions.models import Regression
 from app.traffic.models import (
     HourRollup,
@@ -209,33 +209,6 @@ def regressions_of(template_id: int, *, viewer: Viewer = SEES_ALL, limit: int = 
     found = Regression.objects.filter(template_id=template_id).select_related("server", "suspect_version")
     found = viewer.regressions(found)
     return found.order_by("resolved_at", "-changed_at")[:limit]
-
-
-@dataclass(frozen=True, slots=True)
-class LiveVersion:
-    """A version of a template and when it went live: its first deploy marker, else the first request
-    that named it; None when neither is known (committed, never seen serving)."""
-
-    version: TemplateVersion
-    live_at: datetime | None
-    source: str  # "deploy", "first request" or ""
-
-
-def live_versions(template_id: int) -> list[LiveVersion]:
-    """The template's versions, the latest live first (those never live last, newest commit first)."""
-    versions = TemplateVersion.objects.filter(template_id=template_id).annotate(
-        deployed=Min("deploys__deployed_at", filter=Q(deploys__source="api"))
-    )
-    found = []
-    for version in versions.defer("content"):
-        if version.deployed is not None:
-            found.append(LiveVersion(version, version.deployed, "deploy"))
-        else:
-            source = "first request" if version.first_seen_at else ""
-            found.append(LiveVersion(version, version.first_seen_at, source))
-    never = [v for v in found if v.live_at is None]
-    live = sorted((v for v in found if v.live_at is not None), key=lambda v: v.live_at, reverse=True)  # type: ignore[arg-type, return-value]
-    return live + never
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
+import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -19,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from app.compare.killers import Samples, visible_killers
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import Viewer, viewer_of
-from app.dashboard.explorer import request_extras
+from app.dashboard.explorer import request_extras, request_page_url
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.metrics import PrefixscopeCollector
 from app.dashboard.selectors import (
@@ -42,7 +44,7 @@ from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import resident_shares
 from app.traffic.selectors import (
     LossRow,
-    diagnosed_requests,
+    addressed_request,
     losses,
     recent_misses,
     routing_effectiveness,
@@ -60,8 +62,26 @@ _registry.register(PrefixscopeCollector())
 @require_GET
 @never_cache
 def metrics(request: HtmxHttpRequest) -> HttpResponse:
-    """Prometheus text exposition of Prefixscope's own state (see app/dashboard/metrics.py)."""
+    """Prometheus text exposition of Prefixscope's own state (see app/dashboard/metrics.py); with
+    PREFIXSCOPE_METRICS_BEARER_TOKEN set, only to a caller sending it (else a 401)."""
+    if not _may_scrape(request):
+        refused = HttpResponse(
+            "send PREFIXSCOPE_METRICS_BEARER_TOKEN as `Authorization: Bearer <token>`\n",
+            status=401, content_type="text/plain; charset=utf-8",
+        )  # fmt: skip
+        refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return refused
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _may_scrape(request: HtmxHttpRequest) -> bool:
+    """True when no metrics token is set, or the request's bearer credentials are that token,
+    compared in constant time (a timing difference would leak it a character at a time)."""
+    expected = settings.PREFIXSCOPE_METRICS_BEARER_TOKEN
+    if not expected:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected.encode())
 
 
 @login_required
@@ -241,32 +261,44 @@ def collection(request: HtmxHttpRequest) -> HttpResponse:
 
 @login_required
 def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> HttpResponse:
-    """One request's records (one per arrival) with why their prompt tokens were not reused, and the
-    cache killers of its template under its salt, marking the one its divergence is at."""
+    """One request (the latest of its id on its server, or the one arrived at `?at=`) with why its
+    prompt tokens were not reused, the cache killers of its template under its salt, marking the one
+    its divergence is at, and links to the other requests a client sent under the same id."""
     viewer = viewer_of(request.user)
-    found = diagnosed_requests(server_name=server, request_id=request_id, viewer=viewer)
-    if not found:
-        raise Http404("no such request")
-    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
-    killers = {t: list(template_killers(t)) for t in {i.record.template_id for i in found} if t is not None}
-    shown = {t: visible_killers(of_template, viewer=viewer) for t, of_template in killers.items()}
-    killers = {t: visible for t, (visible, _) in shown.items()}
-    seen = set().union(*(keys for _, keys in shown.values()))
-    items = []
-    for i in found:
-        salted = [k for k in killers.get(i.record.template_id or 0, []) if k.salt_hash == i.record.salt_hash]
-        diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
-        here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
-        items.append(
-            {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
-             "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
-             "killers": _killer_rows(salted, names, {}, here=here, seen=seen),
-             "at_killer": here,
-             **request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)}
-        )  # fmt: skip
-    return render(
-        request, "dashboard/request.html", {"server": server, "request_id": request_id, "found": items}
+    found = addressed_request(
+        server_name=server, request_id=request_id, arrived_at=_arrival(request.GET.get("at")), viewer=viewer
     )
+    if found is None:
+        raise Http404("no such request")
+    i = found.request
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+    killers = list(template_killers(i.record.template_id)) if i.record.template_id is not None else []
+    killers, seen = visible_killers(killers, viewer=viewer)
+    salted = [k for k in killers if k.salt_hash == i.record.salt_hash]
+    diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
+    here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
+    extras = request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)
+    item = {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
+            "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
+            "killers": _killer_rows(salted, names, {}, here=here, seen=seen), "at_killer": here,
+            **extras}  # fmt: skip
+    others = [(at, request_page_url(server, request_id, at)) for at in found.others]
+    return render(
+        request, "dashboard/request.html",
+        {"server": server, "request_id": request_id, "found": [item], "others": others,
+         "other_count": found.other_count},
+    )  # fmt: skip
+
+
+def _arrival(text: str | None) -> datetime | None:
+    """`?at=`: an ISO 8601 arrival (UTC without a zone); a value that is not one names no request."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Http404("no such request") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _interval(seconds: int) -> str:

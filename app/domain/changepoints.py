@@ -248,6 +248,42 @@ def latest_drop(points: Sequence[MinutePoint], config: DetectionConfig) -> RateC
     return drops[-1] if drops else None
 
 
+def measured_from(
+    points: Sequence[MinutePoint], change: RateChange, *, start: int, config: DetectionConfig
+) -> RateChange:
+    """The change with its before segment from point `start` (a stable segment the caller knows of:
+    not the minutes of an earlier drop) and its confidence tested again over it."""
+    start = min(max(start, 0), change.index - 1)
+    before = points[start : change.index]
+    end = change.index + sum(1 for _ in _after_points(points, change))
+    requests = np.array([point.requests for point in points], dtype=np.float64)
+    rates = np.array([point.reused_tokens / point.prompt_tokens for point in points])
+    cost = _binomial_cost(requests, rates, change.dispersion)
+    split = _test(cost, (start, change.index, end), len(points))
+    rate_before = _token_rate(before)
+    requests_before = sum(point.requests for point in before)
+    return replace(
+        change, rate_before=rate_before, requests_before=requests_before,
+        prompt_tokens_before=sum(point.prompt_tokens for point in before),
+        drop=rate_before - change.rate_after,
+        statistic=split.statistic, confidence=split.confidence,
+        material=rate_before - change.rate_after >= config.min_drop,
+        enough_evidence=requests_before >= config.min_requests_before
+        and change.requests_after >= config.min_requests_after,
+    )  # fmt: skip
+
+
+def _after_points(points: Sequence[MinutePoint], change: RateChange) -> Sequence[MinutePoint]:
+    """The points of the change's after segment (its requests counted from the change on)."""
+    total, found = 0, []
+    for point in points[change.index :]:
+        if total >= change.requests_after:
+            break
+        found.append(point)
+        total += point.requests
+    return found
+
+
 def level_changes(values: Sequence[tuple[datetime, float]], config: DetectionConfig) -> list[LevelChange]:
     """Every change in a per-minute TTFT p90 (seconds) that PELT finds and the test confirms.
 

@@ -69,3 +69,16 @@ class Server(models.Model):
     @property
     def models_url(self) -> str:
         return self.base_url.rstrip("/") + "/v1/models"
+
+
+class ServerAlias(models.Model):
+    """The name of a proposed server a person merged into a registered one: data naming it later
+    (vLLM's spans without a server attribute name their ingest token) is the registered server's,
+    instead of proposing the merged server anew."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="aliases")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.server_id}"

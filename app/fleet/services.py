@@ -9,7 +9,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils.text import slugify
 
-from app.fleet.models import Server
+from app.fleet.models import Server, ServerAlias
 from collectors.metrics.parse import CacheConfig
 from collectors.models.parse import ServedModels
 
@@ -201,8 +201,9 @@ def servers_named(references: Iterable[str], *, propose_unknown: bool) -> dict[s
     """The server each reference (a registered server's name, else its base URL) names.
 
     A name wins over a base URL; of several servers with one base URL, the first by name. A
-    reference nobody registered is None, or with `propose_unknown` a server proposed under it
-    (state PROPOSED: shown apart until a person accepts it or merges it into a registered one).
+    reference nobody registered names the server its proposed server was merged into (an alias),
+    else is None, or with `propose_unknown` a server proposed under it (state PROPOSED: shown apart
+    until a person accepts it or merges it into a registered one).
     """
     wanted = set(references)
     by_name: dict[str, Server] = {}
@@ -211,14 +212,38 @@ def servers_named(references: Iterable[str], *, propose_unknown: bool) -> dict[s
         by_name[server.name] = server
         by_url.setdefault(server.base_url, server)
     found: dict[str, Server | None] = {ref: by_name.get(ref) or by_url.get(ref) for ref in wanted}
+    found |= _aliased([ref for ref, server in found.items() if server is None])
     if propose_unknown:
         found |= {ref: _propose(ref) for ref, server in found.items() if server is None}
     return found
 
 
+def _aliased(references: list[str]) -> dict[str, Server]:
+    """The registered server each reference's proposed server (by the name _propose gives it) was
+    merged into, for the references whose was."""
+    if not references:
+        return {}
+    names = {ref: _proposed_name(ref) for ref in references}
+    aliases = ServerAlias.objects.filter(name__in=set(names.values())).select_related("server")
+    into = {alias.name: alias.server for alias in aliases}
+    return {ref: into[name] for ref, name in names.items() if name in into}
+
+
+def alias_merged_server(*, name: str, into: Server) -> None:
+    """Remember that the proposed server `name` was merged into `into`: references that proposed it
+    name `into` from now on (servers_named)."""
+    ServerAlias.objects.update_or_create(name=name, defaults={"server": into})
+    logger.info("%s is an alias of server %s", name, into.name)
+
+
+def _proposed_name(reference: str) -> str:
+    is_url = "://" in reference
+    return slugify(urlsplit(reference).netloc if is_url else reference)[:100] or "unnamed"
+
+
 def _propose(reference: str) -> Server:
     is_url = "://" in reference
-    name = slugify(urlsplit(reference).netloc if is_url else reference)[:100] or "unnamed"
+    name = _proposed_name(reference)
     server, created = Server.objects.get_or_create(
         name=name, defaults={"base_url": reference if is_url else "", "state": Server.State.PROPOSED}
     )

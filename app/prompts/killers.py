@@ -75,14 +75,29 @@ def replace_killers(
     if not list(Template.objects.select_for_update().filter(pk=template_id).values_list("pk", flat=True)):
         return 0
     CacheKiller.objects.filter(template_id=template_id).delete()
-    rows = [
+    rows = killer_rows(
+        template_id=template_id, found=found, window_start=window_start, window_end=window_end, now=now
+    )
+    CacheKiller.objects.bulk_create(rows)
+    logger.info("template %s: %d cache killers", template_id, len(rows))
+    return len(rows)
+
+
+def killer_rows(
+    *,
+    template_id: int,
+    found: Sequence[FoundKillers],
+    window_start: datetime,
+    window_end: datetime,
+    now: datetime,
+) -> list[CacheKiller]:
+    """The killers ``found`` in the template's requests of a window as rows, not saved: what
+    ``replace_killers`` stores, and a regression's evidence copies."""
+    return [
         _row(template_id, group, killer, samples, window_start=window_start, window_end=window_end, now=now)
         for group in found
         for killer, samples in zip(group.killers, group.samples, strict=True)
     ]
-    CacheKiller.objects.bulk_create(rows)
-    logger.info("template %s: %d cache killers", template_id, len(rows))
-    return len(rows)
 
 
 def _row(

@@ -1,9 +1,10 @@
 """Reads of template repositories, templates and their versions."""
 
 import re
+from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.prompts.models import DeployMarker, PrefixFamily, Template, TemplateRepository, TemplateVersion
@@ -29,6 +30,21 @@ def templates(*, viewer: Viewer = SEES_ALL) -> QuerySet[Template]:
         .select_related("repository")
         .annotate(version_count=Count("versions"))
     )
+
+
+def find_template(ident: str, *, viewer: Viewer = SEES_ALL) -> Template | None:
+    """The template the viewer sees that `ident` names, by its name or its id (template_named)."""
+    return template_named(viewer.templates(Template.objects.all()), ident)
+
+
+def template_named(templates: QuerySet[Template], ident: str) -> Template | None:
+    """The one of `templates` that `ident` names: its name, else (a number no template is named)
+    its id; None when neither fits. A template named as another's id is found by its name. Every
+    template parameter of the API and the explorer is resolved here."""
+    found = templates.filter(name=ident).first() if ident else None  # NUL: PostgreSQL's DataError
+    if found is None and ident.isascii() and ident.isdigit() and int(ident) < 2**63:
+        found = templates.filter(pk=int(ident)).first()
+    return found
 
 
 def versions(template: Template) -> QuerySet[TemplateVersion]:
@@ -107,3 +123,30 @@ def deploys(
     if until is not None:
         found = found.filter(deployed_at__lt=until)
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class LiveVersion:
+    """A version of a template and when it went live: its first deploy marker, else the first request
+    that named it; None when neither is known (committed, never seen serving)."""
+
+    version: TemplateVersion
+    live_at: datetime | None
+    source: str  # "deploy", "first request" or ""
+
+
+def live_versions(template_id: int) -> list[LiveVersion]:
+    """The template's versions, the latest live first (those never live last, newest commit first)."""
+    versions = TemplateVersion.objects.filter(template_id=template_id).annotate(
+        deployed=Min("deploys__deployed_at", filter=Q(deploys__source="api"))
+    )
+    found = []
+    for version in versions.defer("content"):
+        if version.deployed is not None:
+            found.append(LiveVersion(version, version.deployed, "deploy"))
+        else:
+            source = "first request" if version.first_seen_at else ""
+            found.append(LiveVersion(version, version.first_seen_at, source))
+    never = [v for v in found if v.live_at is None]
+    live = sorted((v for v in found if v.live_at is not None), key=lambda v: v.live_at, reverse=True)  # type: ignore[arg-type, return-value]
+    return live + never

@@ -241,21 +241,9 @@ def suspects(
     found = []
     for version_id, gain in shares.items():
         version = versions.get(version_id) if version_id is not None else None
-        if version is None or gain <= 0:
-            continue
-        live_at = _live_at(version)
-        found.append(
-            {
-                "version_id": version.pk,
-                "commit_sha": version.commit_sha,
-                "message": version.message.splitlines()[0] if version.message else "",
-                "gain": round(gain, 4),
-                "live_at": live_at.isoformat() if live_at else None,
-                "minutes_before_change": round((changed_at - live_at) / timedelta(minutes=1), 1)
-                if live_at
-                else None,
-            }
-        )
+        if version is None or gain <= 0 or restores_good_text(version):
+            continue  # a revert takes the traffic back: never a drop's suspect
+        found.append(candidate(version, gain=gain, changed_at=changed_at))
     return sorted(
         found, key=lambda candidate: (-candidate["gain"], abs(candidate["minutes_before_change"] or 0))
     )
@@ -275,7 +263,39 @@ def _shares_across(
     return {version: after[version] / total_after - before[version] / total_before for version in per_version}
 
 
-def _live_at(version: TemplateVersion) -> datetime | None:
-    deployed = DeployMarker.objects.filter(template_version=version).order_by("deployed_at").first()
-    moments = [moment for moment in (deployed and deployed.deployed_at, version.first_seen_at) if moment]
-    return min(moments) if moments else None
+def candidate(version: TemplateVersion, *, gain: float, changed_at: datetime) -> dict[str, Any]:
+    """A suspect version as a regression keeps it: its commit, its gain in the template's share of
+    requests, when it went live before the change and how long before it that was."""
+    live_at = live_at_before(version, changed_at)
+    return {
+        "version_id": version.pk,
+        "commit_sha": version.commit_sha,
+        "message": version.message.splitlines()[0] if version.message else "",
+        "gain": round(gain, 4),
+        "live_at": live_at.isoformat() if live_at else None,
+        "minutes_before_change": round((changed_at - live_at) / timedelta(minutes=1), 1) if live_at else None,
+    }
+
+
+# A version deployed (or first requested) just after the minute its drop is placed at is still its
+# cause: the change's minute is a floor, the deploy inside it.
+LIVE_SLACK = timedelta(minutes=1)
+
+
+def live_at_before(version: TemplateVersion, changed_at: datetime) -> datetime | None:
+    """When the version went live for this change: its latest deploy marker up to the change (a
+    re-deploy of an old version moves it), else its first request; None when neither is known."""
+    markers = DeployMarker.objects.filter(template_version=version, deployed_at__lte=changed_at + LIVE_SLACK)
+    latest = markers.order_by("-deployed_at").values_list("deployed_at", flat=True).first()
+    return latest or version.first_seen_at
+
+
+def restores_good_text(version: TemplateVersion) -> bool:
+    """Whether the version's text is an earlier version's that no regression suspects: a revert, or a
+    re-deploy of a known-good text (a version with no text imported restores nothing)."""
+    if not version.content:
+        return False
+    same = TemplateVersion.objects.filter(
+        template_id=version.template_id, committed_at__lt=version.committed_at, content=version.content
+    )
+    return same.exists() and not Regression.objects.filter(suspect_version__in=same).exists()

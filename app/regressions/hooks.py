@@ -12,7 +12,7 @@ from app.regressions.models import Regression
 
 
 def regression_opened(regression: Regression, *, now: datetime) -> None:
-    evidence.freeze_killers(regression)
+    evidence.freeze_killers(regression, now=now)
     webhook.queue_notice(regression, "opened", now=now)
 
 
@@ -21,7 +21,7 @@ def regression_updated(regression: Regression, *, now: datetime) -> None:
     if regression.state == Regression.State.RESOLVED:
         regression_resolved(regression, now=now)
     else:
-        evidence.freeze_killers(regression)  # the killer search runs every few minutes
+        evidence.freeze_killers(regression, now=now)
 
 
 def regression_resolved(regression: Regression, *, now: datetime) -> None:

@@ -67,7 +67,19 @@ def current(key: ScopeKey, metric: str, window: Window) -> Regression | None:
 def reopen(regression: Regression) -> None:
     """A regression resolved while its scope was idle, whose scope came back no better: open again."""
     regression.state, regression.resolved_at, regression.resolution = Regression.State.OPEN, None, ""
-    logger.info("regression open again", extra={"regression": regression.pk})
+    logger.info("regression open again: %s", summary(regression), extra={"regression": regression.pk})
+
+
+def same_drop(key: ScopeKey, metric: str, changed_at: datetime, suspect: int | None) -> bool:
+    """Whether a drop found at `changed_at` is one the scope already has a regression of: one that
+    changed within CHANGE_TOLERANCE of it and is still active or has the same suspect. A resolved
+    one with another suspect is another drop (a bad deploy, its revert, a second bad deploy minutes
+    later: two regressions); the detection finds a drop again run after run while the window holds
+    it, and its suspect stays the same."""
+    near = of_scope(key, metric).filter(
+        changed_at__range=(changed_at - CHANGE_TOLERANCE, changed_at + CHANGE_TOLERANCE)
+    )
+    return any(regression.is_active or regression.suspect_version_id == suspect for regression in near)
 
 
 def of_scope(key: ScopeKey, metric: str) -> QuerySet[Regression]:
@@ -113,8 +125,16 @@ def saved(regression: Regression) -> Regression | None:
         "kind": regression.kind,
         "changed_at": regression.changed_at.isoformat(),
     }
-    logger.info("regression opened", extra=extra)
+    logger.info("regression opened: %s", summary(regression), extra=extra)
     return regression
+
+
+def summary(regression: Regression) -> str:
+    """What a log line says of a regression at a glance: "template support: 95% -> 29%, Template
+    commit, suspect 1a2b3c4" (make run's console shows these lines)."""
+    suspect = regression.suspect_version
+    named = f", suspect {suspect.commit_sha[:7]}" if suspect is not None else ""
+    return f"{regression}, {regression.kind_label}{named}"
 
 
 def suspects_of(key: ScopeKey, changed_at: datetime, window: Window) -> list[dict[str, Any]]:
@@ -132,7 +152,8 @@ def resolve(regression: Regression, resolution: str, *, now: datetime) -> None:
     """Resolved (the caller saves it), saying why: a Regression.Resolution."""
     regression.state, regression.resolved_at = Regression.State.RESOLVED, now
     regression.resolution = resolution
-    logger.info("regression resolved", extra={"regression": regression.pk, "resolution": resolution})
+    extra = {"regression": regression.pk, "resolution": resolution}
+    logger.info("regression resolved (%s): %s", resolution, summary(regression), extra=extra)
 
 
 def resolve_idle(metric: str, seen: set[ScopeKey], window: Window, *, now: datetime) -> None:

@@ -58,8 +58,8 @@ from typing import Any
 
 from django.conf import settings
 
-from app.domain.changepoints import DetectionConfig, RateChange, latest_drop
-from app.regressions import attribution, cost, evidence, hooks, series, ttft
+from app.domain.changepoints import DetectionConfig, RateChange, latest_drop, measured_from
+from app.regressions import attribution, cost, deploys, evidence, hooks, series, ttft
 from app.regressions.lifecycle import (
     CHANGE_TOLERANCE,
     DETECTED_FIELDS,
@@ -73,6 +73,7 @@ from app.regressions.lifecycle import (
     resolve,
     resolve_idle,
     reverted,
+    same_drop,
     saved,
     suspect_of,
     suspects_of,
@@ -96,7 +97,8 @@ HIT_RATE_SCOPES = (
 def detect_regressions(*, now: datetime) -> int:
     """One run of the detection (see the module's docstring); returns the regressions opened."""
     window = window_of(now)
-    opened, seen, templates = 0, set[ScopeKey](), dict[int | None, list[Minute]]()
+    # The deploys first: a version's own test is surer and sooner than the per-minute search.
+    opened, seen, templates = check_deploys(now=now), set[ScopeKey](), dict[int | None, list[Minute]]()
     fleet: list[Minute] = []
     for scope in HIT_RATE_SCOPES:
         for key, minutes in series.scope_series(scope, since=window.since, until=window.until).items():
@@ -123,30 +125,71 @@ def _open(
     of the fleet for a server's."""
     config = config_of(key)
     change = latest_drop([minute.point for minute in minutes], config)
-    if (
-        change is None
-        or of_scope(key, Metric.HIT_RATE).filter(changed_at__gte=change.minute - CHANGE_TOLERANCE).exists()
-    ):
+    if change is None:
+        return None
+    change = _from_stable_segment(key, minutes, change, config)
+    if not change.is_regression or change.confidence < config.min_confidence:
         return None
     before, after = minutes[: change.index], minutes[change.index :]
-    if key[0] in NARROW_SCOPES and (
-        _wider_moved(wider, before, after, config) or _held_by_wider(key, change.minute)
+    if key[0] in NARROW_SCOPES and _wider_moved(wider, before, after, config):
+        return None
+    candidates = suspects_of(key, change.minute, window)
+    suspect = suspect_of(candidates)
+    if same_drop(key, Metric.HIT_RATE, change.minute, suspect) or (
+        key[0] in NARROW_SCOPES and _held_by_wider(key, change.minute, suspect)
     ):
         return None
-    found = _attributed(key, change, before, after, window)
+    found = _attributed(key, change, before, after, window, candidates)
     if found is None or (
         found.kind == Regression.Kind.ROUTING
         and key[0] == Scope.SERVER
         and _wider_moved(wider, before, after, config)
     ):
         return None  # a router that changed for the whole fleet: the fleet's regression
-    kind, shift, candidates = found.kind, found.shift, found.candidates
+    return _create(key, change, found, after, window, method=_method(config, change), now=now)
+
+
+def check_deploys(*, now: datetime) -> int:
+    """The deploy check (app/regressions/deploys.py): each version that went live lately against
+    the version before it; returns the regressions opened. Beat runs it between detection runs."""
+    window, opened = window_of(now), 0
+    for version, live_at in deploys.recent_deploys(now=now).items():
+        change = deploys.deploy_change(version, live_at=live_at, now=now)
+        if change is None:
+            continue
+        key: ScopeKey = (Scope.TEMPLATE, version.template_id, None, "")
+        minutes = series.scope_series(Scope.TEMPLATE, since=window.since, until=window.until).get(key, [])
+        before = [minute for minute in minutes if minute.minute < change.minute]
+        after = [minute for minute in minutes if minute.minute >= change.minute]
+        candidates = deploys.suspects_with(
+            version, suspects_of(key, change.minute, window), changed_at=change.minute
+        )
+        found = _Attribution(
+            Regression.Kind.TEMPLATE_COMMIT, attribution.cause_shift(before, after), candidates, None
+        )
+        method = {**_method(config_of(key), change), **deploys.METHOD}
+        opened += _create(key, change, found, after, window, method=method, now=now) is not None
+    return opened
+
+
+def _create(
+    key: ScopeKey,
+    change: RateChange,
+    found: "_Attribution",
+    after: list[Minute],
+    window: Window,
+    *,
+    method: dict[str, object],
+    now: datetime,
+) -> Regression | None:
+    """The regression of a drop saved with its cost and evidence; None when another run opened it."""
     scope, template_id, server_id, tenant = key
+    kind, shift, candidates = found.kind, found.shift, found.candidates
     regression = Regression(
         scope=scope, template_id=template_id, server_id=server_id, tenant=tenant, changed_at=change.minute,
         detected_at=now, updated_at=now, rate_before=change.rate_before, rate_after=change.rate_after,
         rate_now=change.rate_after, requests_before=change.requests_before,
-        requests_after=change.requests_after, confidence=change.confidence, method=_method(config, change),
+        requests_after=change.requests_after, confidence=change.confidence, method=method,
         kind=kind, expected=kind in attribution.EXPECTED_KINDS, candidates=candidates, cause_shift=shift,
         suspect_version_id=suspect_of(candidates),
     )  # fmt: skip
@@ -161,6 +204,26 @@ def _open(
     return saved(regression)
 
 
+def _from_stable_segment(
+    key: ScopeKey, minutes: list[Minute], change: RateChange, config: DetectionConfig
+) -> RateChange:
+    """The change measured against the stable segment before it: from the end of the scope's last
+    regression before it, when that left the evidence (its minutes are no stable rate to compare
+    with: a drop, a revert and a drop again would read the first drop's minutes as "before")."""
+    ended = (
+        of_scope(key, Metric.HIT_RATE)
+        .filter(resolved_at__isnull=False, resolved_at__lt=change.minute)
+        .order_by("-resolved_at")
+        .values_list("resolved_at", flat=True)
+        .first()
+    )
+    if ended is None:
+        return change
+    start = next((i for i, minute in enumerate(minutes) if minute.minute >= ended), change.index)
+    stable = measured_from([minute.point for minute in minutes], change, start=start, config=config)
+    return stable if stable.enough_evidence else change
+
+
 def _wider_moved(
     wider: list[Minute], before: list[Minute], after: list[Minute], config: DetectionConfig
 ) -> bool:
@@ -173,15 +236,15 @@ def _wider_moved(
     return bool(earlier and later) and _rate(earlier) - _rate(later) >= config.min_drop
 
 
-def _held_by_wider(key: ScopeKey, changed_at: datetime) -> bool:
+def _held_by_wider(key: ScopeKey, changed_at: datetime, suspect: int | None) -> bool:
     """Whether the template as a whole, or another of its narrower scopes searched before this one,
-    has a regression of the same change (see the module's docstring)."""
+    has a regression of the same drop (lifecycle.same_drop's rule, across the template's scopes)."""
     near = (changed_at - CHANGE_TOLERANCE, changed_at + CHANGE_TOLERANCE)
     same_template: dict[str, Any] = {"template_id": key[1]}
     held = Regression.objects.filter(
         scope__in=TEMPLATE_SCOPES, metric=Metric.HIT_RATE, changed_at__range=near, **same_template
-    )
-    return held.exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk")).exists()
+    ).exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk"))
+    return any(regression.is_active or regression.suspect_version_id == suspect for regression in held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +256,12 @@ class _Attribution:
 
 
 def _attributed(
-    key: ScopeKey, change: RateChange, before: list[Minute], after: list[Minute], window: Window
+    key: ScopeKey,
+    change: RateChange,
+    before: list[Minute],
+    after: list[Minute],
+    window: Window,
+    candidates: list[dict[str, Any]],
 ) -> _Attribution | None:
     """The drop's kind, cause shift, suspects and routing figures; None when it is not this scope's
     to open (another scope's kind, or a cause whose change did not happen)."""
@@ -204,7 +272,6 @@ def _attributed(
             key, since=before[0].minute, changed_at=change.minute, until=window.until
         )
     kind = attribution.kind_at(key, shift, changed_at=change.minute, placed=placed)
-    candidates = suspects_of(key, change.minute, window)
     if candidates and kind in (Regression.Kind.TEMPLATE_COMMIT, Regression.Kind.UNKNOWN):
         kind = Regression.Kind.TEMPLATE_COMMIT
     if kind not in attribution.SCOPE_KINDS[key[0]]:

@@ -3,6 +3,7 @@ from celery.app.task import Task
 from django.utils import timezone
 
 from app.regressions import webhook
+from app.regressions.services import check_deploys as check_deploys_now
 from app.regressions.services import detect_regressions
 
 
@@ -10,6 +11,13 @@ from app.regressions.services import detect_regressions
 def detect() -> int:
     """One run of the detection over the latest minutes (every minute, Celery beat)."""
     return detect_regressions(now=timezone.now())
+
+
+@shared_task(name="regressions.check_deploys")
+def check_deploys() -> int:
+    """The template versions that went live lately, each against the one before it (beat, every
+    PREFIXSCOPE_DEPLOY_CHECK_SECONDS)."""
+    return check_deploys_now(now=timezone.now())
 
 
 @shared_task(name="regressions.notify_webhook", bind=True, max_retries=webhook.MAX_ATTEMPTS - 1)

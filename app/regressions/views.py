@@ -5,7 +5,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -16,12 +16,13 @@ from app.core.tenancy import Viewer, viewer_of
 from app.domain.cost import COUNTS
 from app.fleet.models import Server
 from app.prompts.killers import SampleKey, may_read_prompts
-from app.regressions import evidence, selectors, services, webhook
+from app.regressions import evidence, page, selectors, services, webhook
 from app.regressions.cost import cost_window_of
 from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
+from app.traffic.series import as_csv
 
 PAGE_SIZE = 50
 
@@ -44,6 +45,11 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
     """One regression: its figures, what it is attributed to and why, its cost; a note from a person."""
     viewer = viewer_of(request.user)
     regression = get_object_or_404(selectors.regressions(state="all", viewer=viewer), pk=regression_id)
+    window, minutes = page.chart_window(regression, now=timezone.now())
+    found = page.capacity(regression, window)
+    charts = [page.hit_rate_chart(regression, window, minutes), *([found.chart] if found else [])]
+    if request.method == "GET" and request.GET.get("format") == "csv":
+        return _chart_csv(regression, charts, request.GET.get("chart", ""))
     initial = {
         "state": regression.state if regression.is_active else Regression.State.OPEN,
         "note": regression.note,
@@ -66,6 +72,9 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "notices": _notices(regression),
         "resolution_text": _RESOLUTIONS.get(regression.resolution, regression.get_resolution_display()),
         "ttft_ratio": _ratio(regression),
+        "charts": charts,
+        "capacity": found,
+        "query": "",  # the CSV links' (the page's window is the regression's)
         **_shift(regression),
         **_cost_window(regression),
     }
@@ -76,12 +85,21 @@ def _cost_window(regression: Regression) -> dict[str, object]:
     """The window its cost was priced over and what it counts; for a template's, its page over the
     same window (which shows the same figure)."""
     since, until = cost_window_of(regression)
-    page = ""
+    link = ""
     if regression.scope == Regression.Scope.TEMPLATE and regression.template_id is not None:
         query = urlencode({"window": "custom", "since": since.isoformat(), "until": until.isoformat()})
-        page = reverse("dashboard:template-detail", args=[regression.template_id]) + f"?{query}"
+        link = reverse("dashboard:template-detail", args=[regression.template_id]) + f"?{query}"
     counts = COUNTS[regression.template_id is not None]
-    return {"cost_since": since, "cost_until": until, "cost_counts": counts, "cost_page": page}
+    return {"cost_since": since, "cost_until": until, "cost_counts": counts, "cost_page": link}
+
+
+def _chart_csv(regression: Regression, charts: list[page.RegressionChart], slug: str) -> HttpResponse:
+    chart = next((c for c in charts if c.slug == slug), None)
+    if chart is None:
+        raise Http404("no such chart")
+    response = HttpResponse(as_csv(chart.times, chart.series), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="regression-{regression.pk}-{slug}.csv"'
+    return response
 
 
 _RESOLUTIONS: dict[str, str] = {

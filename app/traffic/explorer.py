@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 from django.db.models import ExpressionWrapper, F, FloatField, OuterRef, Q, QuerySet, Subquery, Value
 from django.db.models.fields.tuple_lookups import Tuple, TupleLessThan
 
@@ -25,6 +26,7 @@ from app.domain.keyset import Cursor, decode_cursor, encode_cursor, filters_fing
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
+from app.prompts.selectors import template_named
 from app.traffic.models import EXPLORER_ROWS, RequestDiagnosis, RequestRecord
 from app.traffic.selectors import LOST_COLUMNS
 from collectors import records
@@ -58,6 +60,20 @@ class RequestFilters:
     viewer: Viewer = SEES_ALL  # whose records the viewer sees (app/core/tenancy.py)
 
 
+class TemplateChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]
+    """A template of the field's choices by its name (the select's values) or its id, as the API
+    takes one everywhere."""
+
+    def to_python(self, value: Any) -> Template | None:
+        if value in self.empty_values:
+            return None
+        # NUL: no name has one, and PostgreSQL refuses it in a query (the API answers its DataError 400).
+        found = None if "\x00" in str(value) else template_named(self.queryset, str(value))  # type: ignore[arg-type]
+        if found is None:
+            raise ValidationError(self.error_messages["invalid_choice"], code="invalid_choice")
+        return found
+
+
 class RequestFilterForm(forms.Form):
     """The explorer's filters as text, checked; ``filters(now=...)`` gives them resolved."""
 
@@ -67,7 +83,7 @@ class RequestFilterForm(forms.Form):
         to_field_name="name",
         empty_label="any server",
     )
-    template = forms.ModelChoiceField(
+    template = TemplateChoiceField(
         queryset=Template.objects.order_by("name"), required=False, to_field_name="name",
         empty_label="any template",
     )  # fmt: skip

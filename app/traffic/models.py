@@ -119,6 +119,17 @@ class KVEvent(PostgresPartitionedModel):
 EXPLORER_ROWS = ~models.Q(request_id="")
 
 
+def span_only_sql(alias: str) -> str:
+    """SQL true for a record only vLLM's spans saw: no gateway, REST or application source said a
+    thing a client sees (cached tokens from a usage block, the client's TTFT). Such a record is
+    evidence (vLLM's own TTFT), not a request: when the same request reached Prefixscope from its
+    client too, under another server name (spans without a server attribute), counting it would
+    count the request twice. `source` is "otlp" only while no other source merged in."""
+    return (
+        f"({alias}.source = 'otlp' AND {alias}.cached_tokens IS NULL AND {alias}.client_ttft_seconds IS NULL)"
+    )
+
+
 class RequestRecord(PostgresPartitionedModel):
     """One inference request, joined from whichever sources saw it (gateway, spans, REST)."""
 
@@ -783,6 +794,7 @@ class RequestDiagnosis(PostgresPartitionedModel):
         NO_PROMPT = "no_prompt", "No prompt token ids (a span alone)"
         NO_CACHED_TOKENS = "no_cached_tokens", "Cached tokens not reported"
         NO_BLOCK_SIZE = "no_block_size", "Block size of the server unknown"
+        SPAN_ONLY = "span_only", "Seen in vLLM's span alone: not counted as a request"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -61,9 +61,11 @@
         { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
         ...data.series.map((s, i) => ({
           label: s.label || s.name,
-          stroke: cssVar("--series-" + ((i % 8) + 1)),
-          width: 2,
-          points: data.times.length < 40 ? { show: true } : { show: true, size: 6, filter: () => isolated(s.values) },
+          stroke: cssVar(s.reference ? "--muted" : "--series-" + ((i % 8) + 1)),
+          width: s.reference ? 1.5 : 2,
+          // A reference (a level the page states, such as the rate before a change): dashed, no dots.
+          dash: s.reference ? [6 * devicePixelRatio, 4 * devicePixelRatio] : undefined,
+          points: s.reference ? { show: false } : data.times.length < 40 ? { show: true } : { show: true, size: 6, filter: () => isolated(s.values) },
           value: (u, v) => format(data.unit, v),
         })),
       ],
@@ -72,6 +74,8 @@
 
   // A version's marker: a dashed vertical line at the moment it went live, and over it a link (a
   // keyboard stop with the version's name) that opens the version's panel, by htmx where the page has it.
+  // A marker of kind "change" (a regression's change point) is a solid line in the page's colour for
+  // bad news, its link named by its own label.
   // Markers are made anew whenever the chart is drawn (a resize, the scheme, a swap): the one that held
   // the keyboard's focus takes it back, else a redraw between a Tab and an Enter would eat the Enter.
   function markers(figure, data) {
@@ -82,10 +86,10 @@
       u.over.querySelectorAll("a.chart-marker").forEach((a) => a.remove());
       found.forEach((m) => {
         const a = document.createElement("a");
-        a.className = "chart-marker";
+        a.className = m.kind === "change" ? "chart-marker change" : "chart-marker";
         a.href = m.href;
         a.title = m.label;
-        a.setAttribute("aria-label", "Version " + m.label);
+        a.setAttribute("aria-label", m.kind === "change" ? m.label : "Version " + m.label);
         a.dataset.version = m.id;
         a.style.left = u.valToPos(m.t, "x") + "px";
         a.addEventListener("click", (event) => openVersion(event, a));
@@ -96,10 +100,11 @@
     function line(u) {
       const ctx = u.ctx;
       ctx.save();
-      ctx.strokeStyle = cssVar("--muted"); // apart from the series, which take the accent first
       ctx.lineWidth = 2 * devicePixelRatio;
-      ctx.setLineDash([5 * devicePixelRatio, 4 * devicePixelRatio]);
       found.forEach((m) => {
+        const change = m.kind === "change";
+        ctx.strokeStyle = cssVar(change ? "--bad" : "--muted"); // apart from the series, which take the accent first
+        ctx.setLineDash(change ? [] : [5 * devicePixelRatio, 4 * devicePixelRatio]);
         const x = Math.round(u.valToPos(m.t, "x", true));
         ctx.beginPath();
         ctx.moveTo(x, u.bbox.top);

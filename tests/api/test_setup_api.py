@@ -75,7 +75,7 @@ def test_staff_manage_servers_with_a_personal_token() -> None:
     ],
 )
 def test_a_server_with_a_bad_field_is_refused(body: dict[str, object]) -> None:
-    assert post(personal("admin", is_staff=True), "/servers", body)[0] == 422
+    assert post(personal("admin", is_staff=True), "/servers", body)[0] == 400
     assert not Server.objects.exists()
 
 

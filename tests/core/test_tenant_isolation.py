@@ -486,9 +486,9 @@ def test_a_user_of_no_tenant_sees_nothing(fleet: Fleet) -> None:
 def test_prompt_text_only_with_its_own_permission(fleet: Fleet, alpha: Client) -> None:
     key = fleet.alpha_keys[0]
     url = f"/api/v1/requests/alpha-gpu/{key.request_id}"
-    assert alpha.get(url).json()[0]["token_ids"] is None
+    assert alpha.get(url).json()["token_ids"] is None
     reader = _client(_member("alpha-reader", "alpha", "prompts.read_prompt_text"))
-    assert reader.get(url).json()[0]["token_ids"] == _prompt("timestamp-top-1")[1]
+    assert reader.get(url).json()["token_ids"] == _prompt("timestamp-top-1")[1]
     # The permission reads prompts of one's own tenants only.
     bravo_key = fleet.bravo_keys[0]
     assert reader.get(f"/api/v1/requests/bravo-gpu/{bravo_key.request_id}").status_code == 404

@@ -19,6 +19,7 @@ from app.domain.changepoints import (
     latest_drop,
     latest_rise,
     level_changes,
+    measured_from,
     rate_changes,
 )
 
@@ -214,6 +215,19 @@ def test_a_drop_that_recovered_is_still_the_latest_drop() -> None:
     assert [change.index for change in rate_changes(points, CONFIG)] == [60, 90]
     drop = latest_drop(points, CONFIG)
     assert drop is not None and drop.index == 60
+
+
+def test_a_drop_measured_from_a_stable_start_reads_that_segments_rate() -> None:
+    rng = np.random.default_rng(3)
+    # Good, a short bad spell the search may fold into "before", good again, then the drop.
+    rates = [0.95] * 30 + [0.3] * 3 + [0.95] * 10 + [0.3] * 10
+    points = _traffic(rng, rates, _steady(rng, len(rates), mean=30))
+    drop = latest_drop(points, CONFIG)
+    assert drop is not None and drop.index == 43
+    stable = measured_from(points, drop, start=33, config=CONFIG)
+    expected = sum(p.reused_tokens for p in points[33:43]) / sum(p.prompt_tokens for p in points[33:43])
+    assert stable.rate_before == expected and stable.requests_before == sum(p.requests for p in points[33:43])
+    assert stable.rate_after == drop.rate_after and stable.confidence > 0.999 and stable.is_regression
 
 
 @pytest.mark.parametrize("seed", range(5))

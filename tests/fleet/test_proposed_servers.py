@@ -8,7 +8,9 @@ from django.utils import timezone
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.traffic.models import MinuteRollup, RejectedInput, RequestRecord
+from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.servers import merge_server
+from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db
 
@@ -131,3 +133,25 @@ def test_a_server_merged_meanwhile_is_a_state_error() -> None:
         merge_server(server_id=typo.pk, into_id=real.pk)
     with pytest.raises(ServerStateError):
         accept_server(server_id=typo.pk, base_url="http://a:8000")
+
+
+def test_a_merged_source_stays_merged_its_later_spans_land_on_the_registered_server() -> None:
+    into = registered()
+    now = timezone.now().replace(microsecond=0)
+
+    def spans(*request_ids: str, at: datetime) -> None:
+        # vLLM's spans without a prefixscope.server attribute: named after the ingest token (otlp.py)
+        facts = [RequestFacts(request_id=r, arrived_at=at, server_ttft_seconds=0.05) for r in request_ids]
+        ingest_request_records(facts, source="otlp", now=now, default_server="demo-fleet")
+
+    spans("req-a", at=now - timedelta(minutes=2))
+    token_server = Server.objects.get(name="demo-fleet", state=Server.State.PROPOSED)
+    merge_server(server_id=token_server.pk, into_id=into.pk)
+
+    spans("req-b", at=now - timedelta(minutes=1))
+
+    assert not Server.objects.filter(name="demo-fleet").exists()
+    assert set(RequestRecord.objects.values_list("server__name", "request_id")) == {
+        ("vllm-0", "req-a"),
+        ("vllm-0", "req-b"),
+    }

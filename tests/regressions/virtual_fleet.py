@@ -54,6 +54,7 @@ from simulator.server import ServerConfig
 from simulator.template_repo import Commit, create_repo
 
 BATCH_SECONDS = 30  # virtual seconds of records and events stored at once
+CHECK_SECONDS = 15  # with `every_check`: records stored and the check called this often, as beat's
 # The simulated servers' default prefill rate, which their TTFTs follow.
 PREFILL_TOKENS_PER_SECOND: float = next(
     f.default for f in fields(ServerConfig) if f.name == "prefill_tokens_per_second"
@@ -83,6 +84,7 @@ def run_virtually(
     held_back: Callable[[PlannedRequest], bool] | None = None,
     ttft_factor: Callable[[PlannedRequest], float] | None = None,
     scrape_every: float | None = None,
+    every_check: Callable[[datetime], object] | None = None,
 ) -> VirtualRun:
     """Store the scenario's traffic, ending a little before now, diagnosing it minute by minute;
     `every_minute(now)` is called after each minute's diagnosis (the detection, for one). `keep`
@@ -90,7 +92,8 @@ def run_virtually(
     Requests `held_back` says true of are sent with the templates' first versions (the timeline's
     commits roll out elsewhere: a canary, a tenant's variant); `ttft_factor` slows a request's TTFT
     (a slow server) by the factor it gives. `scrape_every`: pull each server's /metrics every so
-    many virtual seconds (none by default)."""
+    many virtual seconds (none by default). `every_check(now)` is called every CHECK_SECONDS after
+    the records up to then are stored (the deploy check, as beat runs it between minutes)."""
     scenario = parse_scenario(definition)
     # Virtual second 0 half a minute into a minute: the scenario's faults (at whole minutes) land
     # mid-minute, as they would at any time, and every run alike (its delays comparable).
@@ -111,7 +114,7 @@ def run_virtually(
     )
     run = VirtualRun(scenario, start, commits, planned, servers, metrics)
     forget_kept_replay()
-    _Serving(run, ttft_factor or (lambda request: 1.0), scrape_every).serve(every_minute)
+    _Serving(run, ttft_factor or (lambda request: 1.0), scrape_every).serve(every_minute, every_check)
     return run
 
 
@@ -165,14 +168,23 @@ class _Serving:
         self.timeline = [e for e in run.scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
         self.noise = random.Random(0)
 
-    def serve(self, every_minute: Callable[[datetime], object] | None) -> None:
-        flushed_at, minute = 0.0, 60.0
+    def serve(
+        self,
+        every_minute: Callable[[datetime], object] | None,
+        every_check: Callable[[datetime], object] | None = None,
+    ) -> None:
+        flushed_at, minute, check = 0.0, 60.0, CHECK_SECONDS
         for request in self.run.planned:
             while request.at >= minute:  # the minute before has all its records: a beat's run
                 self._flush(minute)
                 flushed_at = minute
                 self._minute(minute, every_minute)
                 minute += 60
+            while every_check is not None and request.at >= check:
+                self._flush(check)
+                flushed_at = check
+                every_check(self.run.at(check))
+                check += CHECK_SECONDS
             if request.at - flushed_at >= BATCH_SECONDS:
                 self._flush(request.at)
                 flushed_at = request.at

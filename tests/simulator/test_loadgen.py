@@ -534,3 +534,40 @@ def test_the_cli_gives_up_when_the_servers_never_answer(tmp_path: Path) -> None:
     args = ["--scenario", "vllm-cpu", "--repo", str(tmp_path / "repo"), "--base-url", url, "--wait", "0.5"]
     assert main(args) == 2
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_run_id_makes_the_request_ids_of_two_runs_with_one_seed_apart() -> None:
+    scenario, commits = versions_as_commits(with_timeline())
+
+    first = [r.request_id for r in plan_requests(scenario, commits, seed=7, run_id="a1")]
+    again = [r.request_id for r in plan_requests(scenario, commits, seed=7, run_id="a1")]
+    second = [r.request_id for r in plan_requests(scenario, commits, seed=7, run_id="b2")]
+
+    assert first == again and len(set(first)) == len(first)
+    assert not set(first) & set(second)
+
+
+def test_two_cli_runs_with_the_same_seed_send_different_request_ids(tmp_path: Path) -> None:
+    scenario_file = tmp_path / "cli.yaml"
+    scenario_file.write_text(json.dumps(small(duration=5, rate=2)), encoding="utf-8")
+    fleet = FakeFleet()
+    sent: list[set[str]] = []
+
+    with served_in_a_thread(fleet, 4) as urls:
+        for attempt in range(2):
+            args = [
+                "--scenario",
+                str(scenario_file),
+                "--repo",
+                str(tmp_path / f"repo-{attempt}"),
+                "--speed",
+                "inf",
+            ]
+            before = len(fleet.seen)
+            assert main([*args, *itertools.chain.from_iterable(("--base-url", u) for u in urls)]) == 0
+            sent.append(
+                {s.headers["x-request-id"] for s in fleet.seen[before:] if "x-request-id" in s.headers}
+            )
+
+    assert sent[0] and sent[1]
+    assert not sent[0] & sent[1]

@@ -147,7 +147,7 @@ def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: F
 
     answer = client.get(f"/api/v1/requests/sim-b/{routed}/diagnosis")
     assert answer.status_code == 200
-    (found,) = answer.json()
+    found = answer.json()  # one object: a single request's diagnosis
     assert (found["cause"], found["template"], found["diagnosed"]) == ("routed_elsewhere", "support", True)
     assert found["funnel"]["resident_anywhere_tokens"] == 192 and found["funnel"]["reused_tokens"] == 0
     assert found["lost_tokens"] == {"routed_elsewhere": 192, "below_block": 8}

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 START = datetime(2026, 3, 2, 9, 45, tzinfo=UTC)  # 30 minutes across 10:00
 MINUTES = 30
 QUANTILES = {"ttft_p50": 0.5, "ttft_p90": 0.9, "ttft_p99": 0.99}
-FILL = importlib.import_module("app.traffic.migrations.0028_ttft_sketches").FILL_SQL
+FILL = importlib.import_module("app.traffic.migrations.0029_ttft_sketches").FILL_SQL
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 
 from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, Loss, RequestPrompt, Unknown
 from app.fleet.models import Server
-from app.traffic.models import KVStream, RequestDiagnosis
+from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql
 from app.traffic.services.copy_rows import sent_integers
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_loss_minutes
@@ -49,13 +49,13 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        r.prompt_tokens, r.cached_tokens, r.salt_hash,
        array_send(r.block_hashes), array_send(r.neutral_hashes), array_send(r.token_ids),
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
-       (d.request_id IS NOT NULL) AS diagnosed
+       (d.request_id IS NOT NULL) AS diagnosed, {span_only}
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
 WHERE r.arrived_at >= %s AND r.arrived_at < %s AND (%s::int8[] IS NULL OR r.server_id = ANY(%s))
 ORDER BY r.arrived_at, r.server_id, r.request_id
-"""
+""".format(span_only=span_only_sql("r"))
 # One row per batch of events (a step of the engine): its events' kinds and blocks' signed hashes
 # in order (as the records' chains hold them; the model's UInt64Field would map them to wire values;
 # an AllBlocksCleared has no hash: 0 in its place), as array_send's binary arrays. A row per block
@@ -80,6 +80,7 @@ class _Record:
     tenant: str
     prompt: RequestPrompt
     diagnosed: bool
+    span_only: bool  # seen in vLLM's span alone: stored as such, out of the loss sums (span_only_sql)
 
 
 @dataclass(slots=True)
@@ -296,7 +297,7 @@ def _records(
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
-     diagnosed) = row  # fmt: skip
+     diagnosed, span_only) = row  # fmt: skip
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
@@ -308,7 +309,8 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
     )  # fmt: skip
-    return _Record((server_id, request_id, arrived_at), template_id, version_id, tenant, prompt, diagnosed)
+    key = (server_id, request_id, arrived_at)
+    return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)
 
 
 def _hashes(sent: bytes | None) -> list[int]:
@@ -325,6 +327,9 @@ def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> di
         "template_id": record.template_id, "template_version_id": record.template_version_id,
         "tenant": record.tenant, "prompt_tokens": record.prompt.prompt_tokens or 0, "losses": [],
     }  # fmt: skip
+    if record.span_only:
+        row["unknown"] = RequestDiagnosis.Unknown.SPAN_ONLY.value
+        return row
     if isinstance(found, Unknown):
         row["unknown"] = found.value
         return row

@@ -152,10 +152,14 @@ FROM traffic_requestrecord r WHERE {_STORED_NEAR} AND r.arrived_at <> s.arrived_
 _CHAIN_MERGE = ", ".join(
     f"{c} = CASE WHEN cardinality(EXCLUDED.{c}) > 0 THEN EXCLUDED.{c} ELSE r.{c} END" for c in _CHAINS
 )
+# A record's source is the first that saw it, but a span's gives way to any other: "otlp" then says
+# spans alone saw it (app/traffic/models.py span_only_sql).
+SOURCE_MERGE = "source = CASE WHEN r.source = 'otlp' THEN {0}.source ELSE r.source END"
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
 SELECT DISTINCT ON ({", ".join(_KEY)}) {", ".join(_COLUMNS)} FROM request_record_batch
-ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}, {_CHAIN_MERGE}, {_TEMPLATE_MERGE}
+ON CONFLICT ({", ".join(_KEY)}) DO UPDATE SET {_MERGE}, {_CHAIN_MERGE}, {_TEMPLATE_MERGE},
+  {SOURCE_MERGE.format("EXCLUDED")}
 """
 
 

@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
-from app.traffic.models import RequestDiagnosis
+from app.traffic.models import RequestDiagnosis, span_only_sql
 from app.traffic.services.sketch_sql import SKETCH_SUM, sketches_sql
 
 logger = logging.getLogger(__name__)
@@ -19,13 +19,17 @@ def _histogram(column: str) -> str:
     return f"count(r.{column}), coalesce(sum(r.{column}), 0), ARRAY[{buckets}, count(r.{column})]"
 
 
+# Records only vLLM's spans saw are no requests (span_only_sql): not in the requests or prompt tokens
+# counted, their TTFT (vLLM's) in the histograms still.
+_COUNTED = f"NOT {span_only_sql('r')}"
 # Recomputes whole minutes from raw records, so running it twice (or concurrently with
 # late arrivals, then again) converges on the same rows.
 _REFRESH_SQL = f"""
 WITH k AS ({sketches_sql("r.arrived_at >= %(since)s AND r.arrived_at < %(until)s")}),
 a AS (
-SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at) AS minute, count(*),
-       coalesce(sum(r.prompt_tokens), 0), coalesce(sum(r.cached_tokens), 0),
+SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at) AS minute,
+       count(*) FILTER (WHERE {_COUNTED}),
+       coalesce(sum(r.prompt_tokens) FILTER (WHERE {_COUNTED}), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
        {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")},
        regr_count(p.ttft, p.uncached), coalesce(sum(p.uncached) FILTER (WHERE p.ttft IS NOT NULL), 0),
@@ -165,7 +169,9 @@ _FUNNEL = (
 _LOST = tuple(f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause)
 _SUMMED = _FUNNEL + _LOST
 
-# As _REFRESH_SQL: whole minutes recomputed from the diagnoses, so a rerun converges.
+# As _REFRESH_SQL: whole minutes recomputed from the diagnoses, so a rerun converges. Records only
+# vLLM's spans saw are no requests: out of the sums (the tenant audit's among them).
+_SPAN_ONLY = RequestDiagnosis.Unknown.SPAN_ONLY.value
 _LOSS_SQL = f"""
 INSERT INTO traffic_lossminute AS m (
     server_id, template_id, template_version_id, tenant, minute, requests, diagnosed, unexpected_hits,
@@ -176,7 +182,7 @@ SELECT d.server_id, d.template_id, d.template_version_id, d.tenant, date_trunc('
        COALESCE(sum(d.prompt_tokens) FILTER (WHERE d.unknown = ''), 0),
        {", ".join(f"sum(d.{column})" for column in _SUMMED)}
 FROM traffic_requestdiagnosis d
-WHERE d.arrived_at >= %(since)s AND d.arrived_at < %(until)s
+WHERE d.arrived_at >= %(since)s AND d.arrived_at < %(until)s AND d.unknown <> '{_SPAN_ONLY}'
 GROUP BY 1, 2, 3, 4, 5
 ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
     requests = EXCLUDED.requests, diagnosed = EXCLUDED.diagnosed, unexpected_hits = EXCLUDED.unexpected_hits,

@@ -9,9 +9,9 @@ from django.db import connection, transaction
 from django.db.models import CharField
 
 from app.fleet.models import Server
-from app.fleet.services import ServerStateError, locked_server
+from app.fleet.services import ServerStateError, alias_merged_server, locked_server
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW
+from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW, SOURCE_MERGE
 from app.traffic.services.rollups import refresh_minute_rollups
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ class Merged:
 
 
 def merge_server(*, server_id: int, into_id: int) -> Merged:
-    """Merge a proposed server into a registered one, and delete it.
+    """Merge a proposed server into a registered one, and delete it; its name becomes an alias of
+    the registered server, so that data naming it later is stored there (fleet ServerAlias).
 
     Its request records move to `into`, except those of a request `into` already recorded (same
     request id, arrivals within the ingest's JOIN_WINDOW): they fill that record's gaps, as a second
@@ -53,6 +54,9 @@ def merge_server(*, server_id: int, into_id: int) -> Merged:
         if since is not None:
             refresh_minute_rollups(since=since, until=until + timedelta(minutes=1))
         proposed.delete()
+        # The proposed server stays merged: a source that named it (an ingest token's name, for
+        # spans without a server attribute) goes on naming it, and must not propose it again.
+        alias_merged_server(name=proposed.name, into=into)
     logger.info(
         "merged proposed server %s into %s: %d records moved, %d joined", proposed, into, moved, joined
     )
@@ -61,8 +65,9 @@ def merge_server(*, server_id: int, into_id: int) -> Merged:
 
 def _gap_filling() -> str:
     """SET clauses: each column of `into`'s record (r) keeps its value, or takes the moved one's (p)
-    where it has none. Built from the model, so a new field of request records is merged too."""
-    fills = []
+    where it has none; a span's source gives way to the moved one's. Built from the model, so a new
+    field of request records is merged too."""
+    fills = [SOURCE_MERGE.format("p")]
     for field in RequestRecord._meta.concrete_fields:
         column = field.column
         if column in ("server_id", "request_id", "arrived_at", "source"):

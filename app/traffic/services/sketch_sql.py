@@ -1,5 +1,5 @@
 """The TTFT quantile sketch (app/domain/sketch.py) in SQL: a value's bucket index, and the aggregate
-that sums sketches (created by migration traffic 0028)."""
+that sums sketches (created by migration traffic 0029)."""
 
 import json
 
@@ -7,7 +7,7 @@ from app.domain.sketch import GAMMA, MIN_SECONDS
 
 SKETCH_SUM = "prefixscope_sketch_sum"  # sums jsonb sketches {index: count} key by key
 
-# The aggregate and the function it folds with (traffic 0028 creates them).
+# The aggregate and the function it folds with (traffic 0029 creates them).
 CREATE_SQL = f"""
 CREATE OR REPLACE FUNCTION prefixscope_sketch_add(a jsonb, b jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$

@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-# The sketches of the minutes whose records are still kept (traffic 0028), then the hours and the
+# The sketches of the minutes whose records are still kept (traffic 0029), then the hours and the
 # per-server and per-template sums from them; minutes older than the records' retention keep none.
 CREATE_SQL = """
 CREATE OR REPLACE FUNCTION prefixscope_sketch_add(a jsonb, b jsonb) RETURNS jsonb
@@ -60,7 +60,7 @@ WHERE s.template_id = h.template_id AND s.hour = h.hour;
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('traffic', '0027_kv_stream_resident_blocks'),
+        ('traffic', '0028_diagnosis_span_only'),
     ]
 
     operations = [

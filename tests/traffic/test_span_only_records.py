@@ -1,0 +1,55 @@
+"""Records only vLLM's spans saw are evidence, not requests: they count in no request total and
+not in the tenant audit (vLLM's spans carry no tenant), while a span merged with its gateway
+record still counts once."""
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models import Sum
+from django.utils import timezone
+
+from app.fleet.models import Server
+from app.traffic.models import MinuteRollup, RequestDiagnosis, RequestRecord, ServerRequestMinute
+from app.traffic.selectors import tenant_audit
+from app.traffic.services.diagnosis import diagnose_requests
+from app.traffic.services.requests import ingest_request_records
+from app.traffic.services.rollups import refresh_minute_rollups
+from collectors.records import RequestFacts
+
+pytestmark = pytest.mark.django_db
+
+
+def test_span_only_records_are_not_requests_in_the_rollups_or_the_tenant_audit() -> None:
+    Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", block_size=16, model="tiny")
+    now = timezone.now().replace(microsecond=0)
+    at = now - timedelta(minutes=3)
+
+    def send(source: str, request_id: str, **facts: Any) -> None:
+        record = RequestFacts(
+            request_id=request_id, arrived_at=at, server="vllm-0", prompt_tokens=100, **facts
+        )
+        ingest_request_records([record], source=source, now=now)
+
+    gateway = {"tenant": "acme", "cached_tokens": 32, "client_ttft_seconds": 0.2}
+    send("gateway", "req-1", **gateway)
+    send("otlp", "req-1", server_ttft_seconds=0.1)  # vLLM's span of a request the gateway saw
+    send("otlp", "req-2", server_ttft_seconds=0.1)  # vLLM's span alone
+    send("otlp", "req-3", server_ttft_seconds=0.1)  # the span first, then the gateway
+    send("gateway", "req-3", **gateway)
+
+    refresh_minute_rollups(since=at, until=now)
+
+    assert dict(RequestRecord.objects.values_list("request_id", "source")) == {
+        "req-1": "gateway", "req-2": "otlp", "req-3": "gateway"
+    }  # fmt: skip
+    totals = MinuteRollup.objects.aggregate(requests=Sum("requests"), prompt=Sum("prompt_tokens"))
+    assert totals == {"requests": 2, "prompt": 200}
+    assert ServerRequestMinute.objects.aggregate(n=Sum("requests"))["n"] == 2
+    assert MinuteRollup.objects.aggregate(n=Sum("server_ttft_count"))["n"] == 3  # vLLM's TTFTs all kept
+
+    diagnose_requests(now=now + timedelta(minutes=5))
+
+    assert RequestDiagnosis.objects.get(request_id="req-2").unknown == "span_only"
+    audit = tenant_audit(since=at - timedelta(minutes=1), until=now)
+    assert [(row.tenant, row.requests) for row in audit] == [("acme", 2)]
