@@ -19,7 +19,7 @@ from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.services.sketch_sql import SKETCH_SUM, loaded
+from app.traffic.services.sketch_sql import loaded, merged_sketch_sql
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 ROLLUP_METRICS = ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99", "lost_tokens", "requests")
@@ -275,9 +275,17 @@ def _server_id(ident: str, viewer: Viewer) -> int:
 
 
 def _bucketed(
-    table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
+    table: str,
+    columns: str,
+    where: str,
+    params: dict[str, Any],
+    query: SeriesQuery,
+    *,
+    time: str = "minute",
+    sketch: bool = False,
 ) -> dict[datetime, tuple[Any, ...]]:
-    """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
+    """Rows of `table` summed per bucket: {bucket start: (columns...)}; with `sketch`, `columns` is
+    one sketch column, merged index by index (buckets without an entry left out)."""
     hourly = (
         "traffic_hourrollup",
         "traffic_losshour",
@@ -286,10 +294,10 @@ def _bucketed(
         "traffic_serverlosshour",
     )
     time = "hour" if _source(table) in hourly else time
-    sql = f"""
+    rows = f"""
         SELECT {_bin(time)} AS b, {columns}
-        FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
-    """
+        FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s"""
+    sql = merged_sketch_sql(rows=rows, by="b", sketch="sketch") if sketch else f"{rows} GROUP BY b"
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, "bucket": query.bucket, "since": query.since, "until": query.until})
         return {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
@@ -325,7 +333,7 @@ def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, A
 def _ttft(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
     """A TTFT quantile per bucket, from the bucket's merged quantile sketch (app/domain/sketch.py):
     within 0.5 % of the quantile of the records themselves."""
-    rows = _bucketed(table, f"{SKETCH_SUM}({query.ttft}_ttft_sketch)", where, params, query)
+    rows = _bucketed(table, f"{query.ttft}_ttft_sketch AS sketch", where, params, query, sketch=True)
     q = _QUANTILES[query.metric]
     found = {at: sketch_quantile(q, loaded(sketch)) for at, (sketch,) in rows.items()}
     name = f"{query.metric} ({query.ttft})"

@@ -2,22 +2,9 @@
 
 from django.db import migrations, models
 
-# The sketches of the minutes whose records are still kept (traffic 0029), then the hours and the
-# per-server and per-template sums from them; minutes older than the records' retention keep none.
-CREATE_SQL = """
-CREATE OR REPLACE FUNCTION prefixscope_sketch_add(a jsonb, b jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(jsonb_object_agg(key, total), '{}'::jsonb) FROM (
-        SELECT key, sum(value::bigint) AS total
-        FROM (SELECT * FROM jsonb_each_text(a) UNION ALL SELECT * FROM jsonb_each_text(b)) e
-        GROUP BY key
-    ) t
-$$;
-CREATE OR REPLACE AGGREGATE prefixscope_sketch_sum(jsonb) (
-    SFUNC = prefixscope_sketch_add, STYPE = jsonb, INITCOND = '{}'
-);
-"""
-DROP_SQL = "DROP AGGREGATE IF EXISTS prefixscope_sketch_sum(jsonb); DROP FUNCTION IF EXISTS prefixscope_sketch_add(jsonb, jsonb);"
+# The sketches of the minutes whose records are still kept, then the hours and the per-server and
+# per-template sums from them, summed index by index in grouped queries (as the refresh sums them,
+# app/traffic/services/sketch_sql.py); minutes older than the records' retention keep none.
 FILL_SQL = """
 UPDATE traffic_minuterollup m SET client_ttft_sketch = k.client, server_ttft_sketch = k.server
 FROM (
@@ -35,24 +22,68 @@ FROM (
     GROUP BY 1, 2, 3) k
 WHERE k.server_id = m.server_id AND coalesce(k.template_id, 0) = coalesce(m.template_id, 0) AND k.minute = m.minute;
 UPDATE traffic_hourrollup h SET client_ttft_sketch = s.client, server_ttft_sketch = s.server
-FROM (SELECT server_id, template_id, date_trunc('hour', minute) AS hour,
-             prefixscope_sketch_sum(client_ttft_sketch) AS client, prefixscope_sketch_sum(server_ttft_sketch) AS server
-      FROM traffic_minuterollup GROUP BY 1, 2, 3) s
-WHERE s.server_id = h.server_id AND coalesce(s.template_id, 0) = coalesce(h.template_id, 0) AND s.hour = h.hour;
+FROM (
+    SELECT server_id, template_id, hour,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 'c'), '{}') AS client,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 's'), '{}') AS server
+    FROM (
+        SELECT server_id AS server_id, template_id AS template_id, date_trunc('hour', minute) AS hour, e.kind, e.idx, sum(e.n) AS n
+        FROM traffic_minuterollup x CROSS JOIN LATERAL (
+            SELECT 'c', key, value::bigint FROM jsonb_each_text(x.client_ttft_sketch)
+            UNION ALL SELECT 's', key, value::bigint FROM jsonb_each_text(x.server_ttft_sketch)
+        ) e(kind, idx, n)
+        WHERE true
+        GROUP BY 1, 2, 3, 4, 5
+    ) counted
+    GROUP BY server_id, template_id, hour) s
+WHERE s.server_id = h.server_id AND s.template_id IS NOT DISTINCT FROM h.template_id AND s.hour = h.hour;
 UPDATE traffic_serverrequestminute h SET client_ttft_sketch = s.client, server_ttft_sketch = s.server
-FROM (SELECT server_id, minute, prefixscope_sketch_sum(client_ttft_sketch) AS client,
-             prefixscope_sketch_sum(server_ttft_sketch) AS server
-      FROM traffic_minuterollup GROUP BY 1, 2) s
+FROM (
+    SELECT server_id, minute,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 'c'), '{}') AS client,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 's'), '{}') AS server
+    FROM (
+        SELECT server_id AS server_id, minute AS minute, e.kind, e.idx, sum(e.n) AS n
+        FROM traffic_minuterollup x CROSS JOIN LATERAL (
+            SELECT 'c', key, value::bigint FROM jsonb_each_text(x.client_ttft_sketch)
+            UNION ALL SELECT 's', key, value::bigint FROM jsonb_each_text(x.server_ttft_sketch)
+        ) e(kind, idx, n)
+        WHERE true
+        GROUP BY 1, 2, 3, 4
+    ) counted
+    GROUP BY server_id, minute) s
 WHERE s.server_id = h.server_id AND s.minute = h.minute;
 UPDATE traffic_serverrequesthour h SET client_ttft_sketch = s.client, server_ttft_sketch = s.server
-FROM (SELECT server_id, hour, prefixscope_sketch_sum(client_ttft_sketch) AS client,
-             prefixscope_sketch_sum(server_ttft_sketch) AS server
-      FROM traffic_hourrollup GROUP BY 1, 2) s
+FROM (
+    SELECT server_id, hour,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 'c'), '{}') AS client,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 's'), '{}') AS server
+    FROM (
+        SELECT server_id AS server_id, hour AS hour, e.kind, e.idx, sum(e.n) AS n
+        FROM traffic_hourrollup x CROSS JOIN LATERAL (
+            SELECT 'c', key, value::bigint FROM jsonb_each_text(x.client_ttft_sketch)
+            UNION ALL SELECT 's', key, value::bigint FROM jsonb_each_text(x.server_ttft_sketch)
+        ) e(kind, idx, n)
+        WHERE true
+        GROUP BY 1, 2, 3, 4
+    ) counted
+    GROUP BY server_id, hour) s
 WHERE s.server_id = h.server_id AND s.hour = h.hour;
 UPDATE traffic_templaterequesthour h SET client_ttft_sketch = s.client, server_ttft_sketch = s.server
-FROM (SELECT template_id, hour, prefixscope_sketch_sum(client_ttft_sketch) AS client,
-             prefixscope_sketch_sum(server_ttft_sketch) AS server
-      FROM traffic_hourrollup WHERE template_id IS NOT NULL GROUP BY 1, 2) s
+FROM (
+    SELECT template_id, hour,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 'c'), '{}') AS client,
+           coalesce(jsonb_object_agg(idx, n) FILTER (WHERE kind = 's'), '{}') AS server
+    FROM (
+        SELECT template_id AS template_id, hour AS hour, e.kind, e.idx, sum(e.n) AS n
+        FROM traffic_hourrollup x CROSS JOIN LATERAL (
+            SELECT 'c', key, value::bigint FROM jsonb_each_text(x.client_ttft_sketch)
+            UNION ALL SELECT 's', key, value::bigint FROM jsonb_each_text(x.server_ttft_sketch)
+        ) e(kind, idx, n)
+        WHERE template_id IS NOT NULL
+        GROUP BY 1, 2, 3, 4
+    ) counted
+    GROUP BY template_id, hour) s
 WHERE s.template_id = h.template_id AND s.hour = h.hour;
 """
 
@@ -64,7 +95,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunSQL(CREATE_SQL, DROP_SQL),
         migrations.AddField(
             model_name='hourrollup',
             name='client_ttft_sketch',
