@@ -1,7 +1,9 @@
 """A hit-rate regression's cost: its scope's cost (app/traffic/cost.py, the one cost model) over the
 window since its change, the last COST_WINDOW at most, up to the last whole minute the diagnosis
-had summed when it was last updated. Its page and the API state that window; the template page over
-the same window shows the same figure."""
+had summed when it was last updated. Its headline (lost_tokens_per_hour, GPU-seconds, money) is the
+part of those lost tokens over what the scope lost at its rate before: what reverting or fixing
+the change wins back; scope_lost_tokens_per_hour keeps the whole, the figure the template page
+and GET /api/v1/cost show for the same window. Its page and the API state that window and both."""
 
 from datetime import datetime, timedelta
 
@@ -38,10 +40,13 @@ def price(regression: Regression, *, summed_until: datetime) -> Cost:
         server_id=regression.server_id,
         template_id=regression.template_id,
         tenant=regression.tenant if regression.scope in _TENANT_SCOPES else None,
+        rate_before=regression.rate_before,
     )
-    regression.lost_tokens_per_hour = found.tokens_per_hour
+    assert found.over_before is not None  # priced against its rate before
+    regression.lost_tokens_per_hour = found.over_before.tokens_per_hour
+    regression.scope_lost_tokens_per_hour = found.tokens_per_hour
     regression.prefill_tokens_per_second = found.prefill_tokens_per_second
     regression.prefill_rate_source = found.rate_source
-    regression.gpu_seconds_per_hour = found.gpu_seconds_per_hour
-    regression.cost_per_hour = found.money_per_hour
+    regression.gpu_seconds_per_hour = found.over_before.gpu_seconds_per_hour
+    regression.cost_per_hour = found.over_before.money_per_hour
     return found

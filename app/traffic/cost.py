@@ -13,7 +13,7 @@ from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.cost import Cost, Pricing, price_lost_tokens
 from app.domain.prefill import PrefillSums
 from app.traffic.models import HourRollup, MinuteRollup
-from app.traffic.selectors import lost_tokens_by_cause
+from app.traffic.selectors import window_losses
 
 _PREFILL_SUMS = {
     "count": Sum("prefill_count"), "x": Sum("prefill_uncached_sum"), "y": Sum("prefill_ttft_sum"),
@@ -29,13 +29,15 @@ def scope_cost(
     template_id: int | None = None,
     tenant: str | None = None,
     viewer: Viewer = SEES_ALL,
+    rate_before: float | None = None,
 ) -> Cost:
     """The cost over [since, until) (a minute counts when it starts in it) of the traffic the viewer
     sees of one server, template or tenant when given (any two of them: a template on a server or for
     a tenant), else of the fleet. A template's scopes count a prompt changing, the others do not
     (app/domain/cost.py). The prefill rate of a tenant's scope is measured on its server's or
-    template's requests, else the fleet's: the request rollups have no tenant."""
-    lost = lost_tokens_by_cause(
+    template's requests, else the fleet's: the request rollups have no tenant. With `rate_before`
+    (a regression's), also the part of the lost tokens over that rate (Cost.over_before)."""
+    lost, reuse = window_losses(
         since=since, until=until, server_id=server_id, template_id=template_id, tenant=tenant, viewer=viewer
     )
     prefill = prefill_sums(
@@ -49,6 +51,7 @@ def scope_cost(
         prefill=prefill,
         pricing=pricing,
         template_scope=template_id is not None,
+        before=None if rate_before is None else (rate_before, reuse),
     )
 
 

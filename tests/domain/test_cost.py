@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.domain.cost import Pricing, price_lost_tokens
+from app.domain.cost import Pricing, Reuse, price_lost_tokens
 from app.domain.prefill import PrefillSums
 
 SINCE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -45,3 +45,31 @@ def test_an_empty_window_costs_nothing() -> None:
         LOST, since=SINCE, until=SINCE, prefill=PrefillSums(), pricing=PRICING, template_scope=True
     )
     assert cost.tokens_per_hour == 0.0
+
+
+@pytest.mark.parametrize(
+    ("rate_before", "reused", "over"),
+    [(0.8, 4000, 3200), (0.4, 4000, 0), (1.0, 0, 9000)],  # 0.8 x 9000 - 4000; never below 0; at most all
+)
+def test_a_regression_wins_back_what_its_scope_lost_over_its_rate_before(
+    rate_before: float, reused: int, over: int
+) -> None:
+    cost = price_lost_tokens(
+        LOST, since=SINCE, until=SINCE + timedelta(minutes=30), prefill=PrefillSums(), pricing=PRICING,
+        template_scope=True, before=(rate_before, Reuse(prompt_tokens=9000, reused_tokens=reused)),
+    )  # fmt: skip
+    assert cost.over_before is not None
+    assert (cost.lost_tokens, cost.over_before.tokens) == (9000, over)
+    assert cost.over_before.tokens_per_hour == over * 2  # per hour as the scope's figure is
+    assert cost.over_before.money_per_hour == pytest.approx(cost.money_per_hour * over / 9000)
+
+
+def test_outside_a_template_the_rate_before_is_over_the_prompts_its_reuse_could_serve() -> None:
+    # A server's rate leaves out the tokens of prompts changing and of tails (6000 + 200 of 9000).
+    cost = price_lost_tokens(
+        LOST, since=SINCE, until=SINCE + timedelta(hours=1), prefill=PrefillSums(), pricing=PRICING,
+        template_scope=False, before=(0.9, Reuse(prompt_tokens=9000, reused_tokens=1000)),
+    )  # fmt: skip
+    assert cost.over_before is not None
+    assert cost.over_before.rate == pytest.approx(1000 / 2800)
+    assert cost.over_before.tokens == round(0.9 * 2800 - 1000)

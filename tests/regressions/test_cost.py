@@ -2,15 +2,18 @@
 the same scope and window (the demo's `support` regression)."""
 
 import re
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db.models import Sum
 from django.test import Client
 from django.urls import reverse
 
 from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
+from app.traffic.models import LossMinute
 from tests.regressions.test_detection import demo
 from tests.regressions.virtual_fleet import run_virtually
 from tests.tokens import reader_bearer
@@ -35,18 +38,34 @@ def test_a_regression_the_template_page_and_the_api_price_one_scope_and_window_a
     window = {"since": cost["since"], "until": cost["until"]}
     assert cost["lost_tokens_per_hour"] > 0 and "cold" in cost["counts"]
     asked = _json(client, "/api/v1/cost", scope="template", id="support", **window)
-    assert asked["tokens_per_hour"] == pytest.approx(cost["lost_tokens_per_hour"], rel=1e-9)
-    assert asked["money_per_hour"] == pytest.approx(cost["cost_per_hour"], rel=1e-9)
+    assert asked["tokens_per_hour"] == pytest.approx(cost["scope_lost_tokens_per_hour"], rel=1e-9)
     assert asked["counts"] == cost["counts"]
+    # The headline: of those, the ones over what the scope lost at its rate before, per hour alike.
+    since, until = (datetime.fromisoformat(window[end]) for end in ("since", "until"))
+    sums = LossMinute.objects.filter(
+        template=regression.template, minute__gte=since, minute__lt=until
+    ).aggregate(prompt=Sum("diagnosed_prompt_tokens"), reused=Sum("reused_tokens"))
+    over = regression.rate_before * sums["prompt"] - sums["reused"]
+    assert 0 < over < asked["lost_tokens"]
+    hours = (until - since) / timedelta(hours=1)
+    assert cost["lost_tokens_per_hour"] == pytest.approx(over / hours, abs=1 / hours)
+    share = cost["lost_tokens_per_hour"] / cost["scope_lost_tokens_per_hour"]
+    assert cost["cost_per_hour"] == pytest.approx(asked["money_per_hour"] * share, rel=1e-9)
 
     client.force_login(fleet_viewer("engineer"))
     detail = client.get(reverse("regressions:detail", args=[regression.pk])).content.decode()
-    link = re.search(r'href="([^"]*window=custom[^"]*)">The template', detail)
+    link = re.search(r'href="([^"]*window=custom[^"]*)">the template page', detail)
     assert link is not None
     page = client.get(link.group(1).replace("&amp;", "&")).content.decode()
     shown = re.search(r'id="template-cost">([\d,]+) in the window, ([\d,]+) an hour', page)
     assert shown is not None, page
-    assert int(shown.group(2).replace(",", "")) == round(cost["lost_tokens_per_hour"])
+    assert int(shown.group(2).replace(",", "")) == round(cost["scope_lost_tokens_per_hour"])
+    on_detail = re.search(r'id="regression-scope-cost">([\d,]+)<', detail)
+    assert on_detail is not None and on_detail.group(1) == shown.group(2)
+    headline = re.search(r'id="regression-cost">([\d,]+) prefill tokens an hour over what', detail)
+    assert headline is not None and int(headline.group(1).replace(",", "")) == round(
+        cost["lost_tokens_per_hour"]
+    )
     assert int(shown.group(1).replace(",", "")) == asked["lost_tokens"]
 
 
