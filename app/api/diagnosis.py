@@ -14,8 +14,10 @@ from app.api.auth import READERS
 from app.api.errors import ApiError, error
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
+from app.core.tenancy import Viewer
 from app.fleet.models import Server
 from app.prompts.selectors import find_template
+from app.traffic.cost import scope_cost
 from app.traffic.selectors import (
     LOSS_GROUPS,
     AddressedRequest,
@@ -157,6 +159,14 @@ def miss_causes(request: HttpRequest, query: Query[CauseQuery]) -> Any:
     until = query.until or timezone.now()
     since = query.since or until - timedelta(hours=1)
     viewer = caller_viewer(request)
+    scope = _scope_of(query, viewer)
+    if scope is None:
+        return error(404, f"no {query.scope} named {query.id!r}")
+    return lost_tokens_by_cause(since=since, until=until, viewer=viewer, **scope)
+
+
+def _scope_of(query: CauseQuery, viewer: Viewer) -> dict[str, Any] | None:
+    """The selectors' filter for the scope asked; None when the viewer sees no scope of that name."""
     scope: dict[str, Any] = {}
     if query.scope == "server":
         scope["server_id"] = (
@@ -167,9 +177,43 @@ def miss_causes(request: HttpRequest, query: Query[CauseQuery]) -> Any:
         scope["template_id"] = template.pk if template else None
     elif query.scope == "tenant":
         scope["tenant"] = query.id
-    if None in scope.values():
+    return None if None in scope.values() else scope
+
+
+class CostOut(Schema):
+    since: datetime
+    until: datetime
+    counts: str = Field(description="What the lost tokens count")
+    lost_tokens: int = Field(description="Counted in the window")
+    tokens_per_hour: float = Field(description="lost_tokens over the window's length, idle minutes included")
+    prefill_tokens_per_second: float
+    rate_source: str = Field(description="measured (the scope's TTFT over uncached tokens) or configured")
+    gpu_seconds_per_hour: float
+    money_per_hour: float
+    gpu_hour_price: float = Field(description="PREFIXSCOPE_GPU_HOUR_PRICE")
+
+
+@router.get(
+    "/cost",
+    response={200: CostOut, 400: ApiError, 404: ApiError},
+    summary="What a scope's lost reuse cost over a window",
+    description="The product's one cost model (a regression's cost is its scope's over the window since "
+    "its change, the last hour at most): the prompt tokens lost to misses a cache could have served "
+    "(a template's: all causes but cold and shorter than one block; other scopes' also but a prompt "
+    "changing) per hour of the window (default: the last hour), prefilled at the rate measured on the "
+    "scope's requests of the window, in GPU-seconds and money. From the per-minute rollups (a minute "
+    "counts when it starts in the window).",
+)
+def scope_cost_of(request: HttpRequest, query: Query[CauseQuery]) -> Any:
+    until = query.until or timezone.now()
+    since = query.since or until - timedelta(hours=1)
+    if since >= until:
+        return error(400, "since must come before until")
+    viewer = caller_viewer(request)
+    scope = _scope_of(query, viewer)
+    if scope is None:
         return error(404, f"no {query.scope} named {query.id!r}")
-    return lost_tokens_by_cause(since=since, until=until, viewer=viewer, **scope)
+    return scope_cost(since=since, until=until, viewer=viewer, **scope)
 
 
 class LossQuery(CauseWindow):

@@ -19,8 +19,10 @@ from app.api.pages import Pages
 from app.api.templates import KillerOut, killer_out
 from app.api.viewers import caller_viewer
 from app.compare.killers import visible_killers
+from app.domain.cost import COUNTS
 from app.fleet.models import Server
 from app.regressions import evidence, selectors, services
+from app.regressions.cost import cost_window_of
 from app.regressions.models import Regression
 
 router = Router(tags=["regressions"])
@@ -50,11 +52,25 @@ class CandidateOut(Schema):
 
 
 class CostOut(Schema):
-    lost_tokens_per_hour: float = Field(description="Prefill tokens an hour that reuse no longer saves")
+    since: datetime = Field(description="The window priced: from its change, the last hour at most")
+    until: datetime = Field(description="The last whole minute summed when it was last updated")
+    counts: str = Field(description="What the lost tokens count")
+    scope_lost_tokens_per_hour: float = Field(
+        description="Lost since the change: all the prompt tokens its scope lost in the window (as counted) "
+        "over the window's length, idle minutes included: GET /api/v1/cost's tokens_per_hour and the "
+        "template page's figure for the same scope and window"
+    )
+    lost_tokens_per_hour: float = Field(
+        description="The headline: of scope_lost_tokens_per_hour, those over what the scope lost at its "
+        "rate before ((rate_before - the window's rate) x its prompt tokens, per hour of the window): "
+        "what reverting or fixing the change wins back"
+    )
     prefill_tokens_per_second: float
     prefill_rate_source: str = Field(description="measured (from the records) or configured")
-    gpu_seconds_per_hour: float
-    cost_per_hour: float = Field(description="At PREFIXSCOPE_GPU_HOUR_PRICE a GPU-hour")
+    gpu_seconds_per_hour: float = Field(description="Of lost_tokens_per_hour, at the prefill rate")
+    cost_per_hour: float = Field(
+        description="Of lost_tokens_per_hour, at PREFIXSCOPE_GPU_HOUR_PRICE a GPU-hour"
+    )
 
 
 class FrozenKillerOut(KillerOut):
@@ -194,7 +210,12 @@ class RegressionOut(Schema):
 
     @staticmethod
     def resolve_cost(regression: Regression) -> CostOut:
+        since, until = cost_window_of(regression)
         return CostOut(
+            since=since,
+            until=until,
+            counts=COUNTS[regression.template_id is not None],
+            scope_lost_tokens_per_hour=regression.scope_lost_tokens_per_hour,
             lost_tokens_per_hour=regression.lost_tokens_per_hour,
             prefill_tokens_per_second=regression.prefill_tokens_per_second,
             prefill_rate_source=regression.prefill_rate_source,

@@ -242,7 +242,8 @@ class PrefixscopeCollector(Collector):
         )
         lost = GaugeMetricFamily(
             "prefixscope_regression_lost_tokens_per_hour",
-            "Prefill tokens an hour that a regression's lost reuse costs, at the traffic since its change.",
+            "Prefill tokens an hour a regression's scope lost since its change over what it lost at its rate "
+            "before: what reverting or fixing the change wins back.",
             labels=labels,
         )
         found = Regression.objects.exclude(state=Regression.State.RESOLVED).select_related(

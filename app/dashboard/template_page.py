@@ -11,7 +11,7 @@ numbers are a table on the page and a CSV (`?chart=<slug>&format=csv`).
 """
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -30,22 +30,22 @@ from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
 from app.dashboard.sparks import spark
 from app.dashboard.template_selectors import Effect, ListSums, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
-from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
-from app.domain.prefill import PrefillSums, prefill_tokens_per_second
+from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.evidence import diff_rows
 from app.traffic import series as traffic_series
+from app.traffic.cost import scope_cost
 from app.traffic.models import RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
 from app.traffic.series import Series, SeriesQuery
 
 SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
 # Causes a cache could not have helped: a prompt seen for the first time, a tail shorter than a block.
-UNAVOIDABLE = ("cold", "below_block")
 EFFECT_MINUTES = 60  # the equal windows before and after a version went live
 
 
@@ -227,22 +227,21 @@ def _reads(template_id: int, window: Window, viewer: Viewer) -> Reads:
 
 def _figures(
     template_id: int, window: Window, reads: Reads, viewer: Viewer
-) -> tuple[Totals, dict[str, int], "Cost", list["MemoryRow"]]:
+) -> tuple[Totals, dict[str, int], Cost, list["MemoryRow"]]:
     """Its totals, lost tokens per cause, cost and prefix memory over the window: from the charts'
     reads when they read the table these read (hours when both ends are whole hours, else minutes),
-    else read again."""
+    else read again. The cost is the template's over the window as every page prices it
+    (app/traffic/cost.py)."""
+    found = scope_cost(template_id=template_id, since=window.since, until=window.until, viewer=viewer)
     hours = all(at.minute == at.second == at.microsecond == 0 for at in (window.since, window.until))
     if hours == (window.bucket % 3600 == 0):
-        found = reads.requests
         lost = reads.losses.get(None, {})
-        return (found.totals, lost, template_cost(window, lost, found.prefill),
-                prefix_memory(found.servers))  # fmt: skip
+        return reads.requests.totals, lost, found, prefix_memory(reads.requests.servers)
     span: dict[str, Any] = {"since": window.since, "until": window.until, "viewer": viewer}
     totals = selectors.template_totals(template_id=template_id, **span)
     lost = selectors.lost_by_template(template_id=template_id, **span).get(template_id, {})
-    prefill = selectors.prefill_sums(template_id=template_id, **span)
     servers = selectors.totals_by_server(template_id=template_id, **span)
-    return totals, lost, template_cost(window, lost, prefill), prefix_memory(servers)
+    return totals, lost, found, prefix_memory(servers)
 
 
 def template_charts(
@@ -260,7 +259,7 @@ def template_charts(
         return [empty if sums is None else value(sums) for sums in found]
 
     def ttft(metric: str, q: float) -> Series:
-        values = line(lambda b: histogram_quantile(q, TTFT_BUCKETS_SECONDS, b.ttft_counts), None)
+        values = line(lambda b: sketch_quantile(q, b.ttft_sketch), None)
         return Series(f"{metric} ({window.ttft})", [None if v is None else float(v) for v in values])
 
     hit_rate = line(lambda b: b.cached_tokens / b.cache_known_prompt_tokens
@@ -359,34 +358,6 @@ def _chart_csv(template: Template, charts: list[MarkedChart], slug: str) -> Http
 def _lost_rows(lost: dict[str, int]) -> list[tuple[str, int]]:
     labels = dict(RequestDiagnosis.Cause.choices)
     return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
-
-
-@dataclass(frozen=True, slots=True)
-class Cost:
-    avoidable_tokens: int  # lost in the window to every cause but UNAVOIDABLE
-    tokens_per_hour: float
-    prefill_tokens_per_second: float
-    rate_source: str  # "measured" (from its requests' TTFT) or "configured"
-    gpu_seconds_per_hour: float
-    money_per_hour: float
-    gpu_hour_price: float
-
-
-def template_cost(window: Window, lost: dict[str, int], sums: PrefillSums) -> Cost:
-    """What its lost reuse costs, as a regression's cost is reckoned (app/regressions/services.py):
-    prompt tokens prefilled that a cache could have served, per hour of the window; GPU seconds at the
-    prefill rate measured from its requests' TTFT over uncached tokens (`sums`), else the configured
-    rate; money at the configured GPU-hour price."""
-    avoidable = sum(tokens for cause, tokens in lost.items() if cause not in UNAVOIDABLE)
-    hours = (window.until - window.since) / timedelta(hours=1)
-    measured = prefill_tokens_per_second(sums)
-    rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
-    per_hour = avoidable / hours
-    gpu = per_hour / rate
-    price = settings.PREFIXSCOPE_GPU_HOUR_PRICE
-    return Cost(
-        avoidable, per_hour, rate, "measured" if measured else "configured", gpu, gpu / 3600 * price, price
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from django.db import connection
 from django.db.models import Count, DateTimeField, F, Func, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily
 from app.regressions.models import Regression
@@ -26,6 +25,7 @@ from app.traffic.models import (
     TemplateRequestHour,
 )
 from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.services.sketch_sql import loaded, merged_sketch_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,21 +211,6 @@ def regressions_of(template_id: int, *, viewer: Viewer = SEES_ALL, limit: int = 
     return found.order_by("resolved_at", "-changed_at")[:limit]
 
 
-def prefill_sums(
-    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
-) -> PrefillSums:
-    """The TTFT-over-uncached-tokens sums of the template's requests (app/domain/prefill.py)."""
-    found = (
-        _requests(since, until, viewer)
-        .filter(template_id=template_id)
-        .aggregate(
-            count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
-            xx=Sum("prefill_uncached_squares"), xy=Sum("prefill_cross_sum"),
-        )
-    )  # fmt: skip
-    return PrefillSums(**{name: value or 0 for name, value in found.items()})
-
-
 @dataclass(frozen=True, slots=True)
 class Effect:
     """A version's effect: the template's totals over equal windows just before and after it went live."""
@@ -268,7 +253,7 @@ class BucketSums:
     requests: int
     cached_tokens: int
     cache_known_prompt_tokens: int
-    ttft_counts: list[int]  # the summed cumulative TTFT histogram (of the TTFT asked for)
+    ttft_sketch: dict[str, int]  # the merged TTFT quantile sketch (of the TTFT asked for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,14 +278,12 @@ def template_requests(
     in all (GROUPING SETS), and its totals per server: for buckets of whole hours, as the series API
     reads a template (app/traffic/series.py), the buckets from its sums per template where the viewer
     may read them (_hour_rows) and the servers from the hour rollups' index of the template's totals
-    (hour_rollup_template_sums, an index-only scan); the minute rollups otherwise, in one query."""
+    (hour_rollup_template_sums, an index-only scan); the minute rollups otherwise, in one query. The
+    buckets' TTFT sketches are merged by a second query over the same rows."""
     hours = bucket % 3600 == 0
     time = "hour" if hours else "minute"
-    histogram = ", ".join(
-        f"coalesce(sum({ttft}_ttft_buckets[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2)
-    )
     sums = ", ".join(f"coalesce(sum({name}), 0)" for name in (*_TOTALS, *_PREFILL))
-    columns = f"{_BIN.format(time)} AS b, {', '.join((*_TOTALS, *_PREFILL))}, {ttft}_ttft_buckets"
+    columns = f"{_BIN.format(time)} AS b, {', '.join((*_TOTALS, *_PREFILL))}, {ttft}_ttft_sketch"
     where = f"template_id = %(id)s AND {time} >= %(since)s AND {time} < %(until)s"
     if hours:
         rows, params = _hour_rows(columns, where, viewer, losses=False)
@@ -310,20 +293,23 @@ def template_requests(
         rows = f"SELECT server_id, {columns} FROM traffic_minuterollup WHERE {seen} AND {where}"
         (grouped, server), sets = ("grouping(server_id)", "server_id"), "(b), (server_id), ()"
     sql = f"""
-        SELECT grouping(b), {grouped}, b, {server}, {sums}, {histogram} FROM ({rows}) AS rows
+        SELECT grouping(b), {grouped}, b, {server}, {sums} FROM ({rows}) AS rows
         GROUP BY GROUPING SETS ({sets})
     """
     asked = {**params, "id": template_id, "since": since, "until": until, "bucket": bucket}
     with connection.cursor() as cursor:
         cursor.execute(sql, asked)
-        found = _request_sums(cursor.fetchall())
+        grouped_rows = cursor.fetchall()
+        cursor.execute(merged_sketch_sql(rows=rows, by="b", sketch=f"{ttft}_ttft_sketch"), asked)
+        found = _request_sums(grouped_rows, {start: loaded(sketch) for start, sketch in cursor.fetchall()})
     if hours:
         found.servers.update(_server_hours(template_id, since, until, viewer))
     return found
 
 
-def _request_sums(rows: Iterable[Any]) -> TemplateRequests:
-    """template_requests' rows: per bucket, per server and in all, told apart by grouping()."""
+def _request_sums(rows: Iterable[Any], sketches: dict[datetime, dict[str, int]]) -> TemplateRequests:
+    """template_requests' rows: per bucket, per server and in all, told apart by grouping(); each
+    bucket with its merged TTFT sketch from `sketches` (none: empty)."""
     buckets: dict[datetime, BucketSums] = {}
     servers: dict[int, Totals] = {}
     totals, prefill = Totals(), PrefillSums()
@@ -331,9 +317,9 @@ def _request_sums(rows: Iterable[Any]) -> TemplateRequests:
     for no_bucket, no_server, start, server_id, *values in rows:
         counted = Totals(*(int(v) for v in values[:width]))
         if not no_bucket:
-            ttft_counts = [int(n) for n in values[width + len(_PREFILL) :]]
+            sketch = sketches.get(start, {})
             buckets[start] = BucketSums(counted.requests, counted.cached_tokens,
-                                        counted.cache_known_prompt_tokens, ttft_counts)  # fmt: skip
+                                        counted.cache_known_prompt_tokens, sketch)  # fmt: skip
         elif not no_server:
             servers[server_id] = counted
         else:

@@ -86,7 +86,14 @@ class Regression(models.Model):
         help_text="A before/after pair of requests, its divergence and Compare permalink",
     )
 
-    lost_tokens_per_hour = models.FloatField(default=0, help_text="Prefill tokens reuse no longer saves")
+    # Its cost over the window since its change (app/regressions/cost.py): the headline, what reverting
+    # or fixing it wins back, and the whole of its scope's lost tokens that the headline is part of.
+    lost_tokens_per_hour = models.FloatField(
+        default=0, help_text="Prefill tokens an hour lost over what its scope lost at its rate before"
+    )
+    scope_lost_tokens_per_hour = models.FloatField(
+        default=0, help_text="All its scope's lost tokens an hour over the same window: its pages' figure"
+    )
     prefill_tokens_per_second = models.FloatField(default=0)
     prefill_rate_source = models.CharField(max_length=20, blank=True, help_text="measured or configured")
     gpu_seconds_per_hour = models.FloatField(default=0)

@@ -11,7 +11,6 @@ from django.db.models import Q, Sum
 
 from app.domain.changepoints import MinutePoint
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
-from app.domain.prefill import PrefillSums
 from app.traffic.models import LossMinute, MinuteRollup
 from app.traffic.selectors import LOST_COLUMNS
 
@@ -96,22 +95,6 @@ def _key(scope: str, row: dict[str, Any]) -> ScopeKey:
 def _minute(row: dict[str, Any]) -> Minute:
     lost = {cause: row[f"{cause}_"] for cause in LOST_COLUMNS if row[f"{cause}_"]}
     return Minute(row["minute"], row["requests_"], row["prompt_"], row["reused_"], lost)
-
-
-def prefill_sums(key: ScopeKey, *, since: datetime, until: datetime) -> PrefillSums:
-    """The TTFT-over-uncached-tokens sums of the scope's requests (a tenant's: the fleet's, the
-    request rollups have no tenant)."""
-    _, template_id, server_id, _ = key
-    rows = MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
-    if template_id is not None:
-        rows = rows.filter(template_id=template_id)
-    if server_id is not None:
-        rows = rows.filter(server_id=server_id)
-    found = rows.aggregate(
-        count=Sum("prefill_count"), x=Sum("prefill_uncached_sum"), y=Sum("prefill_ttft_sum"),
-        xx=Sum("prefill_uncached_squares"), xy=Sum("prefill_cross_sum"),
-    )  # fmt: skip
-    return PrefillSums(**{name: value or 0 for name, value in found.items()})
 
 
 def version_requests(

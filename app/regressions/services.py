@@ -53,14 +53,13 @@ regressed (its rate before is out of the window by then, so no new drop would be
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 
 from app.domain.changepoints import DetectionConfig, RateChange, latest_drop, measured_from
-from app.domain.prefill import prefill_tokens_per_second
-from app.regressions import attribution, deploys, evidence, hooks, series, ttft
+from app.regressions import attribution, cost, deploys, evidence, hooks, series, ttft
 from app.regressions.lifecycle import (
     CHANGE_TOLERANCE,
     DETECTED_FIELDS,
@@ -326,22 +325,9 @@ def _rate(minutes: Sequence[Minute]) -> float:
 
 
 def _cost(regression: Regression, after: Sequence[Minute], window: Window) -> None:
-    """Prefill tokens per hour the lost reuse costs at the traffic since the change; in GPU seconds
-    at the prefill rate measured on the scope's requests of the last hour (TTFT over uncached
-    tokens, app/domain/prefill.py), else the configured one; money at the configured GPU-hour price."""
-    span = len(after) or 1  # minutes with traffic: idle ones cost nothing
-    prompt_per_hour = sum(minute.prompt_tokens for minute in after) / span * 60
-    lost = max(regression.rate_before - regression.rate_now, 0.0) * prompt_per_hour
-    sums = series.prefill_sums(
-        key_of(regression), since=window.until - timedelta(hours=1), until=window.until
-    )
-    measured = prefill_tokens_per_second(sums)
-    rate = measured or settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
-    regression.lost_tokens_per_hour = lost
-    regression.prefill_tokens_per_second = rate
-    regression.prefill_rate_source = "measured" if measured else "configured"
-    regression.gpu_seconds_per_hour = lost / rate
-    regression.cost_per_hour = regression.gpu_seconds_per_hour / 3600 * settings.PREFIXSCOPE_GPU_HOUR_PRICE
+    """Its scope's cost since its change (the last hour at most), as every page prices a scope and
+    window (app/regressions/cost.py)."""
+    cost.price(regression, summed_until=window.until)
 
 
 def _method(config: DetectionConfig, change: RateChange) -> dict[str, object]:

@@ -1,4 +1,5 @@
 from datetime import datetime
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -12,9 +13,11 @@ from django.views.decorators.http import require_http_methods
 
 from app.compare.killers import Samples, samples_in_order, visible_killers
 from app.core.tenancy import Viewer, viewer_of
+from app.domain.cost import COUNTS
 from app.fleet.models import Server
 from app.prompts.killers import SampleKey, may_read_prompts
 from app.regressions import evidence, page, selectors, services, webhook
+from app.regressions.cost import cost_window_of
 from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
@@ -73,8 +76,21 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "capacity": found,
         "query": "",  # the CSV links' (the page's window is the regression's)
         **_shift(regression),
+        **_cost_window(regression),
     }
     return render(request, "regressions/detail.html", context)
+
+
+def _cost_window(regression: Regression) -> dict[str, object]:
+    """The window its cost was priced over and what it counts; for a template's, its page over the
+    same window (which shows the same figure)."""
+    since, until = cost_window_of(regression)
+    link = ""
+    if regression.scope == Regression.Scope.TEMPLATE and regression.template_id is not None:
+        query = urlencode({"window": "custom", "since": since.isoformat(), "until": until.isoformat()})
+        link = reverse("dashboard:template-detail", args=[regression.template_id]) + f"?{query}"
+    counts = COUNTS[regression.template_id is not None]
+    return {"cost_since": since, "cost_until": until, "cost_counts": counts, "cost_page": link}
 
 
 def _chart_csv(regression: Regression, charts: list[page.RegressionChart], slug: str) -> HttpResponse:

@@ -230,7 +230,7 @@ def _divergence(regression: Regression) -> str:
 
 def _cost(regression: Regression) -> str:
     return (
-        f"{regression.lost_tokens_per_hour:,.0f} prefill tokens an hour no longer reused, "
+        f"{regression.lost_tokens_per_hour:,.0f} prefill tokens an hour lost over its rate before, "
         f"{regression.gpu_seconds_per_hour:,.1f} GPU-seconds an hour at "
         f"{regression.prefill_tokens_per_second:,.0f} tokens/s ({regression.prefill_rate_source}), "
         f"${regression.cost_per_hour:,.2f} an hour"

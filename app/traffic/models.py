@@ -246,6 +246,10 @@ class RequestTotals(models.Model):
     server_ttft_count = models.PositiveIntegerField(default=0)
     server_ttft_sum_seconds = models.FloatField(default=0)
     server_ttft_buckets = ArrayField(models.IntegerField(), default=list)
+    # Quantile sketches of the same TTFTs, {bucket index: count} (app/domain/sketch.py): quantiles
+    # within 0.5 % of the records' own, where the fixed buckets above read 131 ms as 175 ms.
+    client_ttft_sketch = models.JSONField(default=dict, db_default={})
+    server_ttft_sketch = models.JSONField(default=dict, db_default={})
     # The sums a least-squares line of TTFT (vLLM's, else the client's) over uncached prompt tokens
     # needs, for the requests with both: its slope is a prefill rate measured from any rows summed.
     prefill_count = models.PositiveIntegerField(default=0)

@@ -8,6 +8,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.domain.cost import Reuse
 from app.fleet.models import Server
 from app.traffic.models import (
     REUSABLE_LOST,
@@ -92,13 +93,32 @@ def lost_tokens_by_cause(
     """Prompt tokens lost per cause by the requests diagnosed that arrived in the minutes from
     `since` to `until` (per-minute rollups: a minute counts when it starts in the window), of one
     server, template or tenant when given, of the traffic the viewer sees."""
+    return window_losses(
+        since=since, until=until, server_id=server_id, template_id=template_id, tenant=tenant, viewer=viewer
+    )[0]
+
+
+def window_losses(
+    *,
+    since: datetime,
+    until: datetime,
+    server_id: int | None = None,
+    template_id: int | None = None,
+    tenant: str | None = None,
+    viewer: Viewer = SEES_ALL,
+) -> tuple[dict[str, int], Reuse]:
+    """lost_tokens_by_cause's sums, and from the same rows its hit rate's (Reuse: the diagnosed
+    prompt tokens and the reused ones)."""
     scope = {"server_id": server_id, "template_id": template_id, "tenant": tenant}
     parts = [
         part.filter(**{name: value for name, value in scope.items() if value is not None})
         for part in _loss_rollups(since=since, until=until, viewer=viewer)
     ]
-    (sums,) = _summed(parts, keys=(), sums={cause: Sum(column) for cause, column in LOST_COLUMNS.items()})
-    return {cause: tokens or 0 for cause, tokens in sums.items()}
+    sums = {cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
+    reuse = {"prompt_": Sum("diagnosed_prompt_tokens"), "reused_": Sum("reused_tokens")}
+    (found,) = _summed(parts, keys=(), sums={**sums, **reuse})
+    lost = {cause: found[cause] or 0 for cause in sums}
+    return lost, Reuse(found["prompt_"] or 0, found["reused_"] or 0)
 
 
 def _loss_minutes(*, since: datetime, until: datetime, viewer: Viewer) -> QuerySet[LossMinute]:

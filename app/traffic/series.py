@@ -15,10 +15,11 @@ from typing import Any
 from django.db import connection
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.traffic.models import KVEvent, RequestDiagnosis
 from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.services.sketch_sql import loaded, merged_sketch_sql
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 ROLLUP_METRICS = ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99", "lost_tokens", "requests")
@@ -234,7 +235,7 @@ FLEET_HOURS = "traffic_serverrequesthour"
 # column and the columns a series of them reads.
 _PER_SERVER = {
     FLEET_HOURS: ("traffic_hourrollup", "hour", "requests, cached_tokens, cache_known_prompt_tokens, "
-                                                "client_ttft_buckets, server_ttft_buckets"),
+                                                "client_ttft_sketch, server_ttft_sketch"),
     "traffic_serverlosshour": ("traffic_losshour", "hour", _LOSS_COLUMNS),
     "traffic_serverlossquarter": ("traffic_lossminute", "minute", _LOSS_COLUMNS),
 }  # fmt: skip
@@ -274,9 +275,17 @@ def _server_id(ident: str, viewer: Viewer) -> int:
 
 
 def _bucketed(
-    table: str, columns: str, where: str, params: dict[str, Any], query: SeriesQuery, *, time: str = "minute"
+    table: str,
+    columns: str,
+    where: str,
+    params: dict[str, Any],
+    query: SeriesQuery,
+    *,
+    time: str = "minute",
+    sketch: bool = False,
 ) -> dict[datetime, tuple[Any, ...]]:
-    """Rows of `table` summed per bucket: {bucket start: (columns...)}."""
+    """Rows of `table` summed per bucket: {bucket start: (columns...)}; with `sketch`, `columns` is
+    one sketch column, merged index by index (buckets without an entry left out)."""
     hourly = (
         "traffic_hourrollup",
         "traffic_losshour",
@@ -285,10 +294,10 @@ def _bucketed(
         "traffic_serverlosshour",
     )
     time = "hour" if _source(table) in hourly else time
-    sql = f"""
+    rows = f"""
         SELECT {_bin(time)} AS b, {columns}
-        FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s GROUP BY b
-    """
+        FROM {table} WHERE {where} AND {time} >= %(since)s AND {time} < %(until)s"""
+    sql = merged_sketch_sql(rows=rows, by="b", sketch="sketch") if sketch else f"{rows} GROUP BY b"
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, "bucket": query.bucket, "since": query.since, "until": query.until})
         return {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
@@ -322,18 +331,11 @@ def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, A
 
 
 def _ttft(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
-    """A TTFT quantile per bucket, from the bucket's summed histogram (as PromQL's histogram_quantile).
-
-    The cumulative counts are summed position by position (one sum per histogram bucket), which
-    PostgreSQL does in one pass, rather than unnesting every row's array."""
-    column = f"{query.ttft}_ttft_buckets"
-    sums = ", ".join(f"coalesce(sum({column}[{i}]), 0)" for i in range(1, len(TTFT_BUCKETS_SECONDS) + 2))
-    rows = _bucketed(table, sums, where, params, query)
+    """A TTFT quantile per bucket, from the bucket's merged quantile sketch (app/domain/sketch.py):
+    within 0.5 % of the quantile of the records themselves."""
+    rows = _bucketed(table, f"{query.ttft}_ttft_sketch AS sketch", where, params, query, sketch=True)
     q = _QUANTILES[query.metric]
-    found = {
-        at: histogram_quantile(q, TTFT_BUCKETS_SECONDS, [int(n) for n in counts])
-        for at, counts in rows.items()
-    }
+    found = {at: sketch_quantile(q, loaded(sketch)) for at, (sketch,) in rows.items()}
     name = f"{query.metric} ({query.ttft})"
     return _set(query, table, [Series(name, _on_grid(query, found, None))])
 

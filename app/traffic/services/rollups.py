@@ -4,10 +4,10 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.backends.utils import CursorWrapper
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.traffic.models import RequestDiagnosis, span_only_sql
+from app.traffic.services.sketch_sql import sketches_sql, summed_sketches_sql, with_sketches
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +23,9 @@ def _histogram(column: str) -> str:
 _COUNTED = f"NOT {span_only_sql('r')}"
 # Recomputes whole minutes from raw records, so running it twice (or concurrently with
 # late arrivals, then again) converges on the same rows.
-_REFRESH_SQL = f"""
-INSERT INTO traffic_minuterollup AS m (
-    server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
-    client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
-    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
-    prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum
-)
-SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at), count(*) FILTER (WHERE {_COUNTED}),
+_MINUTE_TOTALS = f"""
+SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at) AS minute,
+       count(*) FILTER (WHERE {_COUNTED}),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE {_COUNTED}), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
        {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")},
@@ -43,6 +38,16 @@ FROM traffic_requestrecord r,
                      (r.prompt_tokens - r.cached_tokens)::float8 AS uncached) p
 WHERE r.arrived_at >= %(since)s AND r.arrived_at < %(until)s
 GROUP BY 1, 2, 3
+"""
+_MINUTE_INSERT = """
+INSERT INTO traffic_minuterollup AS m (
+    server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
+    client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
+    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
+    prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum,
+    client_ttft_sketch, server_ttft_sketch
+)"""
+_MINUTE_CONFLICT = """
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
     cached_tokens = EXCLUDED.cached_tokens, cache_known_prompt_tokens = EXCLUDED.cache_known_prompt_tokens,
@@ -55,8 +60,18 @@ ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     prefill_count = EXCLUDED.prefill_count, prefill_uncached_sum = EXCLUDED.prefill_uncached_sum,
     prefill_ttft_sum = EXCLUDED.prefill_ttft_sum,
     prefill_uncached_squares = EXCLUDED.prefill_uncached_squares,
-    prefill_cross_sum = EXCLUDED.prefill_cross_sum
+    prefill_cross_sum = EXCLUDED.prefill_cross_sum,
+    client_ttft_sketch = EXCLUDED.client_ttft_sketch, server_ttft_sketch = EXCLUDED.server_ttft_sketch
 """
+
+
+def _refresh_sql(*, sketches: bool) -> str:
+    """The minutes' rows from the records, with their TTFT sketches unless not `sketches`."""
+    found = sketches_sql("r.arrived_at >= %(since)s AND r.arrived_at < %(until)s") if sketches else None
+    keys = ("server_id", "template_id", "minute")
+    return with_sketches(insert=_MINUTE_INSERT, totals=_MINUTE_TOTALS, sketches=found, keys=keys) + (
+        _MINUTE_CONFLICT
+    )
 
 
 def _minute_floor(moment: datetime) -> datetime:
@@ -85,30 +100,18 @@ def _summed_histogram(column: str) -> str:
     )
 
 
-# The hours are emptied and summed again from their minutes, so an hour converges on its minutes
-# even when a group (a server, a template) has no minute left in it.
+# The sums of the request rollups, emptied and summed again (_request_sql): the minutes of each server
+# over its templates (ServerRequestMinute: the Fleet page's minutes), the hours from their minutes
+# (HourRollup), of each server over its templates (ServerRequestHour: the Fleet page and fleet
+# series) and of each template over servers (TemplateRequestHour: the Templates list and pages).
+_SERVER_MINUTE_DELETE_SQL = (
+    "DELETE FROM traffic_serverrequestminute WHERE minute >= %(since)s AND minute < %(until)s"
+)
 _HOUR_DELETE_SQL = "DELETE FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s"
-HOUR_SQL = f"""
-INSERT INTO traffic_hourrollup (server_id, template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                server_ttft_buckets)
-SELECT server_id, template_id, date_trunc('hour', minute), {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
-FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
-GROUP BY 1, 2, 3
-"""
-
-
-# The hours of each server summed over its templates, from the hour rollups just summed: emptied and
-# summed again as they are (ServerRequestHour: what the Fleet page and fleet series read).
 _SERVER_HOUR_DELETE_SQL = "DELETE FROM traffic_serverrequesthour WHERE hour >= %(since)s AND hour < %(until)s"
-SERVER_HOUR_SQL = f"""
-INSERT INTO traffic_serverrequesthour (server_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                       server_ttft_buckets)
-SELECT server_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
-FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s
-GROUP BY 1, 2
-"""
+_TEMPLATE_HOUR_DELETE_SQL = (
+    "DELETE FROM traffic_templaterequesthour WHERE hour >= %(since)s AND hour < %(until)s"
+)
 
 
 def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
@@ -120,29 +123,78 @@ def whole_hours(since: datetime, until: datetime) -> tuple[datetime, datetime]:
 REQUEST_ROLLUP_LOCK = 0x5245_5155  # pg_advisory_xact_lock's key for summing request minutes ("REQU")
 
 
-def refresh_minute_rollups(*, since: datetime, until: datetime) -> int:
+_MINUTES = "minute >= %(since)s AND minute < %(until)s"
+_HOURS = "hour >= %(since)s AND hour < %(until)s"
+
+
+def _summed_sql(target: str, keys: dict[str, str], source: str, where: str, *, sketches: bool) -> str:
+    """An INSERT into `target` of `source`'s rows matching `where` summed per `keys` ({column:
+    expression over `source`}): the totals, the histograms position by position and (when
+    `sketches`) the TTFT sketches index by index."""
+    names = ", ".join(keys)
+    grouped = ", ".join(f"{expr} AS {name}" for name, expr in keys.items())
+    totals = f"""
+SELECT {grouped}, {", ".join(f"sum({c})" for c in _TOTALS)},
+       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
+FROM {source} WHERE {where}
+GROUP BY {", ".join(str(n) for n in range(1, len(keys) + 1))}"""
+    insert = f"""
+INSERT INTO {target} ({names}, {", ".join(_TOTALS)}, client_ttft_buckets, server_ttft_buckets,
+                      client_ttft_sketch, server_ttft_sketch)"""
+    found = summed_sketches_sql(table=source, keys=keys, where=where) if sketches else None
+    return with_sketches(insert=insert, totals=totals, sketches=found, keys=tuple(keys))
+
+
+def _request_sql(*, sketches: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What refresh_minute_rollups runs: the statements over whole minutes, then over whole hours
+    (ServerRequestMinute, HourRollup, ServerRequestHour and TemplateRequestHour each emptied and
+    summed again: a row converges on what it sums, even when a group has nothing left in it)."""
+    server, template = {"server_id": "server_id"}, {"template_id": "template_id"}
+    hour = {"hour": "date_trunc('hour', minute)"}
+    minutes = (
+        _refresh_sql(sketches=sketches),
+        _SERVER_MINUTE_DELETE_SQL,
+        _summed_sql("traffic_serverrequestminute", {**server, "minute": "minute"}, "traffic_minuterollup",
+                    _MINUTES, sketches=sketches),
+    )  # fmt: skip
+    hours = (
+        _HOUR_DELETE_SQL,
+        _summed_sql("traffic_hourrollup", {**server, **template, **hour}, "traffic_minuterollup", _MINUTES,
+                    sketches=sketches),
+        _SERVER_HOUR_DELETE_SQL,
+        _summed_sql("traffic_serverrequesthour", {**server, "hour": "hour"}, "traffic_hourrollup", _HOURS,
+                    sketches=sketches),
+        _TEMPLATE_HOUR_DELETE_SQL,
+        _summed_sql("traffic_templaterequesthour", {**template, "hour": "hour"}, "traffic_hourrollup",
+                    f"{_HOURS} AND template_id IS NOT NULL", sketches=sketches),
+    )  # fmt: skip
+    return minutes, hours
+
+
+_REQUEST_SQL = {flag: _request_sql(sketches=flag) for flag in (True, False)}
+
+
+def refresh_minute_rollups(*, since: datetime, until: datetime, sketches: bool = True) -> int:
     """Recompute the rollup rows of every whole minute touching [since, until), and of every whole
     hour holding those minutes; returns the minute rows written.
 
     `since` is rounded down and `until` up to whole minutes, so a minute is never half-counted.
+    Without `sketches` the TTFT sketches are left empty: the benchmark's baseline (bench_rollups).
     """
     start, end = whole_minutes(since, until)
     hours_start, hours_end = whole_hours(start, end)
+    (first, *minute_sql), hour_sql = _REQUEST_SQL[sketches]
     with transaction.atomic(), connection.cursor() as cursor:
         # The minute task and a merge of a proposed server (or two task runs, when one outlasts its
         # minute) may sum the same hour from other minutes: one at a time, or the second's
         # DELETE-then-INSERT misses the first's new rows and its INSERT fails on them.
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [REQUEST_ROLLUP_LOCK])
-        cursor.execute(_REFRESH_SQL, {"since": start, "until": end})
+        cursor.execute(first, {"since": start, "until": end})
         written = int(cursor.rowcount)
-        cursor.execute(_SERVER_MINUTE_DELETE_SQL, {"since": start, "until": end})
-        cursor.execute(SERVER_MINUTE_SQL, {"since": start, "until": end})
-        hours = {"since": hours_start, "until": hours_end}
-        cursor.execute(_HOUR_DELETE_SQL, hours)
-        cursor.execute(HOUR_SQL, hours)
-        cursor.execute(_SERVER_HOUR_DELETE_SQL, hours)
-        cursor.execute(SERVER_HOUR_SQL, hours)
-        _sum_template_hours(cursor, hours, losses=False)
+        for sql in minute_sql:
+            cursor.execute(sql, {"since": start, "until": end})
+        for sql in hour_sql:
+            cursor.execute(sql, {"since": hours_start, "until": hours_end})
         refresh_unsalted_prefixes(since=start, until=end)
         return written
 
@@ -224,20 +276,8 @@ def whole_quarters(since: datetime, until: datetime) -> tuple[datetime, datetime
     return start, end + QUARTER if until != end else end
 
 
-# The hours of each template summed over servers (TemplateRequestHour) and of each template and
-# tenant summed over servers and versions (TemplateLossHour), from the hour rollups just summed:
-# emptied and summed again as they are (what the Templates list and a template's page read).
-_TEMPLATE_HOUR_DELETE_SQL = (
-    "DELETE FROM traffic_templaterequesthour WHERE hour >= %(since)s AND hour < %(until)s"
-)
-TEMPLATE_HOUR_SQL = f"""
-INSERT INTO traffic_templaterequesthour (template_id, hour, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                         server_ttft_buckets)
-SELECT template_id, hour, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
-FROM traffic_hourrollup WHERE hour >= %(since)s AND hour < %(until)s AND template_id IS NOT NULL
-GROUP BY 1, 2
-"""
+# The hours of each template and tenant summed over servers and versions (TemplateLossHour), from the
+# hour rollups just summed: emptied and summed again as they are (what a template's page reads).
 _TEMPLATE_LOSS_HOUR_DELETE_SQL = (
     "DELETE FROM traffic_templatelosshour WHERE hour >= %(since)s AND hour < %(until)s"
 )
@@ -248,20 +288,9 @@ FROM traffic_losshour WHERE hour >= %(since)s AND hour < %(until)s AND template_
 GROUP BY 1, 2, 3
 """
 
-# The minutes of each server (and tenant) summed over templates (and versions), in the transaction
+# The minutes of each server and tenant summed over templates and versions, in the transaction
 # that writes the minutes they sum: emptied and summed again as the hours are, so that a minute
-# converges on its rows (ServerRequestMinute, ServerLossMinute: the Fleet page's minutes).
-_SERVER_MINUTE_DELETE_SQL = (
-    "DELETE FROM traffic_serverrequestminute WHERE minute >= %(since)s AND minute < %(until)s"
-)
-SERVER_MINUTE_SQL = f"""
-INSERT INTO traffic_serverrequestminute (server_id, minute, {", ".join(_TOTALS)}, client_ttft_buckets,
-                                         server_ttft_buckets)
-SELECT server_id, minute, {", ".join(f"sum({c})" for c in _TOTALS)},
-       {_summed_histogram("client_ttft_buckets")}, {_summed_histogram("server_ttft_buckets")}
-FROM traffic_minuterollup WHERE minute >= %(since)s AND minute < %(until)s
-GROUP BY 1, 2
-"""
+# converges on its rows (ServerLossMinute: the Fleet page's minutes).
 _SERVER_LOSS_MINUTE_DELETE_SQL = (
     "DELETE FROM traffic_serverlossminute WHERE minute >= %(since)s AND minute < %(until)s"
 )
@@ -271,17 +300,6 @@ SELECT server_id, tenant, minute, {", ".join(f"sum({c})" for c in _LOSS_TOTALS)}
 FROM traffic_lossminute WHERE minute >= %(since)s AND minute < %(until)s
 GROUP BY 1, 2, 3
 """
-
-
-def _sum_template_hours(cursor: CursorWrapper, hours: dict[str, datetime], *, losses: bool) -> None:
-    """Sum the request (or loss) hours of [since, until) per template, after the hours themselves."""
-    delete, insert = (
-        (_TEMPLATE_LOSS_HOUR_DELETE_SQL, TEMPLATE_LOSS_HOUR_SQL)
-        if losses
-        else (_TEMPLATE_HOUR_DELETE_SQL, TEMPLATE_HOUR_SQL)
-    )
-    cursor.execute(delete, hours)
-    cursor.execute(insert, hours)
 
 
 LOSS_ROLLUP_LOCK = 0x4C4F_5353  # pg_advisory_xact_lock's key for summing loss minutes ("LOSS")
@@ -306,7 +324,8 @@ def refresh_loss_minutes(*, since: datetime, until: datetime) -> int:
         cursor.execute(LOSS_HOUR_SQL, hours)
         cursor.execute(_SERVER_LOSS_HOUR_DELETE_SQL, hours)
         cursor.execute(SERVER_LOSS_HOUR_SQL, hours)
-        _sum_template_hours(cursor, hours, losses=True)
+        cursor.execute(_TEMPLATE_LOSS_HOUR_DELETE_SQL, hours)
+        cursor.execute(TEMPLATE_LOSS_HOUR_SQL, hours)
         quarters = dict(zip(("since", "until"), whole_quarters(start, end), strict=True))
         cursor.execute(_QUARTER_DELETE_SQL, quarters)
         cursor.execute(SERVER_LOSS_QUARTER_SQL, quarters)
