@@ -108,7 +108,7 @@ def reverted_regression(version: TemplateVersion, *, live_at: datetime, now: dat
     """The template's active regression that `version` reverts (it restores the text before the
     regression's suspect) once it has taken most of the template's requests since it went live,
     DeployTest's minimum of them at least: the cause is gone, whatever the cache still has to warm.
-    Sooner than the per-minute rule (lifecycle.reverted: two diagnosed minutes), and sure of it."""
+    Sooner than the per-minute rule (lifecycle.resolution_of: diagnosed minutes), and sure of it."""
     key: ScopeKey = (Regression.Scope.TEMPLATE, version.template_id, None, "")
     regressions = of_scope(key, Regression.Metric.HIT_RATE).exclude(state=Regression.State.RESOLVED)
     active = regressions.select_related("suspect_version").first()

@@ -177,25 +177,37 @@ def resolve_saved(regression: Regression, resolution: str, *, now: datetime) -> 
     hooks.regression_resolved(regression, now=now)
 
 
-def reverted(regression: Regression, window: Window) -> bool:
-    """Whether a commit restoring the text before the suspect took most of the scope's requests of
-    its last REVERT_MINUTES minutes with traffic."""
+def resolution_of(regression: Regression, window: Window, *, back: bool) -> str | None:
+    """How an active regression ends now, if it does: reverted once a commit restoring the text
+    before its suspect took most of the scope's requests of its last REVERT_MINUTES minutes with
+    traffic, or once its figure is `back` while such a commit serves any of them (the revert brought
+    it back: a revert live for a minute between two bad deploys never holds most of two minutes);
+    recovered when back without one; None while it lasts."""
+    share = revert_share(regression, window)
+    if share > 0.5 or (back and share > 0):
+        return Resolution.REVERTED
+    return Resolution.RECOVERED if back else None
+
+
+def revert_share(regression: Regression, window: Window) -> float:
+    """The share of the scope's requests of its last REVERT_MINUTES minutes with traffic that went
+    to commits restoring the text before the suspect (0 without a suspect or such a commit)."""
     if regression.suspect_version is None or regression.template_id is None:
-        return False
+        return 0.0
     reverts = selectors.reverts_of(regression.suspect_version)
     if not reverts:
-        return False
+        return 0.0
     per_version = series.version_requests(
         regression.template_id, since=window.since, until=window.until, server_id=regression.server_id,
         tenant=regression.tenant if regression.scope == Scope.TEMPLATE_TENANT else None,
     )  # fmt: skip
     minutes = sorted({minute for rows in per_version.values() for minute, _ in rows})[-REVERT_MINUTES:]
     if not minutes:
-        return False
+        return 0.0
     recent = {
         version: sum(n for minute, n in rows if minute >= minutes[0]) for version, rows in per_version.items()
     }
-    return sum(recent.get(version, 0) for version in reverts) * 2 > sum(recent.values())
+    return sum(recent.get(version, 0) for version in reverts) / (sum(recent.values()) or 1)
 
 
 def key_of(regression: Regression) -> ScopeKey:

@@ -70,10 +70,10 @@ from app.regressions.lifecycle import (
     key_of,
     of_scope,
     reopen,
+    resolution_of,
     resolve,
     resolve_idle,
     resolve_saved,
-    reverted,
     same_drop,
     saved,
     suspect_of,
@@ -299,10 +299,11 @@ def _update(regression: Regression, minutes: list[Minute], window: Window, *, no
     regression.cause_shift = attribution.since_change(regression.cause_shift, after)
     _cost(regression, after, window)
     regression.updated_at = now
-    if reverted(regression, window):
-        resolve(regression, Resolution.REVERTED, now=now)
-    elif _enough(recent) and not _rate_still_low(regression, minutes):
-        resolve(regression, Resolution.RECOVERED, now=now)
+    resolution = resolution_of(
+        regression, window, back=_enough(recent) and not _rate_still_low(regression, minutes)
+    )
+    if resolution is not None:
+        resolve(regression, resolution, now=now)
     regression.save(update_fields=DETECTED_FIELDS)
     hooks.regression_updated(regression, now=now)
 

@@ -20,9 +20,9 @@ from app.regressions.lifecycle import (
     key_of,
     of_scope,
     reopen,
+    resolution_of,
     resolve,
     resolve_idle,
-    reverted,
     saved,
     suspect_of,
     suspects_of,
@@ -157,10 +157,11 @@ def _update_ttft(regression: Regression, minutes: list[TtftMinute], window: Wind
     regression.updated_at = now
     if recent:
         regression.ttft_now_seconds, regression.rate_now = recent[0].p90, _hit_rate(recent)
-    if reverted(regression, window):
-        resolve(regression, Resolution.REVERTED, now=now)
-    elif recent and not _ttft_still_high(regression, minutes):
-        resolve(regression, Resolution.RECOVERED, now=now)
+    resolution = resolution_of(
+        regression, window, back=bool(recent) and not _ttft_still_high(regression, minutes)
+    )
+    if resolution is not None:
+        resolve(regression, resolution, now=now)
     regression.save(update_fields=DETECTED_FIELDS)
     hooks.regression_updated(regression, now=now)
 
