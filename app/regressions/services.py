@@ -293,7 +293,7 @@ def _update(regression: Regression, minutes: list[Minute], window: Window, *, no
     """Its rate now and cost; resolved once the recent rate is back within half a minimum drop of
     the rate before, with the evidence a change needs, or once its suspect is reverted."""
     after = [minute for minute in minutes if minute.minute >= regression.changed_at]
-    recent = after[-RECENT_MINUTES:]
+    recent = _settled(regression, minutes)[-RECENT_MINUTES:]
     regression.rate_now = _rate(recent) if recent else regression.rate_now
     regression.requests_after = sum(minute.requests for minute in after)
     regression.cause_shift = attribution.since_change(regression.cause_shift, after)
@@ -311,9 +311,16 @@ def _update(regression: Regression, minutes: list[Minute], window: Window, *, no
 def _rate_still_low(regression: Regression, minutes: Sequence[Minute]) -> bool:
     """Whether the scope's recent rate is below half a minimum drop under the rate before; False
     without the evidence to say (too few requests lately)."""
-    recent = [minute for minute in minutes if minute.minute >= regression.changed_at][-RECENT_MINUTES:]
+    recent = _settled(regression, minutes)[-RECENT_MINUTES:]
     recovered = regression.rate_before - config_of(key_of(regression)).min_drop / 2
     return _enough(recent) and _rate(recent) < recovered
+
+
+def _settled(regression: Regression, minutes: Sequence[Minute]) -> list[Minute]:
+    """The minutes after the change's own: that one may hold requests from before it (a deploy
+    inside a minute: the deploy check places the change at the minute its first request came in),
+    and would read as recovered the moment it opened."""
+    return [minute for minute in minutes if minute.minute > regression.changed_at]
 
 
 def _enough(recent: Sequence[Minute]) -> bool:
