@@ -242,6 +242,7 @@ PAGES = {
     "api:deploys": lambda f, own: ["/api/v1/deploys"],
     "api:killers": lambda f, own: ["/api/v1/killers"],
     "api:miss_causes": lambda f, own: ["/api/v1/miss-causes"],
+    "api:scope_cost_of": lambda f, own: ["/api/v1/cost", f"/api/v1/cost?scope=server&id={_srv(f, own).name}"],
     "api:loss_groups": lambda f, own: [f"/api/v1/losses?by={by}" for by in ("server", "template", "tenant")],
     "api:routing": lambda f, own: ["/api/v1/routing"],
     "api:tenants_audit": lambda f, own: ["/api/v1/tenants/audit"],
@@ -347,6 +348,14 @@ def test_alpha_reads_its_own_rows_and_never_bravos(name: str, fleet: Fleet, alph
 def test_the_miss_causes_sum_alphas_losses_only(fleet: Fleet, alpha: Client, admin: Client) -> None:
     alphas, every = alpha.get("/api/v1/miss-causes").json(), admin.get("/api/v1/miss-causes").json()
     assert 0 < sum(alphas.values()) < sum(every.values())
+
+
+def test_a_cost_counts_alphas_losses_only_and_bravos_server_is_none_of_alphas(
+    fleet: Fleet, alpha: Client, admin: Client
+) -> None:
+    alphas, every = alpha.get("/api/v1/cost").json(), admin.get("/api/v1/cost").json()
+    assert 0 < alphas["lost_tokens"] < every["lost_tokens"]
+    assert alpha.get(f"/api/v1/cost?scope=server&id={fleet.bravo_server.name}").status_code == 404
 
 
 def test_series_of_bravos_are_not_alphas(fleet: Fleet, alpha: Client, admin: Client) -> None:
