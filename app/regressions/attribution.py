@@ -57,10 +57,17 @@ def _first(after: Sequence[Minute]) -> Sequence[Minute]:
     return [minute for minute in after if minute.minute < after[0].minute + SHIFT_WINDOW] if after else after
 
 
-def since_change(shift: dict[str, dict[str, float]], after: Sequence[Minute]) -> dict[str, dict[str, float]]:
+def since_change(
+    shift: dict[str, dict[str, float]], after: Sequence[Minute], *, changed_at: datetime
+) -> dict[str, dict[str, float]]:
     """The shift with its "since" read again over the minutes since the change up to now (an open
-    regression's: whether what its first minutes showed lasted)."""
-    return {**shift, "since": _shares(after)} if after else shift
+    regression's: whether what its first minutes showed lasted), and its "after" too while the window
+    holds the change's minute: a regression the deploy check opened before its first minutes were
+    diagnosed has them only later."""
+    if not after:
+        return shift
+    first = _shares(_first(after)) if after[0].minute == changed_at else shift["after"]
+    return {**shift, "after": first, "since": _shares(after)}
 
 
 def _shares(minutes: Sequence[Minute]) -> dict[str, float]:

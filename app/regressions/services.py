@@ -296,7 +296,9 @@ def _update(regression: Regression, minutes: list[Minute], window: Window, *, no
     recent = _settled(regression, minutes)[-RECENT_MINUTES:]
     regression.rate_now = _rate(recent) if recent else regression.rate_now
     regression.requests_after = sum(minute.requests for minute in after)
-    regression.cause_shift = attribution.since_change(regression.cause_shift, after)
+    regression.cause_shift = attribution.since_change(
+        regression.cause_shift, after, changed_at=regression.changed_at
+    )
     _cost(regression, after, window)
     regression.updated_at = now
     resolution = resolution_of(

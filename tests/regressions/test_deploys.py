@@ -62,6 +62,8 @@ def test_bad_revert_bad_again_opens_two_regressions_each_with_its_suspect(
         assert regression.resolution == Resolution.REVERTED
         delay = regression.detected_at - first_request_on(run, sha).arrived_at
         assert timedelta(0) < delay <= (MAX_DELAY if deploy_check else timedelta(minutes=4)), (at, delay)
+    # Opened before its first minutes were diagnosed, it names their causes once they are.
+    assert first.cause_shift["after"].get("prompt_changed", 0) > 0.5, first.cause_shift
     # Its rate before is the reverted text's, as the good text's was before the first deploy.
     good = RequestRecord.objects.filter(
         template__name="support", arrived_at__gte=run.at(60), arrived_at__lt=run.at(300)
