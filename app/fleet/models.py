@@ -29,6 +29,11 @@ class Server(models.Model):
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Tenant whose users may see it; blank: all"
     )
+    # Alerts about the server's capacity, restarts and KV stream carry it as their owner, so that an
+    # Alertmanager route sends them to the team that can add memory or restart it.
+    group = models.SlugField(
+        max_length=100, default="platform", help_text="The team that runs it: its alerts are routed to it"
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     scrape_interval_seconds = models.PositiveIntegerField(default=15)
     last_scraped_at = models.DateTimeField(null=True, blank=True)
