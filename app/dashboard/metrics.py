@@ -9,6 +9,7 @@ app/dashboard/metrics_traffic.py.
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Max, Sum
 from django.utils import timezone
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 from app.dashboard.metrics_traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
 from app.regressions.models import Regression
+from app.regressions.owners import owner_of, server_owner
 from app.traffic.kv_leases import lease_holders
 from app.traffic.models import CollectorProcess, KVGap, KVStream, LossMinute, MinuteRollup, RejectedInput
 from app.traffic.services.collector_processes import FORGOTTEN_AFTER
@@ -87,21 +89,35 @@ class PrefixscopeCollector(Collector):
             "1 when a KV-event subscriber holds the lease of the server's KV-event stream, else 0.",
             labels=labels,
         )
+        owner = GaugeMetricFamily(
+            "prefixscope_server_owner_info",
+            "1 per server, labelled with the team its capacity and stream alerts are routed to (its group).",
+            labels=[*labels, "owner_kind", "owner"],
+        )
+        blocks = GaugeMetricFamily(
+            "prefixscope_server_kv_blocks",
+            "KV cache blocks of one engine of the server (cache_config_info's num_gpu_blocks): its size, "
+            "by which the eviction alerts scale their floors.",
+            labels=labels,
+        )
         holders = lease_holders()
-        for pk, name, model, state, at, every, block_size, hash_algo, endpoint in Server.objects.exclude(
-            state=Server.State.DISABLED
-        ).values_list(
+        for server in Server.objects.exclude(state=Server.State.DISABLED).only(
             "pk", "name", "model", "state", "last_scraped_at", "scrape_interval_seconds", "block_size",
-            "hash_algo", "kv_events_endpoint",
+            "hash_algo", "kv_events_endpoint", "num_gpu_blocks", "group",
         ):  # fmt: skip
-            up.add_metric([name, model], 1.0 if state == Server.State.ACTIVE else 0.0)
-            interval.add_metric([name, model], float(every))
-            config.add_metric([name, model, str(block_size or ""), hash_algo], 1.0)
-            if at is not None:
-                last.add_metric([name, model], at.timestamp())
-            if endpoint:
-                leased.add_metric([name, model], 1.0 if pk in holders else 0.0)
-        yield from (up, last, interval, config, leased)
+            key = [server.name, server.model]
+            up.add_metric(key, 1.0 if server.state == Server.State.ACTIVE else 0.0)
+            interval.add_metric(key, float(server.scrape_interval_seconds))
+            config.add_metric([*key, str(server.block_size or ""), server.hash_algo], 1.0)
+            found = server_owner(server)
+            owner.add_metric([*key, found.kind, found.name], 1.0)
+            if server.last_scraped_at is not None:
+                last.add_metric(key, server.last_scraped_at.timestamp())
+            if server.kv_events_endpoint:
+                leased.add_metric(key, 1.0 if server.pk in holders else 0.0)
+            if server.num_gpu_blocks:
+                blocks.add_metric(key, float(server.num_gpu_blocks))
+        yield from (up, last, interval, config, leased, owner, blocks)
 
     def _rejected(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
@@ -117,7 +133,9 @@ class PrefixscopeCollector(Collector):
 
     def _gaps(self) -> Iterator[CounterMetricFamily]:
         """KV sequence gaps per server: how many, the batches replayed, the batches lost for good.
-        A ZMQ reconnection is silent on the wire: what it missed shows up here as a gap."""
+        A ZMQ reconnection is silent on the wire: what it missed shows up here as a gap. Every server
+        with a KV-event endpoint has its counters from the start, at zero: a series that first appeared
+        at its first gap would hide that gap from increase()."""
         gaps = CounterMetricFamily(
             "prefixscope_kv_event_gaps", "KV event sequence gaps seen.", labels=["server"]
         )
@@ -133,10 +151,13 @@ class PrefixscopeCollector(Collector):
         found = KVGap.objects.values("server__name").annotate(
             n=Count("id"), back=Sum("recovered"), gone=Sum("lost")
         )
-        for row in found.order_by():
-            gaps.add_metric([row["server__name"]], float(row["n"]))
-            replayed.add_metric([row["server__name"]], float(row["back"] or 0))
-            lost.add_metric([row["server__name"]], float(row["gone"] or 0))
+        counted: dict[str, dict[str, Any]] = {row["server__name"]: dict(row) for row in found.order_by()}
+        streamed = Server.objects.exclude(state=Server.State.DISABLED).exclude(kv_events_endpoint="")
+        for name in sorted(set(counted) | set(streamed.values_list("name", flat=True))):
+            row = counted.get(name, {})
+            gaps.add_metric([name], float(row.get("n") or 0))
+            replayed.add_metric([name], float(row.get("back") or 0))
+            lost.add_metric([name], float(row.get("gone") or 0))
         yield from (gaps, replayed, lost)
 
     def _streams(self) -> Iterator[Metric]:
@@ -235,8 +256,10 @@ class PrefixscopeCollector(Collector):
 
     def _regressions(self) -> Iterator[GaugeMetricFamily]:
         """One sample per regression not resolved (a handful: they open rarely and close): muted ones
-        too, with their state, so that a rule can leave them out."""
+        too, with their state, so that a rule can leave them out; with the template and server of its
+        scope ("" for none) and the owner its alert is routed to (app/regressions/owners.py)."""
         labels = ["scope", "name", "metric", "kind", "expected", "state"]
+        labels += ["template", "server", "owner_kind", "owner"]
         active = GaugeMetricFamily(
             "prefixscope_regression_active", "1 per regression not resolved yet.", labels=labels
         )
@@ -247,12 +270,15 @@ class PrefixscopeCollector(Collector):
             labels=labels,
         )
         found = Regression.objects.exclude(state=Regression.State.RESOLVED).select_related(
-            "template", "server"
+            "template__repository", "server", "suspect_version__template__repository"
         )
         for regression in found:
+            owner = owner_of(regression)
             values = [
                 regression.scope, regression.scope_label, regression.metric, regression.kind,
                 str(regression.expected).lower(), regression.state,
+                regression.template.name if regression.template else "",
+                regression.server.name if regression.server else "", owner.kind, owner.name,
             ]  # fmt: skip
             active.add_metric(values, 1.0)
             lost.add_metric(values, regression.lost_tokens_per_hour)

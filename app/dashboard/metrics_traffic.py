@@ -7,17 +7,18 @@ Every label is bounded (app/domain/toplabels.py): the top PREFIXSCOPE_METRICS_TO
 """
 
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.toplabels import bounded, summed, top_values
-from app.prompts.models import CacheKiller
+from app.prompts.models import CacheKiller, Template
+from app.regressions.owners import template_owner
 from app.traffic.models import LossTotals, RequestDiagnosis
 
 NONE = "none"  # a request without a template, or without a tenant
@@ -41,9 +42,13 @@ FROM traffic_losshour l
 JOIN fleet_server s ON s.id = l.server_id
 LEFT JOIN prompts_template t ON t.id = l.template_id
 LEFT JOIN prompts_templateversion v ON v.id = l.template_version_id
-WHERE l.hour >= %(since)s
+WHERE l.hour >= %(since)s AND l.hour < %(until)s
 GROUP BY 1, 2, 3, 4, 5
 """
+# The baseline the hit-rate alerts compare the last half hour with: the six whole hours before the
+# hour of 30 minutes ago, from the hour rollups, which a Prometheus started a minute ago cannot have.
+BASELINE_HOURS = 6
+BASELINE_LEFT_OUT = timedelta(minutes=30)
 
 
 def _summed_buckets(column: str) -> str:
@@ -65,21 +70,29 @@ def start_of_day(now: datetime) -> datetime:
     return datetime.combine(now.astimezone(UTC).date(), time(), tzinfo=UTC)
 
 
-def _rows(sql: str, since: datetime) -> list[tuple[Any, ...]]:
+def _rows(sql: str, since: datetime, until: datetime | None = None) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        cursor.execute(sql, {"since": since})
+        cursor.execute(sql, {"since": since, "until": until or datetime.max.replace(tzinfo=UTC)})
         rows: list[tuple[Any, ...]] = cursor.fetchall()
     return rows
 
 
-def token_families(now: datetime) -> Iterator[CounterMetricFamily]:
-    """Requests, prompt tokens, shared-prefix tokens, reused tokens and lost tokens by cause, per
-    dimension: the delivered hit ratio is rate(reused) / rate(prompt)."""
-    rows = [
+Labelled = list[tuple[dict[str, str], dict[str, float]]]
+
+
+def _loss_rows(since: datetime, until: datetime | None = None) -> Labelled:
+    return [
         ({"server": r[0], "model": r[1] or NONE, "template": r[2] or NONE, "version": r[3] or NONE,
           "tenant": r[4] or NONE}, dict(zip(_SUMMED, map(float, r[5:]), strict=True)))
-        for r in _rows(_LOSS_SQL, start_of_day(now))
+        for r in _rows(_LOSS_SQL, since, until)
     ]  # fmt: skip
+
+
+def token_families(now: datetime) -> Iterator[Metric]:
+    """Requests, prompt tokens, shared-prefix tokens, reused tokens and lost tokens by cause, per
+    dimension: the delivered hit ratio is rate(reused) / rate(prompt). Then each template's owner
+    and the templates' and tenants' baselines, under the same bounded labels."""
+    rows = _loss_rows(start_of_day(now))
     top_n = settings.PREFIXSCOPE_METRICS_TOP_N
     kept = {
         label: top_values(((labels[label], v["diagnosed_prompt_tokens"]) for labels, v in rows), top_n)
@@ -91,6 +104,45 @@ def token_families(now: datetime) -> Iterator[CounterMetricFamily]:
             (tuple(bounded(labels[name], kept[name]) for name in names), values) for labels, values in rows
         )
         yield from _dimension_families(dimension, list(names), totals)
+    yield _template_owners(kept["template"])
+    yield from _baseline_families(now, kept)
+
+
+def _template_owners(kept: frozenset[str]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "prefixscope_template_owner_info",
+        "1 per template, labelled with the owner its alerts are routed to (its repository).",
+        labels=["template", "owner_kind", "owner"],
+    )
+    for template in Template.objects.filter(name__in=kept).select_related("repository"):
+        owner = template_owner(template)
+        family.add_metric([template.name, owner.kind, owner.name], 1.0)
+    return family
+
+
+def _baseline_families(now: datetime, kept: dict[str, frozenset[str]]) -> Iterator[GaugeMetricFamily]:
+    """Per template and tenant: the delivered hit ratio of the baseline hours and the prompt tokens
+    it rests on (a rule asks for enough of them before it compares: no history, no alert)."""
+    until = (now - BASELINE_LEFT_OUT).replace(minute=0, second=0, microsecond=0)
+    rows = _loss_rows(until - timedelta(hours=BASELINE_HOURS), until)
+    for dimension in ("template", "tenant"):
+        ratio = GaugeMetricFamily(
+            f"prefixscope_{dimension}_baseline_hit_ratio",
+            f"Delivered hit ratio of the {BASELINE_HOURS} whole hours before the hour of 30 minutes ago.",
+            labels=[dimension],
+        )
+        volume = GaugeMetricFamily(
+            f"prefixscope_{dimension}_baseline_prompt_tokens",
+            "Diagnosed prompt tokens of the baseline hours: the history the baseline rests on.",
+            labels=[dimension],
+        )
+        totals = summed(((labels[dimension],), values) for labels, values in rows)
+        for (name,), values in totals.items():
+            prompt = values["diagnosed_prompt_tokens"]
+            if name in kept[dimension] and name != NONE and prompt > 0:
+                ratio.add_metric([name], values["reused_tokens"] / prompt)
+                volume.add_metric([name], prompt)
+        yield from (ratio, volume)
 
 
 def _dimension_families(

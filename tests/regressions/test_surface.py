@@ -57,7 +57,8 @@ def test_the_api_lists_a_regression_with_its_suspect_cause_shift_and_cost(found:
     assert _get(client, "/api/v1/regressions?scope=server", bearer)["items"] == []
     exported = client.get("/metrics").content.decode()
     labels = 'expected="false",kind="template_commit",metric="hit_rate",name="support",'
-    labels += 'scope="template",state="open"'
+    labels += 'owner="templates",owner_kind="template",scope="template",server="",state="open",'
+    labels += 'template="support"'
     assert f"prefixscope_regression_active{{{labels}}} 1.0" in exported
     assert client.get("/api/v1/regressions").status_code == 401
     assert client.get("/api/v1/regressions/999999", headers=bearer).status_code == 404
