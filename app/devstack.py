@@ -396,8 +396,14 @@ def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
     }
 
 
-# What the tests need from Debian: promtool checks the shipped alert rules, Chromium runs the UI tests.
-SYSTEM_PACKAGES = {"promtool": "prometheus", "docker-compose": "docker-compose", "chromium": "chromium"}
+# What the tests need from Debian: promtool checks the shipped alert rules, amtool the Alertmanager
+# routes, Chromium runs the UI tests.
+SYSTEM_PACKAGES = {
+    "promtool": "prometheus",
+    "amtool": "prometheus-alertmanager",
+    "docker-compose": "docker-compose",
+    "chromium": "chromium",
+}
 
 
 def ensure_system_packages() -> None:

@@ -25,6 +25,10 @@ from app.traffic.services.servers import merge_server
 router = Router(tags=["servers"], auth=STAFF)
 
 NAME_PATTERN = r"^[-a-zA-Z0-9_]+$"
+GROUP_HELP = (
+    "The team that runs it (letters, digits, - and _): the `owner` of its capacity, restart and "
+    "KV-stream alerts, which Alertmanager routes on"
+)
 
 
 class EndpointsIn(Schema):
@@ -35,6 +39,7 @@ class EndpointsIn(Schema):
     kv_topic: str = Field("", max_length=255)
     model: str = Field("", max_length=255, description="Blank: read from its /metrics")
     tenant: str = Field("", max_length=100, description="Tenant whose users may see it; blank: all")
+    group: str = Field("platform", min_length=1, max_length=100, pattern=NAME_PATTERN, description=GROUP_HELP)
     scrape_interval_seconds: int = Field(15, ge=1, le=3600)
 
     @field_validator("base_url", "metrics_url")
@@ -83,6 +88,7 @@ class ServerOut(Schema):
     block_size: int | None = Field(description="From vllm:cache_config_info; null until first scraped")
     hash_algo: str
     tenant: str = Field(description="The tenant whose users may see it; blank: all")
+    group: str = Field(description=GROUP_HELP)
     state: Literal["proposed", "active", "down", "disabled"]
     scrape_interval_seconds: int
     last_scraped_at: datetime | None
@@ -100,7 +106,8 @@ class ServerOut(Schema):
             "model": server.model, "base_models": [str(name) for name in server.base_models or []],
             "lora_adapters": sorted(str(name) for name in (server.lora_adapters or {})),
             "block_size": server.block_size, "hash_algo": server.hash_algo, "tenant": server.tenant,
-            "state": server.state, "scrape_interval_seconds": server.scrape_interval_seconds,
+            "group": server.group, "state": server.state,
+            "scrape_interval_seconds": server.scrape_interval_seconds,
             "last_scraped_at": server.last_scraped_at, "kv_events": bool(server.kv_events_endpoint),
             "metrics_url": git.redacted(server.metrics_url), "kv_events_endpoint": server.kv_events_endpoint,
             "kv_replay_endpoint": server.kv_replay_endpoint, "kv_topic": server.kv_topic,
@@ -170,9 +177,9 @@ def create_server(request: HttpRequest, body: ServerIn) -> Any:
 @router.put(
     "/servers/{server_id}",
     response={200: ServerOut, 404: ApiError, 409: ApiError},
-    summary="Change a server's endpoints, model, tenant or pull interval",
-    description="Its name stays: request records name their server by it. 409: the server is proposed. "
-    + STAFF_AUTH,
+    summary="Change a server's endpoints, model, tenant, group or pull interval",
+    description="Its name stays: request records name their server by it. A field left out takes its "
+    "default (group: platform). 409: the server is proposed. " + STAFF_AUTH,
 )
 def update_server(request: HttpRequest, server_id: int, body: EndpointsIn) -> Any:
     return _changed(request, server_id, lambda: services.update_server(server_id=server_id, **body.dict()))

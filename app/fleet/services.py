@@ -90,7 +90,8 @@ def register_server(
 ) -> Server:
     """Create the server, or update its endpoints when one of that name exists; it becomes active.
 
-    What was discovered from its /metrics (block size, hash algorithm) is kept.
+    What was discovered from its /metrics (block size, hash algorithm) is kept, and so is its group
+    (a new one's is the default, platform).
     """
     server, created = Server.objects.update_or_create(
         name=name,
@@ -133,9 +134,10 @@ def update_server(
     kv_topic: str = "",
     model: str = "",
     tenant: str = "",
+    group: str = "platform",
     scrape_interval_seconds: int = 15,
 ) -> Server:
-    """Change a registered server's endpoints, model, tenant or pull interval; its name stays (request
+    """Change a registered server's endpoints, model, tenant, group or pull interval; its name stays (request
     records name their server by it) and so does its state. ServerStateError when it is gone or proposed
     (a proposed server is accepted or merged, not edited)."""
     with transaction.atomic():
@@ -145,7 +147,7 @@ def update_server(
         changes = {
             "base_url": base_url, "metrics_url": metrics_url, "kv_events_endpoint": kv_events_endpoint,
             "kv_replay_endpoint": kv_replay_endpoint, "kv_topic": kv_topic, "model": model,
-            "tenant": tenant, "scrape_interval_seconds": scrape_interval_seconds,
+            "tenant": tenant, "group": group, "scrape_interval_seconds": scrape_interval_seconds,
         }  # fmt: skip
         for field, value in changes.items():
             setattr(server, field, value)

@@ -8,7 +8,7 @@ from app.prompts.forms import RepositoryForm
 
 
 class EndpointsForm(forms.Form):
-    """A registered server's endpoints, model, tenant and pull interval (its name never changes)."""
+    """A registered server's endpoints, model, tenant, group and pull interval (its name never changes)."""
 
     # Not URLFields: Django's URL validator wants a dotted domain, and servers are often plain host
     # names (http://vllm:8000 in docker-compose).
@@ -31,6 +31,11 @@ class EndpointsForm(forms.Form):
     model = forms.CharField(max_length=255, required=False, help_text="Blank: read from its /metrics")
     tenant = forms.CharField(
         max_length=100, required=False, help_text="Tenant whose users may see it; blank: all"
+    )
+    group = forms.SlugField(
+        max_length=100,
+        initial="platform",
+        help_text="The team that runs it: its capacity, restart and KV-stream alerts are routed to it",
     )
     scrape_interval_seconds = forms.IntegerField(
         min_value=1, max_value=3600, initial=15, label="Pull every (seconds)"

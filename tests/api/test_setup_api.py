@@ -65,6 +65,46 @@ def test_staff_manage_servers_with_a_personal_token() -> None:
     assert [s["name"] for s in staff.get("/api/v1/servers").json()["items"]] == ["vllm-0", "vllm-1"]
 
 
+def test_a_servers_group_is_read_and_written() -> None:
+    staff = personal("admin", is_staff=True)
+
+    status, created = post(staff, "/servers", SERVER)
+    assert status == 201 and created["group"] == "platform"  # the default
+    status, other = post(staff, "/servers", SERVER | {"name": "vllm-1", "group": "inference-eu"})
+    assert status == 201 and other["group"] == "inference-eu"
+    body = {"base_url": "http://vllm-0:8000", "group": "search_team"}
+    changed = staff.put(f"/api/v1/servers/{created['id']}", body, content_type="application/json")
+    assert changed.status_code == 200 and changed.json()["group"] == "search_team"
+
+    listed = staff.get("/api/v1/servers").json()["items"]
+    assert [(s["name"], s["group"]) for s in listed] == [
+        ("vllm-0", "search_team"),
+        ("vllm-1", "inference-eu"),
+    ]
+    assert staff.get("/api/v1/servers/vllm-1").json()["group"] == "inference-eu"
+    assert dict(Server.objects.values_list("name", "group")) == {
+        "vllm-0": "search_team",
+        "vllm-1": "inference-eu",
+    }
+
+
+@pytest.mark.parametrize("group", ["search team", "", "équipe", "x" * 101])
+def test_a_group_that_is_no_slug_is_refused_with_the_apis_error_shape(group: str) -> None:
+    staff = personal("admin", is_staff=True)
+    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000")
+
+    status, created = post(staff, "/servers", SERVER | {"name": "vllm-1", "group": group})
+    changed = staff.put(
+        f"/api/v1/servers/{server.pk}", {"base_url": "http://vllm-0:8000", "group": group},
+        content_type="application/json",
+    )  # fmt: skip
+
+    for answer in (created, changed.json()):
+        assert answer["code"] == "invalid" and list(answer["fields"]) == ["group"]
+    assert (status, changed.status_code) == (400, 400)
+    assert list(Server.objects.values_list("name", "group")) == [("vllm-0", "platform")]
+
+
 @pytest.mark.parametrize(
     "body",
     [

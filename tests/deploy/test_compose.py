@@ -4,6 +4,7 @@ Docker does not run here: these tests read the file as Compose would, without an
 """
 
 import json
+import re
 from glob import glob
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -46,7 +47,7 @@ def test_the_file_uses_the_compose_spec_without_a_version_key() -> None:
 
 @pytest.mark.parametrize(
     "service",
-    ["postgres", "valkey", *APP_SERVICES, "prometheus", "grafana", "vllm"],
+    ["postgres", "valkey", *APP_SERVICES, "prometheus", "alertmanager", "grafana", "vllm"],
 )
 def test_every_service_is_defined(service: str) -> None:
     assert service in SERVICES
@@ -107,6 +108,7 @@ def test_migrate_runs_once() -> None:
         ("valkey", "ping"),
         ("web", "/healthz"),
         ("prometheus", "/-/ready"),
+        ("alertmanager", "/-/ready"),
         ("grafana", "/api/health"),
     ],
 )
@@ -207,6 +209,25 @@ def test_prometheus_scrapes_the_compose_services(job: str, service: str) -> None
     scrape = next(s for s in config["scrape_configs"] if s["job_name"] == job)
     targets = [target for group in scrape["static_configs"] for target in group["targets"]]
     assert f"{service}:8000" in targets
+
+
+def test_prometheus_sends_its_alerts_to_the_alertmanager_service_which_routes_them_by_owner() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = [
+        target
+        for alertmanager in config["alerting"]["alertmanagers"]
+        for group in alertmanager["static_configs"]
+        for target in group["targets"]
+    ]
+    assert targets == ["alertmanager:9093"]
+    alertmanager = SERVICES["alertmanager"]
+    assert re.fullmatch(r"prom/alertmanager:v\d+\.\d+\.\d+", alertmanager["image"])  # pinned, no Debian
+    assert mounts("alertmanager") == {
+        "/etc/alertmanager/alertmanager.yml": ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
+    }
+    assert flag_value(alertmanager["command"], "--config.file") == "/etc/alertmanager/alertmanager.yml"
+    assert any(port.endswith(":9093") for port in alertmanager["ports"])
+    assert "alertmanager" in SERVICES["prometheus"]["depends_on"]
 
 
 def test_grafana_is_provisioned_from_the_repo_beside_prometheus() -> None:

@@ -70,12 +70,15 @@ def bind_mounts(service: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def test_prometheus_and_grafana_are_provisioned_from_the_repository_deploy_folder() -> None:
+def test_prometheus_alertmanager_and_grafana_are_provisioned_from_the_repository_deploy_folder() -> None:
     services = resolved()["services"]
     deploy = ROOT / "deploy"
     assert bind_mounts(services["prometheus"]) == {
         "/etc/prometheus/prometheus.yml": str(deploy / "prometheus" / "prometheus.yml"),
         "/etc/prometheus/rules": str(deploy / "prometheus" / "rules"),
+    }
+    assert bind_mounts(services["alertmanager"]) == {
+        "/etc/alertmanager/alertmanager.yml": str(deploy / "alertmanager" / "alertmanager.yml"),
     }
     assert bind_mounts(services["grafana"]) == {
         "/etc/grafana/provisioning": str(deploy / "grafana" / "provisioning"),

@@ -23,7 +23,8 @@ __all__ = ["every_log_record"]  # the fixture
 
 SERVER = {
     "name": "vllm-0", "base_url": "http://vllm-0:8000", "metrics_url": "", "kv_events_endpoint": "tcp://vllm-0:5557",
-    "kv_replay_endpoint": "", "kv_topic": "", "model": "", "tenant": "acme", "scrape_interval_seconds": "15",
+    "kv_replay_endpoint": "", "kv_topic": "", "model": "", "tenant": "acme", "group": "platform",
+    "scrape_interval_seconds": "15",
 }  # fmt: skip
 SECRET = re.compile(r'value="(ps[iu]_[A-Za-z0-9_-]+)"')
 
@@ -107,6 +108,34 @@ def test_staff_edit_a_server_and_disable_it_and_enable_it(staff: Client) -> None
     assert "vllm-0 is active" in fragment.content.decode()
     server.refresh_from_db()
     assert server.state == Server.State.ACTIVE
+
+
+def test_staff_set_a_servers_group_which_its_pages_show(staff: Client) -> None:
+    register = staff.get("/setup/servers/").content.decode()
+    assert 'name="group" value="platform"' in register  # the default, offered
+
+    assert staff.post("/setup/servers/", SERVER | {"group": "inference-eu"}).status_code == 302
+    server = Server.objects.get(name="vllm-0")
+    assert server.group == "inference-eu"
+    assert "<td>inference-eu</td>" in staff.get("/setup/servers/").content.decode()
+    assert 'name="group" value="inference-eu"' in staff.get(f"/setup/servers/{server.pk}/").content.decode()
+
+    assert staff.post(f"/setup/servers/{server.pk}/", SERVER | {"group": "search"}).status_code == 302
+    server.refresh_from_db()
+    assert server.group == "search"
+    assert ">group search</span>" in staff.get(f"/servers/{server.pk}/").content.decode()
+
+
+@pytest.mark.parametrize("group", ["search team", ""])
+def test_a_group_that_is_no_slug_is_not_saved(staff: Client, group: str) -> None:
+    server = Server.objects.create(name="vllm-1", base_url="http://vllm-1:8000", group="search")
+
+    registered = staff.post("/setup/servers/", SERVER | {"group": group})
+    edited = staff.post(f"/setup/servers/{server.pk}/", SERVER | {"group": group})
+
+    for page in (registered, edited):
+        assert page.status_code == 200 and 'class="field invalid"' in page.content.decode()
+    assert list(Server.objects.values_list("name", "group")) == [("vllm-1", "search")]
 
 
 def test_staff_accept_a_proposed_server_or_merge_one_into_a_registered_one(staff: Client) -> None:
