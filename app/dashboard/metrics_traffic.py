@@ -12,14 +12,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Sum
+from django.db.models import Count, Max, Sum
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.toplabels import bounded, summed, top_values
 from app.prompts.models import CacheKiller, Template
 from app.regressions.owners import template_owner
-from app.traffic.models import LossTotals, RequestDiagnosis
+from app.traffic.models import LossTotals, RequestDiagnosis, TenantSalt
 
 NONE = "none"  # a request without a template, or without a tenant
 CAUSES = [cause.value for cause in RequestDiagnosis.Cause]
@@ -105,6 +105,7 @@ def token_families(now: datetime) -> Iterator[Metric]:
         )
         yield from _dimension_families(dimension, list(names), totals)
     yield _template_owners(kept["template"])
+    yield _tenant_salts()
     yield from _baseline_families(now, kept)
 
 
@@ -117,6 +118,25 @@ def _template_owners(kept: frozenset[str]) -> GaugeMetricFamily:
     for template in Template.objects.filter(name__in=kept).select_related("repository"):
         owner = template_owner(template)
         family.add_metric([template.name, owner.kind, owner.name], 1.0)
+    return family
+
+
+def _tenant_salts() -> CounterMetricFamily:
+    """Per tenant, the salts it sent; for the top N tenants by their latest request, so that a tenant
+    that just rotated (a salt seen now) is always among them."""
+    family = CounterMetricFamily(
+        "prefixscope_tenant_salts",
+        "Cache salts (unsalted counts as one) the tenant's requests carried since it was first seen: "
+        "a rise is a salt rotation.",
+        labels=["tenant"],
+    )
+    found = (
+        TenantSalt.objects.values("tenant")
+        .annotate(n=Count("id"), last=Max("last_seen_at"))
+        .order_by("-last")[: settings.PREFIXSCOPE_METRICS_TOP_N]
+    )
+    for row in found:
+        family.add_metric([row["tenant"]], float(row["n"]))
     return family
 
 

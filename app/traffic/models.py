@@ -743,6 +743,23 @@ class ResidentBlock(models.Model):
         return f"{self.block_hash} on {self.server_id}/{self.dp_rank}"
 
 
+class TenantSalt(models.Model):
+    """A cache salt (its hash) a tenant's requests carried, and when: a new one is a salt rotation,
+    which Prefixscope tells as a notice (SaltRotated) rather than as a drop. Filled by the minute
+    rollups from the records; never deleted (a count that fell would read as a rotation)."""
+
+    tenant = models.CharField(max_length=records.TENANT_MAX)
+    salt_hash = models.CharField(max_length=64, blank=True, help_text="'' for unsalted requests")
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "salt_hash"], name="tenant_salt_identity")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}: {self.salt_hash[:12] or 'unsalted'}"
+
+
 class RejectedInput(models.Model):
     """Malformed input, counted per server, source and reason; the good data around it is kept."""
 

@@ -1,7 +1,8 @@
 """What Prefixscope's /metrics gives the alert rules so that they wake the right owner and stay quiet on
 a cold start: owners, server sizes, counters at zero before their first event, baselines from rollups."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.test import Client
@@ -50,12 +51,12 @@ def test_servers_say_their_owner_group_and_kv_blocks(client: Client) -> None:
     assert ("prefixscope_server_kv_blocks", (("model", "tiny"), ("server", "s-1"))) not in values
 
 
-def _regression(kind: str, **scope: object) -> Regression:
+def _regression(kind: str, scope: str, **where: Any) -> Regression:
     now = timezone.now()
     return Regression.objects.create(
-        scope=scope.pop("scope"), kind=kind, changed_at=now, detected_at=now, updated_at=now,
+        scope=scope, kind=kind, changed_at=now, detected_at=now, updated_at=now,
         rate_before=0.9, rate_after=0.1, rate_now=0.1, requests_before=100, requests_after=100,
-        confidence=0.999, **scope,
+        confidence=0.999, **where,
     )  # fmt: skip
 
 
@@ -89,7 +90,7 @@ def test_baselines_come_from_the_hour_rollups_before_the_last_half_hour(client: 
     support = Template.objects.create(name="support")
     recent = (timezone.now() - timedelta(minutes=30)).replace(minute=0, second=0, microsecond=0)
 
-    def hour(at: object, reused: int, prompt: int = 1000) -> None:
+    def hour(at: datetime, reused: int, prompt: int = 1000) -> None:
         LossHour.objects.create(
             server=server, template=support, tenant="acme", hour=at, requests=10, diagnosed=10,
             prompt_tokens=prompt, diagnosed_prompt_tokens=prompt, reused_tokens=reused,

@@ -7,6 +7,7 @@ from django.db import connection, transaction
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.traffic.models import RequestDiagnosis, span_only_sql
+from app.traffic.services.salts import refresh_tenant_salts
 from app.traffic.services.sketch_sql import sketches_sql, summed_sketches_sql, with_sketches
 
 logger = logging.getLogger(__name__)
@@ -196,6 +197,7 @@ def refresh_minute_rollups(*, since: datetime, until: datetime, sketches: bool =
         for sql in hour_sql:
             cursor.execute(sql, {"since": hours_start, "until": hours_end})
         refresh_unsalted_prefixes(since=start, until=end)
+        refresh_tenant_salts(since=start, until=end)
         return written
 
 
