@@ -10,7 +10,7 @@ import yaml
 from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from app.core.views import RUNBOOKS
+from app.core.runbooks import RUNBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db

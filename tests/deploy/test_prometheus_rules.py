@@ -10,7 +10,7 @@ import pytest
 import yaml
 from django.test import Client
 
-from app.core.views import RUNBOOKS
+from app.core.runbooks import RUNBOOKS
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -92,7 +92,7 @@ WHERE = re.compile(r"\$labels\.(instance|server|template|tenant|name)\b")
 
 @pytest.mark.parametrize("alert", alert_rules(), ids=lambda rule: rule["alert"])
 def test_every_alert_says_where_how_bad_and_what_to_do(alert: dict[str, Any]) -> None:
-    assert alert["labels"]["severity"] in {"warning", "critical"}
+    assert alert["labels"]["severity"] in {"critical", "warning", "info"}
     annotations = alert["annotations"]
     assert {"summary", "description", "runbook_url"} <= annotations.keys()
     assert WHERE.search(annotations["summary"]), "the summary does not say where"
@@ -114,11 +114,66 @@ def test_every_alerts_runbook_is_a_page_of_prefixscope(alert: dict[str, Any], cl
     )
 
 
+# Where an alert's owner_kind comes from when it carries no label of its own: the owner-info series it
+# joins (the server's group, the template's repository), else the regression's own labels.
+JOINED_OWNER_KINDS = (
+    ("prefixscope_server_owner_info", "platform"),
+    ("prefixscope_template_owner_info", "template"),
+    ("prefixscope_regression_active", "template"),
+)
+STANDS_DOWN = 'unless on () (max(up{job="prefixscope"}) == 1)'
+
+
+def owner_kind(alert: dict[str, Any]) -> str:
+    if "owner_kind" in alert["labels"]:
+        return str(alert["labels"]["owner_kind"])
+    return next(kind for metric, kind in JOINED_OWNER_KINDS if metric in alert["expr"])
+
+
+def runbook_fact(html: str, fact: str) -> str:
+    found = re.search(rf'<dd class="{fact}">(.*?)</dd>', html, re.S)
+    assert found, f"the runbook has no {fact} fact"
+    return found.group(1)
+
+
+@pytest.mark.parametrize("alert", alert_rules(), ids=lambda rule: rule["alert"])
+def test_every_runbook_says_who_it_pages_and_what_it_needs(alert: dict[str, Any], client: Client) -> None:
+    """The facts at the top of a runbook are the rule's: its owner and severity, its `for`, and the
+    history or scrapes its expression reads."""
+    runbook = RUNBOOKS[alert["annotations"]["runbook_url"].split("/")[-2]]
+    assert (runbook.alert, runbook.severity) == (alert["alert"], alert["labels"]["severity"])
+    assert runbook.owner.kind == owner_kind(alert)
+    if "owner" in alert["labels"]:
+        assert runbook.owner.owner == alert["labels"]["owner"]
+    html = client.get(alert["annotations"]["runbook_url"]).content.decode()
+    pages = runbook_fact(html, "pages")
+    assert ("notice" if alert["labels"]["severity"] == "info" else "page") in pages
+    assert f"owner_kind: {runbook.owner.kind}" in pages
+    needs = runbook_fact(html, "needs")
+    assert f"<code>for: {alert.get('for', '0s')}</code>" in needs, "the runbook does not say its `for`"
+    assert "page" in needs or "notice" in needs, "the runbook does not say when it pages after a fault"
+    if STANDS_DOWN in alert["expr"]:
+        assert "stands down while Prometheus scrapes Prefixscope" in needs
+    if "baseline_prompt_tokens" in alert["expr"]:
+        assert "hour rollups" in needs
+    if "offset" in alert["expr"]:
+        assert "history" in needs, "the rule compares with the past: the runbook says how much it needs"
+
+
 def test_every_runbook_belongs_to_an_alert(client: Client) -> None:
     linked = {rule["annotations"]["runbook_url"] for rule in alert_rules()}
     assert {f"/docs/runbooks/{slug}/" for slug in RUNBOOKS} == linked
     index = client.get("/docs/runbooks/").content.decode()
     assert all(f'href="{url}"' in index for url in linked)
+    # The index groups them by who they page: each owner_kind's section holds that kind's alerts.
+    sections = re.findall(
+        r'<section class="runbook-group" data-owner-kind="(\w+)">(.*?)</section>', index, re.S
+    )
+    listed = {kind: set(re.findall(r'href="(/docs/runbooks/[^"]+)"', html)) for kind, html in sections}
+    expected: dict[str, set[str]] = {}
+    for rule in alert_rules():
+        expected.setdefault(owner_kind(rule), set()).add(rule["annotations"]["runbook_url"])
+    assert listed == expected
 
 
 @pytest.mark.parametrize("alert", [rule["alert"] for rule in alert_rules()])
@@ -126,3 +181,23 @@ def test_every_alert_is_tested_firing_and_not_firing(alert: str) -> None:
     cases = [case for case in alert_cases() if case["alertname"] == alert]
     assert any(case.get("exp_alerts") for case in cases), f"no test where {alert} fires"
     assert any(not case.get("exp_alerts") for case in cases), f"no test where {alert} stays quiet"
+
+
+def readme_alert_table() -> dict[str, list[str]]:
+    """The README's table of alerts: each row's cells after the alert's name."""
+    table = re.search(
+        r"^\| Alert \| What it means \|.*?\n(?=[^|])", (ROOT / "README.md").read_text(), re.M | re.S
+    )
+    assert table, "README.md has no table of alerts"
+    rows = re.findall(r"^\| (\w+) \| (.*) \|$", table.group(0), re.M)
+    return {name: [cell.strip() for cell in rest.split(" | ")] for name, rest in rows if name != "Alert"}
+
+
+def test_the_readmes_alert_table_is_the_rules() -> None:
+    """One row per alert, whose "Pages" cell is its owner_kind / severity and whose needs end in its `for`."""
+    table = readme_alert_table()
+    assert set(table) == {rule["alert"] for rule in alert_rules()}
+    for rule in alert_rules():
+        _, pages, needs = table[rule["alert"]]
+        assert pages.startswith(owner_kind(rule)) and pages.endswith(f"/ {rule['labels']['severity']}"), pages
+        assert needs.endswith(f"({rule.get('for', '0m')})"), needs
