@@ -396,10 +396,11 @@ def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
     }
 
 
-# What the tests need from Debian: promtool checks the shipped alert rules, amtool the Alertmanager
-# routes, Chromium runs the UI tests.
+# What the tests need from Debian: promtool checks the shipped alert rules and prometheus runs them
+# against a live stack, amtool checks the Alertmanager routes, Chromium runs the UI tests.
 SYSTEM_PACKAGES = {
     "promtool": "prometheus",
+    "prometheus": "prometheus",
     "amtool": "prometheus-alertmanager",
     "docker-compose": "docker-compose",
     "chromium": "chromium",

@@ -32,7 +32,10 @@ class Server(models.Model):
     # Alerts about the server's capacity, restarts and KV stream carry it as their owner, so that an
     # Alertmanager route sends them to the team that can add memory or restart it.
     group = models.SlugField(
-        max_length=100, default="platform", help_text="The team that runs it: its alerts are routed to it"
+        max_length=100,
+        default="platform",
+        db_default="platform",
+        help_text="The team that runs it: its alerts are routed to it",
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     scrape_interval_seconds = models.PositiveIntegerField(default=15)
