@@ -31,6 +31,7 @@ from urllib.parse import quote
 from honcho.manager import KILL_WAIT, SIGNALS, SYSTEM_PRINTER_NAME, Manager
 from honcho.printer import Message
 
+from app import devprometheus
 from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
 from app.devconsole import ConsolePrinter
 from app.env import env_bool, env_int
@@ -347,11 +348,16 @@ def run(port: int) -> int:
         # Where the password is, not the password: this line lands in whatever keeps the run's output.
         from_env = os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD")
         kept = "PREFIXSCOPE_ADMIN_PASSWORD" if from_env else DATA / "admin-password"
+        demo = env_bool("PREFIXSCOPE_DEMO", True)
+        vllm = [demo_ports()[0] + i for i in range(DEMO_SERVERS)] if demo else []
+        prometheus = devprometheus.setup(
+            folder=DATA / "prometheus", web_port=port, vllm_ports=vllm, env=env, log=log
+        )
         banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
         quiet = f"Log of every process: {log_path}; here: warnings, errors, regressions opened and resolved."
-        print(f"\n{banner}\n{quiet}\n", flush=True)
+        print(f"\n{banner}\n{prometheus.notice}\n{quiet}\n", flush=True)
         manager = DemoFirstManager(ConsolePrinter(log))
-        for name, command in processes(port).items():
+        for name, command in {**processes(port), **prometheus.processes}.items():
             manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
         manager.loop()
     # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.
@@ -396,10 +402,11 @@ def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
     }
 
 
-# What the tests need from Debian: promtool checks the shipped alert rules, amtool the Alertmanager
-# routes, Chromium runs the UI tests.
+# What the tests need from Debian: promtool and prometheus check the shipped alert rules, amtool the
+# Alertmanager routes, Chromium runs the UI tests.
 SYSTEM_PACKAGES = {
     "promtool": "prometheus",
+    "prometheus": "prometheus",  # a real one evaluates the rules over a running stack
     "amtool": "prometheus-alertmanager",
     "docker-compose": "docker-compose",
     "chromium": "chromium",

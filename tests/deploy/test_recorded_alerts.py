@@ -82,12 +82,16 @@ def problems(timeline: Timeline, expected: list[Expected]) -> list[str]:
         firing = [t for alert, states in timeline.items() if want.matches(alert) for t in states["firing"]]
         first = min(firing, default=None)
         if first is None or not want.at <= first <= want.at + DELAY_SECONDS:
-            found.append(f"{want.fault}: {want.alert} {want.labels} first fired at {first}, fault at {want.at}")
+            found.append(
+                f"{want.fault}: {want.alert} {want.labels} first fired at {first}, fault at {want.at}"
+            )
     first_fault = min(want.at for want in expected)
     for alert, states in timeline.items():
         explained = [want for want in expected if want.matches(alert)]
         if states["firing"] and not any(want.at <= min(states["firing"]) for want in explained):
-            found.append(f"unexplained: {alert.name} {dict(alert.labels)} firing from {min(states['firing'])}")
+            found.append(
+                f"unexplained: {alert.name} {dict(alert.labels)} firing from {min(states['firing'])}"
+            )
         if _episodes(states["firing"]) > 1:
             found.append(f"fired {_episodes(states['firing'])} times: {alert.name} {dict(alert.labels)}")
         early = [t for t in states["pending"] + states["firing"] if t < first_fault]
@@ -118,7 +122,9 @@ def recording() -> Recording:
 def _promtool() -> str:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.fail("promtool is not installed: run the README's test command (`make test`), which installs it")
+        pytest.fail(
+            "promtool is not installed: run the README's test command (`make test`), which installs it"
+        )
     return promtool
 
 
@@ -138,7 +144,9 @@ def test_without_prefixscope_the_vllm_rules_stay_quiet_on_a_new_prometheus(
     vllm_rules = [path for path in RULE_FILES if path.name == "prefix-cache.rules.yml"]
     timeline = alert_timeline(without_job(recording, "prefixscope"), vllm_rules, tmp_path, _promtool())
     restart = next(want for want in expected_alerts(recording) if want.alert == "ServerRestarted")
-    notice = Expected(restart.fault, restart.at, "VLLMServerRestarted", {"severity": "info", "owner": "platform"})
+    notice = Expected(
+        restart.fault, restart.at, "VLLMServerRestarted", {"severity": "info", "owner": "platform"}
+    )
     assert problems(timeline, [notice]) == [], table(timeline, [notice])
 
 
