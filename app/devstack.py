@@ -329,7 +329,8 @@ def run(port: int) -> int:
 
     Every process's output goes to the run's log file (RUN_LOG, the run before's kept beside it as
     run.log.1); the console gets the banner, warnings, errors and one line per regression opened
-    or resolved (app/devconsole.py): 3,300 lines in 21 minutes of the demo were too many to watch.
+    or resolved and per alert firing or resolved (app/devconsole.py, app/devprometheus.py): 3,300
+    lines in 21 minutes of the demo were too many to watch.
     """
     log_path = DATA / RUN_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)

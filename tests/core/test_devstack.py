@@ -195,9 +195,9 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
                 " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
-                " scrape_interval_seconds, created_at, base_models, lora_adapters)"
+                ' scrape_interval_seconds, created_at, base_models, lora_adapters, "group")'
                 " VALUES ('kept', 'http://x:8000', '', '', '', '', 'tiny', '', '', 'active', 15, now(),"
-                " '[]', '{}')"
+                " '[]', '{}', 'platform')"
             )
     finally:
         exit_code = press_ctrl_c(first)
