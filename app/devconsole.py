@@ -1,5 +1,6 @@
 """What `make run` prints: every process's output goes to a log file, and the console gets the few lines
-a person watches (warnings, errors, regressions opened and resolved, the run's own notices).
+a person watches (warnings, errors, regressions opened and resolved, alerts firing and resolved, the
+run's own notices).
 
 Each process logs in its own format (Django's text format, Celery's, gunicorn's, the simulator's),
 so a line's level is read from its header; lines without one continue the record before them (a
@@ -15,6 +16,7 @@ from honcho.printer import Message, Printer
 
 SHOWN_LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL", "FATAL"})
 REGRESSION = re.compile(r"regression (?:opened|resolved|open again)\b")
+ALERT = re.compile(r"alert (?:firing|resolved): ")  # app/devprometheus.py's watcher
 _HEADERS = (
     # Django's text format (settings.LOGGING) and the simulator's: "2026-01-01 10:00:00,123 INFO    name: msg"
     re.compile(r"\d{4}-\d\d-\d\d[ T][\d:.,]+\s+(?P<level>[A-Z]+)\s+[\w.]+: (?P<message>.*)"),
@@ -22,6 +24,9 @@ _HEADERS = (
     re.compile(r"\[\d{4}-\d\d-\d\d [\d:.,]+: (?P<level>[A-Z]+)/[^\]]*\] (?P<message>.*)"),
     # gunicorn's error log: "[2026-01-01 10:00:00 +0000] [123] [INFO] msg"
     re.compile(r"\[\d{4}-\d\d-\d\d [^\]]*\] \[\d+\] \[(?P<level>[A-Z]+)\] (?P<message>.*)"),
+    # Prometheus' logfmt: "ts=2026-01-01T10:00:00.123Z caller=main.go:1 level=error msg=..." (its level
+    # `warn` is not shown: it logs its own SIGTERM at that level, at every Ctrl-C)
+    re.compile(r"ts=\S+ caller=\S+ level=(?P<level>[a-z]+) (?P<message>.*)"),
     # Python's warnings: "/path/module.py:893: SecurityWarning: msg"
     re.compile(r"\S+:\d+: (?P<level>)\w*Warning: (?P<message>.*)"),
 )
@@ -44,14 +49,14 @@ def parse_header(line: str) -> tuple[str, str] | None:
     for header in _HEADERS:
         found = header.match(line)
         if found:
-            return found["level"] or "WARNING", found["message"]
+            return found["level"].upper() or "WARNING", found["message"]
     return None
 
 
 class ConsolePrinter(Printer):  # type: ignore[misc]  # honcho has no type hints
     """honcho's printer writing every line to `log` (honcho's format, no colours) and the lines
-    `shown` picks to `console`: a regression line as the time and its message, others as honcho
-    prints them."""
+    `shown` picks to `console`: a regression's or an alert's line as the time and its message, others
+    as honcho prints them."""
 
     def __init__(self, log: TextIO, console: TextIO = sys.stdout) -> None:
         super().__init__(log, colour=False)
@@ -66,8 +71,9 @@ class ConsolePrinter(Printer):  # type: ignore[misc]  # honcho has no type hints
         name = (message.name or "").ljust(self.width)
         for line in data.splitlines():
             header = parse_header(line)
-            if header is not None and REGRESSION.match(header[1]) and console is None:
-                print(f"{time} {header[1]}", file=self.console, flush=True)
+            said = header[1] if header is not None else ""
+            if console is None and (REGRESSION.match(said) or ALERT.match(said)):
+                print(f"{time} {said}", file=self.console, flush=True)
             elif console or (console is None and self.shown(message.name or "", line, header)):
                 print(f"{time} {name} | {line}", file=self.console, flush=True)
 

@@ -31,6 +31,7 @@ from urllib.parse import quote
 from honcho.manager import KILL_WAIT, SIGNALS, SYSTEM_PRINTER_NAME, Manager
 from honcho.printer import Message
 
+from app import devprometheus
 from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
 from app.devconsole import ConsolePrinter
 from app.env import env_bool, env_int
@@ -328,7 +329,8 @@ def run(port: int) -> int:
 
     Every process's output goes to the run's log file (RUN_LOG, the run before's kept beside it as
     run.log.1); the console gets the banner, warnings, errors and one line per regression opened
-    or resolved (app/devconsole.py): 3,300 lines in 21 minutes of the demo were too many to watch.
+    or resolved and per alert firing or resolved (app/devconsole.py, app/devprometheus.py): 3,300
+    lines in 21 minutes of the demo were too many to watch.
     """
     log_path = DATA / RUN_LOG
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,11 +349,16 @@ def run(port: int) -> int:
         # Where the password is, not the password: this line lands in whatever keeps the run's output.
         from_env = os.environ.get("PREFIXSCOPE_ADMIN_PASSWORD")
         kept = "PREFIXSCOPE_ADMIN_PASSWORD" if from_env else DATA / "admin-password"
+        demo = env_bool("PREFIXSCOPE_DEMO", True)
+        vllm = [demo_ports()[0] + i for i in range(DEMO_SERVERS)] if demo else []
+        prometheus = devprometheus.setup(
+            folder=DATA / "prometheus", web_port=port, vllm_ports=vllm, env=env, log=log
+        )
         banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
         quiet = f"Log of every process: {log_path}; here: warnings, errors, regressions opened and resolved."
-        print(f"\n{banner}\n{quiet}\n", flush=True)
+        print(f"\n{banner}\n{prometheus.notice}\n{quiet}\n", flush=True)
         manager = DemoFirstManager(ConsolePrinter(log))
-        for name, command in processes(port).items():
+        for name, command in {**processes(port), **prometheus.processes}.items():
             manager.add_process(name, command, env=envs.get(name, env), cwd=str(ROOT))
         manager.loop()
     # honcho reports Ctrl-C (SIGINT) and SIGTERM as 130 and 143: a stop that was asked for.

@@ -67,3 +67,38 @@ def test_a_regression_line_is_shown_as_its_message_whichever_process_logs_it() -
 def test_a_line_without_a_log_header_has_none() -> None:
     assert parse_header("  6/6 commits") is None
     assert parse_header("2026-12-05 22:02:28,123 INFO simulator.server: up") == ("INFO", "up")
+
+
+FIRING = "alert firing: RegressionOpen  owner=template/demo-templates  template=support  (page)"
+NOTICE = "alert resolved: SaltRotated  owner=platform/platform  tenant=acme  (notice)"
+
+
+def test_an_alert_line_of_the_watcher_is_shown_as_its_message() -> None:
+    # As app/devprometheus.py's watcher logs them.
+    lines = [
+        ("alerts", f"2026-12-05 22:09:57,250 INFO    app.devprometheus: {FIRING}"),
+        ("alerts", f"2026-12-05 22:10:12,250 INFO    app.devprometheus: {NOTICE}"),
+    ]
+
+    log, console = printed(lines)
+
+    assert console == [f"10:00:05 {FIRING}", f"10:00:05 {NOTICE}"]
+    assert log == [f"10:00:05 alerts     | {line}" for _, line in lines]
+
+
+def test_prometheus_errors_reach_the_console_its_info_and_warnings_the_log_file_only() -> None:
+    # Prometheus 2.42's logfmt; it logs its own SIGTERM as a warning, at every Ctrl-C.
+    error = 'ts=2026-12-06T01:06:54.040Z caller=main.go:1190 level=error msg="Error loading config" err="x"'
+    lines = [
+        ("prometheus", 'ts=2026-12-06T01:06:54.040Z caller=main.go:1012 level=info msg="TSDB started"'),
+        (
+            "prometheus",
+            'ts=2026-12-06T01:07:00.805Z caller=main.go:823 level=warn msg="Received SIGTERM, exiting"',
+        ),
+        ("prometheus", error),
+    ]
+
+    log, console = printed(lines)
+
+    assert console == [f"10:00:05 prometheus | {error}"]
+    assert len(log) == 3

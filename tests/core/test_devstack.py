@@ -23,11 +23,12 @@ import psycopg
 import pytest
 from django.contrib.auth.hashers import check_password
 
-from app import devstack
+from app import devprometheus, devstack
 from app.domain.kvmemory import kv_bytes_per_token, parse_kv_shapes
 from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
 from simulator.scenario import load_scenario, resolve_scenario
+from tests.deploy import prometheus_server as prom
 from tests.ports import FIRST_EPHEMERAL, LOWEST, bindable, unused_port, unused_ports
 from tests.simulator.running import running_fleet
 
@@ -67,10 +68,13 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout: float 
     raise AssertionError(f"{url} was not ready within {timeout} s")
 
 
-def start(data_dir: Path, port: int, demo_port: int) -> subprocess.Popen[bytes]:
+def start(
+    data_dir: Path, port: int, demo_port: int, prometheus_port: int | None = None
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env["PREFIXSCOPE_DATA_DIR"] = str(data_dir)
     env["PREFIXSCOPE_DEMO_PORT"] = str(demo_port)
+    env["PREFIXSCOPE_PROMETHEUS_PORT"] = str(prometheus_port or unused_port())
     log = (data_dir / "run.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "app.devstack", "run", "--port", str(port)],
@@ -164,12 +168,12 @@ def wait_for_demo_data(data_dir: Path, timeout: float = 120, **more: str) -> Non
 
 @pytest.mark.timeout(600)
 def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: Path) -> None:
-    port, demo_port = unused_port(), free_demo_ports()
+    port, demo_port, prometheus_port = unused_port(), free_demo_ports(), unused_port()
     # Secrets as `make run` generates them, here both beginning with "-" (1 in 64 of generated ones
     # does), which the commands it runs once took for an option and failed on.
     (tmp_path / "admin-password").write_text("-starts-like-an-option")
     (tmp_path / "demo-ingest-token").write_text("-also-starts-like-an-option")
-    first = start(tmp_path, port, demo_port)
+    first = start(tmp_path, port, demo_port, prometheus_port)
     try:
         try:
             wait_until_ready(f"http://127.0.0.1:{port}/readyz", first)
@@ -184,15 +188,16 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
         assert_fleet_shows_request_hit_rates(browser, f"http://127.0.0.1:{port}")
         assert_server_page_serves_its_chart_library(browser, f"http://127.0.0.1:{port}")
         assert_demo_templates_are_live_ones_imported_by_webhook(tmp_path)
+        assert_prometheus_scrapes_the_stack(tmp_path, f"http://127.0.0.1:{prometheus_port}", port, demo_port)
         with database(tmp_path) as conn:
             admin = conn.execute("SELECT password FROM auth_user WHERE username = 'admin'").fetchone()
             assert admin is not None and check_password("-starts-like-an-option", admin[0])
             conn.execute(
                 "INSERT INTO fleet_server (name, base_url, metrics_url, kv_events_endpoint,"
                 " kv_replay_endpoint, kv_topic, model, hash_algo, tenant, state,"
-                " scrape_interval_seconds, created_at, base_models, lora_adapters)"
+                ' scrape_interval_seconds, created_at, base_models, lora_adapters, "group")'
                 " VALUES ('kept', 'http://x:8000', '', '', '', '', 'tiny', '', '', 'active', 15, now(),"
-                " '[]', '{}')"
+                " '[]', '{}', 'platform')"
             )
     finally:
         exit_code = press_ctrl_c(first)
@@ -220,6 +225,23 @@ def test_run_serves_the_ui_stops_on_ctrl_c_and_restarts_with_its_data(tmp_path: 
     output = (tmp_path / "run.log").read_text(errors="replace")
     assert f"password in {tmp_path / 'admin-password'}" in output
     assert "starts-like-an-option" not in output
+
+
+def assert_prometheus_scrapes_the_stack(data_dir: Path, url: str, port: int, demo_port: int) -> None:
+    """The run's Prometheus (its URL in the banner) scrapes the web process and the four demo
+    servers, all up, and has loaded the shipped rules."""
+    assert f"Prometheus: {url}/alerts" in (data_dir / "run.log").read_text(errors="replace")
+    expected = {("prefixscope", f"127.0.0.1:{port}")} | {
+        ("vllm", f"127.0.0.1:{demo_port + i}") for i in range(devstack.DEMO_SERVERS)
+    }
+
+    def all_up() -> bool:
+        up = {(t["labels"]["job"], t["labels"]["instance"]) for t in prom.targets(url) if t["health"] == "up"}
+        return up == expected
+
+    assert prom.wait_until(all_up, timeout=120), f"{prom.targets(url)}\n{log_tail(data_dir)}"
+    loaded = {Path(group["file"]) for group in prom.rule_groups(url)}
+    assert loaded == set(devprometheus.rule_files())
 
 
 def kv_collector_of(run: subprocess.Popen[bytes], timeout: float = 60, other_than: int = 0) -> psutil.Process:
