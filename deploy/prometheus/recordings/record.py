@@ -16,7 +16,9 @@ any deployment, e.g. with a bearer token for Prefixscope's /metrics (--token).
 import argparse
 import json
 import lzma
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -59,12 +61,17 @@ def main() -> None:
     parser.add_argument("--vllm", action="append", default=[], help="host:port of a vLLM server")
     parser.add_argument("--token", default="", help="bearer token of Prefixscope's /metrics, if set")
     args = parser.parse_args()
+    # Stopped early (SIGTERM, or Ctrl-C), it still closes the file: an unfinished xz stream is unreadable.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     start = time.time()
     steps = int(args.minutes * 60 / INTERVAL_SECONDS) + 1
     with httpx.Client() as client, lzma.open(args.out, "wt") as out:
         for step in range(steps):
             at = start + step * INTERVAL_SECONDS
-            time.sleep(max(0.0, at - time.time()))
+            if stop.wait(max(0.0, at - time.time())):
+                break
             for target in targets(args):
                 out.write(json.dumps(scrape(client, target, round(at, 3), args.token)) + "\n")
             out.flush()
