@@ -3,8 +3,9 @@ traffic (evictions included), and the rows that give every family of Prefixscope
 sample, as its collectors and analysis would have written them about that server.
 
 Rows are written directly, as tests/core/test_own_metrics.py writes them: what matters here is that
-each family has samples, with the label values the alert rules select (an open regression, request
-and diagnosis rollups, a gateway and a KV subscriber, a template other than "other"...).
+each family has samples, with the label values the alert rules select (open regressions of a template
+and of a server's capacity, request and diagnosis rollups today and in the baseline hours, a server
+of known KV size and group, a template of a repository, a gateway and a KV subscriber...).
 """
 
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from app.fleet.models import Server
-from app.prompts.models import CacheKiller, Template, TemplateVersion
+from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion
 from app.regressions.models import Regression
 from app.traffic.models import (
     HourRollup,
@@ -45,16 +46,20 @@ def store_every_family(config: ServerConfig, now: datetime) -> None:
     server = Server.objects.create(
         name=config.name, base_url=config.base_url, model=config.model, block_size=config.block_size,
         hash_algo="sha256_cbor", kv_events_endpoint=f"tcp://{config.host}:{config.kv_port}",
-        last_scraped_at=now, scrape_interval_seconds=30,
+        last_scraped_at=now, scrape_interval_seconds=30, num_gpu_blocks=config.num_blocks, group="gpu-eu",
     )  # fmt: skip
-    template = Template.objects.create(name="support")
+    repository = TemplateRepository.objects.create(
+        name="demo-templates", location="/srv/templates/demo", globs=["templates/*.j2"]
+    )
+    template = Template.objects.create(name="support", repository=repository, path="templates/support.j2")
     _store_traffic(server, template, now)
     _store_collection(server, now)
     _store_findings(server, template, now)
 
 
 def _store_traffic(server: Server, template: Template, now: datetime) -> None:
-    """Requests and their diagnoses, by the hour (today's counters) and by the minute (progress)."""
+    """Requests and their diagnoses, by the hour (today's counters, and the baseline hours) and by
+    the minute (progress)."""
     hour = max(now.replace(minute=0, second=0, microsecond=0), _midnight(now))
     minute = now.replace(second=0, microsecond=0)
     version = TemplateVersion.objects.create(template=template, commit_sha="a" * 40, committed_at=now)
@@ -62,7 +67,8 @@ def _store_traffic(server: Server, template: Template, now: datetime) -> None:
         LossHour.objects.create(
             server=server, template=at_template, template_version=version if at_template else None,
             tenant="acme" if at_template else "", hour=hour, requests=10, diagnosed=10, prompt_tokens=1000,
-            diagnosed_prompt_tokens=1000, seen_before_tokens=900, reused_tokens=600, evicted_tokens=300,
+            diagnosed_prompt_tokens=1000, seen_before_tokens=900, reused_tokens=600, evicted_tokens=200,
+            salt_tokens=100,
         )  # fmt: skip
         HourRollup.objects.create(
             server=server, template=at_template, hour=hour, requests=4, prompt_tokens=400, cached_tokens=0,
@@ -73,6 +79,19 @@ def _store_traffic(server: Server, template: Template, now: datetime) -> None:
     LossMinute.objects.create(
         server=server, template=template, minute=minute, requests=1, diagnosed=1, evicted_tokens=16
     )
+    _store_baseline(server, version, now)
+
+
+def _store_baseline(server: Server, version: TemplateVersion, now: datetime) -> None:
+    """The hours 2 to 5 before now, inside the six baseline hours of the hit-rate alerts whatever the
+    minute: 80000 diagnosed prompt tokens of the template and tenant, over the alerts' floor."""
+    for hours_before in range(2, 6):
+        LossHour.objects.create(
+            server=server, template=version.template, template_version=version, tenant="acme",
+            hour=now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_before),
+            requests=100, diagnosed=100, prompt_tokens=20000, diagnosed_prompt_tokens=20000,
+            seen_before_tokens=18000, reused_tokens=16000, evicted_tokens=2000,
+        )  # fmt: skip
 
 
 def _store_collection(server: Server, now: datetime) -> None:
@@ -97,12 +116,18 @@ def _store_collection(server: Server, now: datetime) -> None:
 
 
 def _store_findings(server: Server, template: Template, now: datetime) -> None:
-    """An open regression and a cache killer of the template."""
-    Regression.objects.create(
-        scope=Regression.Scope.TEMPLATE, template=template, changed_at=now - timedelta(minutes=20),
-        detected_at=now, updated_at=now, rate_before=0.8, rate_after=0.2, rate_now=0.2,
-        requests_before=300, requests_after=200, confidence=0.999, state=Regression.State.OPEN,
-    )  # fmt: skip
+    """Open regressions (the template's prompt change, the server's capacity) and a cache killer of
+    the template."""
+    for scope, kind, at_template, at_server in (
+        (Regression.Scope.TEMPLATE, Regression.Kind.TEMPLATE_COMMIT, template, None),
+        (Regression.Scope.SERVER, Regression.Kind.CAPACITY, None, server),
+    ):
+        Regression.objects.create(
+            scope=scope, kind=kind, template=at_template, server=at_server,
+            changed_at=now - timedelta(minutes=20), detected_at=now, updated_at=now, rate_before=0.8,
+            rate_after=0.2, rate_now=0.2, requests_before=300, requests_after=200, confidence=0.999,
+            state=Regression.State.OPEN,
+        )  # fmt: skip
     CacheKiller.objects.create(
         template=template, block_size=server.block_size or 16, computed_at=now,
         window_start=now - timedelta(hours=1), window_end=now, mode="tokens", position_token=48,

@@ -92,7 +92,7 @@ WHERE = re.compile(r"\$labels\.(instance|server|template|tenant|name)\b")
 
 @pytest.mark.parametrize("alert", alert_rules(), ids=lambda rule: rule["alert"])
 def test_every_alert_says_where_how_bad_and_what_to_do(alert: dict[str, Any]) -> None:
-    assert alert["labels"]["severity"] in {"critical", "warning", "info"}
+    assert alert["labels"]["severity"] in {"warning", "critical", "info"}  # info: a notice, never a page
     annotations = alert["annotations"]
     assert {"summary", "description", "runbook_url"} <= annotations.keys()
     assert WHERE.search(annotations["summary"]), "the summary does not say where"
@@ -201,3 +201,15 @@ def test_the_readmes_alert_table_is_the_rules() -> None:
         _, pages, needs = table[rule["alert"]]
         assert pages.startswith(owner_kind(rule)) and pages.endswith(f"/ {rule['labels']['severity']}"), pages
         assert needs.endswith(f"({rule.get('for', '0m')})"), needs
+
+
+def test_every_alert_is_tested_with_its_owner() -> None:
+    """Alertmanager routes on owner_kind and owner (deploy/alertmanager/alertmanager.yml): every
+    firing case expects both, whether the rule sets them or joins them from the series."""
+    unowned = [
+        f"{case['alertname']} at {case['eval_time']}: {alert['exp_labels']}"
+        for case in alert_cases()
+        for alert in case.get("exp_alerts") or []
+        if not {"owner_kind", "owner"} <= alert["exp_labels"].keys()
+    ]
+    assert unowned == []
