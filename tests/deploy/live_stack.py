@@ -23,6 +23,7 @@ from app.traffic.models import (
     LossMinute,
     MinuteRollup,
     RejectedInput,
+    TenantSalt,
 )
 from app.traffic.services.collector_processes import LeaseCounts, report_collector_process
 from simulator.server import ServerConfig
@@ -80,6 +81,7 @@ def _store_traffic(server: Server, template: Template, now: datetime) -> None:
         server=server, template=template, minute=minute, requests=1, diagnosed=1, evicted_tokens=16
     )
     _store_baseline(server, version, now)
+    TenantSalt.objects.create(tenant="acme", salt_hash="ab" * 32, first_seen_at=now, last_seen_at=now)
 
 
 def _store_baseline(server: Server, version: TemplateVersion, now: datetime) -> None:

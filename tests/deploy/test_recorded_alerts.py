@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.recorded import Alert, Recording, Timeline, alert_timeline, load, without_job
+from tests.deploy.recorded import STEP_SECONDS, Alert, Recording, Timeline, alert_timeline, load, without_job
 from tests.deploy.test_prometheus_rules import ROOT, RULE_FILES
 
 RECORDINGS = ROOT / "deploy" / "prometheus" / "recordings"
@@ -70,14 +70,25 @@ def expected_alerts(recording: Recording) -> list[Expected]:
                  {"template": "agent", **template}),
         Expected("sim-3's KV memory cut", at["capacity sim-3"], "KVCapacityShort",
                  {"server": "sim-3", "severity": "warning", **platform}),
+        # The cut is a restart with 28 blocks (vLLM sizes its cache at start-up): its notice is true too.
+        Expected("sim-3's KV memory cut", at["capacity sim-3"], "ServerRestarted",
+                 {"server": "sim-3", "severity": "info", **platform}),
         Expected("sim-1 restarted", at["restart sim-1"], "ServerRestarted",
                  {"server": "sim-1", "severity": "info", **platform}),
     ]  # fmt: skip
 
 
-def problems(timeline: Timeline, expected: list[Expected]) -> list[str]:
+def stack_up_at(recording: Recording) -> int:
+    """Seconds from the recording's start to the first scrape at which every target was up (the
+    recording starts before the stack: until then only the scrape-failure alerts may be pending)."""
+    ups = [values for key, values in recording.series.items() if ("__name__", "up") in key]
+    return next(step * STEP_SECONDS for step in range(recording.steps) if all(up[step] == 1 for up in ups))
+
+
+def problems(timeline: Timeline, expected: list[Expected], quiet_from: int = 0) -> list[str]:
     """What is wrong with a timeline: a fault with no alert in time, an alert no fault explains (or
-    that fires before its fault), an alert that fires twice, anything pending before the first fault."""
+    that fires before its fault), an alert that fires twice, anything pending between `quiet_from`
+    (the stack up) and the first fault."""
     found = []
     for want in expected:
         firing = [t for alert, states in timeline.items() if want.matches(alert) for t in states["firing"]]
@@ -95,7 +106,7 @@ def problems(timeline: Timeline, expected: list[Expected]) -> list[str]:
             )
         if _episodes(states["firing"]) > 1:
             found.append(f"fired {_episodes(states['firing'])} times: {alert.name} {dict(alert.labels)}")
-        early = [t for t in states["pending"] + states["firing"] if t < first_fault]
+        early = [t for t in states["pending"] + states["firing"] if quiet_from <= t < first_fault]
         if early:
             found.append(f"before any fault: {alert.name} {dict(alert.labels)} at {min(early)}")
     return found
@@ -132,7 +143,7 @@ def test_every_fault_pages_its_owner_once_in_time_and_nothing_else_fires(
 ) -> None:
     timeline = alert_timeline(recording, RULE_FILES, tmp_path, _promtool())
     expected = expected_alerts(recording)
-    assert problems(timeline, expected) == [], table(timeline, expected)
+    assert problems(timeline, expected, stack_up_at(recording)) == [], table(timeline, expected)
 
 
 def test_without_prefixscope_the_vllm_rules_stay_quiet_on_a_new_prometheus(
@@ -145,7 +156,7 @@ def test_without_prefixscope_the_vllm_rules_stay_quiet_on_a_new_prometheus(
     restart = next(want for want in expected_alerts(recording) if want.alert == "ServerRestarted")
     labels = {"severity": "info", "owner": "platform"}
     notice = Expected(restart.fault, restart.at, "VLLMServerRestarted", labels)
-    assert problems(timeline, [notice]) == [], table(timeline, [notice])
+    assert problems(timeline, [notice], stack_up_at(recording)) == [], table(timeline, [notice])
 
 
 def test_the_timeline_check_catches_a_page_held_back_by_a_long_for(
