@@ -13,10 +13,8 @@ import contextlib
 import http.client
 import json
 import logging
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import threading
 import urllib.request
@@ -28,6 +26,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from app.debian import apt_install, can_install
 from app.env import env_int
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,17 +135,10 @@ def find_or_install(log: TextIO) -> str | None:
     """Prometheus' path; when missing, installed as the test command installs Debian packages (as
     root, apt-get; its output to `log`); None when it cannot be."""
     found = shutil.which("prometheus")
-    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+    if found or not can_install():
         return found
     print("Installing prometheus (Debian package)...", flush=True)
-    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["update", "-qq"], ["install", "-y", "-qq", "--no-install-recommends", "prometheus"]):
-        done = subprocess.run(
-            ["apt-get", *command], env=apt_env, stdout=log, stderr=subprocess.STDOUT, check=False
-        )
-        if done.returncode != 0:
-            return None
-    return shutil.which("prometheus")
+    return shutil.which("prometheus") if apt_install(["prometheus"], output=log) else None
 
 
 def _bindable(port: int) -> bool:

@@ -32,6 +32,7 @@ from honcho.manager import KILL_WAIT, SIGNALS, SYSTEM_PRINTER_NAME, Manager
 from honcho.printer import Message
 
 from app import devprometheus
+from app.debian import apt_install, can_install
 from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
 from app.devconsole import ConsolePrinter
 from app.env import env_bool, env_int
@@ -419,14 +420,11 @@ def ensure_system_packages() -> None:
     missing = [package for command, package in SYSTEM_PACKAGES.items() if not shutil.which(command)]
     if not missing:
         return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
+    if not can_install():
         sys.exit(f"missing Debian packages: {' '.join(missing)} (apt-get install {' '.join(missing)})")
     print(f"Installing {' '.join(missing)} (Debian packages)...", flush=True)
-    apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=apt_env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=apt_env
-    )
+    if not apt_install(missing):
+        sys.exit(f"apt-get could not install {' '.join(missing)}")
 
 
 QUALITY_GATES = {

@@ -1,0 +1,28 @@
+"""Debian packages the development commands install when a command they run is missing: the test
+command's (promtool, chromium, ...) and `make run`'s Prometheus. One way to install them: apt-get as
+root, non-interactive, without recommends."""
+
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import TextIO
+
+
+def can_install() -> bool:
+    return os.geteuid() == 0 and shutil.which("apt-get") is not None
+
+
+def apt_install(packages: Sequence[str], *, output: TextIO | None = None) -> bool:
+    """Install `packages` with apt-get (its output to `output`, else inherited); whether it worked."""
+    if not can_install():
+        return False
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["update", "-qq"], ["install", "-y", "-qq", "--no-install-recommends", *packages]):
+        done = subprocess.run(
+            ["apt-get", *command], env=env, stdout=output, stderr=subprocess.STDOUT if output else None,
+            check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            return False
+    return True
