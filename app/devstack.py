@@ -356,7 +356,7 @@ def run(port: int) -> int:
             folder=DATA / "prometheus", web_port=port, vllm_ports=vllm, env=env, log=log
         )
         banner = f"Prefixscope: http://127.0.0.1:{port}/  login: admin, password in {kept}  (Ctrl-C stops)"
-        quiet = f"Log of every process: {log_path}; here: warnings, errors, regressions opened and resolved."
+        quiet = f"Log of every process: {log_path}; here: warnings, errors, regressions and alerts."
         print(f"\n{banner}\n{prometheus.notice}\n{quiet}\n", flush=True)
         manager = DemoFirstManager(ConsolePrinter(log))
         for name, command in {**processes(port), **prometheus.processes}.items():
