@@ -37,6 +37,7 @@ from app.traffic.models import (
     ServerRequestMinute,
     TemplateLossHour,
     TemplateRequestHour,
+    TenantSalt,
     UnsaltedPrefixHour,
     UnsaltedPrefixMinute,
 )
@@ -61,7 +62,14 @@ GROWING_WITH_TRAFFIC = [
 
 # Reference tables: a row per server, stream, series or collector process, or a tally per reason.
 SMALL = [KVStream, KVGap, CollectorProcess, RejectedInput, MetricSeries]
-SUMS_ACROSS_SERVERS = [TemplateRequestHour, TemplateLossHour, UnsaltedPrefixMinute, UnsaltedPrefixHour]
+# TenantSalt: a row per tenant and salt it sent, whatever the servers.
+SUMS_ACROSS_SERVERS = [
+    TemplateRequestHour,
+    TemplateLossHour,
+    UnsaltedPrefixMinute,
+    UnsaltedPrefixHour,
+    TenantSalt,
+]
 
 _PARTITIONED_SQL = """
 SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid
