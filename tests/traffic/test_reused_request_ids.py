@@ -21,11 +21,12 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def reused(client: Client) -> tuple[Client, list[RequestFacts]]:
-    """demo-0-000020 sent twice to vllm-0, an hour apart (a demo restarted), with other prompts."""
+    """demo-0-000020 sent twice to vllm-0, half an hour apart (a demo restarted), with other prompts:
+    both inside the requests explorer's default last hour however long the test takes to list them."""
     Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", model="tiny")
     now = timezone.now().replace(microsecond=250_000)
     sent = [
-        RequestFacts(request_id="demo-0-000020", arrived_at=now - timedelta(hours=1), server="vllm-0",
+        RequestFacts(request_id="demo-0-000020", arrived_at=now - timedelta(minutes=30), server="vllm-0",
                      tenant="acme", prompt_tokens=300, cached_tokens=0),
         RequestFacts(request_id="demo-0-000020", arrived_at=now, server="vllm-0",
                      tenant="globex", prompt_tokens=500, cached_tokens=64),
