@@ -24,7 +24,9 @@ def reused(client: Client) -> tuple[Client, list[RequestFacts]]:
     """demo-0-000020 sent twice to vllm-0, half an hour apart (a demo restarted), with other prompts:
     both inside the requests explorer's default last hour however long the test takes to list them."""
     Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", model="tiny")
-    now = timezone.now().replace(microsecond=250_000)
+    # A whole second back, so that the newest arrival is never after the explorer's "now" (a quarter
+    # second past now was, for a listing made within it).
+    now = (timezone.now() - timedelta(seconds=1)).replace(microsecond=250_000)
     sent = [
         RequestFacts(request_id="demo-0-000020", arrived_at=now - timedelta(minutes=30), server="vllm-0",
                      tenant="acme", prompt_tokens=300, cached_tokens=0),
