@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "app.core",
     "app.fleet",
     "app.traffic",
+    "app.rollups",
+    "app.diagnosis",
     "app.prompts",
     "app.regressions",
     "app.dashboard",
@@ -182,12 +184,12 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 3600},
     },
     "diagnose-requests": {
-        "task": "traffic.dispatch_diagnoses",  # one task per compatibility group
+        "task": "diagnosis.dispatch_diagnoses",  # one task per compatibility group
         "schedule": 30.0,
         "options": {"expires": 30},
     },
     "refresh-rollups": {
-        "task": "traffic.refresh_rollups",
+        "task": "rollups.refresh_rollups",
         "schedule": 60.0,
         "options": {"expires": 60},
     },

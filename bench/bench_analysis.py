@@ -60,14 +60,14 @@ from django.db.models import Sum  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from app.compare.killers import find_all_killers  # noqa: E402
+from app.diagnosis.run import diagnose_requests  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.fleet.services import register_server  # noqa: E402
 from app.prompts.models import CacheKiller  # noqa: E402
+from app.rollups.refresh import refresh_minute_rollups  # noqa: E402
 from app.traffic.models import RequestDiagnosis  # noqa: E402
-from app.traffic.services.diagnosis import diagnose_requests  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
 from bench.analysis_trace import SERVER, write_traces  # noqa: E402
 from collectors.records import RequestFacts  # noqa: E402
 

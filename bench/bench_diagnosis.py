@@ -12,7 +12,7 @@ blocks, so cached tokens and KV events are what vLLM would report; the events go
 wire encoding, the collector's decoder and its store (store_kv_events), the records through the
 ingest (ingest_request_records), as in production. Untimed.
 
-Timed: the online runs (app.traffic.services.diagnosis.diagnose_requests, the process keeping its
+Timed: the online runs (app.diagnosis.run.diagnose_requests, the process keeping its
 replay), then, the diagnoses deleted, one run replaying the whole trace from the database. Both
 print requests per second of wall time and of this process's CPU time (the worker core: waiting
 on PostgreSQL is not counted), and the ratio of the two.
@@ -43,11 +43,11 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from app.diagnosis.run import diagnose_requests, forget_kept_replay  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.fleet.services import register_server  # noqa: E402
-from app.traffic.kv_collector import event_rows  # noqa: E402
+from app.traffic.collection.kv_collector import event_rows  # noqa: E402
 from app.traffic.models import RequestDiagnosis  # noqa: E402
-from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay  # noqa: E402
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from app.traffic.services.requests import ingest_request_records  # noqa: E402

@@ -52,11 +52,11 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from app.diagnosis.run import compatibility_groups, diagnose_requests  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.fleet.services import register_server  # noqa: E402
-from app.traffic.kv_leases import lease_holders  # noqa: E402
+from app.traffic.collection.kv_leases import lease_holders  # noqa: E402
 from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord  # noqa: E402
-from app.traffic.services.diagnosis import compatibility_groups, diagnose_requests  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from app.traffic.tasks import scrape_server  # noqa: E402
 

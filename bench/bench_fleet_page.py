@@ -32,9 +32,9 @@ from django.utils import timezone  # noqa: E402
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
+from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups  # noqa: E402
+from app.rollups.servers import refresh_server_minutes  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups  # noqa: E402
-from app.traffic.services.server_rollups import refresh_server_minutes  # noqa: E402
 
 _NOW = "date_trunc('minute', now())"
 _WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"

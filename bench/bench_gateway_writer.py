@@ -34,7 +34,7 @@ from django.test.utils import setup_test_environment  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from app.fleet.models import Server  # noqa: E402
-from app.traffic.gateway_writer import SOURCE, GatewayWriter  # noqa: E402
+from app.traffic.collection.gateway_writer import SOURCE, GatewayWriter  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from bench.baseline import (  # noqa: E402
     Rates,

@@ -4,7 +4,7 @@
 
 Runs in a throw-away database on the server DATABASE_URL names. The captured SUB messages are
 replayed with fresh sequence numbers and times; each is decoded (collectors.kv_events.parse),
-turned into rows (app.traffic.kv_collector.event_rows) and stored with the block index and stream
+turned into rows (app.traffic.collection.kv_collector.event_rows) and stored with the block index and stream
 position (app.traffic.services.kv_events.store_kv_events), flushing every 200 messages as the
 subscriber does. The baseline is psycopg COPY of the same rows straight into traffic_kvevent.
 The collector's rate is also given per second of this process's CPU time, where waiting on PostgreSQL
@@ -30,7 +30,7 @@ from django.utils import timezone  # noqa: E402
 
 from app.domain.blockhash import wire_to_signed  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
-from app.traffic.kv_collector import event_rows  # noqa: E402
+from app.traffic.collection.kv_collector import event_rows  # noqa: E402
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from collectors.kv_events.parse import decode_sub_message  # noqa: E402

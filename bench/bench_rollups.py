@@ -32,9 +32,9 @@ from django.utils import timezone  # noqa: E402
 
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template  # noqa: E402
+from app.rollups.refresh import refresh_minute_rollups  # noqa: E402
 from app.traffic.models import RequestRecord  # noqa: E402
 from app.traffic.services.partitions import ensure_day_partitions  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
 
 PER_MINUTE = 600
 

@@ -33,8 +33,8 @@ from django.utils import timezone  # noqa: E402
 from app.domain.histogram import TTFT_BUCKETS_SECONDS  # noqa: E402
 from app.fleet.models import Server  # noqa: E402
 from app.prompts.models import Template, TemplateRepository  # noqa: E402
+from app.rollups.refresh import refresh_minute_rollups  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
 
 _NOW = "date_trunc('minute', now())"
 _WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"

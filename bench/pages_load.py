@@ -32,13 +32,13 @@ from app.core.models import Membership
 from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
+from app.rollups import servers as server_rollups
+from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
+from app.rollups.servers import refresh_server_minutes
 from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord
-from app.traffic.services import server_rollups
 from app.traffic.services.copy_rows import write_rows
 from app.traffic.services.partitions import create_day_partitions, day_of
 from app.traffic.services.requests import TABLE_TYPES, RecordRow
-from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
-from app.traffic.services.server_rollups import refresh_server_minutes
 
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 SALTED = frozenset({"globex"})  # a tenant that salts its prompts

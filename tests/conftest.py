@@ -24,7 +24,7 @@ def _forget_what_processes_remember() -> None:
     between batches and runs: a test's rows are rolled back after it, so what an earlier test left
     in memory may name rows gone."""
     from app.api.services import forget_ingest_tokens
-    from app.traffic.services.diagnosis import forget_kept_replay
+    from app.diagnosis.run import forget_kept_replay
     from app.traffic.services.partitions import forget_partition_ranges
     from app.traffic.services.requests import forget_servers
 

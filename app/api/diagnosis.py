@@ -15,22 +15,20 @@ from app.api.errors import ApiError, error
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
-from app.fleet.models import Server
-from app.prompts.selectors import find_template
-from app.traffic.cost import scope_cost
-from app.traffic.selectors import (
+from app.diagnosis.cost import scope_cost
+from app.diagnosis.reads import (
     LOSS_GROUPS,
-    AddressedRequest,
-    DiagnosedRequest,
     LossRow,
     RoutingGroup,
-    addressed_request,
     losses,
     lost_tokens_by_cause,
     routing_effectiveness,
-    tenant_audit,
     unexpected_hits,
 )
+from app.diagnosis.tenants import tenant_audit
+from app.fleet.models import Server
+from app.prompts.selectors import find_template
+from app.traffic.selectors import AddressedRequest, DiagnosedRequest, addressed_request
 
 router = Router(tags=["diagnosis"], auth=READERS)
 

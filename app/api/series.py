@@ -1,6 +1,6 @@
 """Time series of hit rate, TTFT, lost tokens and requests for any scope and bucket, as JSON or CSV.
 
-Read from the per-minute rollups and summed per bucket in SQL (app/traffic/series.py); a server's
+Read from the per-minute rollups and summed per bucket in SQL (app/rollups/series.py); a server's
 own readings (its scrapes, its KV events) for scope=server. Every parameter is checked here and a
 bad one answered 400 with a code and a message, as django-ninja's validation is (app/api/errors.py).
 """
@@ -16,7 +16,7 @@ from app.api.auth import READERS
 from app.api.errors import ApiError, error
 from app.api.viewers import caller_viewer
 from app.prompts.selectors import find_template
-from app.traffic import series as traffic_series
+from app.rollups import series as traffic_series
 
 router = Router(tags=["series"])
 

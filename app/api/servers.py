@@ -1,6 +1,6 @@
 """Servers: register, change, disable or enable, and accept or merge the proposed ones that ingested
 data named. Staff only (app/api/auth.py); every change goes through app/fleet/services.py (a merge
-through app/traffic/services/servers.py), as the set-up pages' do."""
+through app/rollups/merge.py), as the set-up pages' do."""
 
 from collections.abc import Callable
 from datetime import datetime
@@ -20,7 +20,7 @@ from app.fleet import services
 from app.fleet.endpoints import http_url_problem, zmq_endpoint_problem
 from app.fleet.models import Server
 from app.prompts import git
-from app.traffic.services.servers import merge_server
+from app.rollups.merge import merge_server
 
 router = Router(tags=["servers"], auth=STAFF)
 

@@ -20,9 +20,9 @@ from app.dashboard.metrics_traffic import killer_families, token_families, ttft_
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.regressions.owners import owner_of, server_owner
-from app.traffic.kv_leases import lease_holders
+from app.traffic.collection.kv_leases import lease_holders
+from app.traffic.collection.processes import FORGOTTEN_AFTER
 from app.traffic.models import CollectorProcess, KVGap, KVStream, LossMinute, MinuteRollup, RejectedInput
-from app.traffic.services.collector_processes import FORGOTTEN_AFTER
 
 # A collector process reports every 10 s or so: one silent for longer holds nothing in memory that
 # counts (its queue and leases are not exported; CollectorSilent fires on its last report's age).

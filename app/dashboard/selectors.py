@@ -13,6 +13,7 @@ from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.traffic.models import (
+    LOST_COLUMNS,
     HourRollup,
     KVGap,
     KVStream,
@@ -27,7 +28,6 @@ from app.traffic.models import (
     ServerRequestHour,
     ServerRequestMinute,
 )
-from app.traffic.selectors import LOST_COLUMNS
 
 # The minute and hour rollups of request records, server readings and diagnoses (app/traffic/models.py).
 REQUEST_ROLLUPS = (MinuteRollup, HourRollup)

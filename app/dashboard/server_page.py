@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
+from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
 from app.fleet.models import Server
-from app.traffic import series as traffic_series
+from app.rollups import series as traffic_series
+from app.rollups.series import Series, SeriesError, SeriesQuery, is_key
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import Spread, block_residency, resident_shares
-from app.traffic.selectors import lost_tokens_by_cause, server_funnel
-from app.traffic.series import Series, SeriesError, SeriesQuery, is_key
 
 # The picker's windows and the bucket each is drawn in (a few hundred points at most).
 WINDOWS = {"1h": (timedelta(hours=1), 60), "6h": (timedelta(hours=6), 300),

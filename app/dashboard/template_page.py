@@ -30,6 +30,7 @@ from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
 from app.dashboard.sparks import spark
 from app.dashboard.template_selectors import Effect, ListSums, TemplateRequests, Totals
 from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
+from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
 from app.domain.sketch import sketch_quantile
@@ -38,11 +39,9 @@ from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.evidence import diff_rows
-from app.traffic import series as traffic_series
-from app.traffic.cost import scope_cost
-from app.traffic.models import RequestDiagnosis
-from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.series import Series, SeriesQuery
+from app.rollups import series as traffic_series
+from app.rollups.series import Series, SeriesQuery
+from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 
 SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
 # Causes a cache could not have helped: a prompt seen for the first time, a tail shorter than a block.
@@ -231,7 +230,7 @@ def _figures(
     """Its totals, lost tokens per cause, cost and prefix memory over the window: from the charts'
     reads when they read the table these read (hours when both ends are whole hours, else minutes),
     else read again. The cost is the template's over the window as every page prices it
-    (app/traffic/cost.py)."""
+    (app/diagnosis/cost.py)."""
     found = scope_cost(template_id=template_id, since=window.since, until=window.until, viewer=viewer)
     hours = all(at.minute == at.second == at.microsecond == 0 for at in (window.since, window.until))
     if hours == (window.bucket % 3600 == 0):
@@ -248,7 +247,7 @@ def template_charts(
     template: Template, window: Window, versions: list[LiveVersion], reads: Reads, *, query: str
 ) -> list[MarkedChart]:
     """Hit rate, TTFT, lost tokens by cause and requests, as the series API reads a template
-    (app/traffic/series.py), drawn from one read of each rollup."""
+    (app/rollups/series.py), drawn from one read of each rollup."""
     times = traffic_series.bucket_starts(
         SeriesQuery("requests", "template", "", window.since, window.until, window.bucket)
     )

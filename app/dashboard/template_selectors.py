@@ -16,7 +16,9 @@ from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily
 from app.regressions.models import Regression
+from app.rollups.sketch_sql import loaded, merged_sketch_sql
 from app.traffic.models import (
+    LOST_COLUMNS,
     HourRollup,
     LossHour,
     LossMinute,
@@ -24,8 +26,6 @@ from app.traffic.models import (
     TemplateLossHour,
     TemplateRequestHour,
 )
-from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.services.sketch_sql import loaded, merged_sketch_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +172,7 @@ def hit_rate_trends(
     return found
 
 
-_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # as app/traffic/series.py bins: a day's bucket starts at 0:00 UTC
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # as app/rollups/series.py bins: a day's bucket starts at 0:00 UTC
 
 
 def lost_by_template(
@@ -276,7 +276,7 @@ def template_requests(
 ) -> TemplateRequests:
     """One read of the template's request rollups over [since, until), grouped at once by bucket and
     in all (GROUPING SETS), and its totals per server: for buckets of whole hours, as the series API
-    reads a template (app/traffic/series.py), the buckets from its sums per template where the viewer
+    reads a template (app/rollups/series.py), the buckets from its sums per template where the viewer
     may read them (_hour_rows) and the servers from the hour rollups' index of the template's totals
     (hour_rollup_template_sums, an index-only scan); the minute rollups otherwise, in one query. The
     buckets' TTFT sketches are merged by a second query over the same rows."""

@@ -36,24 +36,17 @@ from app.dashboard.selectors import (
 )
 from app.dashboard.server_page import WINDOWS, Window, picked_window
 from app.dashboard.sparks import spark
+from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiveness, unexpected_hits
+from app.diagnosis.tenants import shared_unsalted_prefixes, tenant_audit
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.prompts.killers import SampleKey, killer_at, template_killers
 from app.prompts.models import CacheKiller
+from app.rollups.merge import merge_server
+from app.rollups.series import Series, as_csv
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import resident_shares
-from app.traffic.selectors import (
-    LossRow,
-    addressed_request,
-    losses,
-    recent_misses,
-    routing_effectiveness,
-    shared_unsalted_prefixes,
-    tenant_audit,
-    unexpected_hits,
-)
-from app.traffic.series import Series, as_csv
-from app.traffic.services.servers import merge_server
+from app.traffic.selectors import addressed_request
 
 _registry = CollectorRegistry()
 _registry.register(PrefixscopeCollector())

@@ -5,7 +5,7 @@ A value v > MIN_SECONDS falls in bucket i = ceil(log_gamma(v / MIN_SECONDS)), wh
 (MIN_SECONDS * gamma^(i-1), MIN_SECONDS * gamma^i]; the bucket's representative, 2 gamma^i / (gamma + 1)
 times MIN_SECONDS, is within RELATIVE_ACCURACY of every value in it. Sketches merge by adding the
 counts of each index, so a minute's sketch sums into an hour's, a server's into the fleet's, in SQL
-(app/traffic/services/sketch_sql.py) as here. Values at or below MIN_SECONDS share bucket 0.
+(app/rollups/sketch_sql.py) as here. Values at or below MIN_SECONDS share bucket 0.
 """
 
 import math

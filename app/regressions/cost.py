@@ -1,4 +1,4 @@
-"""A hit-rate regression's cost: its scope's cost (app/traffic/cost.py, the one cost model) over the
+"""A hit-rate regression's cost: its scope's cost (app/diagnosis/cost.py, the one cost model) over the
 window since its change, the last COST_WINDOW at most, up to the last whole minute the diagnosis
 had summed when it was last updated. Its headline (lost_tokens_per_hour, GPU-seconds, money) is the
 part of those lost tokens over what the scope lost at its rate before: what reverting or fixing
@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.regressions.models import Regression
-from app.traffic.cost import scope_cost
 
 COST_WINDOW = timedelta(hours=1)
 _TENANT_SCOPES = (Regression.Scope.TENANT, Regression.Scope.TEMPLATE_TENANT)

@@ -18,9 +18,9 @@ from app.fleet.models import Server
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.models import Regression
 from app.regressions.series import Minute, scope_series
+from app.rollups.series import Series
 from app.traffic.models import MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.residency import ResidentShare, resident_shares
-from app.traffic.series import Series
 
 BEFORE = timedelta(hours=1)  # drawn before the change
 AFTER_AT_MOST = timedelta(hours=6)  # drawn after it: to its resolution or now, this at most

@@ -11,8 +11,7 @@ from django.db.models import Q, Sum
 
 from app.domain.changepoints import MinutePoint
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
-from app.traffic.models import LossMinute, MinuteRollup
-from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.models import LOST_COLUMNS, LossMinute, MinuteRollup
 
 ScopeKey = tuple[str, int | None, int | None, str]
 """(scope, template id, server id, tenant): what a regression is about (app.regressions.models)."""

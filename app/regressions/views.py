@@ -21,8 +21,8 @@ from app.regressions.cost import cost_window_of
 from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
+from app.rollups.series import as_csv
 from app.traffic.models import RequestDiagnosis
-from app.traffic.series import as_csv
 
 PAGE_SIZE = 50
 

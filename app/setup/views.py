@@ -29,8 +29,8 @@ from app.fleet.models import Server
 from app.prompts import git
 from app.prompts import services as prompts
 from app.prompts.models import TemplateRepository
+from app.rollups.merge import merge_server
 from app.setup.forms import EndpointsForm, RepositoryEditForm, ServerForm, TokenForm
-from app.traffic.services.servers import merge_server
 
 SERVERS = "setup/servers.html"
 

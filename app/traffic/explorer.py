@@ -27,8 +27,7 @@ from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
 from app.prompts.selectors import template_named
-from app.traffic.models import EXPLORER_ROWS, RequestDiagnosis, RequestRecord
-from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.models import EXPLORER_ROWS, LOST_COLUMNS, RequestDiagnosis, RequestRecord
 from collectors import records
 
 WINDOWS = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "6h": timedelta(hours=6),

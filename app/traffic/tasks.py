@@ -1,6 +1,6 @@
 import logging
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import httpx
 from celery import shared_task
@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import claim_due_scrapes, record_served_models
-from app.traffic.services import diagnosis, partitions, requests, rollups, server_rollups
+from app.traffic.services import partitions, requests
 from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.client import ScrapeFailed, fetch_metrics
 from collectors.metrics.parse import MetricsParseError, parse_metrics
@@ -17,43 +17,10 @@ from collectors.models.parse import ModelsParseError, parse_models
 
 logger = logging.getLogger(__name__)
 
-# Late records (a gateway replaying its spill file) land within this window of their minute.
-ROLLUP_LOOKBACK = timedelta(minutes=15)
-
 
 @shared_task(name="traffic.maintain_partitions")
 def maintain_partitions() -> None:
     partitions.maintain_partitions(now=timezone.now())
-
-
-@shared_task(name="traffic.refresh_rollups")
-def refresh_rollups() -> None:
-    now = timezone.now()
-    rollups.refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)
-    server_rollups.refresh_server_minutes(since=now - ROLLUP_LOOKBACK, until=now)
-
-
-DIAGNOSIS_EVERY_SECONDS = 30.0
-
-
-@shared_task(name="traffic.dispatch_diagnoses")
-def dispatch_diagnoses() -> None:
-    """One diagnosis task per compatibility group, so that the workers share the fleet; a task not
-    started before the next dispatch is dropped (that one covers its records)."""
-    for group in diagnosis.compatibility_groups():
-        diagnose_group.apply_async(args=(list(group),), expires=DIAGNOSIS_EVERY_SECONDS)
-
-
-@shared_task(name="traffic.diagnose_group")
-def diagnose_group(group: list[object]) -> int:
-    """Diagnose one group's records due; another worker's run of the same group makes this one a no-op."""
-    return diagnosis.diagnose_requests(now=timezone.now(), group=tuple(group))
-
-
-@shared_task(name="traffic.diagnose_requests")
-def diagnose_requests() -> None:
-    """The whole fleet in one run (the groups no other run holds)."""
-    diagnosis.diagnose_requests(now=timezone.now())
 
 
 @shared_task(name="traffic.expire_token_ids")

@@ -14,12 +14,12 @@ from django.db.models import Sum
 from django.test import Client
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.prompts.models import Template
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import LossMinute
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.users import fleet_viewer
 

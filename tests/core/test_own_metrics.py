@@ -11,7 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template
-from app.traffic.kv_leases import Leases
+from app.traffic.collection.kv_leases import Leases
+from app.traffic.collection.processes import (
+    LeaseCounts,
+    forget_collector_process,
+    report_collector_process,
+)
 from app.traffic.models import (
     CollectorProcess,
     HourRollup,
@@ -20,11 +25,6 @@ from app.traffic.models import (
     LossHour,
     MinuteRollup,
     RejectedInput,
-)
-from app.traffic.services.collector_processes import (
-    LeaseCounts,
-    forget_collector_process,
-    report_collector_process,
 )
 
 pytestmark = pytest.mark.django_db

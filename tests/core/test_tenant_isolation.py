@@ -24,15 +24,15 @@ from app.compare.models import Comparison
 from app.compare.selectors import RecordKey
 from app.compare.services import SideInput, create_comparison
 from app.core.models import Membership
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.prompts.models import PrefixFamily, Template, TemplateRepository
 from app.prompts.services import register_repository
 from app.regressions.models import Regression
+from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.models import MinuteRollup
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.fixtures import load_json
 

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 

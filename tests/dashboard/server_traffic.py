@@ -6,12 +6,12 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_minute_rollups
+from app.rollups.servers import refresh_server_minutes
 from app.traffic.models import KVEvent
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from app.traffic.services.scrapes import record_scrape
-from app.traffic.services.server_rollups import refresh_server_minutes
 from collectors.metrics.parse import parse_metrics
 from collectors.records import RequestFacts
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.prompts.history import import_template_history
 from app.prompts.models import Template, TemplateVersion
 from app.prompts.services import register_repository
-from app.traffic.services.diagnosis import diagnose_requests
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.prompts.conftest import GitRepo
 

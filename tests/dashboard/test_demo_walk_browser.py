@@ -25,10 +25,10 @@ from app.compare.killers import find_all_killers
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
+from app.rollups.refresh import refresh_minute_rollups
+from app.rollups.servers import refresh_server_minutes
+from app.rollups.tasks import ROLLUP_LOOKBACK
 from app.traffic.models import RequestRecord
-from app.traffic.services.rollups import refresh_minute_rollups
-from app.traffic.services.server_rollups import refresh_server_minutes
-from app.traffic.tasks import ROLLUP_LOOKBACK
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
 from tests.regressions.test_detection import demo, fault_commit
 from tests.regressions.virtual_fleet import VirtualRun, record_scrapes, run_virtually

@@ -9,6 +9,8 @@ from django.utils import timezone
 from app.dashboard.selectors import fleet_headline
 from app.fleet.models import Server
 from app.regressions.models import Regression
+from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
+from app.rollups.servers import refresh_server_minutes
 from app.traffic.models import (
     KVGap,
     KVStream,
@@ -20,8 +22,6 @@ from app.traffic.models import (
     ServerHour,
     ServerMinute,
 )
-from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
-from app.traffic.services.server_rollups import refresh_server_minutes
 from tests.dashboard.server_traffic import a_served_server
 from tests.users import fleet_viewer
 

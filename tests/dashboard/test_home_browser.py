@@ -10,7 +10,7 @@ from playwright.sync_api import Browser, expect
 from pytest_django.live_server_helper import LiveServer
 
 from app.fleet.models import Server
-from app.traffic.services.server_rollups import refresh_server_minutes
+from app.rollups.servers import refresh_server_minutes
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
 from tests.dashboard.server_traffic import a_served_server
 from tests.dashboard.test_server_page_browser import INKED

@@ -12,8 +12,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from app.traffic.explorer import PAGE_SIZE
-from app.traffic.models import RequestDiagnosis
-from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from tests.dashboard.explorer_traffic import BLOCK, OLD, Sent, newest_first, record_traffic
 from tests.users import fleet_viewer
 

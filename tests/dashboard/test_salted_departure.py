@@ -11,9 +11,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.traffic.models import RequestDiagnosis
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 from tests.users import fleet_viewer

@@ -12,10 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from app.fleet.models import Server
+from app.rollups.servers import refresh_server_minutes
 from app.traffic.models import ResidentBlock
 from app.traffic.services.kv_events import StreamPosition, store_kv_events
 from app.traffic.services.scrapes import record_scrape
-from app.traffic.services.server_rollups import refresh_server_minutes
 from collectors.metrics.parse import parse_metrics
 from tests.dashboard.server_traffic import a_served_server
 from tests.fixtures import VLLM_CPU_FIXTURES

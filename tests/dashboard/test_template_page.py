@@ -20,8 +20,7 @@ from app.domain.kvmemory import KvCacheShape
 from app.prompts.models import Template
 from app.prompts.services import record_deploy
 from app.regressions.models import Regression
-from app.traffic.models import HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
-from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.models import LOST_COLUMNS, HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
 from tests.dashboard.template_traffic import History, a_template_history
 from tests.users import fleet_viewer
 

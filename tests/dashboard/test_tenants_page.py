@@ -13,12 +13,11 @@ from django.urls import reverse
 from django.utils import timezone
 
 from app.core.models import Membership
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
-from app.traffic.models import RequestDiagnosis
-from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.services.diagnosis import diagnose_requests
+from app.rollups.refresh import refresh_minute_rollups
+from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.users import fleet_viewer
 

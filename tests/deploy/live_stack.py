@@ -15,6 +15,7 @@ import httpx
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion
 from app.regressions.models import Regression
+from app.traffic.collection.processes import LeaseCounts, report_collector_process
 from app.traffic.models import (
     HourRollup,
     KVGap,
@@ -25,7 +26,6 @@ from app.traffic.models import (
     RejectedInput,
     TenantSalt,
 )
-from app.traffic.services.collector_processes import LeaseCounts, report_collector_process
 from simulator.server import ServerConfig
 from tests.fixtures import captured_traffic
 

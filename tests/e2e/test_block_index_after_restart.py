@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from app.fleet.models import Server
-from app.traffic.kv_collector import KVEventCollector
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVStream, ResidentBlock
 from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS, post_json
 from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, serve

@@ -16,11 +16,11 @@ import pytest
 import zmq
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
-from app.traffic.kv_collector import KVEventCollector
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from tests.collectors.gateway.running import KeptRecords, call, running_gateway, wait_for
 from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS

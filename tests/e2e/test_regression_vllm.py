@@ -23,6 +23,7 @@ import pytest
 import zmq
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
 from app.prompts.history import import_template_history
@@ -30,11 +31,10 @@ from app.prompts.models import TemplateVersion
 from app.prompts.services import register_repository
 from app.regressions.models import Regression
 from app.regressions.services import check_deploys, detect_regressions
-from app.traffic.kv_collector import KVEventCollector
+from app.rollups.refresh import refresh_minute_rollups
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis, RequestRecord
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from tests.collectors.gateway.running import KeptRecords, call, running_gateway
 from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS
 from tests.e2e.test_block_index_after_restart import poll_for

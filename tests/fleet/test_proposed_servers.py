@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
+from app.rollups.merge import merge_server
 from app.traffic.models import MinuteRollup, RejectedInput, RequestRecord
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.servers import merge_server
 from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.tasks import refresh_rollups, scrape_server
+from app.rollups.tasks import refresh_rollups
+from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from tests.domain.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
 from tests.simulator.running import local_config, running_fleet

@@ -14,11 +14,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
 from app.prompts.models import PrefixFamily, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
 from tests.fixtures import load_json

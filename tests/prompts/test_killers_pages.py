@@ -11,10 +11,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from app.compare.tasks import find_killers
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
-from app.traffic.services.diagnosis import diagnose_requests
 from tests.prompts.killer_traffic import ingest, sim, timestamp_token, volatile_top
 from tests.users import fleet_viewer
 

@@ -27,20 +27,20 @@ from typing import Any
 from django.utils import timezone
 from prometheus_client import generate_latest
 
+from app.diagnosis.run import diagnose_requests, forget_kept_replay
 from app.domain import gpt2
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.prompts.history import import_template_history
 from app.prompts.services import register_repository
-from app.traffic.kv_collector import event_rows
-from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay
+from app.rollups.refresh import refresh_minute_rollups
+from app.rollups.servers import refresh_server_minutes
+from app.rollups.tasks import ROLLUP_LOOKBACK
+from app.traffic.collection.kv_collector import event_rows
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from app.traffic.services.scrapes import record_scrape
-from app.traffic.services.server_rollups import refresh_server_minutes
-from app.traffic.tasks import ROLLUP_LOOKBACK
 from collectors.kv_events.parse import decode_sub_message
 from collectors.metrics.parse import parse_metrics
 from collectors.records import RequestFacts
@@ -205,7 +205,7 @@ class _Serving:
 
     def _minute(self, seconds: float, every_minute: Callable[[datetime], object] | None) -> None:
         now = self.run.at(seconds + 31)  # the diagnosis waits 30 s for late events
-        refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)  # as beat's traffic.refresh_rollups
+        refresh_minute_rollups(since=now - ROLLUP_LOOKBACK, until=now)  # as beat's rollups.refresh_rollups
         if self.scrape_every:
             self._scrape_until(seconds)
             refresh_server_minutes(since=now - ROLLUP_LOOKBACK, until=now)

@@ -14,13 +14,13 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.kv_collector import KVEventCollector
+from app.rollups.refresh import refresh_loss_minutes
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, LossMinute, RequestDiagnosis
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_loss_minutes
 from app.traffic.tasks import scrape_server
 from collectors.records import RequestFacts
 from simulator.fleet import describe

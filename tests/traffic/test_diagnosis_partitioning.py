@@ -1,5 +1,5 @@
 """Diagnosis runs in several workers at once split the fleet by compatibility group: a request is
-diagnosed by one run, never by two (app/traffic/services/diagnosis.py, DIAGNOSIS_LOCK_SPACE)."""
+diagnosed by one run, never by two (app/diagnosis/run.py, DIAGNOSIS_LOCK_SPACE)."""
 
 import os
 import random
@@ -16,17 +16,17 @@ from django.db import connections
 from django.utils import timezone
 
 from app.celery import celery_app
-from app.fleet.models import Server
-from app.fleet.services import register_server
-from app.traffic.models import RequestDiagnosis
-from app.traffic.services.diagnosis import (
+from app.diagnosis.run import (
     DIAGNOSIS_LOCK_SPACE,
     compatibility_groups,
     diagnose_requests,
     group_lock_key,
 )
+from app.diagnosis.tasks import dispatch_diagnoses
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.traffic.models import RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.tasks import dispatch_diagnoses
 from collectors.records import RequestFacts
 from tests.traffic.processes import REPO, database_url_for_tests, wait_until
 
@@ -80,7 +80,7 @@ def test_a_run_leaves_the_group_another_worker_is_diagnosing_to_the_next_run() -
 _RUN = """
 import os, time
 from datetime import datetime
-from app.traffic.services.diagnosis import diagnose_requests
+from app.diagnosis.run import diagnose_requests
 start, now = float(os.environ["RUN_AT"]), datetime.fromisoformat(os.environ["RUN_NOW"])
 time.sleep(max(0.0, start - time.time()))
 print(diagnose_requests(now=now))

@@ -13,8 +13,7 @@ from django.utils import timezone
 from app.domain.keyset import Cursor
 from app.fleet.models import Server
 from app.traffic.explorer import PAGE_SIZE, RequestFilters, matching_requests
-from app.traffic.models import RequestDiagnosis
-from app.traffic.selectors import LOST_COLUMNS
+from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from app.traffic.services.partitions import create_day_partitions, day_of
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts

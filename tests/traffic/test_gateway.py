@@ -28,7 +28,7 @@ from django.utils import timezone
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.prompts.models import TemplateVersion
-from app.traffic.gateway_writer import QUEUE_FULL, GatewayWriter, WriterPool, read_spill
+from app.traffic.collection.gateway_writer import QUEUE_FULL, GatewayWriter, WriterPool, read_spill
 from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id

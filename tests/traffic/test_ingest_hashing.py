@@ -13,7 +13,7 @@ from django.utils import timezone
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.fleet.models import Server
 from app.fleet.selectors import UNKNOWN_MODEL_REASON
-from app.traffic.gateway_writer import GatewayWriter
+from app.traffic.collection.gateway_writer import GatewayWriter
 from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts

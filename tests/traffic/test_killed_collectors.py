@@ -16,7 +16,7 @@ import pytest
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.gateway_writer import read_spill
+from app.traffic.collection.gateway_writer import read_spill
 from app.traffic.models import KVEvent, KVGap, KVStream, RequestRecord, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig

@@ -9,7 +9,7 @@ import zmq
 from django.db import connection
 
 from app.fleet.models import Server
-from app.traffic.kv_collector import KVEventCollector, event_rows
+from app.traffic.collection.kv_collector import KVEventCollector, event_rows
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import KVEventRow
 from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from app.fleet.models import Server
-from app.traffic.kv_collector import KVEventCollector
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput
 from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads
 from tests.traffic.processes import Command, database_url_for_tests, wait_until

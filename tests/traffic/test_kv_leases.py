@@ -1,4 +1,5 @@
-"""Several KV-event subscribers share a fleet through advisory-lock leases (app/traffic/kv_leases.py).
+"""Several KV-event subscribers share a fleet through advisory-lock leases
+(app/traffic/collection/kv_leases.py).
 
 The failover test runs two subscribers as deployed (`manage.py collect_kv_events`) on a simulated
 fleet under load and kills one with SIGKILL: no handler, `finally` or flush runs, and what it had
@@ -17,9 +18,9 @@ import pytest
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.kv_leases import Leases, lease_holders, share_of
+from app.traffic.collection.kv_leases import Leases, lease_holders, share_of
+from app.traffic.collection.processes import LeaseCounts
 from app.traffic.models import CollectorProcess, KVEvent, KVGap, KVStream, ResidentBlock
-from app.traffic.services.collector_processes import LeaseCounts
 from simulator.fleet import describe
 from simulator.server import ServerConfig
 from tests.simulator.running import local_config, running_fleet

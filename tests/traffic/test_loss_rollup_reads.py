@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from app.diagnosis.reads import losses, lost_tokens_by_cause, server_funnel
+from app.diagnosis.tenants import tenant_audit
 from app.fleet.models import Server
+from app.rollups.refresh import LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL
 from app.traffic.models import LossMinute
-from app.traffic.selectors import losses, lost_tokens_by_cause, server_funnel, tenant_audit
-from app.traffic.services.rollups import LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
+from app.diagnosis.reads import recent_misses
 from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import REUSABLE_LOST_COLUMNS, RequestDiagnosis
-from app.traffic.selectors import recent_misses
 from app.traffic.services.partitions import ensure_day_partitions
 
 pytestmark = pytest.mark.django_db

@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.db.models import Sum
 
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import HourRollup, MinuteRollup, RequestRecord, ServerRequestHour
 from app.traffic.services.partitions import ensure_day_partitions
-from app.traffic.services.rollups import refresh_minute_rollups
 from tests.sessions import wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -23,10 +23,10 @@ import yaml
 from django.db.models import F, Q
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.models import KVEvent, RejectedInput, RequestDiagnosis, RequestRecord
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from simulator.loadgen import run

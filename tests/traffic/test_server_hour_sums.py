@@ -15,10 +15,14 @@ from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
 from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
+from app.diagnosis.reads import routing_effectiveness
+from app.diagnosis.tenants import tenant_audit
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.sketch import merged, sketch_quantile
 from app.fleet.models import Server
 from app.prompts.models import Template
+from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
+from app.rollups.series import SeriesQuery, series
 from app.traffic.models import (
     HourRollup,
     LossHour,
@@ -32,10 +36,7 @@ from app.traffic.models import (
     ServerRequestHour,
     ServerRequestMinute,
 )
-from app.traffic.selectors import routing_effectiveness, tenant_audit
-from app.traffic.series import SeriesQuery, series
 from app.traffic.services.partitions import ensure_day_partitions
-from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
 
 pytestmark = pytest.mark.django_db
 

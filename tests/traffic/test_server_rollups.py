@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
+from app.rollups.series import SERVER_METRICS, parse_query, raw_server_series, series
+from app.rollups.servers import SCRAPE_GAP, refresh_server_minutes
 from app.traffic.models import KVEvent, MetricSeries, Scrape, ScrapeSample, ServerHour, ServerMinute
-from app.traffic.series import SERVER_METRICS, parse_query, raw_server_series, series
 from app.traffic.services.scrapes import record_scrape
-from app.traffic.services.server_rollups import SCRAPE_GAP, refresh_server_minutes
 from collectors.metrics.parse import parse_metrics
 from tests.dashboard.server_traffic import a_served_server, metrics_page
 from tests.fixtures import VLLM_CPU_FIXTURES

@@ -9,9 +9,10 @@ from django.db.models import Sum
 
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.kv_collector import KVEventCollector
+from app.rollups.tasks import refresh_rollups
+from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock, ScrapeSample, ServerMinute
-from app.traffic.tasks import refresh_rollups, scrape_server
+from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from tests.fixtures import captured_traffic
 from tests.simulator.running import local_config, running_fleet

@@ -9,12 +9,12 @@ import pytest
 from django.db.models import Sum
 from django.utils import timezone
 
+from app.diagnosis.run import diagnose_requests
+from app.diagnosis.tenants import tenant_audit
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import MinuteRollup, RequestDiagnosis, RequestRecord, ServerRequestMinute
-from app.traffic.selectors import tenant_audit
-from app.traffic.services.diagnosis import diagnose_requests
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db

@@ -10,10 +10,10 @@ from django.utils import timezone
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import Template
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import KVEvent, MinuteRollup, RequestRecord
 from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import expire_token_ids
-from app.traffic.services.rollups import refresh_minute_rollups
 
 pytestmark = pytest.mark.django_db
 

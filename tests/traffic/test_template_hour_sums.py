@@ -18,7 +18,9 @@ from app.dashboard import template_selectors as selectors
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.sketch import merged
 from app.prompts.models import Template
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import (
+    LOST_COLUMNS,
     HourRollup,
     LossHour,
     RequestDiagnosis,
@@ -26,8 +28,6 @@ from app.traffic.models import (
     TemplateLossHour,
     TemplateRequestHour,
 )
-from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.services.rollups import refresh_minute_rollups
 from tests.traffic import test_server_hour_sums as server_sums
 
 pytestmark = pytest.mark.django_db

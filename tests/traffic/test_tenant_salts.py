@@ -7,9 +7,9 @@ import pytest
 from django.test import Client
 
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import TenantSalt
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 from tests.core.test_own_metrics import samples
 

@@ -13,10 +13,10 @@ from django.db import connection
 from app.core.tenancy import SEES_ALL
 from app.fleet.models import Server
 from app.prompts.models import Template
+from app.rollups.refresh import refresh_minute_rollups
+from app.rollups.series import SeriesQuery, series
 from app.traffic.models import HourRollup, MinuteRollup, RequestRecord
-from app.traffic.series import SeriesQuery, series
 from app.traffic.services.partitions import ensure_day_partitions
-from app.traffic.services.rollups import refresh_minute_rollups
 
 pytestmark = pytest.mark.django_db
 

@@ -13,11 +13,11 @@ import pytest
 from django.db import connection
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
+from app.diagnosis.tenants import shared_unsalted_prefixes
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import RequestRecord, UnsaltedPrefixHour, UnsaltedPrefixMinute
-from app.traffic.selectors import shared_unsalted_prefixes
 from app.traffic.services.requests import ingest_request_records
-from app.traffic.services.rollups import refresh_minute_rollups
 from collectors.records import RequestFacts
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ import django.contrib.postgres.fields
 import django.db.models.deletion
 from django.db import migrations, models
 
-# The hours of the rollup minutes already there, summed as app/traffic/services/rollups.py sums them
+# The hours of the rollup minutes already there, summed as app/rollups/refresh.py sums them
 # (HOUR_SQL, LOSS_HOUR_SQL; written out here: a migration keeps the SQL of its day).
 TOTALS = (
     "requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens", "client_ttft_count",

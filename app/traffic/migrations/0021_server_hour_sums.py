@@ -1,5 +1,5 @@
 """Per-server sums of the hour rollups (ServerRequestHour, ServerLossHour), filled from the hours
-already summed; the rollup services keep them after (app/traffic/services/rollups.py; the SQL of
+already summed; the rollup services keep them after (app/rollups/refresh.py; the SQL of
 this day written out here, as 0015 did)."""
 
 import django.contrib.postgres.fields

@@ -1,6 +1,6 @@
 """The minute rollups summed per server (ServerRequestMinute) and per server and tenant
 (ServerLossMinute), filled from the minutes already summed (one INSERT ... SELECT each); the rollup
-services keep them after (app/traffic/services/rollups.py; the SQL of this day written out here, as
+services keep them after (app/rollups/refresh.py; the SQL of this day written out here, as
 0021 did). And the index the Fleet page's recent misses walk (RequestDiagnosis.REUSABLE_LOST): built
 on every daily partition of the diagnoses."""
 

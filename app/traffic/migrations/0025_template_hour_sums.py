@@ -1,6 +1,6 @@
 """Per-template sums of the hour rollups (TemplateRequestHour, TemplateLossHour), filled from the
 hours already summed, one INSERT ... SELECT ... GROUP BY each; the rollup services keep them after
-(app/traffic/services/rollups.py; the SQL of this day written out here, as 0021 did). And the indexes
+(app/rollups/refresh.py; the SQL of this day written out here, as 0021 did). And the indexes
 a tenant's view of them reads the rest from: its servers' hour rollups, their totals included, and
 the tenant-less loss hours of its servers."""
 

@@ -1,5 +1,5 @@
 """The salt audit's rollups of unsalted first blocks per minute and hour (UnsaltedPrefixMinute,
-UnsaltedPrefixHour), filled from every record kept, as app/traffic/services/rollups.py
+UnsaltedPrefixHour), filled from every record kept, as app/rollups/refresh.py
 refresh_unsalted_prefixes fills them: set-based, one pass over the records (their first block is read
 from each row's TOASTed block hashes: on the 10M-record bench fleet this pass is most of the time)."""
 

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 # The sketches of the minutes whose records are still kept, then the hours and the per-server and
 # per-template sums from them, summed index by index in grouped queries (as the refresh sums them,
-# app/traffic/services/sketch_sql.py); minutes older than the records' retention keep none.
+# app/rollups/sketch_sql.py); minutes older than the records' retention keep none.
 FILL_SQL = """
 UPDATE traffic_minuterollup m SET client_ttft_sketch = k.client, server_ttft_sketch = k.server
 FROM (

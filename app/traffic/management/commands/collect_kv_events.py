@@ -1,5 +1,5 @@
 """Subscribe to the KV events of registered vLLM servers and store them: as many processes as wanted,
-each collecting the servers it leases (its share of them; app/traffic/kv_leases.py)."""
+each collecting the servers it leases (its share of them; app/traffic/collection/kv_leases.py)."""
 
 import gc
 import logging
@@ -16,10 +16,10 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
-from app.traffic.kv_collector import KVEventCollector
-from app.traffic.kv_leases import Leases
+from app.traffic.collection.kv_collector import KVEventCollector
+from app.traffic.collection.kv_leases import Leases
+from app.traffic.collection.processes import forget_collector_process, report_collector_process
 from app.traffic.models import CollectorProcess
-from app.traffic.services.collector_processes import forget_collector_process, report_collector_process
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from django.utils.text import slugify
 
 from app.fleet.models import Server
 from app.telemetry import configure_tracing
-from app.traffic.gateway_writer import GatewayWriter, WriterPool
+from app.traffic.collection.gateway_writer import GatewayWriter, WriterPool
 from collectors.gateway.proxy import serve
 
 

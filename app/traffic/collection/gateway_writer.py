@@ -39,8 +39,8 @@ from django.db import DatabaseError, InterfaceError, OperationalError, close_old
 from django.utils import timezone
 
 from app.fleet.services import servers_named
+from app.traffic.collection.processes import forget_collector_process, report_collector_process
 from app.traffic.models import CollectorProcess, RequestRecord
-from app.traffic.services.collector_processes import forget_collector_process, report_collector_process
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts

@@ -2,7 +2,7 @@
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import connection, transaction
@@ -12,7 +12,6 @@ from app.fleet.models import Server
 from app.fleet.services import ServerStateError, alias_merged_server, locked_server
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW, SOURCE_MERGE
-from app.traffic.services.rollups import refresh_minute_rollups
 
 logger = logging.getLogger(__name__)
 
@@ -21,18 +20,20 @@ logger = logging.getLogger(__name__)
 class Merged:
     moved: int  # request records now under the registered server
     joined: int  # records of requests it already had, merged into its own
+    span: tuple[datetime, datetime] | None  # the first and last arrival moved; None: it had none
 
 
-def merge_server(*, server_id: int, into_id: int) -> Merged:
+def move_server_records(*, server_id: int, into_id: int) -> Merged:
     """Merge a proposed server into a registered one, and delete it; its name becomes an alias of
     the registered server, so that data naming it later is stored there (fleet ServerAlias).
 
     Its request records move to `into`, except those of a request `into` already recorded (same
     request id, arrivals within the ingest's JOIN_WINDOW): they fill that record's gaps, as a second
     source does on ingest, and `into`'s known values stay. Its tallies of refused input add to
-    `into`'s, and the minute rollups of the time its records span are recomputed. Holds both servers'
-    ingest locks, so no batch about either is stored halfway through. ServerStateError when the
-    first is no longer proposed, or `into` is proposed or the same server.
+    `into`'s; re-summing the minutes they span is the caller's (app/rollups/merge.py). Holds both
+    servers' ingest locks until the caller's transaction ends, so no batch about either is stored
+    halfway through. ServerStateError when the first is no longer proposed, or `into` is proposed or
+    the same server.
     """
     with transaction.atomic(), connection.cursor() as cursor:
         for pk in sorted({server_id, into_id}):
@@ -51,8 +52,6 @@ def merge_server(*, server_id: int, into_id: int) -> Merged:
         cursor.execute(_MOVE_SQL, ids)
         moved = cursor.rowcount
         cursor.execute(_MOVE_REJECTIONS_SQL, ids)
-        if since is not None:
-            refresh_minute_rollups(since=since, until=until + timedelta(minutes=1))
         proposed.delete()
         # The proposed server stays merged: a source that named it (an ingest token's name, for
         # spans without a server attribute) goes on naming it, and must not propose it again.
@@ -60,7 +59,7 @@ def merge_server(*, server_id: int, into_id: int) -> Merged:
     logger.info(
         "merged proposed server %s into %s: %d records moved, %d joined", proposed, into, moved, joined
     )
-    return Merged(moved=moved, joined=joined)
+    return Merged(moved=moved, joined=joined, span=None if since is None else (since, until))
 
 
 def _gap_filling() -> str:

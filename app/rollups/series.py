@@ -17,9 +17,8 @@ from django.db import connection
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
-from app.traffic.models import KVEvent, RequestDiagnosis
-from app.traffic.selectors import LOST_COLUMNS
-from app.traffic.services.sketch_sql import loaded, merged_sketch_sql
+from app.rollups.sketch_sql import loaded, merged_sketch_sql
+from app.traffic.models import LOST_COLUMNS, KVEvent, RequestDiagnosis
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 ROLLUP_METRICS = ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99", "lost_tokens", "requests")

@@ -30,7 +30,7 @@ from collections.abc import Collection, Iterable
 import psycopg
 from django.db import connection, connections
 
-from app.traffic.services.collector_processes import LeaseCounts
+from app.traffic.collection.processes import LeaseCounts
 
 logger = logging.getLogger(__name__)
 

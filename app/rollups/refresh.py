@@ -6,9 +6,9 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
+from app.rollups.salts import refresh_tenant_salts
+from app.rollups.sketch_sql import sketches_sql, summed_sketches_sql, with_sketches
 from app.traffic.models import RequestDiagnosis, span_only_sql
-from app.traffic.services.salts import refresh_tenant_salts
-from app.traffic.services.sketch_sql import sketches_sql, summed_sketches_sql, with_sketches
 
 logger = logging.getLogger(__name__)
 

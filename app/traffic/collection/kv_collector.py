@@ -1,5 +1,5 @@
 """The KV-event subscriber: one ZMQ poller for the event streams of the servers this process leases
-(app/traffic/kv_leases.py: several processes share a fleet).
+(app/traffic/collection/kv_leases.py: several processes share a fleet).
 
 Each batch is checked against the stream's sequence: a gap is asked of the server's replay
 endpoint, what it cannot send back is recorded as lost; a sequence that starts over means the

@@ -10,10 +10,10 @@ from django.conf import settings
 from django.db.models import QuerySet, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.diagnosis.reads import window_losses
 from app.domain.cost import Cost, Pricing, price_lost_tokens
 from app.domain.prefill import PrefillSums
 from app.traffic.models import HourRollup, MinuteRollup
-from app.traffic.selectors import window_losses
 
 _PREFILL_SUMS = {
     "count": Sum("prefill_count"), "x": Sum("prefill_uncached_sum"), "y": Sum("prefill_ttft_sum"),

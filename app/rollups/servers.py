@@ -7,8 +7,8 @@ from typing import Any
 from django.db import connection, transaction
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
+from app.rollups.refresh import whole_hours, whole_minutes
 from app.traffic.models import KVEvent
-from app.traffic.services.rollups import whole_hours, whole_minutes
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 KV_USAGE = "vllm:kv_cache_usage_perc"

@@ -37,10 +37,10 @@ from psycopg.types.json import Jsonb
 
 from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, Loss, RequestPrompt, Unknown
 from app.fleet.models import Server
+from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql
 from app.traffic.services.copy_rows import sent_integers
 from app.traffic.services.partitions import ensure_day_partitions
-from app.traffic.services.rollups import refresh_loss_minutes
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,115 @@
+"""A request's diagnosis: why its prompt tokens were not reused, keyed as its record."""
+
+import operator
+from functools import reduce
+
+from django.db import models
+from psqlextra.models import PostgresPartitionedModel
+from psqlextra.types import PostgresPartitioningMethod
+
+from collectors import records
+
+# The prompt tokens a diagnosis lost that a cache could have reused: every cause's but the tail below
+# one block. The recent misses are ordered by it and the index they walk (diagnosis_reusable_lost) is
+# built from it: one expression, so that PostgreSQL matches the two (tests/traffic/test_recent_misses.py
+# checks it lists every RequestDiagnosis.Cause but below_block).
+REUSABLE_LOST_COLUMNS = (
+    "prompt_changed_tokens", "evicted_tokens", "routed_elsewhere_tokens", "salt_tokens", "restarted_tokens",
+    "cold_tokens", "unexplained_tokens", "no_kv_events_tokens",
+)  # fmt: skip
+REUSABLE_LOST = reduce(operator.add, [models.F(column) for column in REUSABLE_LOST_COLUMNS])
+
+
+class RequestDiagnosis(PostgresPartitionedModel):
+    """Why one request record's prompt tokens were not reused (app/domain/misscauses.py), and its
+    funnel; keyed as its record. Derived: written once per record by the diagnosis task."""
+
+    class Cause(models.TextChoices):
+        PROMPT_CHANGED = "prompt_changed", "Prompt changed"
+        EVICTED = "evicted", "Evicted"
+        ROUTED_ELSEWHERE = "routed_elsewhere", "Routed elsewhere"
+        SALT = "salt", "Tenant salt"
+        RESTARTED = "restarted", "Server restarted"
+        BELOW_BLOCK = "below_block", "Shorter than one block"
+        COLD = "cold", "Cold (never seen)"
+        UNEXPLAINED = "unexplained", "Unexplained (resident, still missed)"
+        NO_KV_EVENTS = "no_kv_events", "No KV events from this server"
+
+    class Unknown(models.TextChoices):
+        NO_PROMPT = "no_prompt", "No prompt token ids (a span alone)"
+        NO_CACHED_TOKENS = "no_cached_tokens", "Cached tokens not reported"
+        NO_BLOCK_SIZE = "no_block_size", "Block size of the server unknown"
+        SPAN_ONLY = "span_only", "Seen in vLLM's span alone: not counted as a request"
+
+    pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
+    request_id = models.CharField(max_length=records.REQUEST_ID_MAX)
+    arrived_at = models.DateTimeField()
+    diagnosed_at = models.DateTimeField()
+    template = models.ForeignKey(
+        "prompts.Template", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
+    template_version = models.ForeignKey(
+        "prompts.TemplateVersion", null=True, blank=True, on_delete=models.SET_NULL, db_index=False
+    )
+    tenant = models.CharField(max_length=records.TENANT_MAX, blank=True)
+    # The cause that lost the most reusable tokens ("" when none was lost); or why no diagnosis.
+    cause = models.CharField(max_length=20, choices=Cause.choices, blank=True)
+    unknown = models.CharField(max_length=20, choices=Unknown.choices, blank=True)
+    diverged_at = models.PositiveIntegerField(null=True, blank=True, help_text="prompt_changed: first token")
+    unexpected_hit = models.BooleanField(default=False)
+    # The funnel, in leading prompt tokens.
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    seen_before_tokens = models.PositiveIntegerField(default=0)
+    resident_anywhere_tokens = models.PositiveIntegerField(default=0)
+    resident_here_tokens = models.PositiveIntegerField(default=0)
+    reused_tokens = models.PositiveIntegerField(default=0)
+    # Lost tokens by cause: one column each, so that rollups are sums.
+    prompt_changed_tokens = models.PositiveIntegerField(default=0)
+    evicted_tokens = models.PositiveIntegerField(default=0)
+    routed_elsewhere_tokens = models.PositiveIntegerField(default=0)
+    salt_tokens = models.PositiveIntegerField(default=0)
+    restarted_tokens = models.PositiveIntegerField(default=0)
+    below_block_tokens = models.PositiveIntegerField(default=0)
+    cold_tokens = models.PositiveIntegerField(default=0)
+    unexplained_tokens = models.PositiveIntegerField(default=0)
+    no_kv_events_tokens = models.PositiveIntegerField(default=0)
+    # Each run of blocks lost to one cause: first token, tokens, and where it applies the server,
+    # the tokens that server held, when the block was stored and removed.
+    losses = models.JSONField(default=list, blank=True)
+
+    class PartitioningMeta:
+        method = PostgresPartitioningMethod.RANGE
+        key = ["arrived_at"]
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["template", "arrived_at"], name="diagnosis_template_time"),
+            # The tenant audit lists them; they are rare, so a partial index stays small.
+            models.Index(
+                fields=["arrived_at"],
+                condition=models.Q(unexpected_hit=True),
+                name="diagnosis_unexpected_hits",
+            ),
+            # The Fleet page's recent misses, most reusable tokens lost first then newest: the index of
+            # each partition of the window read from its top, merged, stopped at the limit (a few dozen
+            # entries, not the hour's tens of thousands of rows sorted).
+            models.Index(REUSABLE_LOST.desc(), models.F("arrived_at").desc(), name="diagnosis_reusable_lost"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"
+
+    @property
+    def changed_from(self) -> int | None:
+        """Where its prompt-changed loss starts, as lists say it: `diverged_at` (token-exact, against
+        its template's earlier prompts under its salt), unless that lies in a block lost to another
+        cause (a salted request's first block, whose tokens another salt had): then the first token of
+        its prompt-changed loss, so that the tokens said changed are never those said lost to the salt."""
+        if self.diverged_at is None:
+            return None
+        starts = [loss["first_token"] for loss in self.losses if loss["cause"] == self.Cause.PROMPT_CHANGED]
+        return max(self.diverged_at, starts[0]) if starts else self.diverged_at
+
+
+LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
