@@ -32,10 +32,11 @@ from app.core.models import Membership
 from app.domain.blockhash import signed_block_hashes
 from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateRepository, TemplateVersion
-from app.rollups import servers as server_rollups
+from app.rollups.catalog import rollup_of
+from app.rollups.derived import resum
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.rollups.servers import refresh_server_minutes
-from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord
+from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord, ServerHour
 from app.traffic.services.copy_rows import write_rows
 from app.traffic.services.partitions import create_day_partitions, day_of
 from app.traffic.services.requests import TABLE_TYPES, RecordRow
@@ -519,7 +520,6 @@ def compute_rollups(fleet: Fleet) -> float:
     refresh_server_minutes(**week)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(_SERVER_MINUTES_SQL)
-        cursor.execute(server_rollups._HOUR_DELETE_SQL, week)  # the hours again, as the service sums them
-        cursor.execute(server_rollups._HOUR_SQL, week)
+        resum(rollup_of(ServerHour), cursor, since=week["since"], until=week["until"])  # as the service sums
     _mark("rollups", 1, 1, fleet.anchor, finished=True)
     return time.perf_counter() - started

@@ -14,9 +14,9 @@ A user belongs to tenants (app/core/models.py Membership). Their `Viewer` filter
   anyone's, so only admins see it: whatever cannot be attributed is never shown to a tenant.
 - The request rollups (per server, template and minute) name no tenant: a tenant sees the rows of
   the servers and templates its tenants own, as above. Its figures on a shared server come from
-  the loss rollups, which name the tenant, or from the rows of its own templates. Their sums over
-  templates (per server) serve a tenant for its own servers, their sums over servers (per template)
-  for its own templates: a sum is read only where every row it holds is the viewer's to see.
+  the loss rollups, which name the tenant, or from the rows of its own templates. A sum of several
+  rows is read only where every row it holds is the viewer's to see: app/rollups/visibility.py
+  derives which rows of each sum table that is from the table's keys.
 - A regression belongs to its tenant; one without (a server's, a template's or the fleet's) is an
   aggregate of whatever traffic went through its scope, and is seen through its server's or
   template's owner only, else by admins alone (an aggregate of shared traffic is several tenants').
@@ -29,7 +29,7 @@ of another tenant's servers or requests, not even that they exist.
 """
 
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser, PermissionsMixin
@@ -41,11 +41,6 @@ VIEW_ALL_TENANTS: Final = "core.view_all_tenants"
 PROPOSED: Final = "proposed"  # app.fleet.models.Server.State.PROPOSED (the fleet app is a layer above)
 
 M = TypeVar("M", bound=Model)
-
-_SERVERS_SQL = "SELECT id FROM fleet_server WHERE tenant = ANY(%(viewer_tenants)s)"
-_TEMPLATES_SQL = "SELECT id FROM prompts_template WHERE tenant = ANY(%(viewer_tenants)s)"
-_SHARED_TEMPLATES_SQL = "SELECT id FROM prompts_template WHERE tenant = ''"
-_OWNED_SQL = f"server_id IN ({_SERVERS_SQL}) OR template_id IN ({_TEMPLATES_SQL})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,163 +94,6 @@ class Viewer:
             return self._filter(rows, Q())
         return rows.filter(Q(tenant__in=self._names) | (Q(tenant="") & self._owned(rows)))
 
-    def rollups(self, rows: QuerySet[M]) -> QuerySet[M]:
-        """Rows with a `server` and a `template` and no tenant (the request rollups): those of a
-        server or a template one of the viewer's tenants owns. A shared server's rows of a shared
-        template sum several tenants' requests: admins only."""
-        if not self.tenants:
-            return self._filter(rows, Q())
-        return rows.filter(self._owned(rows))
-
-    def request_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
-        """rollups() of the request hours (or minutes), read from their sums per server (`per_server`,
-        every template's) where it can: the same rows in fewer. The servers of the viewer's tenants from the
-        sums, the other servers' rows of its templates from the per-template rollup; admins, the sums."""
-        if self.tenants is None:
-            return [per_server]
-        if not self.tenants:
-            return []
-        servers, templates = self._owned_keys(per_template)
-        return [
-            per_server.filter(server__in=servers),
-            per_template.filter(template__in=templates).exclude(server__in=servers),
-        ]
-
-    def request_minutes(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
-        """request_hours() of the request minutes: the same rows, those of the per-template rollup
-        stated as rollups() less the viewer's servers. So stated, PostgreSQL reads the window's
-        minutes and filters them; given the templates as a condition of their own, it joined them to
-        the minutes' template index, every minute of those templates (bench_pages' tenant: 100 ms, not
-        25, for the Fleet page's cards)."""
-        if self.tenants is None:
-            return [per_server]
-        if not self.tenants:
-            return []
-        servers, _ = self._owned_keys(per_template)
-        return [per_server.filter(server__in=servers), self.rollups(per_template).exclude(server__in=servers)]
-
-    def loss_hours(self, per_server: QuerySet[Any], per_template: QuerySet[Any]) -> list[QuerySet[Any]]:
-        """traffic() of the loss hours (or minutes), read from their sums per server and tenant where
-        it can: the viewer's tenants' rows and the tenant-less ones of its servers from the sums, the
-        tenant-less rows of its templates on other servers from the per-template rollup."""
-        if self.tenants is None:
-            return [per_server]
-        if not self.tenants:
-            return []
-        servers, templates = self._owned_keys(per_template)
-        return [
-            per_server.filter(Q(tenant__in=self._names) | Q(tenant="", server__in=servers)),
-            per_template.filter(tenant="", template__in=templates).exclude(server__in=servers),
-        ]
-
-    def _owned_keys(self, rows: QuerySet[Any]) -> tuple[QuerySet[Any], QuerySet[Any]]:
-        """The ids of the servers and of the templates the viewer's tenants own, as subqueries."""
-        meta = rows.model._meta
-        servers = meta.get_field("server").related_model._default_manager
-        templates = meta.get_field("template").related_model._default_manager
-        return (
-            servers.filter(tenant__in=self._names).values("pk"),
-            templates.filter(tenant__in=self._names).values("pk"),
-        )
-
-    def request_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
-        """request_hours()'s conditions in raw SQL: over the per-server sums (server_id), and over
-        the per-template rollup (server_id, template_id); None: no row of that table."""
-        if self.tenants is None:
-            return "true", None, {}
-        if not self.tenants:
-            return None, None, {}
-        return (
-            f"server_id IN ({_SERVERS_SQL})",
-            f"template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
-            self._sql_params,
-        )
-
-    def loss_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
-        """loss_hours()'s conditions in raw SQL: over the per-server and tenant sums (server_id,
-        tenant), and over the per-template rollup (server_id, template_id, tenant); None: no row."""
-        if self.tenants is None:
-            return "true", None, {}
-        if not self.tenants:
-            return None, None, {}
-        return (
-            f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND server_id IN ({_SERVERS_SQL})))",
-            f"tenant = '' AND template_id IN ({_TEMPLATES_SQL}) AND server_id NOT IN ({_SERVERS_SQL})",
-            self._sql_params,
-        )
-
-    def template_request_hours(
-        self, per_template: QuerySet[Any], per_server: QuerySet[Any]
-    ) -> list[QuerySet[Any]]:
-        """rollups() of the request hours of the templates the viewer sees (templates()), read from
-        their sums per template (`per_template`, every server's) where it can: its tenants' templates
-        from the sums (every server's row of those is seen), the shared templates' rows of its servers
-        from the per-server rollup (`per_server`); admins, the sums. A shared template's sum holds
-        other tenants' servers' rows: never read for a tenant. Another tenant's template is not seen,
-        so its rows on the viewer's servers are left out (they are rollups() rows, not a template's)."""
-        if self.tenants is None:
-            return [per_template]
-        if not self.tenants:
-            return []
-        servers, templates, shared = self._template_keys(per_server)
-        return [
-            per_template.filter(template__in=templates),
-            per_server.filter(server__in=servers, template__in=shared),
-        ]
-
-    def template_loss_hours(
-        self, per_template: QuerySet[Any], per_server: QuerySet[Any]
-    ) -> list[QuerySet[Any]]:
-        """traffic() of the loss hours of the templates the viewer sees, read from their sums per
-        template and tenant where it can: the viewer's tenants' rows and the tenant-less ones of its
-        templates from the sums, the tenant-less rows of shared templates on its servers from the
-        per-server rollup."""
-        if self.tenants is None:
-            return [per_template]
-        if not self.tenants:
-            return []
-        servers, templates, shared = self._template_keys(per_server)
-        visible = Q(template__in=templates) | Q(template__in=shared)
-        return [
-            per_template.filter(visible & (Q(tenant__in=self._names) | Q(tenant="", template__in=templates))),
-            per_server.filter(tenant="", server__in=servers, template__in=shared),
-        ]
-
-    def _template_keys(self, rows: QuerySet[Any]) -> tuple[QuerySet[Any], QuerySet[Any], QuerySet[Any]]:
-        """The ids of the servers and of the templates the viewer's tenants own, and of the shared
-        templates, as subqueries."""
-        servers, templates = self._owned_keys(rows)
-        manager = rows.model._meta.get_field("template").related_model._default_manager
-        return servers, templates, manager.filter(tenant="").values("pk")
-
-    def template_request_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
-        """template_request_hours()'s conditions in raw SQL: over the per-template sums (template_id),
-        and over the per-server rollup (server_id, template_id); None: no row of that table."""
-        if self.tenants is None:
-            return "true", None, {}
-        if not self.tenants:
-            return None, None, {}
-        return (
-            f"template_id IN ({_TEMPLATES_SQL})",
-            f"server_id IN ({_SERVERS_SQL}) AND template_id IN ({_SHARED_TEMPLATES_SQL})",
-            self._sql_params,
-        )
-
-    def template_loss_hours_sql(self) -> tuple[str | None, str | None, dict[str, Any]]:
-        """template_loss_hours()'s conditions in raw SQL: over the per-template and tenant sums
-        (template_id, tenant), and over the per-server rollup (server_id, template_id, tenant)."""
-        if self.tenants is None:
-            return "true", None, {}
-        if not self.tenants:
-            return None, None, {}
-        seen = f"template_id IN ({_TEMPLATES_SQL} OR tenant = '')"  # templates()
-        owned = f"template_id IN ({_TEMPLATES_SQL})"
-        return (
-            f"{seen} AND (tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND {owned}))",
-            f"tenant = '' AND server_id IN ({_SERVERS_SQL}) AND template_id IN ({_SHARED_TEMPLATES_SQL})",
-            self._sql_params,
-        )
-
     def _owned(self, rows: QuerySet[M]) -> Q:
         """Of a server or a template one of the viewer's tenants owns: subqueries, not joins, so that
         the explorer's keyset plans stay on the records' own indexes."""
@@ -265,29 +103,6 @@ class Viewer:
         return Q(server__in=servers.filter(tenant__in=self._names).values("pk")) | Q(
             template__in=templates.filter(tenant__in=self._names).values("pk")
         )
-
-    def traffic_sql(self) -> tuple[str, dict[str, Any]]:
-        """traffic()'s condition in raw SQL, over a table with `tenant`, `server_id` and `template_id`."""
-        if self.tenants is None:
-            return "true", {}
-        return f"(tenant = ANY(%(viewer_tenants)s) OR (tenant = '' AND {_OWNED_SQL}))", self._sql_params
-
-    def tenanted_sql(self) -> tuple[str, dict[str, Any]]:
-        """traffic_sql() of rows that always name their tenant (the unsalted prefix rollups: the salt
-        audit leaves tenant-less records out): the rows of the viewer's tenants."""
-        if self.tenants is None:
-            return "true", {}
-        return "tenant = ANY(%(viewer_tenants)s)", self._sql_params
-
-    def rollups_sql(self) -> tuple[str, dict[str, Any]]:
-        """rollups()'s condition in raw SQL, over a table with `server_id` and `template_id`."""
-        if self.tenants is None:
-            return "true", {}
-        return f"({_OWNED_SQL})", self._sql_params
-
-    @property
-    def _sql_params(self) -> dict[str, Any]:
-        return {"viewer_tenants": self._names}
 
     def regressions(self, regressions: QuerySet[M]) -> QuerySet[M]:
         """Regressions of the viewer's tenants, or of a server or template one of them owns."""

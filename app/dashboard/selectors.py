@@ -12,6 +12,7 @@ from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.fleet.models import Server
 from app.regressions.models import Regression
+from app.rollups.visibility import visible, visible_sums
 from app.traffic.models import (
     LOST_COLUMNS,
     HourRollup,
@@ -239,27 +240,19 @@ _PER_SERVER: dict[type[Any], type[Any]] = {
 def _rows(rollup: type[Any], ids: Any, within: Q, *, by: str, viewer: Viewer) -> list[QuerySet[Any]]:
     """The rows of a rollup of the servers `ids` (their keys, or a subquery of them) meeting `within`
     (its time range) the viewer sees, as one or more querysets to sum: its per-server sums where they
-    hold the same figures (Viewer.request_hours, request_minutes, loss_hours)."""
+    hold the same figures (visibility.visible_sums)."""
     rows = rollup.objects.filter(within, server__in=ids)
     summed = _PER_SERVER.get(rollup)
     if summed is None or by not in ("", "server_id"):
         return [_seen(rows, viewer)]
     per_server = summed.objects.filter(within, server__in=ids)
-    if rollup is MinuteRollup:
-        return viewer.request_minutes(per_server, rows)
-    if rollup is HourRollup:
-        return viewer.request_hours(per_server, rows)
-    return viewer.loss_hours(per_server, rows)
+    return visible_sums(viewer, per_server, rows)
 
 
 def _seen(rows: QuerySet[Any], viewer: Viewer) -> QuerySet[Any]:
     """The rows of a rollup the viewer sees (app/core/tenancy.py): request rollups of its servers and
     templates, loss rollups of its tenants; a server's own readings are the server's, whoever's traffic."""
-    if rows.model in REQUEST_ROLLUPS:
-        return viewer.rollups(rows)
-    if rows.model in LOSS_ROLLUPS:
-        return viewer.traffic(rows)
-    return rows
+    return visible(viewer, rows)
 
 
 def _combined(name: str, a: Any, b: Any) -> Any:

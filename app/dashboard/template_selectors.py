@@ -10,13 +10,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, DateTimeField, F, Func, QuerySet, Sum, Value
+from django.db.models import Count, DateTimeField, F, Func, Model, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily
 from app.regressions.models import Regression
 from app.rollups.sketch_sql import loaded, merged_sketch_sql
+from app.rollups.visibility import visible, visible_sql, visible_sums, visible_sums_sql
 from app.traffic.models import (
     LOST_COLUMNS,
     HourRollup,
@@ -57,7 +58,7 @@ def _requests(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]
         rows: QuerySet[Any] = HourRollup.objects.filter(hour__gte=since, hour__lt=until)
     else:
         rows = MinuteRollup.objects.filter(minute__gte=since, minute__lt=until)
-    return viewer.rollups(rows)
+    return visible(viewer, rows)
 
 
 def _losses(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]:
@@ -65,13 +66,19 @@ def _losses(since: datetime, until: datetime, viewer: Viewer) -> QuerySet[Any]:
         rows: QuerySet[Any] = LossHour.objects.filter(hour__gte=since, hour__lt=until)
     else:
         rows = LossMinute.objects.filter(minute__gte=since, minute__lt=until)
-    return viewer.traffic(rows)
+    return visible(viewer, rows)
+
+
+def _seen_sql(viewer: Viewer, model: type[Model]) -> tuple[str, dict[str, Any]]:
+    """visibility.visible_sql of a sum table, as a condition and its parameters."""
+    found = visible_sql(viewer, model)
+    return found.sql, found.params
 
 
 def _template_rows(since: datetime, until: datetime, viewer: Viewer, *, losses: bool) -> list[QuerySet[Any]]:
     """The request (or loss) rollup rows of some template in [since, until) the viewer sees, as
     querysets to sum apart: for whole hours, the sums per template where the viewer may read them and
-    the rest from the hour rollups (Viewer.template_request_hours, template_loss_hours); else the
+    the rest from the hour rollups (visibility.visible_sums); else the
     minute rollups."""
     if not _whole_hours(since, until):
         rows = _losses(since, until, viewer) if losses else _requests(since, until, viewer)
@@ -79,29 +86,21 @@ def _template_rows(since: datetime, until: datetime, viewer: Viewer, *, losses: 
     window = {"hour__gte": since, "hour__lt": until}
     if losses:
         sums = TemplateLossHour.objects.filter(**window)
-        return viewer.template_loss_hours(sums, LossHour.objects.filter(**window))
+        return visible_sums(viewer, sums, LossHour.objects.filter(**window))
     per_template = TemplateRequestHour.objects.filter(**window)
-    return viewer.template_request_hours(per_template, HourRollup.objects.filter(**window))
+    return visible_sums(viewer, per_template, HourRollup.objects.filter(**window))
 
 
 def _hour_rows(select: str, where: str, viewer: Viewer, *, losses: bool) -> tuple[str, dict[str, Any]]:
     """SQL of the hour rollups' rows of some template the viewer sees, `select` of those matching
     `where`, as _template_rows' querysets: the per-template sums where the viewer may read them, the
     rest from the per-server hour rollup (a UNION ALL; both tables have the columns summed)."""
-    if losses:
-        tables, (sums, fine, params) = (
-            ("traffic_templatelosshour", "traffic_losshour"),
-            viewer.template_loss_hours_sql(),
-        )
-    else:
-        tables, (sums, fine, params) = (
-            ("traffic_templaterequesthour", "traffic_hourrollup"),
-            viewer.template_request_hours_sql(),
-        )
-    parts = [f"SELECT {select} FROM {tables[0]} WHERE {sums or 'false'} AND {where}"]
-    if fine is not None:
-        parts.append(f"SELECT {select} FROM {tables[1]} WHERE {fine} AND {where}")
-    return " UNION ALL ".join(parts), params
+    summed, finer = (TemplateLossHour, LossHour) if losses else (TemplateRequestHour, HourRollup)
+    sums, fine = visible_sums_sql(viewer, summed, finer)
+    parts = [f"SELECT {select} FROM {summed._meta.db_table} WHERE {sums.sql} AND {where}"]
+    if fine.sql != "false":
+        parts.append(f"SELECT {select} FROM {finer._meta.db_table} WHERE {fine.sql} AND {where}")
+    return " UNION ALL ".join(parts), {**sums.params, **fine.params}
 
 
 def totals_by_template(
@@ -289,7 +288,7 @@ def template_requests(
         rows, params = _hour_rows(columns, where, viewer, losses=False)
         (grouped, server), sets = ("1", "NULL"), "(b), ()"  # 1: as grouping() of a set without it
     else:
-        seen, params = viewer.rollups_sql()
+        seen, params = _seen_sql(viewer, MinuteRollup)
         rows = f"SELECT server_id, {columns} FROM traffic_minuterollup WHERE {seen} AND {where}"
         (grouped, server), sets = ("grouping(server_id)", "server_id"), "(b), (server_id), ()"
     sql = f"""
@@ -332,7 +331,7 @@ def _request_sums(rows: Iterable[Any], sketches: dict[datetime, dict[str, int]])
 def _server_hours(template_id: int, since: datetime, until: datetime, viewer: Viewer) -> dict[int, Totals]:
     """The template's totals per server over [since, until) of whole hours, from the hour rollups the
     viewer sees: the index of the template's hours holds the server and these totals."""
-    seen, params = viewer.rollups_sql()
+    seen, params = _seen_sql(viewer, HourRollup)
     sums = ", ".join(f"coalesce(sum({name}), 0)" for name in _TOTALS)
     sql = f"""
         SELECT server_id, {sums} FROM traffic_hourrollup
@@ -360,7 +359,7 @@ def template_losses(
     if hours:
         rows, params = _hour_rows(columns, where, viewer, losses=True)
     else:
-        seen, params = viewer.traffic_sql()
+        seen, params = _seen_sql(viewer, LossMinute)
         rows = f"SELECT {columns} FROM traffic_lossminute WHERE {seen} AND {where}"
     sums = ", ".join(f"coalesce(sum({LOST_COLUMNS[c]}), 0)" for c in causes)
     sql = f"SELECT b, {sums} FROM ({rows}) AS rows GROUP BY GROUPING SETS ((b), ())"
@@ -392,7 +391,7 @@ def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer =
     if time == "hour":
         rows, params = _hour_rows(columns, where, viewer, losses=False)
     else:
-        seen, params = viewer.rollups_sql()
+        seen, params = _seen_sql(viewer, MinuteRollup)
         rows = (
             f"SELECT {columns} FROM traffic_minuterollup WHERE template_id IS NOT NULL AND {seen} AND {where}"
         )

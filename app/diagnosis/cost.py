@@ -13,6 +13,7 @@ from app.core.tenancy import SEES_ALL, Viewer
 from app.diagnosis.reads import window_losses
 from app.domain.cost import Cost, Pricing, price_lost_tokens
 from app.domain.prefill import PrefillSums
+from app.rollups.visibility import visible
 from app.traffic.models import HourRollup, MinuteRollup
 
 _PREFILL_SUMS = {
@@ -80,9 +81,9 @@ def _request_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> lis
     first += timedelta(hours=1) if first < since else timedelta(0)
     last = until.replace(minute=0, second=0, microsecond=0)
     if first >= last:
-        return [viewer.rollups(MinuteRollup.objects.filter(minute__gte=since, minute__lt=until))]
+        return [visible(viewer, MinuteRollup.objects.filter(minute__gte=since, minute__lt=until))]
     return [
-        viewer.rollups(MinuteRollup.objects.filter(minute__gte=since, minute__lt=first)),
-        viewer.rollups(HourRollup.objects.filter(hour__gte=first, hour__lt=last)),
-        viewer.rollups(MinuteRollup.objects.filter(minute__gte=last, minute__lt=until)),
+        visible(viewer, MinuteRollup.objects.filter(minute__gte=since, minute__lt=first)),
+        visible(viewer, HourRollup.objects.filter(hour__gte=first, hour__lt=last)),
+        visible(viewer, MinuteRollup.objects.filter(minute__gte=last, minute__lt=until)),
     ]

@@ -12,6 +12,7 @@ from app.domain.cost import Reuse
 from app.fleet.models import Server
 from app.rollups.windows import loss_minutes, loss_rollups, loss_sums, summed
 from app.traffic.models import (
+    FUNNEL_COLUMNS,
     LOST_COLUMNS,
     REUSABLE_LOST,
     RequestDiagnosis,
@@ -99,16 +100,7 @@ def losses(
     return sorted(found, key=lambda row: (-sum(row.lost.values()), [str(part) for part in row.group]))
 
 
-_FUNNEL = (
-    "prompt_tokens",
-    "seen_before_tokens",
-    "resident_anywhere_tokens",
-    "resident_here_tokens",
-    "reused_tokens",
-)
-
-
-_SUMS = {f"{column}_": Sum(column) for column in (*_FUNNEL, *LOST_COLUMNS.values())}
+_SUMS = {f"{column}_": Sum(column) for column in (*FUNNEL_COLUMNS, *LOST_COLUMNS.values())}
 
 
 def _loss_row(row: dict[str, Any], names: tuple[str, ...], *, per_minute: bool) -> LossRow:
@@ -117,7 +109,7 @@ def _loss_row(row: dict[str, Any], names: tuple[str, ...], *, per_minute: bool) 
         minute=row["minute"] if per_minute else None,
         requests=row["requests_"],
         unexpected_hits=row["unexpected_hits_"],
-        funnel={column: row[f"{column}_"] for column in _FUNNEL},
+        funnel={column: row[f"{column}_"] for column in FUNNEL_COLUMNS},
         lost={cause: row[f"{column}_"] for cause, column in LOST_COLUMNS.items() if row[f"{column}_"]},
     )
 
@@ -212,7 +204,10 @@ def server_funnel(
     parts = [
         part.filter(server_id=server_id) for part in loss_rollups(since=since, until=until, viewer=viewer)
     ]
-    (sums,) = summed(parts, keys=(), sums={"requests": Sum("diagnosed"),
-                                            "routed_elsewhere_tokens": Sum("routed_elsewhere_tokens"),
-                                            **{column: Sum(column) for column in _FUNNEL}})  # fmt: skip
-    return {name: value or 0 for name, value in sums.items()}
+    sums = {
+        "requests": Sum("diagnosed"),
+        "routed_elsewhere_tokens": Sum("routed_elsewhere_tokens"),
+        **{column: Sum(column) for column in FUNNEL_COLUMNS},
+    }
+    (found,) = summed(parts, keys=(), sums=sums)
+    return {name: value or 0 for name, value in found.items()}

@@ -9,9 +9,11 @@ from django.db import connection
 from django.db.models import Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.rollups.visibility import visible_sql
 from app.rollups.windows import ceil_hour, summed, tenant_loss_rollups
 from app.traffic.models import (
     LOST_COLUMNS,
+    UnsaltedPrefixMinute,
 )
 
 
@@ -130,7 +132,8 @@ def shared_unsalted_prefixes(
     traffic the viewer sees: a viewer of one tenant sees none shared with another."""
     first, last = ceil_hour(since), until.replace(minute=0, second=0, microsecond=0)
     edges = [(since, first), (last, until)] if first < last else [(since, until)]
-    seen, params = viewer.tenanted_sql()
+    found = visible_sql(viewer, UnsaltedPrefixMinute)  # the hours' columns are the minutes'
+    seen, params = found.sql, dict(found.params)
     minutes = " OR ".join(f"(minute >= %(since{i})s AND minute < %(until{i})s)" for i in range(len(edges)))
     for i, (start, end) in enumerate(edges):
         params |= {f"since{i}": start, f"until{i}": end}

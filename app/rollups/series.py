@@ -17,7 +17,9 @@ from django.db import connection
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
+from app.rollups.catalog import table_rollup
 from app.rollups.sketch_sql import loaded, merged_sketch_sql
+from app.rollups.visibility import visible_sql, visible_sums_sql
 from app.traffic.models import LOST_COLUMNS, KVEvent, RequestDiagnosis
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
@@ -208,7 +210,7 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
         table = "traffic_losshour" if hours else "traffic_lossminute"
     else:
         table = "traffic_hourrollup" if hours else "traffic_minuterollup"
-    seen, params = viewer.traffic_sql() if table.startswith("traffic_loss") else viewer.rollups_sql()
+    seen, params = _visible(viewer, table)
     if query.scope == "server":
         return table, f"server_id = %(id)s AND {seen}", {"id": _server_id(query.id, viewer), **params}
     if query.scope == "template":
@@ -216,6 +218,11 @@ def _scope(query: SeriesQuery, viewer: Viewer) -> tuple[str, str, dict[str, Any]
     if query.scope == "tenant":
         return table, f"tenant = %(id)s AND {seen}", {"id": query.id, **params}
     return table, seen, params
+
+
+def _visible(viewer: Viewer, table: str) -> tuple[str, dict[str, Any]]:
+    found = visible_sql(viewer, table_rollup(table).model)
+    return found.sql, found.params
 
 
 def _summed_table(query: SeriesQuery, *, hours: bool) -> str:
@@ -242,18 +249,16 @@ _PER_SERVER = {
 
 def _per_server(table: str, viewer: Viewer) -> tuple[str, str, dict[str, Any]]:
     """A rollup summed per server (a week of a fleet is servers x 168 rows, not x templates too), of
-    the rows the viewer sees (Viewer.request_hours_sql, loss_hours_sql): for a viewer of some tenants,
+    the rows the viewer sees (visibility.visible_sums_sql): for a viewer of some tenants,
     its servers' sums and, from the per-template rollup, its templates' rows on other servers, as one
     table named as the sums."""
     fine, time, columns = _PER_SERVER[table]
-    conditions = viewer.request_hours_sql() if table == FLEET_HOURS else viewer.loss_hours_sql()
-    per_server, per_template, params = conditions
-    if per_server is None:  # a viewer of no tenant
-        return table, "false", {}
-    if per_template is None:
-        return table, per_server, params
-    union = (f"(SELECT {time}, {columns} FROM {table} WHERE {per_server} UNION ALL "
-             f"SELECT {time}, {columns} FROM {fine} WHERE {per_template}) AS {table}")  # fmt: skip
+    per_server, per_template = visible_sums_sql(viewer, table_rollup(table).model, table_rollup(fine).model)
+    params = {**per_server.params, **per_template.params}
+    if per_template.sql == "false":  # an admin's: the sums alone
+        return table, per_server.sql, params
+    union = (f"(SELECT {time}, {columns} FROM {table} WHERE {per_server.sql} UNION ALL "
+             f"SELECT {time}, {columns} FROM {fine} WHERE {per_template.sql}) AS {table}")  # fmt: skip
     return union, "true", params
 
 

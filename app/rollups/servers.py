@@ -7,8 +7,10 @@ from typing import Any
 from django.db import connection, transaction
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
-from app.rollups.refresh import whole_hours, whole_minutes
-from app.traffic.models import KVEvent
+from app.rollups.catalog import derived_from
+from app.rollups.derived import resum
+from app.rollups.refresh import whole_minutes
+from app.traffic.models import KVEvent, ServerMinute
 from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -96,21 +98,6 @@ ON CONFLICT (server_id, minute) DO UPDATE SET
     {", ".join(f"{column} = EXCLUDED.{column}" for column in _COLUMNS)}
 """
 
-_SUMMED = tuple(c for c in _COLUMNS if c not in ("kv_usage_max", "ttft_buckets"))
-# The hours emptied and summed again from their minutes, as the request rollups' hours are.
-_HOUR_DELETE_SQL = "DELETE FROM traffic_serverhour WHERE hour >= %(since)s AND hour < %(until)s"
-_HOUR_BUCKETS = (
-    "ARRAY[" + ", ".join(f"coalesce(sum(ttft_buckets[{i}]), 0)" for i in range(1, len(_BOUNDS) + 1)) + "]"
-)
-_HOUR_SQL = f"""
-INSERT INTO traffic_serverhour (server_id, hour, {", ".join(_SUMMED)}, kv_usage_max, ttft_buckets)
-SELECT server_id, date_trunc('hour', minute), {", ".join(f"sum({c})" for c in _SUMMED)}, max(kv_usage_max),
-       CASE WHEN bool_or(cardinality(ttft_buckets) > 0) THEN {_HOUR_BUCKETS} ELSE '{{}}' END
-FROM traffic_serverminute WHERE minute >= %(since)s AND minute < %(until)s
-GROUP BY 1, 2
-"""
-
-
 SERVER_ROLLUP_LOCK = 0x5352_5655  # pg_advisory_xact_lock's key for summing server minutes ("SRVU")
 
 
@@ -122,7 +109,6 @@ def refresh_server_minutes(*, since: datetime, until: datetime) -> int:
     recent minutes only: a minute's KV events are kept for hours, and its evictions are recounted.
     """
     start, end = whole_minutes(since, until)
-    hours_start, hours_end = whole_hours(start, end)
     params: dict[str, Any] = {"since": start, "until": end, "lookback": start - SCRAPE_GAP, "gap": SCRAPE_GAP,
               "counters": list(COUNTERS), "usage": KV_USAGE}  # fmt: skip
     with transaction.atomic(), connection.cursor() as cursor:
@@ -131,7 +117,6 @@ def refresh_server_minutes(*, since: datetime, until: datetime) -> int:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SERVER_ROLLUP_LOCK])
         cursor.execute(_MINUTE_SQL, params)
         written = int(cursor.rowcount)
-        hours = {"since": hours_start, "until": hours_end}
-        cursor.execute(_HOUR_DELETE_SQL, hours)
-        cursor.execute(_HOUR_SQL, hours)
+        for rollup in derived_from(ServerMinute):
+            resum(rollup, cursor, since=start, until=end)
         return written

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Q, QuerySet, Sum
 
 from app.core.tenancy import Viewer
-from app.rollups.refresh import QUARTER
+from app.rollups.visibility import visible, visible_sums
 from app.traffic.models import (
     LossHour,
     LossMinute,
@@ -18,7 +18,7 @@ from app.traffic.models import (
 
 
 def loss_minutes(*, since: datetime, until: datetime, viewer: Viewer) -> QuerySet[LossMinute]:
-    return viewer.traffic(LossMinute.objects.all()).filter(minute__gte=since, minute__lt=until)
+    return visible(viewer, LossMinute.objects.filter(minute__gte=since, minute__lt=until))
 
 
 def loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
@@ -30,7 +30,7 @@ def loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[Qu
     last = until.replace(minute=0, second=0, microsecond=0)
     if first >= last:
         return [loss_minutes(since=since, until=until, viewer=viewer)]
-    hours = viewer.traffic(LossHour.objects.all()).filter(hour__gte=first, hour__lt=last)
+    hours = visible(viewer, LossHour.objects.filter(hour__gte=first, hour__lt=last))
     return [
         loss_minutes(since=since, until=first, viewer=viewer),
         hours,
@@ -42,7 +42,7 @@ def loss_sums(*, since: datetime, until: datetime, viewer: Viewer) -> list[Query
     """loss_rollups' rows as read for sums per server or in total: from the sums per server and
     tenant (ServerLossMinute, ServerLossHour: an hour of a fleet is servers x 60 rows, not x templates
     too) and, for a viewer of some tenants, the rows of its templates on other servers from the
-    per-template rollups (Viewer.loss_hours: the rows traffic() lets it see)."""
+    per-template rollups (visibility.visible_sums)."""
     first = since.replace(minute=0, second=0, microsecond=0)
     first += timedelta(hours=1) if first < since else timedelta(0)
     last = until.replace(minute=0, second=0, microsecond=0)
@@ -58,7 +58,7 @@ def loss_sums(*, since: datetime, until: datetime, viewer: Viewer) -> list[Query
     return [
         part
         for fine, summed, within in spans
-        for part in viewer.loss_hours(summed.objects.filter(within), fine.objects.filter(within))
+        for part in visible_sums(viewer, summed.objects.filter(within), fine.objects.filter(within))
     ]
 
 
@@ -80,7 +80,7 @@ def tenant_loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> 
     """loss_rollups() for sums per tenant, read from the loss sums per server and tenant where they
     serve: whole hours from ServerLossHour, whole quarter hours around them from ServerLossQuarter, the
     minutes around those from LossMinute (an hour's window was up to 118 loss minutes of every server,
-    template and version; now 28 at most). Viewer.loss_hours says which rows of the sums the viewer
+    template and version; now 28 at most). visibility.visible_sums says which rows of the sums the viewer
     sees, and reads the rest (tenant-less rows of its templates on others' servers) from the rollups
     per template."""
     quarters = _ceil_quarter(since), _floor_quarter(until)
@@ -93,19 +93,19 @@ def tenant_loss_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> 
     for start, end in spans:
         if start < end:
             quarter, minute = ServerLossQuarter.objects.all(), LossMinute.objects.all()
-            parts += viewer.loss_hours(quarter.filter(minute__gte=start, minute__lt=end),
-                                       minute.filter(minute__gte=start, minute__lt=end))  # fmt: skip
+            within = Q(minute__gte=start, minute__lt=end)
+            parts += visible_sums(viewer, quarter.filter(within), minute.filter(within))
     if hours[0] < hours[1]:
         hour_span = {"hour__gte": hours[0], "hour__lt": hours[1]}
-        parts += viewer.loss_hours(
-            ServerLossHour.objects.filter(**hour_span), LossHour.objects.filter(**hour_span)
+        parts += visible_sums(
+            viewer, ServerLossHour.objects.filter(**hour_span), LossHour.objects.filter(**hour_span)
         )
     return parts
 
 
 def _ceil_quarter(moment: datetime) -> datetime:
     floor = _floor_quarter(moment)
-    return floor if floor == moment else floor + QUARTER
+    return floor if floor == moment else floor + timedelta(minutes=15)
 
 
 def _floor_quarter(moment: datetime) -> datetime:

@@ -2,7 +2,13 @@
 the sum tables. Imported from here: `from app.traffic.models import RequestRecord`."""
 
 from app.traffic.models.collection import CollectorProcess, KVGap, KVStream, RejectedInput, ResidentBlock
-from app.traffic.models.diagnosis import LOST_COLUMNS, REUSABLE_LOST, REUSABLE_LOST_COLUMNS, RequestDiagnosis
+from app.traffic.models.diagnosis import (
+    FUNNEL_COLUMNS,
+    LOST_COLUMNS,
+    REUSABLE_LOST,
+    REUSABLE_LOST_COLUMNS,
+    RequestDiagnosis,
+)
 from app.traffic.models.raw import (
     EXPLORER_ROWS,
     KVEvent,
@@ -37,6 +43,7 @@ from app.traffic.models.rollups import (
 
 __all__ = [
     "EXPLORER_ROWS",
+    "FUNNEL_COLUMNS",
     "LOST_COLUMNS",
     "REUSABLE_LOST",
     "REUSABLE_LOST_COLUMNS",

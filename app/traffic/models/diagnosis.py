@@ -113,3 +113,10 @@ class RequestDiagnosis(PostgresPartitionedModel):
 
 
 LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
+FUNNEL_COLUMNS = (  # a diagnosis's funnel, each step a subset of the one before
+    "prompt_tokens",
+    "seen_before_tokens",
+    "resident_anywhere_tokens",
+    "resident_here_tokens",
+    "reused_tokens",
+)

@@ -129,7 +129,7 @@ class ServerRequestHour(RequestTotals):
     """The hour rollups of one server summed over its templates: what the Fleet page and the fleet's
     series read for whole hours, a week of a fleet being servers x 168 rows, not x templates too.
 
-    Tenancy (app/core/tenancy.py Viewer.request_hours): these sums serve the servers the viewer's
+    Tenancy (app/rollups/visibility.py): these sums serve the servers the viewer's
     tenants own; the other servers' rows of its templates stay in HourRollup. Recomputed from the
     hour rollups whenever they are (app/rollups/refresh.py).
     """
@@ -239,7 +239,7 @@ class LossHour(LossTotals):
             models.Index(fields=["hour"], name="loss_hour_time"),
             models.Index(fields=["template", "hour"], name="loss_hour_template_time"),
             # A tenant's Templates list: the tenant-less rows of its servers (TemplateLossHour's
-            # Viewer.template_loss_hours), a few among the tenants' ones.
+            # app/rollups/visibility.py), a few among the tenants' ones.
             models.Index(
                 fields=["server", "hour"], name="loss_hour_untenanted", condition=models.Q(tenant="")
             ),
@@ -253,7 +253,7 @@ class ServerLossHour(LossTotals):
     """The loss hours of one server and tenant summed over templates and versions: the fleet's lost
     tokens over a day or a week, a server having one tenant or a few, never x templates x versions.
 
-    Tenancy (Viewer.loss_hours): these sums serve the rows of the viewer's tenants and the tenant-less
+    Tenancy (app/rollups/visibility.py): these sums serve the rows of the viewer's tenants and the tenant-less
     rows of its servers; tenant-less rows of its templates on other servers stay in LossHour.
     Recomputed from the loss hours whenever they are.
     """
@@ -294,7 +294,7 @@ class TemplateRequestHour(RequestTotals):
     list and a template's page read for whole hours, a week of every template being templates x 168
     rows, not x servers too. Rows of no template are not summed (those pages read none).
 
-    Tenancy (app/core/tenancy.py Viewer.template_request_hours): these sums serve the templates the
+    Tenancy (app/rollups/visibility.py): these sums serve the templates the
     viewer's tenants own, every server's row of those being theirs; a shared template's sum holds other
     tenants' servers' rows, so its rows on the viewer's servers are read from HourRollup. Recomputed
     from the hour rollups whenever they are (app/rollups/refresh.py). No server: a small table
@@ -317,7 +317,7 @@ class TemplateLossHour(LossTotals):
     """The loss hours of one template and tenant summed over servers and versions: a template's lost
     tokens over a day or a week, for the Templates list and the template's page.
 
-    Tenancy (Viewer.template_loss_hours): these sums serve the rows of the viewer's tenants and the
+    Tenancy (app/rollups/visibility.py): these sums serve the rows of the viewer's tenants and the
     tenant-less rows of its templates; the tenant-less rows of shared templates on its servers are
     read from LossHour. Recomputed from the loss hours whenever they are; a small table, as
     TemplateRequestHour.
@@ -338,7 +338,7 @@ class ServerRequestMinute(RequestTotals):
     """The minute rollups of one server summed over its templates: what the Fleet page reads for the
     minutes of its window (an hour of a fleet is servers x 60 rows, not x templates too).
 
-    Tenancy as ServerRequestHour's (Viewer.request_hours): the other servers' rows of a viewer's
+    Tenancy as ServerRequestHour's (app/rollups/visibility.py): the other servers' rows of a viewer's
     templates stay in MinuteRollup. Recomputed from the minutes in the transaction that writes them.
     """
 
@@ -357,7 +357,7 @@ class ServerLossMinute(LossTotals):
     """The loss minutes of one server and tenant summed over templates and versions: the Fleet page's
     lost tokens and routing over the minutes of its window.
 
-    Tenancy as ServerLossHour's (Viewer.loss_hours): the tenant-less rows of a viewer's templates on
+    Tenancy as ServerLossHour's (app/rollups/visibility.py): the tenant-less rows of a viewer's templates on
     other servers stay in LossMinute. Recomputed from the minutes in the transaction that writes them.
     """
 
