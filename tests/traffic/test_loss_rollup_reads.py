@@ -10,7 +10,8 @@ from django.db import connection
 from app.diagnosis.reads import losses, lost_tokens_by_cause, server_funnel
 from app.diagnosis.tenants import tenant_audit
 from app.fleet.models import Server
-from app.rollups.refresh import LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL
+from app.rollups.catalog import derived_from
+from app.rollups.derived import resum
 from app.traffic.models import LossMinute
 
 pytestmark = pytest.mark.django_db
@@ -31,8 +32,8 @@ def server() -> Server:
         for n in range(HOURS * 60) for tenant in ("acme", "globex")
     )  # fmt: skip
     with connection.cursor() as cursor:
-        for sql in (LOSS_HOUR_SQL, SERVER_LOSS_HOUR_SQL, SERVER_LOSS_QUARTER_SQL):
-            cursor.execute(sql, {"since": START, "until": START + timedelta(hours=HOURS)})
+        for rollup in derived_from(LossMinute):
+            resum(rollup, cursor, since=START, until=START + timedelta(hours=HOURS))
     return server
 
 

@@ -3,7 +3,6 @@ equal the raw records and diagnoses summed apart, hours cut across; and what the
 fleet's hourly series read through them is, for every viewer, what the per-template rollups it sees
 (app/core/tenancy.py rollups() and traffic()) sum to."""
 
-import importlib
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,12 +16,12 @@ from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
 from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
 from app.diagnosis.reads import routing_effectiveness
 from app.diagnosis.tenants import tenant_audit
-from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.sketch import merged, sketch_quantile
 from app.fleet.models import Server
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.rollups.series import SeriesQuery, series
+from app.rollups.visibility import visible
 from app.traffic.models import (
     HourRollup,
     LossHour,
@@ -30,11 +29,6 @@ from app.traffic.models import (
     MinuteRollup,
     RequestDiagnosis,
     RequestRecord,
-    ServerLossHour,
-    ServerLossMinute,
-    ServerLossQuarter,
-    ServerRequestHour,
-    ServerRequestMinute,
 )
 from app.traffic.services.partitions import ensure_day_partitions
 
@@ -107,64 +101,8 @@ def stored() -> list[RequestRecord]:
     return records
 
 
-def test_the_per_server_hours_equal_the_records_and_diagnoses_summed_apart(
-    stored: list[RequestRecord],
-) -> None:
-    expected: dict[tuple[int, datetime], dict[str, Any]] = defaultdict(lambda: defaultdict(int))
-    for r in stored:
-        hour = expected[(r.server_id, _hour(r.arrived_at))]
-        hour["requests"] += 1
-        hour["prompt_tokens"] += r.prompt_tokens or 0
-        hour["cached_tokens"] += r.cached_tokens or 0
-        hour["cache_known_prompt_tokens"] += r.prompt_tokens if r.cached_tokens is not None else 0
-        hour["client_ttft_count"] += 1
-        hour["under_100ms"] += (r.client_ttft_seconds or 0) <= 0.1
-    found = {(h.server_id, h.hour): h for h in ServerRequestHour.objects.all()}
-    assert set(found) == set(expected) and len(found) > 3 * 9  # every server in every hour touched
-    for key, sums in expected.items():
-        row = found[key]
-        assert {name: getattr(row, name) for name in sums if name != "under_100ms"} == {
-            name: value for name, value in sums.items() if name != "under_100ms"
-        }
-        assert row.client_ttft_buckets[TTFT_BUCKETS_SECONDS.index(0.1)] == sums["under_100ms"]
-        assert row.client_ttft_buckets[-1] == sums["client_ttft_count"]
-
-    lost: dict[tuple[int, str, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for d in RequestDiagnosis.objects.all():
-        losses = lost[(d.server_id, d.tenant, _hour(d.arrived_at))]
-        for name in ("prompt_tokens", "reused_tokens", "evicted_tokens", "salt_tokens"):
-            losses[name] += getattr(d, name)
-        losses["requests"] += 1
-        losses["unexpected_hits"] += d.unexpected_hit
-    summed = {(h.server_id, h.tenant, h.hour): h for h in ServerLossHour.objects.all()}
-    assert set(summed) == set(lost)
-    for at, sums in lost.items():
-        assert {name: getattr(summed[at], name) for name in sums} == sums
-
-    quarters: dict[tuple[int, str, datetime], int] = defaultdict(int)
-    for d in RequestDiagnosis.objects.all():
-        quarters[(d.server_id, d.tenant, _quarter(d.arrived_at))] += d.evicted_tokens
-    found_quarters = {
-        (q.server_id, q.tenant, q.minute): q.evicted_tokens for q in ServerLossQuarter.objects.all()
-    }
-    assert found_quarters == quarters
-
-
-def test_the_per_server_hours_follow_a_late_record_into_an_hour_already_summed(
-    stored: list[RequestRecord],
-) -> None:
-    late = stored[4].arrived_at + timedelta(seconds=1)
-    server = stored[4].server
-    before = ServerRequestHour.objects.get(server=server, hour=_hour(late)).requests
-    RequestRecord.objects.create(
-        server=server, request_id="late", arrived_at=late, source="rest", prompt_tokens=5
-    )
-    refresh_minute_rollups(since=late, until=late)  # that minute alone, as the task's window would
-    assert ServerRequestHour.objects.get(server=server, hour=_hour(late)).requests == before + 1
-
-
 def _seen_sums(rows: Any, viewer: Viewer, *, loss: bool, by: str, sums: dict[str, Any]) -> dict[Any, Any]:
-    seen = viewer.traffic(rows) if loss else viewer.rollups(rows)
+    seen = viewer.traffic(rows) if loss else visible(viewer, rows)
     if not by:
         return {"": seen.aggregate(**sums)}
     return {row[by]: {name: row[name] for name in sums} for row in seen.values(by).annotate(**sums)}
@@ -211,7 +149,7 @@ def test_the_fleets_hourly_series_are_the_hour_rollups_the_viewer_sees(
     query = SeriesQuery(metric, "fleet", "", START, START + timedelta(hours=12), 3600)
     found = series(query, viewer=viewer)
     assert found.source == "traffic_serverrequesthour"
-    seen = viewer.rollups(HourRollup.objects.all())
+    seen = visible(viewer, HourRollup.objects.all())
     expected = []
     for at in found.times:
         rows = list(seen.filter(hour=at))
@@ -316,76 +254,6 @@ def test_the_tenant_audit_is_the_loss_minutes_the_viewer_sees_summed_per_tenant(
 
 def _minute(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
-
-
-def test_the_per_server_minutes_equal_the_records_and_diagnoses_summed_apart(
-    stored: list[RequestRecord],
-) -> None:
-    expected: dict[tuple[int, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in stored:
-        assert r.prompt_tokens is not None
-        minute = expected[(r.server_id, _minute(r.arrived_at))]
-        minute["requests"] += 1
-        minute["prompt_tokens"] += r.prompt_tokens
-        minute["cached_tokens"] += r.cached_tokens or 0
-        minute["cache_known_prompt_tokens"] += r.prompt_tokens if r.cached_tokens is not None else 0
-        minute["client_ttft_count"] += 1
-    found = {(m.server_id, m.minute): m for m in ServerRequestMinute.objects.all()}
-    assert set(found) == set(expected) and len(found) == RECORDS
-    for key, sums in expected.items():
-        assert {name: getattr(found[key], name) for name in sums} == sums
-        assert found[key].client_ttft_buckets[-1] == 1
-
-    lost: dict[tuple[int, str, datetime], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for d in RequestDiagnosis.objects.all():
-        losses = lost[(d.server_id, d.tenant, _minute(d.arrived_at))]
-        for name in ("prompt_tokens", "reused_tokens", "evicted_tokens", "salt_tokens"):
-            losses[name] += getattr(d, name)
-        losses["requests"] += 1
-        losses["unexpected_hits"] += d.unexpected_hit
-    summed = {(m.server_id, m.tenant, m.minute): m for m in ServerLossMinute.objects.all()}
-    assert set(summed) == set(lost)
-    for at, losses in lost.items():
-        assert {name: getattr(summed[at], name) for name in losses} == losses
-
-
-def test_the_per_server_minutes_follow_a_late_record_and_diagnosis(stored: list[RequestRecord]) -> None:
-    late = stored[4].arrived_at + timedelta(seconds=1)
-    server, minute = stored[4].server, _minute(late)
-    key = {"server": server, "request_id": "late", "arrived_at": late, "tenant": "acme"}
-    lost = ServerLossMinute.objects.get(server=server, tenant="acme", minute=minute).evicted_tokens
-    RequestRecord.objects.create(**key, source="rest", prompt_tokens=5)
-    RequestDiagnosis.objects.create(**key, diagnosed_at=late, prompt_tokens=5, evicted_tokens=3)
-    refresh_minute_rollups(since=late, until=late)  # that minute alone, as the tasks' windows would
-    refresh_loss_minutes(since=late, until=late)
-    assert ServerRequestMinute.objects.get(server=server, minute=minute).requests == 2
-    assert (
-        ServerLossMinute.objects.get(server=server, tenant="acme", minute=minute).evicted_tokens == lost + 3
-    )
-
-
-def test_the_migration_fills_the_per_server_minutes_as_the_services_sum_them(
-    stored: list[RequestRecord],
-) -> None:
-    """traffic 0024 sums the minutes already there with one INSERT ... SELECT a table: the rows the
-    services wrote."""
-    fill = importlib.import_module("app.traffic.migrations.0024_server_minute_sums").FILL_SQL
-
-    def rows() -> tuple[list[Any], list[Any]]:
-        return (
-            [  # the sketches came later: 0028 fills them
-                {k: v for k, v in row.items() if not k.endswith("_sketch")}
-                for row in ServerRequestMinute.objects.order_by("server", "minute").values()
-            ],
-            list(ServerLossMinute.objects.order_by("server", "tenant", "minute").values()),
-        )
-
-    kept = rows()
-    ServerRequestMinute.objects.all().delete()
-    ServerLossMinute.objects.all().delete()
-    with connection.cursor() as cursor:
-        cursor.execute(fill)
-    assert rows() == kept and len(kept[0]) == RECORDS and len(kept[1]) == RECORDS
 
 
 @pytest.mark.parametrize("viewer", VIEWERS.values(), ids=VIEWERS.keys())
