@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Q, Sum
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
-from app.dashboard import template_selectors as selectors
+from app.dashboard.reads import templates as selectors
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.sketch import merged
 from app.prompts.models import Template
