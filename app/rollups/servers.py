@@ -9,11 +9,14 @@ from django.db import connection, transaction
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.rollups.refresh import whole_hours, whole_minutes
 from app.traffic.models import KVEvent
-from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from collectors.metrics.names import (
+    FINISHED_REQUESTS,
+    KV_USAGE,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+)
 
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-FINISHED_REQUESTS = ("vllm:request_success_total",)
 TTFT = "vllm:time_to_first_token_seconds"
 COUNTERS = (
     *PREFIX_CACHE_QUERIES, *PREFIX_CACHE_HITS, *PREEMPTIONS, *FINISHED_REQUESTS,
