@@ -5,12 +5,12 @@ from django.urls import include, path
 from app.api.api import api
 from app.api.ingest import otlp
 from app.core import views as core_views
-from app.dashboard import views as dashboard_views
+from app.dashboard.metrics import views as metrics_views
 
 urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
-    path("metrics", dashboard_views.metrics, name="metrics"),
+    path("metrics", metrics_views.metrics, name="metrics"),
     path("favicon.ico", core_views.favicon, name="favicon"),
     path("docs/runbooks/", core_views.runbooks, name="runbooks"),
     path("docs/runbooks/<slug:alert>/", core_views.runbook, name="runbook"),

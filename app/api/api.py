@@ -18,6 +18,7 @@ from app.api.families import router as families_router
 from app.api.fleet import router as fleet_router
 from app.api.ingest.rest import router as ingest_router
 from app.api.regressions import router as regressions_router
+from app.api.repositories import router as repositories_router
 from app.api.requests import router as requests_router
 from app.api.series import router as series_router
 from app.api.servers import router as servers_router
@@ -86,6 +87,7 @@ api.add_exception_handler(OperationalError, database_unavailable)
 api.add_exception_handler(InterfaceError, database_unavailable)
 api.add_router("/v1", ingest_router)
 api.add_router("/v1", compare_router)
+api.add_router("/v1", repositories_router)
 api.add_router("/v1", templates_router)
 api.add_router("/v1", families_router)
 api.add_router("/v1", diagnosis_router)

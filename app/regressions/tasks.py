@@ -20,7 +20,7 @@ def check_deploys() -> int:
     return check_deploys_now(now=timezone.now())
 
 
-@shared_task(name="regressions.notify_webhook", bind=True, max_retries=webhook.MAX_ATTEMPTS - 1)
+@shared_task(name=webhook.NOTIFY_TASK, bind=True, max_retries=webhook.MAX_ATTEMPTS - 1)
 def notify_webhook(self: Task[[int, str], None], regression_id: int, event: str) -> None:
     """Tell the webhook a regression opened or resolved; again later while the failure is transient."""
     retries, last = self.request.retries, self.request.retries >= webhook.MAX_ATTEMPTS - 1

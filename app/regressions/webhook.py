@@ -18,6 +18,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
@@ -30,6 +31,7 @@ from app.regressions.models import Regression
 logger = logging.getLogger(__name__)
 
 EVENTS = ("opened", "resolved")
+NOTIFY_TASK = "regressions.notify_webhook"  # app/regressions/tasks.py
 MAX_ATTEMPTS = 7  # 15 s, 30 s, ... 8 min apart: about 16 minutes in all
 FIRST_DELAY_SECONDS = 15
 MAX_DELAY_SECONDS = 3600  # a Retry-After longer than an hour is not waited for in full
@@ -61,10 +63,11 @@ def queue_notice(regression: Regression, event: str, *, now: datetime) -> None:
 
 
 def _enqueue(regression_id: int, event: str) -> None:
-    from app.regressions.tasks import notify_webhook  # the tasks import the services that call this
-
+    # By the task's name, not its function: the tasks import the services that call this module.
+    # A signature runs the task registered in this process (eager in tests), else sends it by name.
+    notice = current_app.signature(NOTIFY_TASK, args=(regression_id, event))
     try:  # retry=False: a broker that is away fails at once, not after the detection waited
-        notify_webhook.apply_async(args=(regression_id, event), retry=False)
+        notice.apply_async(retry=False)
     except BrokerUnavailable:
         logger.warning("regression %s %s: notice not queued, the broker is away", regression_id, event)
         _record(regression_id, event, "not queued", "the broker was away", attempt=0, now=timezone.now())

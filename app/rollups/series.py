@@ -21,7 +21,13 @@ from app.rollups.catalog import table_rollup
 from app.rollups.sketch_sql import loaded, merged_sketch_sql
 from app.rollups.visibility import visible_sql, visible_sums_sql
 from app.traffic.models import LOST_COLUMNS, KVEvent, RequestDiagnosis
-from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from collectors.metrics.names import (
+    FINISHED_REQUESTS,
+    KV_USAGE,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+)
 
 ROLLUP_METRICS = ("hit_rate", "ttft_p50", "ttft_p90", "ttft_p99", "lost_tokens", "requests")
 # A server's own readings: its /metrics scrapes and its KV events (scope=server only).
@@ -344,10 +350,6 @@ def _ttft(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) ->
     return _set(query, table, [Series(name, _on_grid(query, found, None))])
 
 
-# What each of a server's own readings is made of: scraped series (as exposed), or KV events.
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-FINISHED_REQUESTS = ("vllm:request_success_total",)
 # A counter's first sample in the window needs the one before it: look back this far for it.
 _LOOKBACK = timedelta(minutes=10)
 

@@ -11,11 +11,14 @@ from app.rollups.catalog import derived_from
 from app.rollups.derived import resum
 from app.rollups.refresh import whole_minutes
 from app.traffic.models import KVEvent, ServerMinute
-from collectors.metrics.parse import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from collectors.metrics.names import (
+    FINISHED_REQUESTS,
+    KV_USAGE,
+    PREEMPTIONS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_QUERIES,
+)
 
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-FINISHED_REQUESTS = ("vllm:request_success_total",)
 TTFT = "vllm:time_to_first_token_seconds"
 COUNTERS = (
     *PREFIX_CACHE_QUERIES, *PREFIX_CACHE_HITS, *PREEMPTIONS, *FINISHED_REQUESTS,

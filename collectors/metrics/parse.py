@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# vLLM renamed these (about 0.9); a server on either version must give one hit rate.
-PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+from collectors.metrics.names import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 
 
 class MetricsParseError(ValueError):

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from app.dashboard.selectors import fleet_headline
+from app.dashboard.reads.fleet import fleet_headline
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups

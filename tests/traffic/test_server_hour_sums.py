@@ -13,7 +13,13 @@ from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
-from app.dashboard.selectors import LOSS_ROLLUPS, REQUEST_ROLLUPS, SERVER_ROLLUPS, window_sums, windows_totals
+from app.dashboard.reads.sums import (
+    LOSS_ROLLUPS,
+    REQUEST_ROLLUPS,
+    SERVER_ROLLUPS,
+    window_sums,
+    windows_totals,
+)
 from app.diagnosis.reads import routing_effectiveness
 from app.diagnosis.tenants import tenant_audit
 from app.domain.sketch import merged, sketch_quantile

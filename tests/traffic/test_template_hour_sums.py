@@ -12,7 +12,7 @@ import pytest
 from django.db.models import Q, Sum
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
-from app.dashboard import template_selectors as selectors
+from app.dashboard.reads import templates as selectors
 from app.domain.sketch import merged
 from app.prompts.models import Template
 from app.rollups.visibility import visible, visible_sums_sql

@@ -66,7 +66,7 @@ class CollectorProcess(models.Model):
     has one per server it fronts), so that processes on one host never overwrite each other. A
     process that stops deletes its rows; a killed one's rows stay, silent, until another process of
     the same kind and name starts after them (its successor) or a day has passed
-    (app/dashboard/metrics.py)."""
+    (app/dashboard/metrics/collector.py)."""
 
     class Kind(models.TextChoices):
         GATEWAY = "gateway", "Gateway"

@@ -4,7 +4,7 @@ PostgreSQL per scrape.
 A custom collector (not counters in memory) because the numbers live in the database and every
 web, worker or collector process must report the same values. Each family (or set of families from
 one table) is one aggregate query over small tables or rollups; the traffic families are in
-app/dashboard/metrics_traffic.py.
+app/dashboard/metrics/traffic.py.
 """
 
 from collections.abc import Iterator
@@ -16,7 +16,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.dashboard.metrics_traffic import killer_families, token_families, ttft_families
+from app.dashboard.metrics.traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.regressions.owners import owner_of, server_owner

@@ -25,11 +25,12 @@ from django.utils import timezone
 from app.compare.killers import killer_samples, visible_killers
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
-from app.dashboard import template_selectors as selectors
-from app.dashboard.server_page import WINDOWS, Chart, Window, picked_window
+from app.dashboard.charts import Chart
+from app.dashboard.killer_rows import killer_rows
+from app.dashboard.reads import templates as selectors
+from app.dashboard.reads.templates import Effect, ListSums, TemplateRequests, Totals
 from app.dashboard.sparks import spark
-from app.dashboard.template_selectors import Effect, ListSums, TemplateRequests, Totals
-from app.dashboard.views import _bucket_starts, _in_hours, _interval, _killer_rows
+from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
@@ -107,14 +108,14 @@ def template_list(request: HtmxHttpRequest) -> HttpResponse:
     """Every template, its hit rate, trend, lost tokens and open regressions, over the window asked for
     (a window of a day or more in whole hours, read from the hour rollups); `numbers=1` answers the
     trends' numbers as a table, `format=csv` as CSV."""
-    window, viewer = _in_hours(picked_window(request.GET, now=timezone.now())), viewer_of(request.user)
+    window, viewer = in_hours(picked_window(request.GET, now=timezone.now())), viewer_of(request.user)
     if request.GET.get("format") == "csv" or request.GET.get("numbers"):
         return _trend_numbers(request, window, viewer)
     sort = request.GET.get("sort", "-lost")
     sort = sort if sort.lstrip("-") in SORTS else "-lost"
     sums = selectors.list_sums(since=window.since, until=window.until, bucket=window.bucket, viewer=viewer)
     rows, trends = template_rows(window, sums, sort=sort, viewer=viewer), sums.trends
-    times = _bucket_starts(window)
+    times = bucket_starts(window)
     query = urlencode(window.params())
     headers = [(field, label, f"?{query}&sort={_next_sort(sort, field)}", _aria_sort(sort, field))
                for field, label in (("name", "Template"), ("requests", "Requests"), ("hit_rate", "Hit rate"),
@@ -146,7 +147,7 @@ def _trend_numbers(request: HtmxHttpRequest, window: Window, viewer: Viewer) -> 
     found = sorted(
         (Series(names[pk], values) for pk, values in trends.items() if pk in names), key=lambda s: s.name
     )
-    times = _bucket_starts(window)
+    times = bucket_starts(window)
     if request.GET.get("format") == "csv":
         response = HttpResponse(traffic_series.as_csv(times, found), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="templates-hit-rate-{window.key}.csv"'
@@ -212,7 +213,7 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
 
 @dataclass(frozen=True, slots=True)
 class Reads:
-    """The template's rollups over a window, each table read once (template_selectors)."""
+    """The template's rollups over a window, each table read once (reads/templates.py)."""
 
     requests: TemplateRequests
     losses: dict[datetime | None, dict[str, int]]  # per bucket start, and at None in all
@@ -392,6 +393,13 @@ def _killers(
     readable = may_read_prompts(request.user)
     samples = killer_samples(found, now=now, viewer=viewer) if readable else {}
     names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
-    return {"killers": _killer_rows(found, names, samples, seen=seen), "readable": readable,
+    return {"killers": killer_rows(found, names, samples, seen=seen), "readable": readable,
             "latest": found[0] if found else None,
             "every": _interval(settings.PREFIXSCOPE_KILLER_EVERY_SECONDS)}  # fmt: skip
+
+
+def _interval(seconds: int) -> str:
+    """300 -> "5 minutes", 60 -> "minute", 90 -> "90 seconds": for "searched every ..."."""
+    if seconds % 60:
+        return f"{seconds} seconds"
+    return "minute" if seconds == 60 else f"{seconds // 60} minutes"

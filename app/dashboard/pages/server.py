@@ -5,9 +5,6 @@ Every chart's numbers are on the page too (a table under it) and as CSV (`?chart
 the same window); the window is in the URL, so a link shows what its sender saw.
 """
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -18,82 +15,14 @@ from django.utils import timezone
 
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
+from app.dashboard.charts import Chart
+from app.dashboard.windows import WINDOWS, Window, picked_window
 from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
 from app.fleet.models import Server
 from app.rollups import series as traffic_series
-from app.rollups.series import Series, SeriesError, SeriesQuery, is_key
+from app.rollups.series import Series, SeriesQuery, is_key
 from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import Spread, block_residency, resident_shares
-
-# The picker's windows and the bucket each is drawn in (a few hundred points at most).
-WINDOWS = {"1h": (timedelta(hours=1), 60), "6h": (timedelta(hours=6), 300),
-           "24h": (timedelta(days=1), 900), "7d": (timedelta(days=7), 3600)}  # fmt: skip
-CUSTOM_POINTS = 400  # a custom window takes the shortest bucket that draws at most this many
-
-LABELS = {
-    "hit_rate": "Requests (cached tokens reported)", "engine_hit_rate": "vLLM prefix-cache counters",
-    "kv_usage": "KV cache usage", "evictions": "Blocks removed (KV events)",
-    "preemptions": "Preemptions", "request_rate": "Finished (vLLM counter)",
-    "recorded_rate": "Recorded by Prefixscope",
-    **{f"ttft_{p} ({ttft})": p for p in ("p50", "p90", "p99") for ttft in traffic_series.TTFTS},
-    **dict(RequestDiagnosis.Cause.choices),
-}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    key: str  # 1h, 6h, 24h, 7d or custom
-    since: datetime
-    until: datetime
-    bucket: int
-    ttft: str
-    error: str = ""  # why a custom window asked for was not taken
-
-    @property
-    def since_field(self) -> str:
-        return _local(self.since)
-
-    @property
-    def until_field(self) -> str:
-        return _local(self.until)
-
-    def params(self) -> dict[str, str]:
-        """What the page's URL says of the window."""
-        found = {"window": self.key, "ttft": self.ttft}
-        if self.key == "custom":
-            found |= {"since": _local(self.since), "until": _local(self.until)}
-        return found
-
-
-@dataclass(frozen=True, slots=True)
-class Chart:
-    slug: str
-    title: str
-    note: str
-    unit: str
-    series: list[Series]
-    times: list[datetime]
-
-    @property
-    def labels(self) -> list[str]:
-        return [LABELS.get(s.name, s.name) for s in self.series]
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """What static/charts/charts.js draws: the series API's answer, with labels."""
-        return {"unit": self.unit, "times": [at.isoformat() for at in self.times],
-                "series": [{"name": s.name, "label": label, "values": s.values}
-                           for s, label in zip(self.series, self.labels, strict=True)]}  # fmt: skip
-
-    @property
-    def data_id(self) -> str:
-        return f"{self.slug}-data"
-
-    @property
-    def rows(self) -> list[tuple[datetime, list[str]]]:
-        return [
-            (at, [_shown(s.values[i], self.unit) for s in self.series]) for i, at in enumerate(self.times)
-        ]
 
 
 @login_required
@@ -116,42 +45,6 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
                                        viewer=viewer),
                "query": urlencode(window.params())}  # fmt: skip
     return render(request, "dashboard/server.html", context)
-
-
-def picked_window(params: Mapping[str, str], *, now: datetime) -> Window:
-    """The window a page's URL asks for; the last hour when it asks for none, or for a custom
-    window that cannot be drawn (with the reason)."""
-    key = params.get("window", "1h")
-    ttft = params.get("ttft", "client")
-    ttft = ttft if ttft in traffic_series.TTFTS else "client"
-    if key == "custom":
-        try:
-            return _custom(params, ttft=ttft, now=now)
-        except SeriesError as exc:
-            return _last("1h", ttft=ttft, now=now, error=f"Custom window not drawn: {exc.message}.")
-    return _last(key if key in WINDOWS else "1h", ttft=ttft, now=now)
-
-
-def _last(key: str, *, ttft: str, now: datetime, error: str = "") -> Window:
-    length, bucket = WINDOWS[key]
-    asked = {"since": (now - length).isoformat(), "until": now.isoformat()}
-    query = traffic_series.parse_query({"metric": "requests", "bucket": str(bucket), **asked}, now=now)
-    return Window(key, query.since, query.until, bucket, ttft, error)
-
-
-def _custom(params: Mapping[str, str], *, ttft: str, now: datetime) -> Window:
-    since, until = params.get("since", ""), params.get("until", "")
-    if not since or not until:
-        raise SeriesError("bad_window", "give both its start and its end")
-    query = None
-    for bucket in traffic_series.BUCKETS:
-        query = traffic_series.parse_query(
-            {"metric": "requests", "bucket": str(bucket), "since": since, "until": until}, now=now
-        )
-        if (query.until - query.since).total_seconds() / bucket <= CUSTOM_POINTS:
-            break
-    assert query is not None
-    return Window("custom", query.since, query.until, query.bucket, ttft)
 
 
 def server_charts(server: Server, window: Window, *, viewer: Viewer = SEES_ALL) -> list[Chart]:
@@ -232,19 +125,3 @@ def _lost(server: Server, window: Window, viewer: Viewer) -> list[tuple[str, int
     lost = lost_tokens_by_cause(since=window.since, until=window.until, server_id=server.pk, viewer=viewer)
     labels = dict(RequestDiagnosis.Cause.choices)
     return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
-
-
-def _shown(value: float | None, unit: str) -> str:
-    """A table cell: a ratio in per cent, seconds to the millisecond, counts whole or to 0.01."""
-    if value is None:
-        return "—"
-    if unit == "ratio":
-        return f"{100 * value:.1f} %"
-    if unit == "seconds":
-        return f"{value:.3f} s"
-    return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
-
-
-def _local(moment: datetime) -> str:
-    """A time as a datetime-local field shows it (UTC, to the minute)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")

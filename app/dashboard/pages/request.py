@@ -1,0 +1,239 @@
+"""A request's page: why its prompt tokens were not reused (its losses, where its prompt departs, its
+block chain), its template's cache killers under its salt, the earlier request Compare pairs it with,
+its prompt for a viewer who may read it, and the other requests a client sent under its id."""
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AnonymousUser
+from django.http import Http404, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+
+from app.compare.killers import visible_killers
+from app.compare.selectors import RecordKey, previous_request_key
+from app.compare.tokenization import Detokenizer
+from app.core.http import HtmxHttpRequest
+from app.core.tenancy import SEES_ALL, Viewer, viewer_of
+from app.dashboard.killer_rows import killer_rows
+from app.fleet.models import Server
+from app.prompts.killers import killer_at, may_read_prompts, template_killers
+from app.traffic.explorer import kept_token_ids
+from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.selectors import DiagnosedRequest, addressed_request
+
+
+@login_required
+def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> HttpResponse:
+    """One request (the latest of its id on its server, or the one arrived at `?at=`) with why its
+    prompt tokens were not reused, the cache killers of its template under its salt, marking the one
+    its divergence is at, and links to the other requests a client sent under the same id."""
+    viewer = viewer_of(request.user)
+    found = addressed_request(
+        server_name=server, request_id=request_id, arrived_at=_arrival(request.GET.get("at")), viewer=viewer
+    )
+    if found is None:
+        raise Http404("no such request")
+    i = found.request
+    names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
+    killers = list(template_killers(i.record.template_id)) if i.record.template_id is not None else []
+    killers, seen = visible_killers(killers, viewer=viewer)
+    salted = [k for k in killers if k.salt_hash == i.record.salt_hash]
+    diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
+    here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
+    extras = request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)
+    item = {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
+            "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
+            "killers": killer_rows(salted, names, {}, here=here, seen=seen), "at_killer": here,
+            **extras}  # fmt: skip
+    others = [(at, request_page_url(server, request_id, at)) for at in found.others]
+    return render(
+        request, "dashboard/request.html",
+        {"server": server, "request_id": request_id, "found": [item], "others": others,
+         "other_count": found.other_count},
+    )  # fmt: skip
+
+
+def _arrival(text: str | None) -> datetime | None:
+    """`?at=`: an ISO 8601 arrival (UTC without a zone); a value that is not one names no request."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise Http404("no such request") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """Where a prompt-changed request departs, worded as its lost tokens are listed.
+
+    `at` is the diagnosis' token where the prompt departs from its template's earlier prompts under
+    its own salt (token-exact); its losses are by block. When `at` lies in a block lost to another
+    cause (a salted request whose first block another tenant's salt had: no block of it was shared
+    under its own salt), the prompt-changed loss starts later, at `changed_from`, and `lost_to` names
+    the cause of the block `at` lies in."""
+
+    at: int
+    changed_from: int
+    block: int | None
+    lost_to: str  # "" when `at` lies in the prompt-changed loss itself
+
+
+def departure(diagnosis: RequestDiagnosis | None, *, block_size: int | None) -> Departure | None:
+    if diagnosis is None or diagnosis.diverged_at is None:
+        return None
+    at, losses, changed_from = diagnosis.diverged_at, diagnosis.losses, diagnosis.changed_from
+    if changed_from is None or at >= changed_from:
+        return Departure(at, at, None, "")
+    holding = next(
+        (loss for loss in losses if loss["first_token"] <= at < loss["first_token"] + loss["tokens"]), None
+    )
+    label = (
+        dict(RequestDiagnosis.Cause.choices).get(holding["cause"], holding["cause"])
+        if holding
+        else "not lost"
+    )
+    return Departure(at, changed_from, at // block_size if block_size else None, label.lower())
+
+
+def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> list[dict[str, object]]:
+    labels = dict(RequestDiagnosis.Cause.choices)
+    shown = []
+    for loss in diagnosis.losses if diagnosis else []:
+        detail = ""
+        if loss["cause"] == "routed_elsewhere":
+            detail = (
+                f"resident on {names.get(loss['server_id'], '?')}: its first {loss['server_tokens']} tokens"
+            )
+        elif loss["cause"] == "evicted":
+            where = names.get(loss.get("server_id"), "?")
+            stored = loss.get("stored_at", "before the events kept")
+            detail = f"on {where}: stored {stored}, removed {loss['removed_at']}"
+        first = loss["first_token"]
+        shown.append(
+            {"first_token": first, "last_token": first + loss["tokens"] - 1, "tokens": loss["tokens"],
+             "label": labels.get(loss["cause"], loss["cause"]), "detail": detail}
+        )  # fmt: skip
+    return shown
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRow:
+    """One full block of a request's prompt and what became of it."""
+
+    index: int
+    first_token: int
+    last_token: int
+    hash_hex: str  # "" when the chain was not recorded
+    seen_before: bool
+    resident_anywhere: bool
+    resident_here: bool | None  # None: its server sends no KV events, so what it held is not known
+    reused: bool
+    lost_to: str  # the cause's label, "" when reused or not diagnosed
+    detail: str
+    token_ids: list[int] | None  # None unless the viewer may read prompts and retention keeps them
+
+
+def block_chain(
+    record: RequestRecord,
+    diagnosis: RequestDiagnosis | None,
+    *,
+    names: dict[int, str],
+    token_ids: list[int] | None,
+) -> list[BlockRow]:
+    """Block by block, the funnel of a diagnosed request: each full block (the tail below one block is
+    never reused) was seen before, resident somewhere, resident on its server, reused, or lost to a
+    cause. Empty when the server's block size or the diagnosis is unknown."""
+    size = record.server.block_size
+    if not size or diagnosis is None or diagnosis.unknown:
+        return []
+    labels = dict(RequestDiagnosis.Cause.choices)
+    heard = not diagnosis.no_kv_events_tokens
+    rows = []
+    for index in range(diagnosis.prompt_tokens // size):
+        first, end = index * size, (index + 1) * size
+        loss = next(
+            (lo for lo in diagnosis.losses if lo["first_token"] <= first < lo["first_token"] + lo["tokens"]),
+            None,
+        )
+        hashes = record.block_hashes
+        rows.append(
+            BlockRow(
+                index=index, first_token=first, last_token=end - 1,
+                hash_hex=f"{hashes[index] % 2**64:016x}" if index < len(hashes) else "",
+                seen_before=end <= diagnosis.seen_before_tokens,
+                resident_anywhere=end <= diagnosis.resident_anywhere_tokens,
+                resident_here=end <= diagnosis.resident_here_tokens if heard else None,
+                reused=end <= diagnosis.reused_tokens,
+                lost_to=labels.get(loss["cause"], loss["cause"]) if loss else "",
+                detail=_loss_detail(loss, names) if loss else "",
+                token_ids=token_ids[first:end] if token_ids is not None else None,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _loss_detail(loss: dict[str, Any], names: dict[int, str]) -> str:
+    where = names.get(loss.get("server_id", 0), "another server")
+    if loss["cause"] == "routed_elsewhere":
+        return f"resident on {where}"
+    if loss["cause"] == "evicted" and "removed_at" in loss:
+        return f"removed from {where} at {loss['removed_at'][11:19]}"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptShown:
+    """A request's prompt for a viewer who may read prompts, while retention keeps its token ids."""
+
+    text: str
+    decoded_by: str
+    token_count: int
+
+
+def request_page_url(server: str, request_id: str, arrived_at: datetime | None = None) -> str:
+    """The request page of that server and id: of the request arrived at `arrived_at` when given
+    (a client may reuse an id), else of the latest."""
+    path = reverse("dashboard:request-detail", args=[server, request_id])
+    return path if arrived_at is None else f"{path}?{urlencode({'at': arrived_at.isoformat()})}"
+
+
+def request_extras(
+    found: DiagnosedRequest,
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    names: dict[int, str],
+    now: datetime,
+    viewer: Viewer = SEES_ALL,
+) -> dict[str, object]:
+    """What the request page shows of one arrival beside its diagnosis: its key for Compare, the
+    earlier request Compare pairs it with, its block chain, and its prompt for a viewer who may."""
+    record = found.record
+    key = RecordKey.of(record)
+    ids = kept_token_ids(record, now=now) if may_read_prompts(user) else None
+    previous = previous_request_key(key, viewer=viewer)
+    previous_url = (
+        request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
+        if previous is not None
+        else None
+    )
+    return {
+        "key": str(key),
+        "previous": previous,
+        "previous_url": previous_url,
+        "chain": block_chain(record, found.diagnosis, names=names, token_ids=ids),
+        "prompt": _decoded(record, ids) if ids is not None else None,
+    }
+
+
+def _decoded(record: RequestRecord, token_ids: list[int]) -> PromptShown:
+    with Detokenizer(server=record.server, model=record.model) as decode:
+        text = decode(token_ids)
+        return PromptShown(text, decode.used, len(token_ids))
