@@ -13,7 +13,7 @@ from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.traffic.models import LossMinute
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 PROTOBUF = "application/x-protobuf"

@@ -18,7 +18,7 @@ from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
 from collectors.records import canonical_request_id
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 pytestmark = pytest.mark.django_db
 PROTOBUF = "application/x-protobuf"

@@ -23,8 +23,8 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from tests.ports import unused_ports
-from tests.traffic.processes import Web, database_url_for_tests
+from tests.support.ports import unused_ports
+from tests.support.processes import Web, database_url_for_tests
 
 pytestmark = pytest.mark.django_db
 

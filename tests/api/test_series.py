@@ -21,7 +21,7 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import LossMinute
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

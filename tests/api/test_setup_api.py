@@ -11,7 +11,7 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token, create_personal_token
 from app.fleet.models import Server
 from tests.setup.test_pages import ingest
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

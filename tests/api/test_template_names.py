@@ -15,7 +15,7 @@ from app.prompts.selectors import find_template
 from app.traffic.models import LossMinute
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.tokens import reader_bearer
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 SHA = "c" * 40

@@ -17,9 +17,9 @@ from django.utils import timezone
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.services.requests import INGEST_LOCK_SPACE
-from tests.ports import unused_ports
-from tests.sessions import session, wait_for_lock_waits
-from tests.traffic.processes import Web, database_url_for_tests
+from tests.support.ports import unused_ports
+from tests.support.processes import Web, database_url_for_tests
+from tests.support.sessions import session, wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,8 @@ from app.compare.selectors import RecordKey
 from app.fleet.models import Server
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.fixtures import load_json
-from tests.users import fleet_viewer
+from tests.support.captures import load_json
+from tests.support.users import fleet_viewer
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 

@@ -17,7 +17,7 @@ from app.compare.tokenization import Prompt
 from app.fleet.models import Server
 from tests.compare.conftest import Record, capture, prompt_ids, prompt_reader
 from tests.core.test_pages_browser import SCREENSHOTS
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

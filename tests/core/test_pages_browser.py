@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from pytest_django.live_server_helper import LiveServer
 
 from app.fleet.models import Server
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [

@@ -34,7 +34,7 @@ from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.models import MinuteRollup
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import KVGap, KVStream, RejectedInput
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

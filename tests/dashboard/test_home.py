@@ -22,8 +22,8 @@ from app.traffic.models import (
     ServerHour,
     ServerMinute,
 )
-from tests.dashboard.server_traffic import a_served_server
-from tests.users import fleet_viewer
+from tests.support.server_traffic import a_served_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from app.fleet.models import Server
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -17,10 +17,10 @@ from app.traffic.models import ResidentBlock
 from app.traffic.services.kv_events import StreamPosition, store_kv_events
 from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.parse import parse_metrics
-from tests.dashboard.server_traffic import a_served_server
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.server_traffic import a_served_server
+from tests.support.users import fleet_viewer
 from tests.traffic.test_kv_storage import captured_rows
-from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -21,8 +21,8 @@ from app.prompts.models import Template
 from app.prompts.services import record_deploy
 from app.regressions.models import Regression
 from app.traffic.models import LOST_COLUMNS, HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
-from tests.dashboard.template_traffic import History, a_template_history
-from tests.users import fleet_viewer
+from tests.support.template_traffic import History, a_template_history
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

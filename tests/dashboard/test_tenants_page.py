@@ -19,7 +19,7 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

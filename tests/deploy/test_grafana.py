@@ -16,7 +16,7 @@ from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import LossHour
 from tests.deploy.test_prometheus_rules import RULE_FILES, load_yaml, run_promtool
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"

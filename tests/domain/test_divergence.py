@@ -28,7 +28,7 @@ from app.domain.divergence import (
     side_blocks,
 )
 from app.domain.divergence_edits import edit_script
-from tests.fixtures import CAPTURED_PAIRS, load_json, stored_block_hashes
+from tests.support.captures import CAPTURED_PAIRS, load_json, stored_block_hashes
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 NEWLINE = 198  # "\n" in the captured server's GPT-2 tokenizer

@@ -18,7 +18,7 @@ from app.domain.misscauses import Diagnosis, FleetHistory, RequestPrompt
 from simulator.planner import plan_requests
 from simulator.scenario import Scenario, load_scenario
 from simulator.template_repo import Commit, template_versions
-from tests.fixtures import captured_traffic
+from tests.support.captures import captured_traffic
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "simulator" / "scenarios").glob("*.yaml"))
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

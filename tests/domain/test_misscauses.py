@@ -18,7 +18,7 @@ from app.domain.misscauses import (
     Unknown,
     reusable_blocks,
 )
-from tests.domain.leading_paths import LEADING_PATHS, use_leading_path
+from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 
 @pytest.fixture(autouse=True, params=LEADING_PATHS)

@@ -17,9 +17,9 @@ import zmq
 from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVStream, ResidentBlock
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS, post_json
-from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, serve
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS, post_json
+from tests.support.vllm_cpu import VLLMServer, VLLMUnavailable, serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 # Capture requests: before the restart they fill part of the 48-block cache, after it one other tenant's.

@@ -35,10 +35,10 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis, RequestRecord
 from app.traffic.services.requests import ingest_request_records
-from tests.collectors.gateway.running import KeptRecords, call, running_gateway
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS
 from tests.e2e.test_block_index_after_restart import poll_for
-from tests.e2e.vllm_cpu import VLLMServer
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS
+from tests.support.running_gateway import KeptRecords, call, running_gateway
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 SIZE = 32

@@ -26,11 +26,11 @@ from app.fleet.services import register_server
 from app.traffic.models import RequestRecord, Scrape, ScrapeSample
 from app.traffic.tasks import scrape_server
 from collectors.records import canonical_request_id
-from tests.collectors.gateway.running import call
-from tests.fixtures import captured_traffic
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, database_url_for_tests
+from tests.support.captures import captured_traffic
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, database_url_for_tests
+from tests.support.running_gateway import call
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
 HITS = "vllm:prefix_cache_hits_total"

@@ -1,6 +1,6 @@
 """The vLLM CPU harness' parameters, without starting vLLM: the flags and model folder they give."""
 
-from tests.e2e.vllm_cpu import MAX_MODEL_LEN, MODEL_DIR, NUM_BLOCKS, _server_flags, model_dir_for
+from tests.support.vllm_cpu import MAX_MODEL_LEN, MODEL_DIR, NUM_BLOCKS, _server_flags, model_dir_for
 
 
 def flag(flags: list[str], name: str) -> str:

@@ -13,8 +13,8 @@ from app.fleet.services import claim_due_scrapes
 from app.traffic.models import MetricSeries, Scrape, ScrapeSample
 from app.traffic.tasks import scrape_server
 from collectors.metrics.parse import parse_metrics
-from tests.fixtures import VLLM_CPU_FIXTURES
-from tests.ports import unused_port
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.ports import unused_port
 
 pytestmark = pytest.mark.django_db
 PAGE = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()

@@ -21,9 +21,9 @@ from app.prompts.models import PrefixFamily, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
-from tests.fixtures import load_json
-from tests.sessions import session, wait_for_lock_waits
-from tests.tokens import reader_bearer
+from tests.support.captures import load_json
+from tests.support.sessions import session, wait_for_lock_waits
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 INGEST, FAMILIES = "/api/v1/requests", "/api/v1/families"

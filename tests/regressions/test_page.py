@@ -16,7 +16,7 @@ from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.regressions.models import Regression
 from app.traffic.models import LossMinute, MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.services.partitions import maintain_partitions
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from app.regressions.evidence import before_after_pair
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.partitions import ensure_day_partitions
-from tests.tokens import reader_bearer
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 

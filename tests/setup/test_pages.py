@@ -16,7 +16,7 @@ from app.prompts.models import TemplateRepository
 from app.traffic.models import RequestRecord
 from tests.api.test_ingest import record
 from tests.api.test_secrets_stay_out_of_logs import every_log_record, secrets_in
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 __all__ = ["every_log_record"]  # the fixture

@@ -24,8 +24,8 @@ from app.traffic.services.requests import ingest_request_records
 from app.traffic.tasks import scrape_server
 from collectors.records import RequestFacts
 from simulator.fleet import describe
-from tests.simulator.running import local_config, running_fleet
-from tests.users import fleet_viewer
+from tests.support.simulated_fleet import local_config, running_fleet
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -28,7 +28,7 @@ from app.fleet.services import register_server
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.traffic.processes import REPO, database_url_for_tests, wait_until
+from tests.support.processes import REPO, database_url_for_tests, wait_until
 
 RECORDS_PER_SERVER = 300
 

@@ -33,10 +33,10 @@ from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
 from simulator.server import ServerConfig
-from tests.collectors.gateway.running import call, running_gateway, wait_for
-from tests.fixtures import captured_traffic
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import captured_traffic
+from tests.support.ports import unused_ports
+from tests.support.running_gateway import call, running_gateway, wait_for
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]

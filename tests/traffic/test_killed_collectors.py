@@ -20,10 +20,10 @@ from app.traffic.collection.gateway_writer import read_spill
 from app.traffic.models import KVEvent, KVGap, KVStream, RequestRecord, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, database_url_for_tests, wait_until
-from tests.traffic.published import differences, published, resident_after, rows_of
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, Load, database_url_for_tests, wait_until
+from tests.support.published import differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 UNREACHABLE_DATABASE = "postgres://postgres@%2Fnonexistent%2Fpostgresql/prefixscope"

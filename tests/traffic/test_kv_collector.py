@@ -13,7 +13,7 @@ from app.traffic.collection.kv_collector import KVEventCollector, event_rows
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import KVEventRow
 from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
-from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
+from tests.support.fake_vllm_kv import FakeKVServer, captured_payloads, retime
 
 pytestmark = pytest.mark.django_db
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture

@@ -1,6 +1,6 @@
 """KV events delivered twice, malformed, or before the collector listened: each good event stored once.
 
-Over real ZMQ sockets with the captured stream (tests/traffic/fake_vllm_kv.py), through the
+Over real ZMQ sockets with the captured stream (tests/support/fake_vllm_kv.py), through the
 collector as deployed (`manage.py collect_kv_events`) or, where only its logic matters, in process.
 """
 
@@ -13,8 +13,8 @@ import zmq
 from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput
-from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads
-from tests.traffic.processes import Command, database_url_for_tests, wait_until
+from tests.support.fake_vllm_kv import FakeKVServer, captured_payloads
+from tests.support.processes import Command, database_url_for_tests, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture

@@ -23,9 +23,9 @@ from app.traffic.collection.processes import LeaseCounts
 from app.traffic.models import CollectorProcess, KVEvent, KVGap, KVStream, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, database_url_for_tests, wait_until
-from tests.traffic.published import differences, published, resident_after, rows_of
+from tests.support.processes import Command, Load, database_url_for_tests, wait_until
+from tests.support.published import differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 logger = logging.getLogger(__name__)
 LEASE_SECONDS = 2.0

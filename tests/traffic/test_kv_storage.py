@@ -12,7 +12,7 @@ from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.rejections import count_rejected_input
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 pytestmark = pytest.mark.django_db
 KINDS = {"BlockStored": 1, "BlockRemoved": 2, "AllBlocksCleared": 3}

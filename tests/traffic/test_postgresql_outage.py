@@ -30,10 +30,10 @@ from app.devstack import start_embedded_postgres
 from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, Web, manage, wait_until
-from tests.traffic.published import Row, differences, published, resident_after, rows_of
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, Load, Web, manage, wait_until
+from tests.support.published import Row, differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "60"))
 INGEST_SECRET = "psi_outage-test-secret"

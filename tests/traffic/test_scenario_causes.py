@@ -32,9 +32,9 @@ from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.template_repo import create_repo
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, database_url_for_tests, wait_until
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, database_url_for_tests, wait_until
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,10 +21,10 @@ from aiohttp import web
 
 from collectors.records import canonical_request_id
 from simulator.server import ServerConfig
-from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
-from tests.fixtures import load_json
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import load_json
+from tests.support.ports import unused_ports
+from tests.support.running_gateway import Answer, KeptRecords, call, masked, running_gateway, wait_for
+from tests.support.simulated_fleet import local_config, running_fleet
 
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
 MESSAGES = [{"role": "system", "content": PROMPT[:400]}, {"role": "user", "content": "What does red mean?"}]

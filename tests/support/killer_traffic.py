@@ -18,8 +18,8 @@ from app.fleet.services import register_server
 from app.rollups.tasks import refresh_rollups
 from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
-from tests.domain.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
-from tests.simulator.running import local_config, running_fleet
+from tests.support.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
+from tests.support.simulated_fleet import local_config, running_fleet
 
 BATCH = 100
 

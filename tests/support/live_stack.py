@@ -27,7 +27,7 @@ from app.traffic.models import (
     TenantSalt,
 )
 from simulator.server import ServerConfig
-from tests.fixtures import captured_traffic
+from tests.support.captures import captured_traffic
 
 # Cumulative per bound of app/domain/histogram.py's TTFT_BUCKETS_SECONDS, then the total.
 TTFT_BUCKETS = [0] * 7 + [2, 2, 3] + [3] * 12 + [4]
