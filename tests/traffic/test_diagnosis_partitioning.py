@@ -125,7 +125,7 @@ def test_a_run_for_one_group_diagnoses_that_group_alone() -> None:
 
 # Celery's own line for a finished task, with what it returned (the records it diagnosed).
 _SUCCEEDED = re.compile(
-    r"Task traffic\.diagnose_group\[(?P<task>[0-9a-f-]+)\] succeeded in [0-9.e-]+s: (?P<n>\d+)"
+    r"Task diagnosis\.diagnose_group\[(?P<task>[0-9a-f-]+)\] succeeded in [0-9.e-]+s: (?P<n>\d+)"
 )
 
 
