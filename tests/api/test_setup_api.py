@@ -11,6 +11,7 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token, create_personal_token
 from app.fleet.models import Server
 from tests.setup.test_pages import ingest
+from tests.support.factories import a_server
 from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
@@ -91,7 +92,7 @@ def test_a_servers_group_is_read_and_written() -> None:
 @pytest.mark.parametrize("group", ["search team", "", "équipe", "x" * 101])
 def test_a_group_that_is_no_slug_is_refused_with_the_apis_error_shape(group: str) -> None:
     staff = personal("admin", is_staff=True)
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000")
+    server = a_server(name="vllm-0")
 
     status, created = post(staff, "/servers", SERVER | {"name": "vllm-1", "group": group})
     changed = staff.put(

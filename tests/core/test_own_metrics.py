@@ -26,6 +26,7 @@ from app.traffic.models import (
     MinuteRollup,
     RejectedInput,
 )
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +42,7 @@ def samples(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 
 def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -> None:
     now = timezone.now()
-    up = Server.objects.create(name="vllm-up", base_url="http://a:8000", model="tiny")
+    up = a_server(name="vllm-up")
     down = Server.objects.create(
         name="vllm-down", base_url="http://b:8000", model="tiny", state=Server.State.DOWN
     )
@@ -77,8 +78,8 @@ def loss_hour(server: Server, template: Template | None, tenant: str, **tokens: 
 @pytest.fixture
 def fleet() -> tuple[Server, Server]:
     return (
-        Server.objects.create(name="vllm-0", base_url="http://a:8000", model="llama"),
-        Server.objects.create(name="vllm-1", base_url="http://b:8000", model="llama"),
+        a_server(name="vllm-0", model="llama"),
+        a_server(name="vllm-1", model="llama"),
     )
 
 
@@ -299,7 +300,7 @@ def test_each_kv_stream_says_whether_a_subscriber_leases_it_and_each_server_its_
     Server.objects.create(
         name="vllm-1", base_url="http://b:8000", model="llama", kv_events_endpoint="tcp://b:5557"
     )
-    Server.objects.create(name="vllm-2", base_url="http://c:8000", model="llama")  # no KV events
+    a_server(name="vllm-2", model="llama")  # no KV events
     leases = Leases(lease_seconds=10, name="prefixscope-kv-subscriber:test:1")
     leases.connect()
     try:

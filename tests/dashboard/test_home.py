@@ -22,6 +22,7 @@ from app.traffic.models import (
     ServerHour,
     ServerMinute,
 )
+from tests.support.factories import a_server
 from tests.support.server_traffic import a_served_server
 from tests.support.users import fleet_viewer
 
@@ -44,7 +45,7 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
     busy = Server.objects.create(
         name="vllm-busy", base_url="http://a:8000", block_size=32, hash_algo="sha256_cbor"
     )
-    Server.objects.create(name="vllm-idle", base_url="http://b:8000")
+    a_server(name="vllm-idle")
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=3)
     for offset, (prompt, cached) in enumerate([(400, 320), (600, 0)]):
         MinuteRollup.objects.create(
@@ -68,7 +69,7 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
 
 
 def test_an_htmx_poll_gets_only_the_table(signed_in: Client) -> None:
-    Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    a_server(name="vllm-0")
     response = signed_in.get("/", headers={"HX-Request": "true"})
     html = response.content.decode()
     assert html.lstrip().startswith('<section id="fleet-table"')
@@ -76,7 +77,7 @@ def test_an_htmx_poll_gets_only_the_table(signed_in: Client) -> None:
 
 
 def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signed_in: Client) -> None:
-    server = Server.objects.create(name="vllm-counted", base_url="http://c:8000")
+    server = a_server(name="vllm-counted")
     hits = MetricSeries.objects.create(
         server=server, name="vllm:prefix_cache_hits_total", labels={}, kind="counter"
     )
@@ -115,7 +116,7 @@ def row_of(html: str, name: str) -> str:
 
 
 def test_proposed_servers_are_listed_last_and_decided_apart(signed_in: Client) -> None:
-    Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    a_server(name="vllm-0")
     Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
 
     html = signed_in.get("/").content.decode()
@@ -144,7 +145,7 @@ def test_staff_accept_a_proposed_server_and_it_joins_the_fleet(staff: Client) ->
 
 
 def test_an_htmx_merge_answers_with_the_proposed_list_and_refreshes_the_fleet_table(staff: Client) -> None:
-    real = Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    real = a_server(name="vllm-0")
     typo = Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
     RequestRecord.objects.create(server=typo, request_id="r1", arrived_at=timezone.now(), source="otlp")
 
@@ -200,7 +201,7 @@ def _rate(numerator: float, denominator: float) -> float | None:
 def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a_day() -> None:
     """Minute rows over a day (so the day is read from hours, and minutes at its edges): each
     period's figures equal those rows summed here, in Python."""
-    servers = [Server.objects.create(name=f"vllm-{i}", base_url=f"http://v{i}:8000") for i in range(2)]
+    servers = [a_server(name=f"vllm-{i}") for i in range(2)]
     now = timezone.now()
     minute = now.replace(second=0, microsecond=0)
     for i, server in enumerate(servers):
@@ -240,7 +241,7 @@ def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a
 def test_lost_tokens_by_cause_are_the_diagnoses_summed_and_open_regressions_are_counted(
     signed_in: Client,
 ) -> None:
-    server = Server.objects.create(name="vllm-lossy", base_url="http://l:8000")
+    server = a_server(name="vllm-lossy")
     now = timezone.now()
     lost = [("evicted_tokens", 320), ("routed_elsewhere_tokens", 64), ("evicted_tokens", 96)]
     for i, (column, tokens) in enumerate(lost):
@@ -278,7 +279,7 @@ def test_a_servers_state_says_whether_its_pulls_are_recent_and_answered(
     signed_in: Client, state: str, pulled_ago: timedelta | None, shown: str
 ) -> None:
     last = None if pulled_ago is None else timezone.now() - pulled_ago
-    Server.objects.create(name="vllm-s", base_url="http://s:8000", state=state, last_scraped_at=last)
+    a_server(name="vllm-s", state=state, last_scraped_at=last)
 
     row = row_of(section(signed_in.get("/").content.decode(), "fleet-table"), "vllm-s")
 
@@ -289,7 +290,7 @@ def test_the_kv_event_stream_shows_its_last_event_and_the_batches_its_gaps_lost(
     server = Server.objects.create(
         name="vllm-kv", base_url="http://k:8000", kv_events_endpoint="tcp://k:5557"
     )
-    Server.objects.create(name="vllm-quiet", base_url="http://q:8000")
+    a_server(name="vllm-quiet")
     now = timezone.now()
     KVStream.objects.create(server=server, dp_rank=0, last_seq=90, last_event_at=now - timedelta(seconds=42))
     for first, lost in [(10, 3), (50, 0)]:

@@ -11,6 +11,7 @@ from app.rollups.merge import merge_server
 from app.traffic.models import MinuteRollup, RejectedInput, RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ def proposed(name: str = "vllm-0-typo") -> Server:
 
 
 def registered(name: str = "vllm-0") -> Server:
-    return Server.objects.create(name=name, base_url=f"http://{name}:8000", block_size=32)
+    return a_server(name=name, block_size=32)
 
 
 def record(
@@ -42,7 +43,7 @@ def test_an_accepted_server_is_active_at_its_base_url_and_pulled() -> None:
 
 @pytest.mark.parametrize("state", [Server.State.ACTIVE, Server.State.DOWN, Server.State.DISABLED])
 def test_only_a_proposed_server_can_be_accepted(state: Server.State) -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://a:8000", state=state)
+    server = a_server(name="vllm-0", base_url="http://a:8000", state=state)
     with pytest.raises(ServerStateError):
         accept_server(server_id=server.pk, base_url="http://b:8000")
     server.refresh_from_db()

@@ -16,6 +16,7 @@ from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.regressions.models import Regression
 from app.traffic.models import LossMinute, MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.services.partitions import maintain_partitions
+from tests.support.factories import a_server
 from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
@@ -55,7 +56,7 @@ def _csv(client: Client, path: str) -> dict[datetime, list[str]]:
 
 
 def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client) -> None:
-    a, b = (Server.objects.create(name=name, base_url=f"http://{name}:8000") for name in ("vllm-a", "vllm-b"))
+    a, b = (a_server(name=name) for name in ("vllm-a", "vllm-b"))
     support, other = Template.objects.create(name="support"), Template.objects.create(name="other")
     changed_at = _minute_ago(20)
     suspect = TemplateVersion.objects.create(template=support, commit_sha="c0ffee" + "0" * 34,
@@ -106,7 +107,7 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
 
 def test_a_capacity_drop_shows_its_servers_blocks_and_evictions_before_and_after(signed_in: Client) -> None:
     maintain_partitions(now=timezone.now())
-    server = Server.objects.create(name="vllm-cut", base_url="http://cut:8000", num_gpu_blocks=28)
+    server = a_server(name="vllm-cut", num_gpu_blocks=28)
     changed_at = _minute_ago(30)
     config = {
         blocks: MetricSeries.objects.create(

@@ -13,6 +13,7 @@ from app.regressions.evidence import before_after_pair
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.partitions import ensure_day_partitions
+from tests.support.factories import a_server
 from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +33,7 @@ def diagnose(
 def changed_at() -> datetime:
     """A template's change: version `aaaa…` served before it, `bbbb…` (departing at token 212) after."""
     now = timezone.now().replace(microsecond=0)
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=16)
+    server = a_server(name="vllm-0")
     template = Template.objects.create(name="support")
     old, new = (
         TemplateVersion.objects.create(

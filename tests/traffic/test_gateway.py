@@ -34,6 +34,7 @@ from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
 from simulator.server import ServerConfig
 from tests.support.captures import captured_traffic
+from tests.support.factories import a_server
 from tests.support.ports import unused_ports
 from tests.support.running_gateway import call, running_gateway, wait_for
 from tests.support.simulated_fleet import local_config, running_fleet
@@ -367,10 +368,7 @@ def _connections_named(application_name: str) -> int:
 def test_writers_sharing_a_connection_spill_together_while_it_is_down_and_each_replays_its_own(
     tmp_path: Path,
 ) -> None:
-    servers = [
-        Server.objects.create(name=f"pool-{i}", base_url=f"http://pool-{i}:8000", block_size=32, model="tiny")
-        for i in range(3)
-    ]
+    servers = [a_server(name=f"pool-{i}", block_size=32) for i in range(3)]
     outage = Outage()
     writers = [
         writer_for(server.name, tmp_path / f"{server.name}.jsonl", store=outage.store) for server in servers

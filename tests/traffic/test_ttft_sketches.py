@@ -11,12 +11,12 @@ import pytest
 from django.db import connection
 
 from app.core.tenancy import SEES_ALL
-from app.fleet.models import Server
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_minute_rollups
 from app.rollups.series import SeriesQuery, series
 from app.traffic.models import HourRollup, MinuteRollup, RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +30,7 @@ FILL = importlib.import_module("app.traffic.migrations.0029_ttft_sketches").FILL
 def stored() -> list[RequestRecord]:
     """Two servers and two templates (and none), ~40 requests a minute each, TTFTs of about 131 ms
     with a long tail (vLLM's own a little less), rolled up by the product's service."""
-    servers = [Server.objects.create(name=f"vllm-{n}", base_url=f"http://vllm-{n}:8000") for n in range(2)]
+    servers = [a_server(name=f"vllm-{n}") for n in range(2)]
     templates = [Template.objects.create(name=f"tpl-{n}") for n in range(2)] + [None]
     noise, records = random.Random(3), []
     for n in range(MINUTES * 40):
