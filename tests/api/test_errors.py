@@ -206,9 +206,15 @@ def test_miss_causes_for_a_scope_from_the_rollups(user: Client) -> None:
     servers = [a_server(name=f"vllm-{i}") for i in range(2)]
     template = Template.objects.create(name="support-bot")
     LossMinute.objects.create(
-        server=servers[0], template=template, tenant="acme", minute=minute, requests=3, diagnosed=3,
-        evicted_tokens=64, prompt_changed_tokens=32,
-    )  # fmt: skip
+        server=servers[0],
+        template=template,
+        tenant="acme",
+        minute=minute,
+        requests=3,
+        diagnosed=3,
+        evicted_tokens=64,
+        prompt_changed_tokens=32,
+    )
     LossMinute.objects.create(server=servers[1], minute=minute, requests=1, diagnosed=1, evicted_tokens=16)
 
     def lost(query: str) -> dict[str, int]:

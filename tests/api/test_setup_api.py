@@ -41,9 +41,10 @@ def test_staff_manage_servers_with_a_personal_token() -> None:
     assert status == 201 and created["state"] == "active" and created["scrape_interval_seconds"] == 15
     assert post(staff, "/servers", SERVER)[1]["code"] == "name_taken"
     changed = staff.put(
-        f"/api/v1/servers/{created['id']}", {"base_url": "http://vllm-0:9000", "tenant": "acme"},
+        f"/api/v1/servers/{created['id']}",
+        {"base_url": "http://vllm-0:9000", "tenant": "acme"},
         content_type="application/json",
-    )  # fmt: skip
+    )
     assert changed.status_code == 200
     assert (changed.json()["base_url"], changed.json()["kv_events_endpoint"]) == ("http://vllm-0:9000", "")
     assert post(staff, f"/servers/{created['id']}/disable")[1]["state"] == "disabled"
@@ -96,9 +97,10 @@ def test_a_group_that_is_no_slug_is_refused_with_the_apis_error_shape(group: str
 
     status, created = post(staff, "/servers", SERVER | {"name": "vllm-1", "group": group})
     changed = staff.put(
-        f"/api/v1/servers/{server.pk}", {"base_url": "http://vllm-0:8000", "group": group},
+        f"/api/v1/servers/{server.pk}",
+        {"base_url": "http://vllm-0:8000", "group": group},
         content_type="application/json",
-    )  # fmt: skip
+    )
 
     for answer in (created, changed.json()):
         assert answer["code"] == "invalid" and list(answer["fields"]) == ["group"]

@@ -106,9 +106,11 @@ def test_n_scrolls_to_an_edit_far_down_and_a_fold_opens_in_place(
     for position in range(7000, 0, -500):  # 14 one-token edits, far apart
         b[position] = 50_000
     compared = create_comparison(
-        a=SideInput(prompt=Prompt(token_ids=tuple(a))), b=SideInput(prompt=Prompt(token_ids=tuple(b))),
-        block_size=32, now=timezone.now(),
-    )  # fmt: skip
+        a=SideInput(prompt=Prompt(token_ids=tuple(a))),
+        b=SideInput(prompt=Prompt(token_ids=tuple(b))),
+        block_size=32,
+        now=timezone.now(),
+    )
     page = _signed_in_page(browser, live_server.url)
     page.goto(f"{live_server.url}{compared.comparison.get_absolute_url()}")
 

@@ -55,10 +55,19 @@ def test_servers_say_their_owner_group_and_kv_blocks(client: Client) -> None:
 def _regression(kind: str, scope: str, **where: Any) -> Regression:
     now = timezone.now()
     return Regression.objects.create(
-        scope=scope, kind=kind, changed_at=now, detected_at=now, updated_at=now,
-        rate_before=0.9, rate_after=0.1, rate_now=0.1, requests_before=100, requests_after=100,
-        confidence=0.999, **where,
-    )  # fmt: skip
+        scope=scope,
+        kind=kind,
+        changed_at=now,
+        detected_at=now,
+        updated_at=now,
+        rate_before=0.9,
+        rate_after=0.1,
+        rate_now=0.1,
+        requests_before=100,
+        requests_after=100,
+        confidence=0.999,
+        **where,
+    )
 
 
 def test_a_regression_is_owned_by_whoever_can_fix_its_cause(client: Client) -> None:
@@ -93,9 +102,16 @@ def test_baselines_come_from_the_hour_rollups_before_the_last_half_hour(client: 
 
     def hour(at: datetime, reused: int, prompt: int = 1000) -> None:
         LossHour.objects.create(
-            server=server, template=support, tenant="acme", hour=at, requests=10, diagnosed=10,
-            prompt_tokens=prompt, diagnosed_prompt_tokens=prompt, reused_tokens=reused,
-        )  # fmt: skip
+            server=server,
+            template=support,
+            tenant="acme",
+            hour=at,
+            requests=10,
+            diagnosed=10,
+            prompt_tokens=prompt,
+            diagnosed_prompt_tokens=prompt,
+            reused_tokens=reused,
+        )
 
     hour(recent, reused=0)  # the hour of the last half hour's start: not in the baseline
     hour(recent - timedelta(hours=1), reused=900)
@@ -111,8 +127,15 @@ def test_no_history_gives_no_baseline(client: Client) -> None:
     server = a_server(name="s-0")
     support = Template.objects.create(name="support")
     LossHour.objects.create(
-        server=server, template=support, tenant="acme", hour=timezone.now(), requests=1, diagnosed=1,
-        prompt_tokens=100, diagnosed_prompt_tokens=100, reused_tokens=90,
-    )  # fmt: skip
+        server=server,
+        template=support,
+        tenant="acme",
+        hour=timezone.now(),
+        requests=1,
+        diagnosed=1,
+        prompt_tokens=100,
+        diagnosed_prompt_tokens=100,
+        reused_tokens=90,
+    )
     values = samples(client)
     assert not any(name.endswith("_baseline_hit_ratio") for name, _ in values)

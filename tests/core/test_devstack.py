@@ -117,8 +117,11 @@ def assert_demo_templates_are_live_ones_imported_by_webhook(data_dir: Path, time
     head = repo / ".git" / "refs" / "heads" / "main"
     everything = subprocess.run(
         ["git", "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)"],
-        cwd=repo, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert everything.count("commit") == len(scenario.templates), everything
     deadline = time.monotonic() + timeout
     imported = None

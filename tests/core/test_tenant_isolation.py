@@ -104,10 +104,19 @@ def _ingest(server: Server, tenant: str, template: str, names: list[str], *, at:
 
 def _regression(template: Template, tenant: str, now: datetime) -> Regression:
     return Regression.objects.create(
-        scope=Regression.Scope.TEMPLATE_TENANT, template=template, tenant=tenant, changed_at=now,
-        detected_at=now, updated_at=now, rate_before=0.9, rate_after=0.2, rate_now=0.2,
-        requests_before=40, requests_after=40, confidence=0.99,
-    )  # fmt: skip
+        scope=Regression.Scope.TEMPLATE_TENANT,
+        template=template,
+        tenant=tenant,
+        changed_at=now,
+        detected_at=now,
+        updated_at=now,
+        rate_before=0.9,
+        rate_after=0.2,
+        rate_now=0.2,
+        requests_before=40,
+        requests_after=40,
+        confidence=0.99,
+    )
 
 
 @pytest.fixture
@@ -136,9 +145,12 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
     repositories = {}
     for tenant, template in (("alpha", alpha_template), ("bravo", bravo_template)):
         repositories[tenant] = register_repository(
-            location=f"https://git.example.invalid/{tenant}-prompts.git", globs=["*.j2"], branch="main",
-            secret="", name=f"{tenant}-prompts",
-        )  # fmt: skip
+            location=f"https://git.example.invalid/{tenant}-prompts.git",
+            globs=["*.j2"],
+            branch="main",
+            secret="",
+            name=f"{tenant}-prompts",
+        )
         Template.objects.filter(pk=template.pk).update(repository=repositories[tenant])
     families = {f.sample_server_id: f for f in PrefixFamily.objects.all()}
     assert set(families) == {alpha_server.pk, bravo_server.pk, shared.pk}
@@ -448,9 +460,10 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     User.objects.filter(pk=staff.pk).update(is_staff=True)
     alpha = _client(User.objects.get(pk=staff.pk))
     note = alpha.post(
-        f"/api/v1/regressions/{fleet.bravo_regression.pk}/note", {"state": "muted", "note": "x"},
+        f"/api/v1/regressions/{fleet.bravo_regression.pk}/note",
+        {"state": "muted", "note": "x"},
         content_type="application/json",
-    )  # fmt: skip
+    )
     assert note.status_code == 404
     assert alpha.post(f"/api/v1/templates/repositories/{fleet.bravo_repository.pk}/import").status_code == 404
     assert alpha.post(reverse("prompts:import-now", args=[fleet.bravo_repository.pk])).status_code == 404

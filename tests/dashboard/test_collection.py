@@ -20,9 +20,13 @@ def test_the_collection_page_shows_lost_batches_and_refused_input_per_server(cli
     KVStream.objects.create(server=heard, last_seq=41, last_event_at=now - timedelta(seconds=5))
     KVGap.objects.create(server=lossy, epoch=1, first_seq=7, last_seq=9, recovered=1, lost=2, detected_at=now)
     RejectedInput.objects.create(
-        server=lossy, source="kv_events", reason="BlockStored.block_hashes: expected a list of uint64",
-        count=4, first_seen_at=now, last_seen_at=now,
-    )  # fmt: skip
+        server=lossy,
+        source="kv_events",
+        reason="BlockStored.block_hashes: expected a list of uint64",
+        count=4,
+        first_seen_at=now,
+        last_seen_at=now,
+    )
 
     html = client.get("/collection/").content.decode()
 

@@ -49,13 +49,21 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=3)
     for offset, (prompt, cached) in enumerate([(400, 320), (600, 0)]):
         MinuteRollup.objects.create(
-            server=busy, minute=minute - timedelta(minutes=offset), requests=2, prompt_tokens=prompt + 500,
-            cache_known_prompt_tokens=prompt, cached_tokens=cached,
-        )  # fmt: skip
+            server=busy,
+            minute=minute - timedelta(minutes=offset),
+            requests=2,
+            prompt_tokens=prompt + 500,
+            cache_known_prompt_tokens=prompt,
+            cached_tokens=cached,
+        )
     MinuteRollup.objects.create(  # older than the window: not counted
-        server=busy, minute=minute - timedelta(hours=2), requests=50, prompt_tokens=1000,
-        cache_known_prompt_tokens=1000, cached_tokens=1000,
-    )  # fmt: skip
+        server=busy,
+        minute=minute - timedelta(hours=2),
+        requests=50,
+        prompt_tokens=1000,
+        cache_known_prompt_tokens=1000,
+        cached_tokens=1000,
+    )
     # Their sums per server, as the service that writes minutes keeps them (no records: minutes unchanged).
     refresh_minute_rollups(since=minute - timedelta(hours=3), until=timezone.now())
 
@@ -215,8 +223,13 @@ def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a
                 cache_known_prompt_tokens=800 + ago % 7,
                 cached_tokens=100 * i + ago % 500,
             )
-            ServerMinute.objects.create(server=server, minute=at, scrapes=4, prefix_queries=900 + ago,
-                                        prefix_hits=(300 + 7 * ago) % 900)  # fmt: skip
+            ServerMinute.objects.create(
+                server=server,
+                minute=at,
+                scrapes=4,
+                prefix_queries=900 + ago,
+                prefix_hits=(300 + 7 * ago) % 900,
+            )
     oldest = minute - timedelta(days=2)
     refresh_minute_rollups(since=oldest, until=now)  # the hours, from these minutes
     refresh_server_minutes(since=oldest, until=now)
@@ -246,15 +259,30 @@ def test_lost_tokens_by_cause_are_the_diagnoses_summed_and_open_regressions_are_
     lost = [("evicted_tokens", 320), ("routed_elsewhere_tokens", 64), ("evicted_tokens", 96)]
     for i, (column, tokens) in enumerate(lost):
         arrived_at = now - timedelta(minutes=10 + i)
-        RequestDiagnosis.objects.create(server=server, request_id=f"r{i}", arrived_at=arrived_at,
-                                        diagnosed_at=now, prompt_tokens=1000, **{column: tokens})  # fmt: skip
+        RequestDiagnosis.objects.create(
+            server=server,
+            request_id=f"r{i}",
+            arrived_at=arrived_at,
+            diagnosed_at=now,
+            prompt_tokens=1000,
+            **{column: tokens},
+        )
     refresh_loss_minutes(since=now - timedelta(minutes=20), until=now)
     for i, state in enumerate(("open", "open", "acknowledged", "resolved")):
         Regression.objects.create(
-            scope="server", server=server, changed_at=now - timedelta(minutes=i), detected_at=now,
-            updated_at=now, rate_before=0.8, rate_after=0.3, rate_now=0.3, requests_before=100,
-            requests_after=50, confidence=0.99, state=state,
-        )  # fmt: skip
+            scope="server",
+            server=server,
+            changed_at=now - timedelta(minutes=i),
+            detected_at=now,
+            updated_at=now,
+            rate_before=0.8,
+            rate_after=0.3,
+            rate_now=0.3,
+            requests_before=100,
+            requests_after=50,
+            confidence=0.99,
+            state=state,
+        )
 
     head = fleet_headline(servers=Server.objects.all(), now=now, since=now - timedelta(hours=1), until=now)
     html = signed_in.get("/").content.decode()
@@ -294,10 +322,24 @@ def test_the_kv_event_stream_shows_its_last_event_and_the_batches_its_gaps_lost(
     now = timezone.now()
     KVStream.objects.create(server=server, dp_rank=0, last_seq=90, last_event_at=now - timedelta(seconds=42))
     for first, lost in [(10, 3), (50, 0)]:
-        KVGap.objects.create(server=server, epoch=0, first_seq=first, last_seq=first + 4, recovered=5 - lost,
-                             lost=lost, detected_at=now - timedelta(minutes=5))  # fmt: skip
-    KVGap.objects.create(server=server, epoch=0, first_seq=1, last_seq=2, recovered=0, lost=2,
-                         detected_at=now - timedelta(hours=3))  # before the window: not counted  # fmt: skip
+        KVGap.objects.create(
+            server=server,
+            epoch=0,
+            first_seq=first,
+            last_seq=first + 4,
+            recovered=5 - lost,
+            lost=lost,
+            detected_at=now - timedelta(minutes=5),
+        )
+    KVGap.objects.create(
+        server=server,
+        epoch=0,
+        first_seq=1,
+        last_seq=2,
+        recovered=0,
+        lost=2,
+        detected_at=now - timedelta(hours=3),
+    )  # before the window: not counted
 
     table = section(signed_in.get("/").content.decode(), "fleet-table")
 

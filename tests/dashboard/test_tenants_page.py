@@ -34,9 +34,17 @@ def facts(
 ) -> RequestFacts:
     tokens = start + [rng.randrange(1, 50_000) for _ in range(BLOCK + 5)]
     return RequestFacts(
-        request_id=request_id, arrived_at=at, server="vllm-a", model="m", tenant=tenant, template="support",
-        prompt_tokens=len(tokens), cached_tokens=2 * BLOCK, prompt_token_ids=tokens, cache_salt=salt,
-    )  # fmt: skip
+        request_id=request_id,
+        arrived_at=at,
+        server="vllm-a",
+        model="m",
+        tenant=tenant,
+        template="support",
+        prompt_tokens=len(tokens),
+        cached_tokens=2 * BLOCK,
+        prompt_token_ids=tokens,
+        cache_salt=salt,
+    )
 
 
 def record(now: datetime, settings: Any) -> None:

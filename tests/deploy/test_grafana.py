@@ -106,10 +106,15 @@ def test_every_series_a_query_names_is_exported(client: Client) -> None:
     # A real scrape of Prefixscope, with a server and a template's traffic in its rollups.
     server = a_server(name="vllm-0", model="llama")
     LossHour.objects.create(
-        server=server, template=Template.objects.create(name="support"), tenant="acme",
-        hour=timezone.now().replace(minute=0, second=0, microsecond=0), requests=1, diagnosed=1,
-        diagnosed_prompt_tokens=100, reused_tokens=50,
-    )  # fmt: skip
+        server=server,
+        template=Template.objects.create(name="support"),
+        tenant="acme",
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0),
+        requests=1,
+        diagnosed=1,
+        diagnosed_prompt_tokens=100,
+        reused_tokens=50,
+    )
     known = exported_names(client.get("/metrics").content.decode())
     known |= exported_names(VLLM_CAPTURE.read_text()) | recorded_names()
 

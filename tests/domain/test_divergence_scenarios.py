@@ -72,12 +72,19 @@ def checked_divergences(prompts: list[tuple[str, str, list[int]]], size: int) ->
     for n, (template, salt, tokens) in enumerate(prompts):
         diagnosis = history.diagnose(
             RequestPrompt(
-                server=0, arrived_at=T0 + timedelta(seconds=n), block_size=size, prompt_tokens=len(tokens),
-                cached_tokens=0, block_hashes=signed_block_hashes(tokens, size, cache_salt=salt or None),
-                salt=salt, neutral_hashes=signed_block_hashes(tokens, size) if salt else (),
-                family=template, token_ids=tokens, kv_events=False,
+                server=0,
+                arrived_at=T0 + timedelta(seconds=n),
+                block_size=size,
+                prompt_tokens=len(tokens),
+                cached_tokens=0,
+                block_hashes=signed_block_hashes(tokens, size, cache_salt=salt or None),
+                salt=salt,
+                neutral_hashes=signed_block_hashes(tokens, size) if salt else (),
+                family=template,
+                token_ids=tokens,
+                kv_events=False,
             )
-        )  # fmt: skip
+        )
         assert isinstance(diagnosis, Diagnosis)
         ours = np.asarray(tokens)
         family = earlier.setdefault((template, salt), [])

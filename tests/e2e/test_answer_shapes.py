@@ -75,9 +75,23 @@ CASES = {
 }
 # Values that must agree too: the same tokenizer, template, cache rules and max_tokens on both sides.
 SAME_VALUES = frozenset(
-    {"object", "model", "index", "role", "finish_reason", "stop_reason", "prompt_tokens", "completion_tokens",
-     "total_tokens", "cached_tokens", "created_cache_tokens", "type", "param", "code"}
-)  # fmt: skip
+    {
+        "object",
+        "model",
+        "index",
+        "role",
+        "finish_reason",
+        "stop_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "cached_tokens",
+        "created_cache_tokens",
+        "type",
+        "param",
+        "code",
+    }
+)
 DONE = b"data: [DONE]\n\n"
 
 

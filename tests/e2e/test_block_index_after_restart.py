@@ -85,9 +85,12 @@ def test_after_a_restart_only_the_new_process_s_blocks_are_resident(tmp_path: Pa
         with contextlib.ExitStack() as running:
             first = start(running, log_path=tmp_path / "vllm-1.log")
             server = Server.objects.create(
-                name="vllm-cpu", base_url=first.base_url, kv_events_endpoint=first.kv_endpoint,
-                kv_replay_endpoint=first.replay_endpoint, kv_topic=first.topic,
-            )  # fmt: skip
+                name="vllm-cpu",
+                base_url=first.base_url,
+                kv_events_endpoint=first.kv_endpoint,
+                kv_replay_endpoint=first.replay_endpoint,
+                kv_topic=first.topic,
+            )
             collector.subscribe([server])
             poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
             send(first, BEFORE)

@@ -54,10 +54,14 @@ def stored_before(server: Server, block: int, moment: datetime) -> bool:
 
 def test_real_vllm_misses_get_the_causes_its_kv_events_show(real_vllm: VLLMServer) -> None:
     server = Server.objects.create(
-        name="vllm-cpu", base_url=real_vllm.base_url, kv_events_endpoint=real_vllm.kv_endpoint,
-        kv_replay_endpoint=real_vllm.replay_endpoint, kv_topic=real_vllm.topic, block_size=SIZE,
+        name="vllm-cpu",
+        base_url=real_vllm.base_url,
+        kv_events_endpoint=real_vllm.kv_endpoint,
+        kv_replay_endpoint=real_vllm.replay_endpoint,
+        kv_topic=real_vllm.topic,
+        block_size=SIZE,
         model=real_vllm.model,
-    )  # fmt: skip
+    )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     collector = KVEventCollector(context, flush_seconds=0)
     recorder = KeptRecords()

@@ -93,9 +93,11 @@ def test_gateway_records_and_vllm_spans_of_one_request_are_one_record_with_both_
         recorder.records[:3], source="gateway", now=timezone.now(), default_server="vllm-cpu"
     )
     response = client.post(
-        "/v1/traces", export_of(spans), content_type="application/x-protobuf",
+        "/v1/traces",
+        export_of(spans),
+        content_type="application/x-protobuf",
         headers={"Authorization": f"Bearer {token}"},
-    )  # fmt: skip
+    )
     assert response.status_code == 200
     # Half the gateway's records after the spans, as a slower source's would be.
     ingest_request_records(

@@ -62,10 +62,20 @@ def gateways(upstreams: list[Upstream], tmp_path: Path) -> Iterator[dict[str, tu
             server = register_server(name=upstream.name, base_url=upstream.base_url)
             (port,) = unused_ports(1)
             command = Command(
-                database_url_for_tests(), tmp_path / f"{upstream.name}.log", "gateway",
-                "--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", upstream.name,
-                "--spill-file", str(tmp_path / f"{upstream.name}.jsonl"), "--flush-seconds", "0.1",
-            ).start()  # fmt: skip
+                database_url_for_tests(),
+                tmp_path / f"{upstream.name}.log",
+                "gateway",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream",
+                upstream.base_url,
+                "--server",
+                upstream.name,
+                "--spill-file",
+                str(tmp_path / f"{upstream.name}.jsonl"),
+                "--flush-seconds",
+                "0.1",
+            ).start()
             running[upstream.name] = (server, command, f"http://127.0.0.1:{port}")
             command.wait_listening(port)
         yield running

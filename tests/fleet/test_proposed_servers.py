@@ -99,9 +99,13 @@ def test_a_merge_adds_the_refused_input_to_the_registered_servers_tallies() -> N
     early, late = timezone.now() - timedelta(days=1), timezone.now()
     for server, count, seen in ((into, 3, late), (typo, 4, early)):
         RejectedInput.objects.create(
-            server=server, source="otlp", reason="cached_tokens: above prompt_tokens", count=count,
-            first_seen_at=seen, last_seen_at=seen,
-        )  # fmt: skip
+            server=server,
+            source="otlp",
+            reason="cached_tokens: above prompt_tokens",
+            count=count,
+            first_seen_at=seen,
+            last_seen_at=seen,
+        )
     RejectedInput.objects.create(
         server=typo, source="rest", reason="model: too long", count=1, first_seen_at=late, last_seen_at=late
     )

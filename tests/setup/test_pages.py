@@ -249,9 +249,12 @@ def test_staff_repoint_a_template_repository_and_keep_its_secret_unless_typed(
     staff: Client, engineer: Client
 ) -> None:
     repository = TemplateRepository.objects.create(
-        name="prompts", location="https://git.example.com/prompts.git", globs=["*.j2"], webhook_secret="hush",
+        name="prompts",
+        location="https://git.example.com/prompts.git",
+        globs=["*.j2"],
+        webhook_secret="hush",
         last_imported_sha="a" * 40,
-    )  # fmt: skip
+    )
     url = f"/setup/repositories/{repository.pk}/"
     moved = {
         "location": "https://git.example.com/moved.git",

@@ -223,9 +223,13 @@ def serve(
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV},
-            cwd=DATA_DIR, start_new_session=True,
-        )  # fmt: skip
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **SERVER_ENV},
+            cwd=DATA_DIR,
+            start_new_session=True,
+        )
         try:
             _wait_healthy(process, base_url, startup_timeout, log_path)
             server = VLLMServer(

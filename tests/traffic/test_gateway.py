@@ -251,8 +251,11 @@ def test_a_line_torn_by_a_crash_costs_that_line_only(server: Server, spill: Path
     arrived = timezone.now()
     observed = RequestFacts(request_id="2", arrived_at=arrived, client_ttft_seconds=0.01, cached_tokens=0)
     spill.parent.mkdir(parents=True)
-    spill.write_text(json.dumps({"server": "sim-0", "request_id": "1", "arrived_at": arrived.isoformat()})
-                     + "\n" + '{"server": "sim-0", "requ')  # fmt: skip
+    spill.write_text(
+        json.dumps({"server": "sim-0", "request_id": "1", "arrived_at": arrived.isoformat()})
+        + "\n"
+        + '{"server": "sim-0", "requ'
+    )
     writer.start()
     writer.record(observed)
     wait_for(lambda: writer.spilled == 1)

@@ -68,13 +68,19 @@ def test_a_killed_kv_collector_resumes_from_its_committed_position_and_stores_ea
         published_while_down = published(str(server.kv_replay_endpoint))[-1].seq
         assert published_while_down > committed + 50
         second.start()  # nothing is published now: only its replay from `committed` can catch up
-        wait_until(lambda: KVStream.objects.get(server=server).last_seq == published_while_down, timeout=60,
-                   what="the restarted collector to replay what it missed")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.get(server=server).last_seq == published_while_down,
+            timeout=60,
+            what="the restarted collector to replay what it missed",
+        )
         with Load(upstream.base_url) as load:
             wait_until(lambda: len(load.answered) > 50, timeout=30, what="load after the restart")
         replies = published(str(server.kv_replay_endpoint))
-        wait_until(lambda: KVStream.objects.get(server=server).last_seq == replies[-1].seq, timeout=30,
-                   what="the collector to catch up")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.get(server=server).last_seq == replies[-1].seq,
+            timeout=30,
+            what="the collector to catch up",
+        )
         second.stop()
     finally:
         first.ensure_stopped()

@@ -23,9 +23,12 @@ CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
 @pytest.fixture
 def server(vllm: FakeKVServer) -> Server:
     return Server.objects.create(
-        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
-        kv_replay_endpoint=vllm.replay_endpoint, kv_topic=vllm.topic.decode(),
-    )  # fmt: skip
+        name="vllm-cpu",
+        base_url="http://127.0.0.1:18000",
+        kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint,
+        kv_topic=vllm.topic.decode(),
+    )
 
 
 def stored_keys(server: Server) -> list[tuple[int, int, int, int]]:
@@ -67,8 +70,11 @@ def test_duplicated_and_malformed_deliveries_through_the_command_store_each_good
                 vllm.publisher.send_multipart([vllm.topic, seq.to_bytes(8, "big")])  # a frame short
             vllm.publish(seq, payload)
             vllm.publisher.send_multipart([vllm.topic, seq.to_bytes(8, "big"), payload])  # delivered twice
-        wait_until(lambda: KVStream.objects.filter(server=server, last_seq=23).exists(), timeout=30,
-                   what="the last batch")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.filter(server=server, last_seq=23).exists(),
+            timeout=30,
+            what="the last batch",
+        )
         collector.stop()
     finally:
         collector.ensure_stopped()

@@ -135,19 +135,31 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
             for config in fleet:
                 loads.enter_context(Load(config.base_url, pause_seconds=0.02))
             shared = sorted([killed_pid, survivor_pid] * 2)
-            wait_until(lambda: sorted(holders_by_process().values()) == shared,
-                       timeout=60, what="the servers to be shared two and two")  # fmt: skip
+            wait_until(
+                lambda: sorted(holders_by_process().values()) == shared,
+                timeout=60,
+                what="the servers to be shared two and two",
+            )
             killed = [pk for pk, pid in holders_by_process().items() if pid == killed_pid]
-            wait_until(lambda: all(KVEvent.objects.filter(server_id=pk).count() > 200 for pk in killed),
-                       timeout=60, what="events of the first subscriber's servers")  # fmt: skip
+            wait_until(
+                lambda: all(KVEvent.objects.filter(server_id=pk).count() > 200 for pk in killed),
+                timeout=60,
+                what="events of the first subscriber's servers",
+            )
             first.kill()
             killed_at = time.monotonic()
-            wait_until(lambda: holders_by_process() == {s.pk: survivor_pid for s in servers},
-                       timeout=2 * LEASE_SECONDS, what="the survivor to lease every server")  # fmt: skip
+            wait_until(
+                lambda: holders_by_process() == {s.pk: survivor_pid for s in servers},
+                timeout=2 * LEASE_SECONDS,
+                what="the survivor to lease every server",
+            )
             handover_seconds = time.monotonic() - killed_at
             # The survivor reports its leases (its row, beside the killed one's, which no longer reports).
-            wait_until(lambda: reported_leases(survivor_pid) == 4, timeout=4 * LEASE_SECONDS,
-                       what="the survivor to report its four leases")  # fmt: skip
+            wait_until(
+                lambda: reported_leases(survivor_pid) == 4,
+                timeout=4 * LEASE_SECONDS,
+                what="the survivor to report its four leases",
+            )
             time.sleep(2.0)  # load goes on after the handover
         replies = {server.pk: published(str(server.kv_replay_endpoint)) for server in servers}
         for server in servers:

@@ -37,13 +37,23 @@ def captured_rows(server: Server, *, emitted_at: datetime) -> list[KVEventRow]:
                 )
                 rows.append(
                     KVEventRow(
-                        server.pk, dp_rank or 0, 0, message["seq"], event_index, block_index,
-                        emitted_at + timedelta(milliseconds=message["seq"]), emitted_at,
-                        KINDS[event["type"]], block_hash, parent,
+                        server.pk,
+                        dp_rank or 0,
+                        0,
+                        message["seq"],
+                        event_index,
+                        block_index,
+                        emitted_at + timedelta(milliseconds=message["seq"]),
+                        emitted_at,
+                        KINDS[event["type"]],
+                        block_hash,
+                        parent,
                         event.get("block_size") if event["type"] == "BlockStored" else None,
-                        event.get("medium") or "", event.get("lora_name") or "", event.get("group_idx"),
+                        event.get("medium") or "",
+                        event.get("lora_name") or "",
+                        event.get("group_idx"),
                     )
-                )  # fmt: skip
+                )
     return rows
 
 

@@ -41,10 +41,19 @@ def diagnoses() -> list[RequestDiagnosis]:
         lost = {LOSSES[n % 4]: 16 * (n % 7), "below_block_tokens": 15 if n % 5 == 0 else 0}
         if n % 9 == 0:
             lost = {"below_block_tokens": 600}  # not reusable: never a miss to list
-        rows.append(RequestDiagnosis(
-            server=servers[n % 3], request_id=f"r{n}", arrived_at=at, diagnosed_at=at, tenant=tenants[n % 4],
-            template=templates[n % 2], prompt_tokens=1000, cause="evicted", **lost,
-        ))  # fmt: skip
+        rows.append(
+            RequestDiagnosis(
+                server=servers[n % 3],
+                request_id=f"r{n}",
+                arrived_at=at,
+                diagnosed_at=at,
+                tenant=tenants[n % 4],
+                template=templates[n % 2],
+                prompt_tokens=1000,
+                cause="evicted",
+                **lost,
+            )
+        )
     ensure_day_partitions(RequestDiagnosis, [row.arrived_at for row in rows])
     return RequestDiagnosis.objects.bulk_create(rows)
 

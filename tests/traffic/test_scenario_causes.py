@@ -180,13 +180,20 @@ def _stored_requests() -> list[Request]:
         diagnosis = diagnoses[record.server_id, record.request_id]
         found.append(
             Request(
-                names[record.server_id], record.arrived_at, record.template.name if record.template else "",
-                record.template_version.commit_sha if record.template_version else "", record.tenant,
-                record.salt_hash, diagnosis.cause or diagnosis.unknown or "reused", diagnosis.diverged_at,
-                record.request_id, record.token_ids or [], record.cached_tokens or 0,
+                names[record.server_id],
+                record.arrived_at,
+                record.template.name if record.template else "",
+                record.template_version.commit_sha if record.template_version else "",
+                record.tenant,
+                record.salt_hash,
+                diagnosis.cause or diagnosis.unknown or "reused",
+                diagnosis.diverged_at,
+                record.request_id,
+                record.token_ids or [],
+                record.cached_tokens or 0,
                 sizes[record.server_id] or 1,
             )
-        )  # fmt: skip
+        )
     return found
 
 

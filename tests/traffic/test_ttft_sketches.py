@@ -35,12 +35,19 @@ def stored() -> list[RequestRecord]:
     noise, records = random.Random(3), []
     for n in range(MINUTES * 40):
         client = 0.131 * noise.lognormvariate(0, 0.35)
-        records.append(RequestRecord(
-            server=servers[n % 2], template=templates[n % 3], request_id=f"r{n}", source="rest",
-            arrived_at=START + timedelta(seconds=n * 60 * MINUTES / (MINUTES * 40)),
-            prompt_tokens=1000, cached_tokens=500, client_ttft_seconds=client,
-            server_ttft_seconds=None if n % 7 == 0 else client * 0.8,
-        ))  # fmt: skip
+        records.append(
+            RequestRecord(
+                server=servers[n % 2],
+                template=templates[n % 3],
+                request_id=f"r{n}",
+                source="rest",
+                arrived_at=START + timedelta(seconds=n * 60 * MINUTES / (MINUTES * 40)),
+                prompt_tokens=1000,
+                cached_tokens=500,
+                client_ttft_seconds=client,
+                server_ttft_seconds=None if n % 7 == 0 else client * 0.8,
+            )
+        )
     ensure_day_partitions(RequestRecord, [r.arrived_at for r in records])
     RequestRecord.objects.bulk_create(records)
     refresh_minute_rollups(since=START, until=START + timedelta(minutes=MINUTES))

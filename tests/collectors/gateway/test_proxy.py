@@ -303,8 +303,9 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
         with socket.create_connection(("127.0.0.1", gateway_port)) as client:
             client.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )  # fmt: skip
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
         time.sleep(1.0)  # the upstream answers after the client has gone
         later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
                      {"Content-Type": "application/json"})  # fmt: skip
