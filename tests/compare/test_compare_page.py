@@ -108,9 +108,20 @@ def test_a_fold_out_of_range_gets_the_plain_page(signed_in: Client, query: str) 
 
 
 def test_token_text_is_escaped(signed_in: Client) -> None:
-    evil = Tokenized([1, 2, 3], ["<script>alert(1)</script>", "\"><img src=x onerror=alert(2)>", "Ġok"],
-                     "server vllm-0 /tokenize", "tiny", None)  # fmt: skip
-    benign = Tokenized([1, 9, 3], ["Ġa", "Ġb", "Ġc"], "server vllm-0 /tokenize", "tiny", None)
+    evil = Tokenized(
+        token_ids=[1, 2, 3],
+        token_strs=["<script>alert(1)</script>", '"><img src=x onerror=alert(2)>', "Ġok"],
+        tokenizer_used="server vllm-0 /tokenize",
+        tokenizer="tiny",
+        server=None,
+    )
+    benign = Tokenized(
+        token_ids=[1, 9, 3],
+        token_strs=["Ġa", "Ġb", "Ġc"],
+        tokenizer_used="server vllm-0 /tokenize",
+        tokenizer="tiny",
+        server=None,
+    )
     comparison = Comparison.objects.create(slug="evil1234", block_size=16, created_at=timezone.now())
     for side, tokenized in (("a", benign), ("b", evil)):
         ComparisonSide.objects.create(

@@ -32,9 +32,8 @@ from app.prompts.services import register_repository
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.models import MinuteRollup
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
 from tests.support.captures import load_json
+from tests.support.factories import facts, ingested
 
 pytestmark = pytest.mark.django_db
 
@@ -77,13 +76,13 @@ def _server(name: str, tenant: str) -> Server:
 
 
 def _ingest(server: Server, tenant: str, template: str, names: list[str], *, at: datetime) -> list[RecordKey]:
-    facts = []
+    sent = []
     for i, capture in enumerate(names):
         model, token_ids, captured = _prompt(capture)
         usage = captured["response"]["usage"]
         request_id = f"{server.name}-{tenant or 'none'}-{capture}"
-        facts.append(
-            RequestFacts(
+        sent.append(
+            facts(
                 server=server.name,
                 request_id=request_id,
                 arrived_at=at + timedelta(seconds=i),
@@ -97,9 +96,8 @@ def _ingest(server: Server, tenant: str, template: str, names: list[str], *, at:
                 prompt_token_ids=token_ids,
             )
         )
-    outcome = ingest_request_records(facts, source="rest", now=timezone.now())
-    assert outcome.rejected == []
-    return [RecordKey(server.pk, f.request_id, f.arrived_at) for f in facts]
+    ingested(*sent)
+    return [RecordKey(server.pk, f.request_id, f.arrived_at) for f in sent]
 
 
 def _regression(template: Template, tenant: str, now: datetime) -> Regression:
@@ -156,12 +154,22 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
     assert set(families) == {alpha_server.pk, bravo_server.pk, shared.pk}
     alpha_user, bravo_user = _member("alpha-engineer", "alpha"), _member("bravo-engineer", "bravo")
     return Fleet(
-        alpha_server, bravo_server, shared, alpha_keys, bravo_keys, alpha_template, bravo_template,
-        _regression(alpha_template, "alpha", now), _regression(bravo_template, "bravo", now),
-        _compared(alpha_keys[:2], alpha_user, now), _compared(bravo_keys[:2], bravo_user, now),
-        repositories["alpha"], repositories["bravo"],
-        families[alpha_server.pk], families[bravo_server.pk],
-    )  # fmt: skip
+        alpha_server=alpha_server,
+        bravo_server=bravo_server,
+        shared=shared,
+        alpha_keys=alpha_keys,
+        bravo_keys=bravo_keys,
+        alpha_template=alpha_template,
+        bravo_template=bravo_template,
+        alpha_regression=_regression(alpha_template, "alpha", now),
+        bravo_regression=_regression(bravo_template, "bravo", now),
+        alpha_comparison=_compared(alpha_keys[:2], alpha_user, now),
+        bravo_comparison=_compared(bravo_keys[:2], bravo_user, now),
+        alpha_repository=repositories["alpha"],
+        bravo_repository=repositories["bravo"],
+        alpha_family=families[alpha_server.pk],
+        bravo_family=families[bravo_server.pk],
+    )
 
 
 def _compared(keys: list[RecordKey], user: User, now: datetime) -> Comparison:

@@ -29,8 +29,13 @@ def test_a_template_counts_its_prompt_changes_other_scopes_do_not(template_scope
 
 def test_the_rate_measured_over_the_window_prices_it() -> None:
     xs = [float(x) for x in range(0, 4000, 100)]  # uncached tokens; TTFT 10 ms + x / 5000 s
-    sums = PrefillSums(len(xs), sum(xs), sum(0.01 + x / 5000 for x in xs),
-                       sum(x * x for x in xs), sum(x * (0.01 + x / 5000) for x in xs))  # fmt: skip
+    sums = PrefillSums(
+        count=len(xs),
+        x=sum(xs),
+        y=sum(0.01 + x / 5000 for x in xs),
+        xx=sum(x * x for x in xs),
+        xy=sum(x * (0.01 + x / 5000) for x in xs),
+    )
     cost = price_lost_tokens(
         LOST,
         since=SINCE,

@@ -249,9 +249,14 @@ def runs(traffic: dict[str, list[Request]]) -> dict[str, Run]:
             kinds = [kind for kind, _hashes, _parent in run.events[phase]]
             logger.info(
                 "%s %s: %d requests, %d cached tokens, %d events (%d BlockStored, %d BlockRemoved)",
-                side, phase, len(run.answers[phase]), sum(a.cached_tokens for a in run.answers[phase]),
-                len(kinds), kinds.count("BlockStored"), kinds.count("BlockRemoved"),
-            )  # fmt: skip
+                side,
+                phase,
+                len(run.answers[phase]),
+                sum(a.cached_tokens for a in run.answers[phase]),
+                len(kinds),
+                kinds.count("BlockStored"),
+                kinds.count("BlockRemoved"),
+            )
     return runs
 
 

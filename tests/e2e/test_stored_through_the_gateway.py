@@ -109,8 +109,12 @@ def send(gateway: str, body: dict[str, Any], *, stream: bool, salt: str) -> str:
     `salt` (see the module's docstring); the canonical id of the one its answer names."""
     body = {k: v for k, v in body.items() if k not in ("return_token_ids", "stream", "stream_options")}
     body["cache_salt"] = f"{salt}-{body.get('cache_salt', '')}"
-    answer = call("POST", f"{gateway}/v1/completions", {**body, "stream": stream},
-                  {"Content-Type": "application/json"})  # fmt: skip
+    answer = call(
+        "POST",
+        f"{gateway}/v1/completions",
+        body={**body, "stream": stream},
+        headers={"Content-Type": "application/json"},
+    )
     assert answer.status == 200, answer.body
     first = answer.body.removeprefix(b"data: ").split(b"\n", 1)[0] if stream else answer.body
     return canonical_request_id(str(json.loads(first)["id"]))

@@ -76,8 +76,16 @@ def test_a_request_the_registered_server_recorded_too_fills_its_gaps_once() -> N
     # The gateway's record under the real name; the span of the same request, seconds later, under
     # the typo. They are one request: merged into one row, whose known values stay.
     record(into, "req-1", at, source="gateway", prompt_tokens=120, cached_tokens=96, tenant="acme")
-    record(typo, "req-1", at + timedelta(seconds=2), prompt_tokens=999, tenant="", queue_seconds=0.25,
-           trace_id="ab" * 16, block_hashes=[1, 2, 3])  # fmt: skip
+    record(
+        typo,
+        "req-1",
+        at + timedelta(seconds=2),
+        prompt_tokens=999,
+        tenant="",
+        queue_seconds=0.25,
+        trace_id="ab" * 16,
+        block_hashes=[1, 2, 3],
+    )
     record(typo, "req-1", at + timedelta(hours=2))  # the same id much later: another request
 
     merged = merge_server(server_id=typo.pk, into_id=into.pk)

@@ -63,9 +63,13 @@ def a_template_history(folder: Path) -> History:
     diagnose_requests(now=timezone.now())
     support = Template.objects.get(name="support")
     return History(
-        server, support, Template.objects.get(name="billing"),
-        support.versions.get(commit_sha=one), support.versions.get(commit_sha=two), start,
-    )  # fmt: skip
+        server=server,
+        support=support,
+        billing=Template.objects.get(name="billing"),
+        one=support.versions.get(commit_sha=one),
+        two=support.versions.get(commit_sha=two),
+        start=start,
+    )
 
 
 def _request(

@@ -170,8 +170,11 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
         first.ensure_stopped()
         second.ensure_stopped()
 
-    logger.info("every server leased by the survivor %.2f s after the SIGKILL (lease period %s s)",
-                handover_seconds, LEASE_SECONDS)  # fmt: skip
+    logger.info(
+        "every server leased by the survivor %.2f s after the SIGKILL (lease period %s s)",
+        handover_seconds,
+        LEASE_SECONDS,
+    )
     for server in servers:
         assert differences(stored_kv_rows(server), rows_of(replies[server.pk])) == {}, server.name
         resident = set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True))

@@ -307,8 +307,12 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
                 + body
             )
         time.sleep(1.0)  # the upstream answers after the client has gone
-        later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
-                     {"Content-Type": "application/json"})  # fmt: skip
+        later = call(
+            "POST",
+            url + "/v1/completions",
+            body={"prompt": "hi", "stream": True},
+            headers={"Content-Type": "application/json"},
+        )
         wait_for(lambda: len(recorder.records) == 1)
     assert later.status == 200  # the gateway serves on
     assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == []
