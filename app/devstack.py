@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
 # The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
-# (tests/e2e/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
+# (tests/support/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
 DEMO_KV_SHAPES = "tiny=2:2:64"
 DEMO_SERVERS = 4
 DEMO_PROCESSES = ("traffic", "fleet")

@@ -36,7 +36,7 @@ from app.fleet.models import Server  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from app.traffic.services.requests import ingest_request_records  # noqa: E402
 from collectors.records import RequestFacts  # noqa: E402
-from tests.fixtures import load_json  # noqa: E402
+from tests.support.captures import load_json  # noqa: E402
 
 
 def prompts(tokens: int) -> tuple[list[int], list[int]]:

@@ -41,7 +41,7 @@ import psutil
 from aiohttp import web
 
 from app.domain import gpt2
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = "bench-sim"

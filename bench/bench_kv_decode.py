@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.timing import best_seconds
 from collectors.kv_events.parse import decode_sub_message
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 ROUNDS = 5  # best of: the least disturbed run is the one that measures the code
 

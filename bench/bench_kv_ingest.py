@@ -34,7 +34,7 @@ from app.traffic.collection.kv_collector import event_rows  # noqa: E402
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
 from app.traffic.services.partitions import maintain_partitions  # noqa: E402
 from collectors.kv_events.parse import decode_sub_message  # noqa: E402
-from tests.fixtures import load_json  # noqa: E402
+from tests.support.captures import load_json  # noqa: E402
 
 FLUSH_EVERY = 200
 

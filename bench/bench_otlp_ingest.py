@@ -63,7 +63,7 @@ from bench.baseline import (  # noqa: E402
     timed_rounds,
 )
 from bench.served import Batch, Posted, post_all, served  # noqa: E402
-from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
+from tests.support.captures import VLLM_CPU_FIXTURES  # noqa: E402
 
 
 def captured() -> ExportTraceServiceRequest:

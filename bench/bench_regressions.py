@@ -5,7 +5,7 @@
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
 (simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
-deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the detection
+deployment stores it and diagnosed minute by minute (tests/support/virtual_fleet.py), the detection
 (app.regressions.services.detect_regressions) run after each minute, as beat runs it. The deploy check
 (app/regressions/deploys.py) runs every 15 virtual seconds between them, as beat runs it (not with
 --baseline's second pass: the per-minute search alone, to compare). For each fault that should open a
@@ -50,7 +50,7 @@ from app.regressions.services import check_deploys, detect_regressions  # noqa: 
 from app.traffic.models import KVEvent  # noqa: E402
 from simulator.planner import PlannedRequest  # noqa: E402
 from simulator.scenario import resolve_scenario  # noqa: E402
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually  # noqa: E402
+from tests.support.virtual_fleet import VirtualRun, run_virtually  # noqa: E402
 
 EVIDENCE = 50  # requests of the fault's scope after it, before anything may open
 MIN_EVICTED_BLOCKS = 50  # in the five minutes after a cut: fewer, and it evicted next to nothing

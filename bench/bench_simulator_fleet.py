@@ -20,7 +20,7 @@ import aiohttp
 import psutil
 
 from simulator.cache import PrefixCache
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 SERVERS = 4
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 

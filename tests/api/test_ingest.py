@@ -16,8 +16,8 @@ from app.domain.blockhash import block_hash_chain, signed_to_wire
 from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
 from collectors.records import canonical_request_id
-from tests.fixtures import load_json
-from tests.users import fleet_viewer
+from tests.support.captures import load_json
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 URL = "/api/v1/requests"

@@ -18,7 +18,7 @@ from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
 from collectors.records import canonical_request_id
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 pytestmark = pytest.mark.django_db
 PROTOBUF = "application/x-protobuf"
@@ -74,16 +74,23 @@ def test_a_span_joins_the_record_the_gateway_stored_moments_earlier(client: Clie
     export = captured_export()
     capture = load_json("completion-salt-a-2.json")["response"]
     span = next(
-        s for rs in export.resource_spans for ss in rs.scope_spans for s in ss.spans
+        s
+        for rs in export.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
         if any(a.value.string_value == capture["id"] + "-0" for a in s.attributes)
-    )  # fmt: skip
+    )
     seen_by_gateway = datetime.fromtimestamp(span.start_time_unix_nano / 1e9, tz=UTC)
     seen_by_gateway -= timedelta(milliseconds=3)
     request_id = canonical_request_id(capture["id"])
     RequestRecord.objects.create(
-        server=Server.objects.get(), request_id=request_id, arrived_at=seen_by_gateway, source="gateway",
-        cached_tokens=capture["usage"]["prompt_tokens_details"]["cached_tokens"], client_ttft_seconds=0.0187,
-    )  # fmt: skip
+        server=Server.objects.get(),
+        request_id=request_id,
+        arrived_at=seen_by_gateway,
+        source="gateway",
+        cached_tokens=capture["usage"]["prompt_tokens_details"]["cached_tokens"],
+        client_ttft_seconds=0.0187,
+    )
 
     post(client, token, export.SerializeToString())
 

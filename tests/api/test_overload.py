@@ -25,8 +25,8 @@ from collectors.otlp.parse import decode_export, span_request
 from collectors.records import canonical_request_id
 from tests.api.test_ingest import CAPTURES
 from tests.api.test_otlp import captured_export
-from tests.fixtures import load_json
-from tests.sessions import inserts_blocked, wait_for_a_blocked_insert
+from tests.support.captures import load_json
+from tests.support.sessions import inserts_blocked, wait_for_a_blocked_insert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from tests.ports import unused_ports
-from tests.traffic.processes import Web, database_url_for_tests
+from tests.support.ports import unused_ports
+from tests.support.processes import Web, database_url_for_tests
 
 pytestmark = pytest.mark.django_db
 
@@ -159,9 +159,11 @@ def test_gunicorns_access_log_prints_no_token_sent_as_basic_credentials(tmp_path
         basic = base64.b64encode(f"{token}:".encode()).decode()
         for authorization in (f"Basic {basic}", token, f"Bearer {token}x"):
             answer = httpx.post(
-                f"http://127.0.0.1:{port}/api/v1/requests", content=b"[]",
-                headers={"Authorization": authorization, "Content-Type": "application/json"}, timeout=30,
-            )  # fmt: skip
+                f"http://127.0.0.1:{port}/api/v1/requests",
+                content=b"[]",
+                headers={"Authorization": authorization, "Content-Type": "application/json"},
+                timeout=30,
+            )
             assert answer.status_code == 401
     finally:
         web.stop()

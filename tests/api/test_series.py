@@ -19,9 +19,8 @@ from app.fleet.models import Server
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import LossMinute
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.factories import a_server, facts, ingested
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -39,33 +38,51 @@ def start() -> datetime:
     return now - timedelta(minutes=30 + now.minute % 5)
 
 
-def record(server: str, at: datetime, n: int, prompt: int, cached: int | None, **more: Any) -> RequestFacts:
-    return RequestFacts(request_id=f"r{n}", arrived_at=at, server=server, prompt_tokens=prompt,
-                        cached_tokens=cached, **more)  # fmt: skip
-
-
 @pytest.fixture
 def traffic(start: datetime) -> datetime:
     """Two servers' requests over two five-minute buckets, their minutes rolled up."""
-    for name in ("vllm-a", "vllm-b"):
-        Server.objects.create(name=name, base_url=f"http://{name}:8000", block_size=16)
+    a, b = a_server(name="vllm-a").name, a_server(name="vllm-b").name
     second = start + timedelta(seconds=20)
-    facts = [
+    ingested(
         # bucket 1, minute 1: 800 of 1,000 cached, then 0 of 100
-        record("vllm-a", second, 1, 1000, 800, client_ttft_seconds=0.3, server_ttft_seconds=0.2,
-               template="support"),
-        record("vllm-a", second, 2, 100, 0, client_ttft_seconds=0.9, template="support"),
+        facts(
+            server=a,
+            arrived_at=second,
+            prompt_tokens=1000,
+            cached_tokens=800,
+            client_ttft_seconds=0.3,
+            server_ttft_seconds=0.2,
+            template="support",
+        ),
+        facts(
+            server=a,
+            arrived_at=second,
+            prompt_tokens=100,
+            cached_tokens=0,
+            client_ttft_seconds=0.9,
+            template="support",
+        ),
         # bucket 1, minute 2: 100 of 400
-        record("vllm-a", second + timedelta(minutes=1), 3, 400, 100, client_ttft_seconds=0.05),
+        facts(
+            server=a,
+            arrived_at=second + timedelta(minutes=1),
+            prompt_tokens=400,
+            cached_tokens=100,
+            client_ttft_seconds=0.05,
+        ),
         # bucket 1, no cached tokens reported: counts as a request, not in the hit rate
-        record("vllm-a", second + timedelta(minutes=2), 4, 3000, None),
+        facts(server=a, arrived_at=second + timedelta(minutes=2), prompt_tokens=3000),
         # bucket 2: 200 of 200
-        record("vllm-a", second + timedelta(minutes=5), 5, 200, 200, client_ttft_seconds=0.05),
+        facts(
+            server=a,
+            arrived_at=second + timedelta(minutes=5),
+            prompt_tokens=200,
+            cached_tokens=200,
+            client_ttft_seconds=0.05,
+        ),
         # another server, bucket 1: 500 of 500
-        record("vllm-b", second, 6, 500, 500),
-    ]  # fmt: skip
-    outcome = ingest_request_records(facts, source="rest", now=timezone.now())
-    assert outcome.stored == len(facts)
+        facts(server=b, arrived_at=second, prompt_tokens=500, cached_tokens=500),
+    )
     refresh_minute_rollups(since=start, until=start + timedelta(minutes=10))
     return start
 
@@ -149,13 +166,20 @@ def test_the_csv_is_the_same_series_as_the_json(signed_in: Client, traffic: date
 
 
 def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, start: datetime) -> None:
-    Server.objects.create(name="vllm-a", base_url="http://vllm-a:8000", block_size=16)
+    a_server(name="vllm-a")
     prompt = list(range(1, 101))  # 100 tokens: six blocks of 16 and a tail of 4
-    facts = [
-        record("vllm-a", start + timedelta(seconds=10 + n), n, 100, 0, prompt_token_ids=prompt, tenant="acme")
+    sent = [
+        facts(
+            server="vllm-a",
+            arrived_at=start + timedelta(seconds=10 + n),
+            prompt_tokens=100,
+            cached_tokens=0,
+            prompt_token_ids=prompt,
+            tenant="acme",
+        )
         for n in range(2)
     ]
-    ingest_request_records(facts, source="rest", now=timezone.now())
+    ingested(*sent)
     assert diagnose_requests(now=timezone.now()) == 2
     held = LossMinute.objects.filter(minute=start).aggregate(
         evicted=Sum("no_kv_events_tokens"), tail=Sum("below_block_tokens"), cold=Sum("cold_tokens")
@@ -186,17 +210,23 @@ def test_lost_tokens_come_per_cause_from_the_loss_rollups(signed_in: Client, sta
 def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
     signed_in: Client, start: datetime
 ) -> None:
-    Server.objects.create(name="vllm-a", base_url="http://vllm-a:8000", block_size=16)
+    a_server(name="vllm-a")
     hour = start.replace(minute=0)
 
-    def arrive(n: int, minute: int, prompt: int, cached: int, ttft: float | None = None) -> None:
+    def arrive(minute: int, prompt: int, cached: int, ttft: float | None = None) -> None:
         at = hour + timedelta(minutes=minute, seconds=5)
-        facts = [record("vllm-a", at, n, prompt, cached, client_ttft_seconds=ttft)]
-        ingest_request_records(facts, source="rest", now=timezone.now())
+        sent = facts(
+            server="vllm-a",
+            arrived_at=at,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            client_ttft_seconds=ttft,
+        )
+        ingested(sent)
         refresh_minute_rollups(since=at, until=at)  # that minute alone, as the task's window would
 
-    arrive(1, 1, 1000, 500, 0.3)
-    arrive(2, 50, 3000, 3000, 0.9)
+    arrive(1, 1000, 500, 0.3)
+    arrive(50, 3000, 3000, 0.9)
     params = {
         "metric": "hit_rate",
         "bucket": 3600,
@@ -209,7 +239,7 @@ def test_hour_buckets_read_the_hourly_rollup_which_follows_its_minutes(
     (p50,) = get(signed_in, **{**params, "metric": "ttft_p50"})["series"][0]["values"]
     assert p50 == pytest.approx(0.3, rel=0.005)  # 0.3 and 0.9 s: the first
 
-    arrive(3, 10, 4000, 0)  # late, into a minute of an hour already summed
+    arrive(10, 4000, 0)  # late, into a minute of an hour already summed
     assert get(signed_in, **params)["series"][0]["values"] == [3500 / 8000]
     minutes = get(signed_in, **{**params, "bucket": 60})
     assert minutes["source"] == "traffic_minuterollup"

@@ -11,7 +11,8 @@ from app.api.models import IngestToken
 from app.api.services import create_ingest_token, create_personal_token
 from app.fleet.models import Server
 from tests.setup.test_pages import ingest
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -40,9 +41,10 @@ def test_staff_manage_servers_with_a_personal_token() -> None:
     assert status == 201 and created["state"] == "active" and created["scrape_interval_seconds"] == 15
     assert post(staff, "/servers", SERVER)[1]["code"] == "name_taken"
     changed = staff.put(
-        f"/api/v1/servers/{created['id']}", {"base_url": "http://vllm-0:9000", "tenant": "acme"},
+        f"/api/v1/servers/{created['id']}",
+        {"base_url": "http://vllm-0:9000", "tenant": "acme"},
         content_type="application/json",
-    )  # fmt: skip
+    )
     assert changed.status_code == 200
     assert (changed.json()["base_url"], changed.json()["kv_events_endpoint"]) == ("http://vllm-0:9000", "")
     assert post(staff, f"/servers/{created['id']}/disable")[1]["state"] == "disabled"
@@ -91,13 +93,14 @@ def test_a_servers_group_is_read_and_written() -> None:
 @pytest.mark.parametrize("group", ["search team", "", "équipe", "x" * 101])
 def test_a_group_that_is_no_slug_is_refused_with_the_apis_error_shape(group: str) -> None:
     staff = personal("admin", is_staff=True)
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000")
+    server = a_server(name="vllm-0")
 
     status, created = post(staff, "/servers", SERVER | {"name": "vllm-1", "group": group})
     changed = staff.put(
-        f"/api/v1/servers/{server.pk}", {"base_url": "http://vllm-0:8000", "group": group},
+        f"/api/v1/servers/{server.pk}",
+        {"base_url": "http://vllm-0:8000", "group": group},
         content_type="application/json",
-    )  # fmt: skip
+    )
 
     for answer in (created, changed.json()):
         assert answer["code"] == "invalid" and list(answer["fields"]) == ["group"]

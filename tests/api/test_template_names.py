@@ -9,13 +9,11 @@ from django.test import Client
 from django.utils import timezone
 
 from app.api.api import api
-from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.prompts.selectors import find_template
 from app.traffic.models import LossMinute
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
-from tests.tokens import reader_bearer
+from tests.support.factories import a_server, facts, ingested
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 SHA = "c" * 40
@@ -35,7 +33,7 @@ URLS = [
 @pytest.fixture
 def template() -> Template:
     now = timezone.now()
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=16)
+    server = a_server(name="vllm-0")
     template = Template.objects.create(name="support-bot")
     Template.objects.create(name="billing")
     version = TemplateVersion.objects.create(template=template, commit_sha=SHA, committed_at=now)
@@ -44,11 +42,16 @@ def template() -> Template:
     LossMinute.objects.create(
         server=server, template=template, minute=minute, requests=2, diagnosed=2, evicted_tokens=48
     )
-    fact = RequestFacts(
-        server="vllm-0", request_id="r-1", arrived_at=now - timedelta(minutes=3), model="m",
-        template="support-bot", template_version=SHA, prompt_tokens=40, cached_tokens=16,
-    )  # fmt: skip
-    assert ingest_request_records([fact], source="rest", now=now).rejected == []
+    sent = facts(
+        server="vllm-0",
+        arrived_at=now - timedelta(minutes=3),
+        model="m",
+        template="support-bot",
+        template_version=SHA,
+        prompt_tokens=40,
+        cached_tokens=16,
+    )
+    ingested(sent, now=now)
     return template
 
 

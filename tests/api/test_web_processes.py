@@ -15,11 +15,11 @@ import pytest
 from django.utils import timezone
 
 from app.api.services import create_ingest_token
-from app.fleet.models import Server
 from app.traffic.services.requests import INGEST_LOCK_SPACE
-from tests.ports import unused_ports
-from tests.sessions import session, wait_for_lock_waits
-from tests.traffic.processes import Web, database_url_for_tests
+from tests.support.factories import a_server
+from tests.support.ports import unused_ports
+from tests.support.processes import Web, database_url_for_tests
+from tests.support.sessions import session, wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,8 +44,8 @@ def answering_processes(log: str) -> list[str]:
 
 
 def test_a_batch_goes_to_an_idle_web_process_while_another_is_busy(tmp_path: Path) -> None:
-    busy = Server.objects.create(name="busy", base_url="http://busy:8000", block_size=16)
-    Server.objects.create(name="idle", base_url="http://idle:8000", block_size=16)
+    busy = a_server(name="busy")
+    a_server(name="idle")
     token = create_ingest_token(name="sender")
     (port,) = unused_ports(1)
     web = Web(database_url_for_tests(), tmp_path / "web.log", port, workers=2, options=ACCESS_LOG)

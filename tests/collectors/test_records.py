@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id, problem
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 

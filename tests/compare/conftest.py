@@ -13,8 +13,8 @@ from app.compare.selectors import RecordKey
 from app.fleet.models import Server
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.fixtures import load_json
-from tests.users import fleet_viewer
+from tests.support.captures import load_json
+from tests.support.users import fleet_viewer
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 
@@ -44,9 +44,12 @@ def captured_server(db: None) -> Server:
 def other_server(captured_server: Server) -> Server:
     """A second server of the same model and block size."""
     return Server.objects.create(
-        name="vllm-cpu-2", base_url="http://127.0.0.1:9", model="tiny", block_size=BLOCK_SIZE,
+        name="vllm-cpu-2",
+        base_url="http://127.0.0.1:9",
+        model="tiny",
+        block_size=BLOCK_SIZE,
         hash_algo="sha256_cbor",
-    )  # fmt: skip
+    )
 
 
 Record = Callable[..., RecordKey]
@@ -69,13 +72,22 @@ def record(captured_server: Server) -> Record:
     ) -> RecordKey:
         body, usage = capture(name)["request"], capture(name)["response"]["usage"]
         arrived_at: datetime = start + timedelta(seconds=offset)
-        item = RequestFacts(**{
-            "server": server.name, "request_id": f"{name}-{offset}", "arrived_at": arrived_at,
-            "model": body["model"], "template": template, "template_version": "1a2b3c4d5e6f",
-            "cache_salt": body.get("cache_salt"), "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "client_ttft_seconds": 0.02,
-            "prompt_token_ids": prompt_ids(name) if token_ids is None else token_ids, **fields,
-        })  # fmt: skip
+        item = RequestFacts(
+            **{
+                "server": server.name,
+                "request_id": f"{name}-{offset}",
+                "arrived_at": arrived_at,
+                "model": body["model"],
+                "template": template,
+                "template_version": "1a2b3c4d5e6f",
+                "cache_salt": body.get("cache_salt"),
+                "prompt_tokens": usage["prompt_tokens"],
+                "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                "client_ttft_seconds": 0.02,
+                "prompt_token_ids": prompt_ids(name) if token_ids is None else token_ids,
+                **fields,
+            }
+        )
         outcome = ingest_request_records([item], source="rest", now=timezone.now())
         assert outcome.rejected == []
         return RecordKey(server.pk, item.request_id, arrived_at)

@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 
 from tests.compare.conftest import Record, capture, prompt_ids
-from tests.fixtures import stored_block_hashes
+from tests.support.captures import stored_block_hashes
 
 pytestmark = pytest.mark.django_db
 

@@ -34,9 +34,11 @@ def _without_csrf(html: str) -> str:
 
 def _ids(a: list[int], b: list[int], **fields: object) -> Comparison:
     compared = create_comparison(
-        a=SideInput(prompt=Prompt(token_ids=tuple(a))), b=SideInput(prompt=Prompt(token_ids=tuple(b))),
-        now=timezone.now(), **fields,  # type: ignore[arg-type]
-    )  # fmt: skip
+        a=SideInput(prompt=Prompt(token_ids=tuple(a))),
+        b=SideInput(prompt=Prompt(token_ids=tuple(b))),
+        now=timezone.now(),
+        **fields,  # type: ignore[arg-type]
+    )
     assert compared.saved
     return compared.comparison
 
@@ -106,16 +108,31 @@ def test_a_fold_out_of_range_gets_the_plain_page(signed_in: Client, query: str) 
 
 
 def test_token_text_is_escaped(signed_in: Client) -> None:
-    evil = Tokenized([1, 2, 3], ["<script>alert(1)</script>", "\"><img src=x onerror=alert(2)>", "Ġok"],
-                     "server vllm-0 /tokenize", "tiny", None)  # fmt: skip
-    benign = Tokenized([1, 9, 3], ["Ġa", "Ġb", "Ġc"], "server vllm-0 /tokenize", "tiny", None)
+    evil = Tokenized(
+        token_ids=[1, 2, 3],
+        token_strs=["<script>alert(1)</script>", '"><img src=x onerror=alert(2)>', "Ġok"],
+        tokenizer_used="server vllm-0 /tokenize",
+        tokenizer="tiny",
+        server=None,
+    )
+    benign = Tokenized(
+        token_ids=[1, 9, 3],
+        token_strs=["Ġa", "Ġb", "Ġc"],
+        tokenizer_used="server vllm-0 /tokenize",
+        tokenizer="tiny",
+        server=None,
+    )
     comparison = Comparison.objects.create(slug="evil1234", block_size=16, created_at=timezone.now())
     for side, tokenized in (("a", benign), ("b", evil)):
         ComparisonSide.objects.create(
-            comparison=comparison, side=side, source="text", token_ids=tokenized.token_ids,
-            token_strs=tokenized.token_strs, tokenizer_used=tokenized.tokenizer_used,
+            comparison=comparison,
+            side=side,
+            source="text",
+            token_ids=tokenized.token_ids,
+            token_strs=tokenized.token_strs,
+            tokenizer_used=tokenized.tokenizer_used,
             compatibility={"model": "tiny"},
-        )  # fmt: skip
+        )
 
     html = signed_in.get(comparison.get_absolute_url()).content.decode()
 
@@ -197,10 +214,14 @@ def test_a_token_of_other_whitespace_keeps_a_visible_chip(signed_in: Client) -> 
     comparison = Comparison.objects.create(slug="nbsp2345", block_size=16, created_at=timezone.now())
     for side in ("a", "b"):
         ComparisonSide.objects.create(
-            comparison=comparison, side=side, source="text", token_ids=tokenized.token_ids,
-            token_strs=tokenized.token_strs, tokenizer_used=tokenized.tokenizer_used,
+            comparison=comparison,
+            side=side,
+            source="text",
+            token_ids=tokenized.token_ids,
+            token_strs=tokenized.token_strs,
+            tokenizer_used=tokenized.tokenizer_used,
             compatibility={"model": "tiny"},
-        )  # fmt: skip
+        )
 
     html = signed_in.get(comparison.get_absolute_url()).content.decode()
 

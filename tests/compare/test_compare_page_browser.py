@@ -17,7 +17,7 @@ from app.compare.tokenization import Prompt
 from app.fleet.models import Server
 from tests.compare.conftest import Record, capture, prompt_ids, prompt_reader
 from tests.core.test_pages_browser import SCREENSHOTS
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -106,9 +106,11 @@ def test_n_scrolls_to_an_edit_far_down_and_a_fold_opens_in_place(
     for position in range(7000, 0, -500):  # 14 one-token edits, far apart
         b[position] = 50_000
     compared = create_comparison(
-        a=SideInput(prompt=Prompt(token_ids=tuple(a))), b=SideInput(prompt=Prompt(token_ids=tuple(b))),
-        block_size=32, now=timezone.now(),
-    )  # fmt: skip
+        a=SideInput(prompt=Prompt(token_ids=tuple(a))),
+        b=SideInput(prompt=Prompt(token_ids=tuple(b))),
+        block_size=32,
+        now=timezone.now(),
+    )
     page = _signed_in_page(browser, live_server.url)
     page.goto(f"{live_server.url}{compared.comparison.get_absolute_url()}")
 

@@ -12,7 +12,7 @@ from app.compare.services import ComparisonError, SideInput, create_comparison
 from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from tests.compare.conftest import Record, capture, prompt_reader
-from tests.fixtures import CAPTURED_PAIRS
+from tests.support.captures import CAPTURED_PAIRS
 
 pytestmark = pytest.mark.django_db
 

@@ -24,8 +24,8 @@ from app.compare.tokenization import (
 from app.domain import gpt2
 from app.fleet.models import Server
 from tests.compare.conftest import capture
-from tests.fixtures import load_json
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import load_json
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db
 

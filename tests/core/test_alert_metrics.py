@@ -13,13 +13,14 @@ from app.prompts.models import Template, TemplateRepository
 from app.regressions.models import Regression
 from app.traffic.models import KVGap, LossHour
 from tests.core.test_own_metrics import samples
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
 
 def test_kv_gap_counters_start_at_zero_for_every_server_with_a_kv_stream(client: Client) -> None:
-    streamed = Server.objects.create(name="s-0", base_url="http://a:8000", kv_events_endpoint="tcp://a:5557")
-    Server.objects.create(name="s-1", base_url="http://b:8000")  # no KV events: no stream to gap
+    streamed = a_server(name="s-0", kv_events_endpoint="tcp://a:5557")
+    a_server(name="s-1")  # no KV events: no stream to gap
     before = samples(client)
     for family in ("gaps", "batches_replayed", "batches_lost"):
         assert before[(f"prefixscope_kv_event_{family}_total", (("server", "s-0"),))] == 0.0
@@ -38,7 +39,7 @@ def test_servers_say_their_owner_group_and_kv_blocks(client: Client) -> None:
     Server.objects.create(
         name="s-0", base_url="http://a:8000", model="tiny", group="gpu-east", num_gpu_blocks=256
     )
-    Server.objects.create(name="s-1", base_url="http://b:8000", model="tiny")
+    a_server(name="s-1")
     values = samples(client)
     info = "prefixscope_server_owner_info"
     assert values[
@@ -54,10 +55,19 @@ def test_servers_say_their_owner_group_and_kv_blocks(client: Client) -> None:
 def _regression(kind: str, scope: str, **where: Any) -> Regression:
     now = timezone.now()
     return Regression.objects.create(
-        scope=scope, kind=kind, changed_at=now, detected_at=now, updated_at=now,
-        rate_before=0.9, rate_after=0.1, rate_now=0.1, requests_before=100, requests_after=100,
-        confidence=0.999, **where,
-    )  # fmt: skip
+        scope=scope,
+        kind=kind,
+        changed_at=now,
+        detected_at=now,
+        updated_at=now,
+        rate_before=0.9,
+        rate_after=0.1,
+        rate_now=0.1,
+        requests_before=100,
+        requests_after=100,
+        confidence=0.999,
+        **where,
+    )
 
 
 def test_a_regression_is_owned_by_whoever_can_fix_its_cause(client: Client) -> None:
@@ -66,7 +76,7 @@ def test_a_regression_is_owned_by_whoever_can_fix_its_cause(client: Client) -> N
     )
     support = Template.objects.create(name="support", repository=repository)
     loose = Template.objects.create(name="loose")
-    server = Server.objects.create(name="s-3", base_url="http://a:8000", group="gpu-east")
+    server = a_server(name="s-3", group="gpu-east")
     _regression("template_commit", scope="template", template=support)
     _regression("unknown", scope="template", template=loose)
     _regression("capacity", scope="template_server", template=support, server=server)
@@ -86,15 +96,22 @@ def test_a_regression_is_owned_by_whoever_can_fix_its_cause(client: Client) -> N
 
 
 def test_baselines_come_from_the_hour_rollups_before_the_last_half_hour(client: Client) -> None:
-    server = Server.objects.create(name="s-0", base_url="http://a:8000", model="tiny")
+    server = a_server(name="s-0")
     support = Template.objects.create(name="support")
     recent = (timezone.now() - timedelta(minutes=30)).replace(minute=0, second=0, microsecond=0)
 
     def hour(at: datetime, reused: int, prompt: int = 1000) -> None:
         LossHour.objects.create(
-            server=server, template=support, tenant="acme", hour=at, requests=10, diagnosed=10,
-            prompt_tokens=prompt, diagnosed_prompt_tokens=prompt, reused_tokens=reused,
-        )  # fmt: skip
+            server=server,
+            template=support,
+            tenant="acme",
+            hour=at,
+            requests=10,
+            diagnosed=10,
+            prompt_tokens=prompt,
+            diagnosed_prompt_tokens=prompt,
+            reused_tokens=reused,
+        )
 
     hour(recent, reused=0)  # the hour of the last half hour's start: not in the baseline
     hour(recent - timedelta(hours=1), reused=900)
@@ -107,11 +124,18 @@ def test_baselines_come_from_the_hour_rollups_before_the_last_half_hour(client: 
 
 
 def test_no_history_gives_no_baseline(client: Client) -> None:
-    server = Server.objects.create(name="s-0", base_url="http://a:8000", model="tiny")
+    server = a_server(name="s-0")
     support = Template.objects.create(name="support")
     LossHour.objects.create(
-        server=server, template=support, tenant="acme", hour=timezone.now(), requests=1, diagnosed=1,
-        prompt_tokens=100, diagnosed_prompt_tokens=100, reused_tokens=90,
-    )  # fmt: skip
+        server=server,
+        template=support,
+        tenant="acme",
+        hour=timezone.now(),
+        requests=1,
+        diagnosed=1,
+        prompt_tokens=100,
+        diagnosed_prompt_tokens=100,
+        reused_tokens=90,
+    )
     values = samples(client)
     assert not any(name.endswith("_baseline_hit_ratio") for name, _ in values)

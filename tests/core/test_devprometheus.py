@@ -18,8 +18,8 @@ import yaml
 
 from app import devprometheus
 from app.devprometheus import Alert, AlertWatcher, alert_line, firing_alerts, prometheus_config, transitions
-from tests.deploy import prometheus_server as prom
-from tests.ports import unused_port
+from tests.support import prometheus_server as prom
+from tests.support.ports import unused_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

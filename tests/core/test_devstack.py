@@ -28,9 +28,9 @@ from app.domain.kvmemory import kv_bytes_per_token, parse_kv_shapes
 from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
 from simulator.scenario import load_scenario, resolve_scenario
-from tests.deploy import prometheus_server as prom
-from tests.ports import FIRST_EPHEMERAL, LOWEST, bindable, unused_port, unused_ports
-from tests.simulator.running import running_fleet
+from tests.support import prometheus_server as prom
+from tests.support.ports import FIRST_EPHEMERAL, LOWEST, bindable, unused_port, unused_ports
+from tests.support.simulated_fleet import running_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,8 +117,11 @@ def assert_demo_templates_are_live_ones_imported_by_webhook(data_dir: Path, time
     head = repo / ".git" / "refs" / "heads" / "main"
     everything = subprocess.run(
         ["git", "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)"],
-        cwd=repo, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert everything.count("commit") == len(scenario.templates), everything
     deadline = time.monotonic() + timeout
     imported = None
@@ -332,7 +335,7 @@ def test_the_demo_models_kv_shape_is_the_tiny_model_the_simulator_stands_for() -
     prefix holds rather than asking for PREFIXSCOPE_MODEL_KV_SHAPES."""
     scenario = load_scenario(resolve_scenario("demo"))
     shape = parse_kv_shapes(devstack.DEMO_KV_SHAPES)[scenario.model]
-    assert (shape.layers, shape.kv_heads, shape.head_dim) == (2, 2, 64)  # tests/e2e/build_tiny_model.py
+    assert (shape.layers, shape.kv_heads, shape.head_dim) == (2, 2, 64)  # tests/support/build_tiny_model.py
     assert kv_bytes_per_token(shape) == 2 * 2 * 2 * 64 * 2  # keys and values, bf16
 
 

@@ -2,7 +2,7 @@ import pytest
 from django.test import Client
 
 from app.celery import celery_app
-from tests.ports import unused_port
+from tests.support.ports import unused_port
 
 
 def closed_port() -> int:

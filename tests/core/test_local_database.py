@@ -35,9 +35,14 @@ def manage(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     environment["PREFIXSCOPE_DATA_DIR"] = str(data_dir)
     return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=environment,
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_running_embedded_server_is_found_by_its_postmaster_file(data_dir: Path) -> None:

@@ -26,6 +26,7 @@ from app.traffic.models import (
     MinuteRollup,
     RejectedInput,
 )
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -41,7 +42,7 @@ def samples(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 
 def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -> None:
     now = timezone.now()
-    up = Server.objects.create(name="vllm-up", base_url="http://a:8000", model="tiny")
+    up = a_server(name="vllm-up")
     down = Server.objects.create(
         name="vllm-down", base_url="http://b:8000", model="tiny", state=Server.State.DOWN
     )
@@ -69,16 +70,23 @@ TODAY = NOW.replace(minute=0, second=0, microsecond=0)
 def loss_hour(server: Server, template: Template | None, tenant: str, **tokens: int) -> LossHour:
     prompt = tokens.pop("prompt", 1000)
     return LossHour.objects.create(
-        server=server, template=template, tenant=tenant, hour=TODAY, requests=10, diagnosed=10,
-        prompt_tokens=prompt, diagnosed_prompt_tokens=prompt, **tokens,
-    )  # fmt: skip
+        server=server,
+        template=template,
+        tenant=tenant,
+        hour=TODAY,
+        requests=10,
+        diagnosed=10,
+        prompt_tokens=prompt,
+        diagnosed_prompt_tokens=prompt,
+        **tokens,
+    )
 
 
 @pytest.fixture
 def fleet() -> tuple[Server, Server]:
     return (
-        Server.objects.create(name="vllm-0", base_url="http://a:8000", model="llama"),
-        Server.objects.create(name="vllm-1", base_url="http://b:8000", model="llama"),
+        a_server(name="vllm-0", model="llama"),
+        a_server(name="vllm-1", model="llama"),
     )
 
 
@@ -92,9 +100,15 @@ def test_reused_and_lost_tokens_are_summed_per_template_server_and_tenant(
     loss_hour(b, None, "", prompt=50, cold_tokens=50)
     # Yesterday's hours are not in today's counters.
     LossHour.objects.create(
-        server=a, template=support, tenant="acme", hour=TODAY - timedelta(days=1), requests=5, diagnosed=5,
-        diagnosed_prompt_tokens=10_000, reused_tokens=10_000,
-    )  # fmt: skip
+        server=a,
+        template=support,
+        tenant="acme",
+        hour=TODAY - timedelta(days=1),
+        requests=5,
+        diagnosed=5,
+        diagnosed_prompt_tokens=10_000,
+        reused_tokens=10_000,
+    )
 
     values = samples(client)
 
@@ -138,10 +152,19 @@ def test_ttft_histograms_per_template_come_from_the_hour_rollups(
     buckets = [0] * 7 + [2, 2, 3] + [3] * 12 + [4]
     for server in fleet:
         HourRollup.objects.create(
-            server=server, template=support, hour=TODAY, requests=4, prompt_tokens=400, cached_tokens=0,
-            client_ttft_count=4, client_ttft_sum_seconds=3.0, client_ttft_buckets=buckets,
-            server_ttft_count=4, server_ttft_sum_seconds=1.0, server_ttft_buckets=buckets,
-        )  # fmt: skip
+            server=server,
+            template=support,
+            hour=TODAY,
+            requests=4,
+            prompt_tokens=400,
+            cached_tokens=0,
+            client_ttft_count=4,
+            client_ttft_sum_seconds=3.0,
+            client_ttft_buckets=buckets,
+            server_ttft_count=4,
+            server_ttft_sum_seconds=1.0,
+            server_ttft_buckets=buckets,
+        )
 
     values = samples(client)
 
@@ -160,10 +183,20 @@ def test_cache_killers_are_exported_per_template_kind_and_block(
     support = Template.objects.create(name="support")
     for block, kind, lost in [(3, "timestamp", 9000), (7, "id", 400)]:
         CacheKiller.objects.create(
-            template=support, block_size=16, computed_at=NOW, window_start=NOW - timedelta(hours=1),
-            window_end=NOW, mode="tokens", position_token=block * 16, block_index=block, kind=kind,
-            requests=100, requests_affected=90, continuations=100, tokens_lost=lost,
-        )  # fmt: skip
+            template=support,
+            block_size=16,
+            computed_at=NOW,
+            window_start=NOW - timedelta(hours=1),
+            window_end=NOW,
+            mode="tokens",
+            position_token=block * 16,
+            block_index=block,
+            kind=kind,
+            requests=100,
+            requests_affected=90,
+            continuations=100,
+            tokens_lost=lost,
+        )
 
     values = samples(client)
 
@@ -178,9 +211,15 @@ def test_collector_health_reports_scrapes_streams_rollups_and_processes(
     a, _ = fleet
     Server.objects.filter(pk=a.pk).update(last_scraped_at=NOW, scrape_interval_seconds=30)
     KVStream.objects.create(
-        server=a, dp_rank=0, epoch=2, last_seq=40, last_event_at=NOW,
-        blocks_stored=500, blocks_removed=200, blocks_thrashed=30,
-    )  # fmt: skip
+        server=a,
+        dp_rank=0,
+        epoch=2,
+        last_seq=40,
+        last_event_at=NOW,
+        blocks_stored=500,
+        blocks_removed=200,
+        blocks_thrashed=30,
+    )
     KVGap.objects.create(server=a, epoch=2, first_seq=5, last_seq=9, recovered=5, lost=0, detected_at=NOW)
     MinuteRollup.objects.create(server=a, minute=TODAY, requests=1, prompt_tokens=1, cached_tokens=0)
     now = timezone.now()
@@ -227,9 +266,13 @@ def test_processes_on_one_host_are_reported_apart_with_their_leases(client: Clie
     now = timezone.now()
     for pid, held, taken, lost, released in ((101, 3, 5, 1, 2), (102, 4, 4, 0, 0)):
         report_collector_process(
-            kind="kv_subscriber", name="host-a", process=f"host-a:{pid}", queue_depth=pid, now=now,
+            kind="kv_subscriber",
+            name="host-a",
+            process=f"host-a:{pid}",
+            queue_depth=pid,
+            now=now,
             leases=LeaseCounts(held=held, taken=taken, lost=lost, released=released),
-        )  # fmt: skip
+        )
 
     values = samples(client)
 
@@ -245,9 +288,13 @@ def test_a_silent_process_shows_as_silent_until_a_successor_starts(client: Clien
     now = timezone.now()
     killed = (("kind", "gateway"), ("name", "vllm-0"), ("process", "h:1"))
     report_collector_process(
-        kind="gateway", name="vllm-0", process="h:1", queue_depth=8000, now=now - timedelta(minutes=10),
+        kind="gateway",
+        name="vllm-0",
+        process="h:1",
+        queue_depth=8000,
+        now=now - timedelta(minutes=10),
         started_at=now - timedelta(hours=1),
-    )  # fmt: skip
+    )
     report_collector_process(  # another gateway of the same server, running since before the kill
         kind="gateway",
         name="vllm-0",
@@ -293,13 +340,17 @@ def test_each_kv_stream_says_whether_a_subscriber_leases_it_and_each_server_its_
     client: Client,
 ) -> None:
     leased = Server.objects.create(
-        name="vllm-0", base_url="http://a:8000", model="llama", block_size=16, hash_algo="sha256_cbor",
+        name="vllm-0",
+        base_url="http://a:8000",
+        model="llama",
+        block_size=16,
+        hash_algo="sha256_cbor",
         kv_events_endpoint="tcp://a:5557",
-    )  # fmt: skip
+    )
     Server.objects.create(
         name="vllm-1", base_url="http://b:8000", model="llama", kv_events_endpoint="tcp://b:5557"
     )
-    Server.objects.create(name="vllm-2", base_url="http://c:8000", model="llama")  # no KV events
+    a_server(name="vllm-2", model="llama")  # no KV events
     leases = Leases(lease_seconds=10, name="prefixscope-kv-subscriber:test:1")
     leases.connect()
     try:

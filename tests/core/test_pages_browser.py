@@ -15,7 +15,8 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from pytest_django.live_server_helper import LiveServer
 
 from app.fleet.models import Server
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -106,7 +107,7 @@ def test_form_controls_take_the_sites_colours_in_light_and_dark(
     browser: Browser, live_server: LiveServer, scheme: Scheme
 ) -> None:
     SCREENSHOTS.mkdir(exist_ok=True)
-    Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=32)
+    a_server(name="vllm-0", block_size=32)
     Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)  # a form to decide
     anonymous, blocked = offline_page(browser, live_server, scheme=scheme)
     staff, blocked_too = offline_page(browser, live_server, scheme=scheme, user="operator")

@@ -32,9 +32,8 @@ from app.prompts.services import register_repository
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.models import MinuteRollup
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.factories import facts, ingested
 
 pytestmark = pytest.mark.django_db
 
@@ -77,13 +76,13 @@ def _server(name: str, tenant: str) -> Server:
 
 
 def _ingest(server: Server, tenant: str, template: str, names: list[str], *, at: datetime) -> list[RecordKey]:
-    facts = []
+    sent = []
     for i, capture in enumerate(names):
         model, token_ids, captured = _prompt(capture)
         usage = captured["response"]["usage"]
         request_id = f"{server.name}-{tenant or 'none'}-{capture}"
-        facts.append(
-            RequestFacts(
+        sent.append(
+            facts(
                 server=server.name,
                 request_id=request_id,
                 arrived_at=at + timedelta(seconds=i),
@@ -97,17 +96,25 @@ def _ingest(server: Server, tenant: str, template: str, names: list[str], *, at:
                 prompt_token_ids=token_ids,
             )
         )
-    outcome = ingest_request_records(facts, source="rest", now=timezone.now())
-    assert outcome.rejected == []
-    return [RecordKey(server.pk, f.request_id, f.arrived_at) for f in facts]
+    ingested(*sent)
+    return [RecordKey(server.pk, f.request_id, f.arrived_at) for f in sent]
 
 
 def _regression(template: Template, tenant: str, now: datetime) -> Regression:
     return Regression.objects.create(
-        scope=Regression.Scope.TEMPLATE_TENANT, template=template, tenant=tenant, changed_at=now,
-        detected_at=now, updated_at=now, rate_before=0.9, rate_after=0.2, rate_now=0.2,
-        requests_before=40, requests_after=40, confidence=0.99,
-    )  # fmt: skip
+        scope=Regression.Scope.TEMPLATE_TENANT,
+        template=template,
+        tenant=tenant,
+        changed_at=now,
+        detected_at=now,
+        updated_at=now,
+        rate_before=0.9,
+        rate_after=0.2,
+        rate_now=0.2,
+        requests_before=40,
+        requests_after=40,
+        confidence=0.99,
+    )
 
 
 @pytest.fixture
@@ -136,20 +143,33 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
     repositories = {}
     for tenant, template in (("alpha", alpha_template), ("bravo", bravo_template)):
         repositories[tenant] = register_repository(
-            location=f"https://git.example.invalid/{tenant}-prompts.git", globs=["*.j2"], branch="main",
-            secret="", name=f"{tenant}-prompts",
-        )  # fmt: skip
+            location=f"https://git.example.invalid/{tenant}-prompts.git",
+            globs=["*.j2"],
+            branch="main",
+            secret="",
+            name=f"{tenant}-prompts",
+        )
         Template.objects.filter(pk=template.pk).update(repository=repositories[tenant])
     families = {f.sample_server_id: f for f in PrefixFamily.objects.all()}
     assert set(families) == {alpha_server.pk, bravo_server.pk, shared.pk}
     alpha_user, bravo_user = _member("alpha-engineer", "alpha"), _member("bravo-engineer", "bravo")
     return Fleet(
-        alpha_server, bravo_server, shared, alpha_keys, bravo_keys, alpha_template, bravo_template,
-        _regression(alpha_template, "alpha", now), _regression(bravo_template, "bravo", now),
-        _compared(alpha_keys[:2], alpha_user, now), _compared(bravo_keys[:2], bravo_user, now),
-        repositories["alpha"], repositories["bravo"],
-        families[alpha_server.pk], families[bravo_server.pk],
-    )  # fmt: skip
+        alpha_server=alpha_server,
+        bravo_server=bravo_server,
+        shared=shared,
+        alpha_keys=alpha_keys,
+        bravo_keys=bravo_keys,
+        alpha_template=alpha_template,
+        bravo_template=bravo_template,
+        alpha_regression=_regression(alpha_template, "alpha", now),
+        bravo_regression=_regression(bravo_template, "bravo", now),
+        alpha_comparison=_compared(alpha_keys[:2], alpha_user, now),
+        bravo_comparison=_compared(bravo_keys[:2], bravo_user, now),
+        alpha_repository=repositories["alpha"],
+        bravo_repository=repositories["bravo"],
+        alpha_family=families[alpha_server.pk],
+        bravo_family=families[bravo_server.pk],
+    )
 
 
 def _compared(keys: list[RecordKey], user: User, now: datetime) -> Comparison:
@@ -448,9 +468,10 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     User.objects.filter(pk=staff.pk).update(is_staff=True)
     alpha = _client(User.objects.get(pk=staff.pk))
     note = alpha.post(
-        f"/api/v1/regressions/{fleet.bravo_regression.pk}/note", {"state": "muted", "note": "x"},
+        f"/api/v1/regressions/{fleet.bravo_regression.pk}/note",
+        {"state": "muted", "note": "x"},
         content_type="application/json",
-    )  # fmt: skip
+    )
     assert note.status_code == 404
     assert alpha.post(f"/api/v1/templates/repositories/{fleet.bravo_repository.pk}/import").status_code == 404
     assert alpha.post(reverse("prompts:import-now", args=[fleet.bravo_repository.pk])).status_code == 404

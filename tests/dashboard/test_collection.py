@@ -6,7 +6,8 @@ from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.models import KVGap, KVStream, RejectedInput
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -14,14 +15,18 @@ pytestmark = pytest.mark.django_db
 def test_the_collection_page_shows_lost_batches_and_refused_input_per_server(client: Client) -> None:
     client.force_login(fleet_viewer("engineer"))
     now = timezone.now()
-    heard = Server.objects.create(name="vllm-heard", base_url="http://a:8000", last_scraped_at=now)
-    lossy = Server.objects.create(name="vllm-lossy", base_url="http://b:8000", state=Server.State.DOWN)
+    heard = a_server(name="vllm-heard", last_scraped_at=now)
+    lossy = a_server(name="vllm-lossy", state=Server.State.DOWN)
     KVStream.objects.create(server=heard, last_seq=41, last_event_at=now - timedelta(seconds=5))
     KVGap.objects.create(server=lossy, epoch=1, first_seq=7, last_seq=9, recovered=1, lost=2, detected_at=now)
     RejectedInput.objects.create(
-        server=lossy, source="kv_events", reason="BlockStored.block_hashes: expected a list of uint64",
-        count=4, first_seen_at=now, last_seen_at=now,
-    )  # fmt: skip
+        server=lossy,
+        source="kv_events",
+        reason="BlockStored.block_hashes: expected a list of uint64",
+        count=4,
+        first_seen_at=now,
+        last_seen_at=now,
+    )
 
     html = client.get("/collection/").content.decode()
 

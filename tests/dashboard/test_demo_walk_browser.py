@@ -2,7 +2,7 @@
 as an admin, light and dark (screenshots in SCREENSHOTS, to look at).
 
 The data is the `demo` scenario's, made the way `make run` makes it but in virtual time
-(tests/regressions/virtual_fleet.py): its requests through the simulator's caches, records ingested,
+(tests/support/virtual_fleet.py): its requests through the simulator's caches, records ingested,
 KV events stored, each server's /metrics pulled every 30 s, and what beat runs each minute (rollups,
 diagnosis, regression detection; the cache-killer search every five minutes). So the demo's
 `volatile_top` regression on `support`, with its suspect commit, is on the Fleet, template and
@@ -31,7 +31,7 @@ from app.rollups.tasks import ROLLUP_LOOKBACK
 from app.traffic.models import RequestRecord
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
 from tests.regressions.test_detection import demo, fault_commit
-from tests.regressions.virtual_fleet import VirtualRun, record_scrapes, run_virtually
+from tests.support.virtual_fleet import VirtualRun, record_scrapes, run_virtually
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -22,8 +22,9 @@ from app.traffic.models import (
     ServerHour,
     ServerMinute,
 )
-from tests.dashboard.server_traffic import a_served_server
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.server_traffic import a_served_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -44,17 +45,25 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
     busy = Server.objects.create(
         name="vllm-busy", base_url="http://a:8000", block_size=32, hash_algo="sha256_cbor"
     )
-    Server.objects.create(name="vllm-idle", base_url="http://b:8000")
+    a_server(name="vllm-idle")
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=3)
     for offset, (prompt, cached) in enumerate([(400, 320), (600, 0)]):
         MinuteRollup.objects.create(
-            server=busy, minute=minute - timedelta(minutes=offset), requests=2, prompt_tokens=prompt + 500,
-            cache_known_prompt_tokens=prompt, cached_tokens=cached,
-        )  # fmt: skip
+            server=busy,
+            minute=minute - timedelta(minutes=offset),
+            requests=2,
+            prompt_tokens=prompt + 500,
+            cache_known_prompt_tokens=prompt,
+            cached_tokens=cached,
+        )
     MinuteRollup.objects.create(  # older than the window: not counted
-        server=busy, minute=minute - timedelta(hours=2), requests=50, prompt_tokens=1000,
-        cache_known_prompt_tokens=1000, cached_tokens=1000,
-    )  # fmt: skip
+        server=busy,
+        minute=minute - timedelta(hours=2),
+        requests=50,
+        prompt_tokens=1000,
+        cache_known_prompt_tokens=1000,
+        cached_tokens=1000,
+    )
     # Their sums per server, as the service that writes minutes keeps them (no records: minutes unchanged).
     refresh_minute_rollups(since=minute - timedelta(hours=3), until=timezone.now())
 
@@ -68,7 +77,7 @@ def test_the_fleet_page_shows_each_servers_hit_rate_over_the_last_hour(signed_in
 
 
 def test_an_htmx_poll_gets_only_the_table(signed_in: Client) -> None:
-    Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    a_server(name="vllm-0")
     response = signed_in.get("/", headers={"HX-Request": "true"})
     html = response.content.decode()
     assert html.lstrip().startswith('<section id="fleet-table"')
@@ -76,7 +85,7 @@ def test_an_htmx_poll_gets_only_the_table(signed_in: Client) -> None:
 
 
 def test_the_counter_hit_rate_comes_from_scraped_counters_across_a_restart(signed_in: Client) -> None:
-    server = Server.objects.create(name="vllm-counted", base_url="http://c:8000")
+    server = a_server(name="vllm-counted")
     hits = MetricSeries.objects.create(
         server=server, name="vllm:prefix_cache_hits_total", labels={}, kind="counter"
     )
@@ -115,7 +124,7 @@ def row_of(html: str, name: str) -> str:
 
 
 def test_proposed_servers_are_listed_last_and_decided_apart(signed_in: Client) -> None:
-    Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    a_server(name="vllm-0")
     Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
 
     html = signed_in.get("/").content.decode()
@@ -144,7 +153,7 @@ def test_staff_accept_a_proposed_server_and_it_joins_the_fleet(staff: Client) ->
 
 
 def test_an_htmx_merge_answers_with_the_proposed_list_and_refreshes_the_fleet_table(staff: Client) -> None:
-    real = Server.objects.create(name="vllm-0", base_url="http://a:8000")
+    real = a_server(name="vllm-0")
     typo = Server.objects.create(name="vllm-0-typo", base_url="", state=Server.State.PROPOSED)
     RequestRecord.objects.create(server=typo, request_id="r1", arrived_at=timezone.now(), source="otlp")
 
@@ -200,7 +209,7 @@ def _rate(numerator: float, denominator: float) -> float | None:
 def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a_day() -> None:
     """Minute rows over a day (so the day is read from hours, and minutes at its edges): each
     period's figures equal those rows summed here, in Python."""
-    servers = [Server.objects.create(name=f"vllm-{i}", base_url=f"http://v{i}:8000") for i in range(2)]
+    servers = [a_server(name=f"vllm-{i}") for i in range(2)]
     now = timezone.now()
     minute = now.replace(second=0, microsecond=0)
     for i, server in enumerate(servers):
@@ -214,8 +223,13 @@ def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a
                 cache_known_prompt_tokens=800 + ago % 7,
                 cached_tokens=100 * i + ago % 500,
             )
-            ServerMinute.objects.create(server=server, minute=at, scrapes=4, prefix_queries=900 + ago,
-                                        prefix_hits=(300 + 7 * ago) % 900)  # fmt: skip
+            ServerMinute.objects.create(
+                server=server,
+                minute=at,
+                scrapes=4,
+                prefix_queries=900 + ago,
+                prefix_hits=(300 + 7 * ago) % 900,
+            )
     oldest = minute - timedelta(days=2)
     refresh_minute_rollups(since=oldest, until=now)  # the hours, from these minutes
     refresh_server_minutes(since=oldest, until=now)
@@ -240,20 +254,35 @@ def test_the_headline_equals_the_stored_rows_summed_apart_over_now_an_hour_and_a
 def test_lost_tokens_by_cause_are_the_diagnoses_summed_and_open_regressions_are_counted(
     signed_in: Client,
 ) -> None:
-    server = Server.objects.create(name="vllm-lossy", base_url="http://l:8000")
+    server = a_server(name="vllm-lossy")
     now = timezone.now()
     lost = [("evicted_tokens", 320), ("routed_elsewhere_tokens", 64), ("evicted_tokens", 96)]
     for i, (column, tokens) in enumerate(lost):
         arrived_at = now - timedelta(minutes=10 + i)
-        RequestDiagnosis.objects.create(server=server, request_id=f"r{i}", arrived_at=arrived_at,
-                                        diagnosed_at=now, prompt_tokens=1000, **{column: tokens})  # fmt: skip
+        RequestDiagnosis.objects.create(
+            server=server,
+            request_id=f"r{i}",
+            arrived_at=arrived_at,
+            diagnosed_at=now,
+            prompt_tokens=1000,
+            **{column: tokens},
+        )
     refresh_loss_minutes(since=now - timedelta(minutes=20), until=now)
     for i, state in enumerate(("open", "open", "acknowledged", "resolved")):
         Regression.objects.create(
-            scope="server", server=server, changed_at=now - timedelta(minutes=i), detected_at=now,
-            updated_at=now, rate_before=0.8, rate_after=0.3, rate_now=0.3, requests_before=100,
-            requests_after=50, confidence=0.99, state=state,
-        )  # fmt: skip
+            scope="server",
+            server=server,
+            changed_at=now - timedelta(minutes=i),
+            detected_at=now,
+            updated_at=now,
+            rate_before=0.8,
+            rate_after=0.3,
+            rate_now=0.3,
+            requests_before=100,
+            requests_after=50,
+            confidence=0.99,
+            state=state,
+        )
 
     head = fleet_headline(servers=Server.objects.all(), now=now, since=now - timedelta(hours=1), until=now)
     html = signed_in.get("/").content.decode()
@@ -278,7 +307,7 @@ def test_a_servers_state_says_whether_its_pulls_are_recent_and_answered(
     signed_in: Client, state: str, pulled_ago: timedelta | None, shown: str
 ) -> None:
     last = None if pulled_ago is None else timezone.now() - pulled_ago
-    Server.objects.create(name="vllm-s", base_url="http://s:8000", state=state, last_scraped_at=last)
+    a_server(name="vllm-s", state=state, last_scraped_at=last)
 
     row = row_of(section(signed_in.get("/").content.decode(), "fleet-table"), "vllm-s")
 
@@ -289,14 +318,28 @@ def test_the_kv_event_stream_shows_its_last_event_and_the_batches_its_gaps_lost(
     server = Server.objects.create(
         name="vllm-kv", base_url="http://k:8000", kv_events_endpoint="tcp://k:5557"
     )
-    Server.objects.create(name="vllm-quiet", base_url="http://q:8000")
+    a_server(name="vllm-quiet")
     now = timezone.now()
     KVStream.objects.create(server=server, dp_rank=0, last_seq=90, last_event_at=now - timedelta(seconds=42))
     for first, lost in [(10, 3), (50, 0)]:
-        KVGap.objects.create(server=server, epoch=0, first_seq=first, last_seq=first + 4, recovered=5 - lost,
-                             lost=lost, detected_at=now - timedelta(minutes=5))  # fmt: skip
-    KVGap.objects.create(server=server, epoch=0, first_seq=1, last_seq=2, recovered=0, lost=2,
-                         detected_at=now - timedelta(hours=3))  # before the window: not counted  # fmt: skip
+        KVGap.objects.create(
+            server=server,
+            epoch=0,
+            first_seq=first,
+            last_seq=first + 4,
+            recovered=5 - lost,
+            lost=lost,
+            detected_at=now - timedelta(minutes=5),
+        )
+    KVGap.objects.create(
+        server=server,
+        epoch=0,
+        first_seq=1,
+        last_seq=2,
+        recovered=0,
+        lost=2,
+        detected_at=now - timedelta(hours=3),
+    )  # before the window: not counted
 
     table = section(signed_in.get("/").content.decode(), "fleet-table")
 

@@ -12,8 +12,8 @@ from pytest_django.live_server_helper import LiveServer
 from app.fleet.models import Server
 from app.rollups.servers import refresh_server_minutes
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
-from tests.dashboard.server_traffic import a_served_server
 from tests.dashboard.test_server_page_browser import INKED
+from tests.support.server_traffic import a_served_server
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -9,7 +9,7 @@ from pytest_django.live_server_helper import LiveServer
 
 from app.traffic.explorer import PAGE_SIZE
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, offline_page
-from tests.dashboard.explorer_traffic import record_traffic
+from tests.support.explorer_traffic import record_traffic
 
 __all__ = ["browser"]  # the fixture, imported for pytest
 

@@ -13,8 +13,8 @@ from django.test import Client
 
 from app.traffic.explorer import PAGE_SIZE
 from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
-from tests.dashboard.explorer_traffic import BLOCK, OLD, Sent, newest_first, record_traffic
-from tests.users import fleet_viewer
+from tests.support.explorer_traffic import BLOCK, OLD, Sent, newest_first, record_traffic
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 

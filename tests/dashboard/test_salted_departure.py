@@ -12,11 +12,9 @@ from django.test import Client
 from django.utils import timezone
 
 from app.diagnosis.run import diagnose_requests
-from app.fleet.models import Server
 from app.traffic.models import RequestDiagnosis
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.factories import a_server, facts, ingested
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -38,20 +36,33 @@ def _prompts() -> tuple[list[int], list[int], list[int]]:
 def test_the_request_page_says_where_the_prompt_changed_loss_starts_after_a_block_lost_to_the_salt(
     client: Client,
 ) -> None:
-    Server.objects.create(name="vllm-a", base_url="http://127.0.0.1:9/a", block_size=BLOCK, model="m")
+    a_server(name="vllm-a", block_size=BLOCK, model="m")
     earlier, globex, later = _prompts()
     now = timezone.now()
-    sent = [("acme-1", "acme", "salt-acme", earlier), ("globex-1", "globex", "salt-globex", globex),
-            ("acme-2", "acme", "salt-acme", later)]  # fmt: skip
-    facts = [
-        RequestFacts(
-            request_id=request_id, arrived_at=now - timedelta(seconds=30 - 10 * n), server="vllm-a",
-            model="m", tenant=tenant, template="support", cache_salt=salt, prompt_tokens=len(tokens),
-            cached_tokens=0, prompt_token_ids=tokens,
-        )
-        for n, (request_id, tenant, salt, tokens) in enumerate(sent)
-    ]  # fmt: skip
-    assert ingest_request_records(facts, source="gateway", now=now).rejected == []
+    sent = [
+        ("acme-1", "acme", "salt-acme", earlier),
+        ("globex-1", "globex", "salt-globex", globex),
+        ("acme-2", "acme", "salt-acme", later),
+    ]
+    ingested(
+        *(
+            facts(
+                request_id=request_id,
+                arrived_at=now - timedelta(seconds=30 - 10 * n),
+                server="vllm-a",
+                model="m",
+                tenant=tenant,
+                template="support",
+                cache_salt=salt,
+                prompt_tokens=len(tokens),
+                cached_tokens=0,
+                prompt_token_ids=tokens,
+            )
+            for n, (request_id, tenant, salt, tokens) in enumerate(sent)
+        ),
+        source="gateway",
+        now=now,
+    )
     diagnose_requests(now=now + timedelta(minutes=2))
     found = RequestDiagnosis.objects.get(request_id="acme-2")
     client.force_login(fleet_viewer("engineer"))

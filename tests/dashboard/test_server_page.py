@@ -17,10 +17,10 @@ from app.traffic.models import ResidentBlock
 from app.traffic.services.kv_events import StreamPosition, store_kv_events
 from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.parse import parse_metrics
-from tests.dashboard.server_traffic import a_served_server
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.server_traffic import a_served_server
+from tests.support.users import fleet_viewer
 from tests.traffic.test_kv_storage import captured_rows
-from tests.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -148,8 +148,12 @@ def test_the_real_server_after_its_traffic_reads_0_usage_with_its_prefix_cache_f
     now = timezone.now()
     page = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_text(encoding="utf-8")
     for seconds in (120, 60):
-        record_scrape(server=server, scraped_at=now - timedelta(seconds=seconds), samples=parse_metrics(page),
-                      duration_seconds=0.01)  # fmt: skip
+        record_scrape(
+            server=server,
+            scraped_at=now - timedelta(seconds=seconds),
+            samples=parse_metrics(page),
+            duration_seconds=0.01,
+        )
     rows = captured_rows(server, emitted_at=now - timedelta(minutes=2))
     store_kv_events(rows=rows, positions=[StreamPosition(server.pk, 0, 0, 23, rows[-1].emitted_at)])
     refresh_server_minutes(since=now - timedelta(minutes=5), until=now)

@@ -8,7 +8,7 @@ from playwright.sync_api import Browser, Page, expect
 from pytest_django.live_server_helper import LiveServer
 
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
-from tests.dashboard.server_traffic import a_served_server
+from tests.support.server_traffic import a_served_server
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

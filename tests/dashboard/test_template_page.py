@@ -21,8 +21,8 @@ from app.prompts.models import Template
 from app.prompts.services import record_deploy
 from app.regressions.models import Regression
 from app.traffic.models import LOST_COLUMNS, HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
-from tests.dashboard.template_traffic import History, a_template_history
-from tests.users import fleet_viewer
+from tests.support.template_traffic import History, a_template_history
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -201,10 +201,20 @@ def test_its_unresolved_regressions_are_counted_and_every_one_listed(
     for i, state in enumerate(("open", "muted", "resolved")):
         at = history.start + timedelta(minutes=10 + i)  # one row per scope and change point
         Regression.objects.create(
-            scope="template", template=history.support, changed_at=at, detected_at=at, updated_at=at,
-            rate_before=0.8, rate_after=0.2, rate_now=0.2, requests_before=20, requests_after=20,
-            confidence=0.999, state=state, suspect_version=history.two,
-        )  # fmt: skip
+            scope="template",
+            template=history.support,
+            changed_at=at,
+            detected_at=at,
+            updated_at=at,
+            rate_before=0.8,
+            rate_after=0.2,
+            rate_now=0.2,
+            requests_before=20,
+            requests_after=20,
+            confidence=0.999,
+            state=state,
+            suspect_version=history.two,
+        )
     html = signed_in.get("/templates/").content.decode()
     assert row_of(html, f"template-{history.support.pk}")[6] == "1"  # neither muted nor resolved
     page = signed_in.get(f"/templates/{history.support.pk}/").content.decode()

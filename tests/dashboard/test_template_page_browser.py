@@ -9,8 +9,8 @@ from playwright.sync_api import Browser, expect
 from pytest_django.live_server_helper import LiveServer
 
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
-from tests.dashboard.template_traffic import a_template_history
 from tests.dashboard.test_server_page_browser import INKED
+from tests.support.template_traffic import a_template_history
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

@@ -19,7 +19,7 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -34,9 +34,17 @@ def facts(
 ) -> RequestFacts:
     tokens = start + [rng.randrange(1, 50_000) for _ in range(BLOCK + 5)]
     return RequestFacts(
-        request_id=request_id, arrived_at=at, server="vllm-a", model="m", tenant=tenant, template="support",
-        prompt_tokens=len(tokens), cached_tokens=2 * BLOCK, prompt_token_ids=tokens, cache_salt=salt,
-    )  # fmt: skip
+        request_id=request_id,
+        arrived_at=at,
+        server="vllm-a",
+        model="m",
+        tenant=tenant,
+        template="support",
+        prompt_tokens=len(tokens),
+        cached_tokens=2 * BLOCK,
+        prompt_token_ids=tokens,
+        cache_salt=salt,
+    )
 
 
 def record(now: datetime, settings: Any) -> None:

@@ -12,11 +12,11 @@ import yaml
 from django.test import Client
 from django.utils import timezone
 
-from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import LossHour
 from tests.deploy.test_prometheus_rules import RULE_FILES, load_yaml, run_promtool
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.factories import a_server
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -104,12 +104,17 @@ def test_every_query_parses(tmp_path: Path) -> None:
 @pytest.mark.django_db
 def test_every_series_a_query_names_is_exported(client: Client) -> None:
     # A real scrape of Prefixscope, with a server and a template's traffic in its rollups.
-    server = Server.objects.create(name="vllm-0", base_url="http://a:8000", model="llama")
+    server = a_server(name="vllm-0", model="llama")
     LossHour.objects.create(
-        server=server, template=Template.objects.create(name="support"), tenant="acme",
-        hour=timezone.now().replace(minute=0, second=0, microsecond=0), requests=1, diagnosed=1,
-        diagnosed_prompt_tokens=100, reused_tokens=50,
-    )  # fmt: skip
+        server=server,
+        template=Template.objects.create(name="support"),
+        tenant="acme",
+        hour=timezone.now().replace(minute=0, second=0, microsecond=0),
+        requests=1,
+        diagnosed=1,
+        diagnosed_prompt_tokens=100,
+        reused_tokens=50,
+    )
     known = exported_names(client.get("/metrics").content.decode())
     known |= exported_names(VLLM_CAPTURE.read_text()) | recorded_names()
 

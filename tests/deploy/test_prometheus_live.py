@@ -21,10 +21,10 @@ import yaml
 from django.utils import timezone
 from pytest_django.live_server_helper import LiveServer
 
-from tests.deploy import prometheus_server as prom
-from tests.deploy.live_stack import serve_captured_traffic, store_every_family
-from tests.deploy.promql_names import load_rules, scraped_selectors
-from tests.simulator.running import local_config, running_fleet
+from tests.support import prometheus_server as prom
+from tests.support.live_stack import serve_captured_traffic, store_every_family
+from tests.support.promql_names import load_rules, scraped_selectors
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tests.deploy.promql_names import Rule, Selector, metric_names, scraped_selectors, selectors
+from tests.support.promql_names import Rule, Selector, metric_names, scraped_selectors, selectors
 
 
 def test_aggregations_ranges_offsets_and_comparisons_name_only_their_metrics() -> None:

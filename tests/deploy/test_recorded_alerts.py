@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.recorded import STEP_SECONDS, Alert, Recording, Timeline, alert_timeline, load, without_job
 from tests.deploy.test_prometheus_rules import ROOT, RULE_FILES
+from tests.support.recorded_scrapes import (
+    STEP_SECONDS,
+    Alert,
+    Recording,
+    Timeline,
+    alert_timeline,
+    load,
+    without_job,
+)
 
 RECORDINGS = ROOT / "deploy" / "prometheus" / "recordings"
 RECORDING = RECORDINGS / "demo.jsonl.xz"

@@ -23,8 +23,8 @@ from app.domain.blockhash import (
     to_wire,
     wire_to_signed,
 )
-from tests.domain.hash_paths import HASH_PATHS, use_hash_path
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
+from tests.support.hash_paths import HASH_PATHS, use_hash_path
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 END_OF_REPLAY = "ff" * 8

@@ -27,7 +27,7 @@ from app.domain.blockhash import (
     wire_to_signed,
 )
 from app.domain.blockhash_cbor import encoded_blocks
-from tests.domain.hash_paths import HASH_PATHS, use_hash_path
+from tests.support.hash_paths import HASH_PATHS, use_hash_path
 
 # Where CBOR's encoding of an id grows (1, 2, 3 and 5 bytes), and the largest id numpy encodes.
 WIDTH_EDGES = [0, 1, 23, 24, 255, 256, 65_535, 65_536, 151_935, 2**31 - 1, 2**31, 2**32 - 1]

@@ -14,7 +14,7 @@ from app.domain.blocks import (
     full_blocks,
     reusable_tokens,
 )
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 

@@ -28,7 +28,7 @@ from app.domain.divergence import (
     side_blocks,
 )
 from app.domain.divergence_edits import edit_script
-from tests.fixtures import CAPTURED_PAIRS, load_json, stored_block_hashes
+from tests.support.captures import CAPTURED_PAIRS, load_json, stored_block_hashes
 
 BLOCK_SIZE = 32  # the captured server's --block-size
 NEWLINE = 198  # "\n" in the captured server's GPT-2 tokenizer
@@ -201,9 +201,14 @@ def test_block_hashes_alone_give_the_reuse_vllm_reported(
     reported = _capture(later)["response"]["usage"]["prompt_tokens_details"]["cached_tokens"]
 
     match = match_block_hashes(
-        _chain(first), _chain(later), a_length=len(_prompt_ids(first)), b_length=len(_prompt_ids(later)),
-        block_size=BLOCK_SIZE, a_compatibility=_record(first), b_compatibility=_record(later),
-    )  # fmt: skip
+        _chain(first),
+        _chain(later),
+        a_length=len(_prompt_ids(first)),
+        b_length=len(_prompt_ids(later)),
+        block_size=BLOCK_SIZE,
+        a_compatibility=_record(first),
+        b_compatibility=_record(later),
+    )
 
     assert match.reusable_tokens == reported
     assert match.blocked_by == blocked
@@ -211,9 +216,14 @@ def test_block_hashes_alone_give_the_reuse_vllm_reported(
 
 def test_block_hashes_alone_place_the_divergence_in_its_block() -> None:
     match = match_block_hashes(
-        [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5], a_length=192, b_length=191, block_size=32,
-        a_compatibility=RECORD, b_compatibility=RECORD,
-    )  # fmt: skip
+        [1, 2, 3, 4, 5, 6],
+        [1, 2, 3, 4, 5],
+        a_length=192,
+        b_length=191,
+        block_size=32,
+        a_compatibility=RECORD,
+        b_compatibility=RECORD,
+    )
 
     assert (match.matching_blocks, match.reusable_tokens, match.first_divergent_block) == (5, 160, 5)
 

@@ -18,7 +18,7 @@ from app.domain.misscauses import Diagnosis, FleetHistory, RequestPrompt
 from simulator.planner import plan_requests
 from simulator.scenario import Scenario, load_scenario
 from simulator.template_repo import Commit, template_versions
-from tests.fixtures import captured_traffic
+from tests.support.captures import captured_traffic
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "simulator" / "scenarios").glob("*.yaml"))
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -72,12 +72,19 @@ def checked_divergences(prompts: list[tuple[str, str, list[int]]], size: int) ->
     for n, (template, salt, tokens) in enumerate(prompts):
         diagnosis = history.diagnose(
             RequestPrompt(
-                server=0, arrived_at=T0 + timedelta(seconds=n), block_size=size, prompt_tokens=len(tokens),
-                cached_tokens=0, block_hashes=signed_block_hashes(tokens, size, cache_salt=salt or None),
-                salt=salt, neutral_hashes=signed_block_hashes(tokens, size) if salt else (),
-                family=template, token_ids=tokens, kv_events=False,
+                server=0,
+                arrived_at=T0 + timedelta(seconds=n),
+                block_size=size,
+                prompt_tokens=len(tokens),
+                cached_tokens=0,
+                block_hashes=signed_block_hashes(tokens, size, cache_salt=salt or None),
+                salt=salt,
+                neutral_hashes=signed_block_hashes(tokens, size) if salt else (),
+                family=template,
+                token_ids=tokens,
+                kv_events=False,
             )
-        )  # fmt: skip
+        )
         assert isinstance(diagnosis, Diagnosis)
         ours = np.asarray(tokens)
         family = earlier.setdefault((template, salt), [])

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.domain.gpt2 import CHAT_TEMPLATE, decode, encode, render_chat, token_strs, vocab_size
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
 
 COMPLETIONS = [
     path.name

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.domain.hitrate import Counters, counter_increase, hit_rate_series, window_hit_rate
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
 
 T0 = datetime(2026, 11, 29, 21, 0, tzinfo=UTC)
 

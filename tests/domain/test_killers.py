@@ -23,7 +23,7 @@ from app.domain.killers import (
     sample_texts,
 )
 from simulator.template_faults import Fault
-from tests.domain.rendered_prompts import (
+from tests.support.rendered_prompts import (
     BLOCK_SIZE,
     RenderedPrompt,
     demo_template,

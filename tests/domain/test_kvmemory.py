@@ -14,7 +14,7 @@ from app.domain.kvmemory import (
     parse_kv_shapes,
     tokens_that_fit,
 )
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 # The captured server's model (fixtures README): 2 layers, 2 KV heads, head_dim 64, bf16.
 TINY = KvCacheShape(layers=2, kv_heads=2, head_dim=64, kv_cache_dtype="bfloat16")

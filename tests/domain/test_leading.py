@@ -7,7 +7,7 @@ import pytest
 
 from app.domain.generations import Generations
 from app.domain.leading import leading
-from tests.domain.leading_paths import LEADING_PATHS, use_leading_path
+from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 
 @pytest.fixture(autouse=True, params=LEADING_PATHS)

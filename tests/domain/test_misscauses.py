@@ -18,7 +18,7 @@ from app.domain.misscauses import (
     Unknown,
     reusable_blocks,
 )
-from tests.domain.leading_paths import LEADING_PATHS, use_leading_path
+from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 
 @pytest.fixture(autouse=True, params=LEADING_PATHS)
@@ -65,11 +65,18 @@ def request(
     family: str = "support", kv_events: bool = True, hash_only: bool = False,
 ) -> RequestPrompt:  # fmt: skip
     return RequestPrompt(
-        server=server, arrived_at=at(seconds), block_size=SIZE, prompt_tokens=len(tokens),
+        server=server,
+        arrived_at=at(seconds),
+        block_size=SIZE,
+        prompt_tokens=len(tokens),
         cached_tokens=cached,
-        block_hashes=chain(tokens, salt), salt=salt or "", neutral_hashes=chain(tokens) if salt else (),
-        family=family, token_ids=None if hash_only else tokens, kv_events=kv_events,
-    )  # fmt: skip
+        block_hashes=chain(tokens, salt),
+        salt=salt or "",
+        neutral_hashes=chain(tokens) if salt else (),
+        family=family,
+        token_ids=None if hash_only else tokens,
+        kv_events=kv_events,
+    )
 
 
 def diagnosed(history: FleetHistory, found: RequestPrompt) -> Diagnosis:

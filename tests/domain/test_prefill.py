@@ -8,9 +8,12 @@ from app.domain.prefill import MIN_SAMPLES, PrefillSums, prefill_tokens_per_seco
 
 def sums(pairs: Sequence[tuple[float, float]]) -> PrefillSums:
     return PrefillSums(
-        len(pairs), sum(x for x, _ in pairs), sum(y for _, y in pairs), sum(x * x for x, _ in pairs),
-        sum(x * y for x, y in pairs),
-    )  # fmt: skip
+        count=len(pairs),
+        x=sum(x for x, _ in pairs),
+        y=sum(y for _, y in pairs),
+        xx=sum(x * x for x, _ in pairs),
+        xy=sum(x * y for x, y in pairs),
+    )
 
 
 def test_the_rate_is_the_inverse_slope_of_ttft_over_uncached_tokens_whatever_the_overhead() -> None:

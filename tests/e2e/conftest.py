@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.otlp_receiver import OTLPReceiver, run_otlp_receiver
-from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, build_model, install, serve
+from tests.support.otlp_receiver import OTLPReceiver, run_otlp_receiver
+from tests.support.vllm_cpu import VLLMServer, VLLMUnavailable, build_model, install, serve
 
 logger = logging.getLogger(__name__)
 

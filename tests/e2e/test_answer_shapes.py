@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from tests.collectors.gateway.running import call
-from tests.e2e.otlp_receiver import OTLPReceiver
-from tests.e2e.simulated_vllm import serve_simulated
-from tests.e2e.vllm_cpu import VLLMServer
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.otlp_receiver import OTLPReceiver
+from tests.support.running_gateway import call
+from tests.support.simulated_vllm import serve_simulated
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
@@ -75,9 +75,23 @@ CASES = {
 }
 # Values that must agree too: the same tokenizer, template, cache rules and max_tokens on both sides.
 SAME_VALUES = frozenset(
-    {"object", "model", "index", "role", "finish_reason", "stop_reason", "prompt_tokens", "completion_tokens",
-     "total_tokens", "cached_tokens", "created_cache_tokens", "type", "param", "code"}
-)  # fmt: skip
+    {
+        "object",
+        "model",
+        "index",
+        "role",
+        "finish_reason",
+        "stop_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "cached_tokens",
+        "created_cache_tokens",
+        "type",
+        "param",
+        "code",
+    }
+)
 DONE = b"data: [DONE]\n\n"
 
 

@@ -17,9 +17,9 @@ import zmq
 from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVStream, ResidentBlock
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS, post_json
-from tests.e2e.vllm_cpu import VLLMServer, VLLMUnavailable, serve
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS, post_json
+from tests.support.vllm_cpu import VLLMServer, VLLMUnavailable, serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 # Capture requests: before the restart they fill part of the 48-block cache, after it one other tenant's.
@@ -85,9 +85,12 @@ def test_after_a_restart_only_the_new_process_s_blocks_are_resident(tmp_path: Pa
         with contextlib.ExitStack() as running:
             first = start(running, log_path=tmp_path / "vllm-1.log")
             server = Server.objects.create(
-                name="vllm-cpu", base_url=first.base_url, kv_events_endpoint=first.kv_endpoint,
-                kv_replay_endpoint=first.replay_endpoint, kv_topic=first.topic,
-            )  # fmt: skip
+                name="vllm-cpu",
+                base_url=first.base_url,
+                kv_events_endpoint=first.kv_endpoint,
+                kv_replay_endpoint=first.replay_endpoint,
+                kv_topic=first.topic,
+            )
             collector.subscribe([server])
             poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
             send(first, BEFORE)

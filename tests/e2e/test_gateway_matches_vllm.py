@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
-from tests.e2e.vllm_cpu import VLLMServer
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.running_gateway import Answer, KeptRecords, call, masked, running_gateway, wait_for
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]

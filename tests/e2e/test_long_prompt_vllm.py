@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.vllm_cpu import (
+from tests.support.vllm_cpu import (
     BLOCK_SIZE,
     DATA_DIR,
     VLLMServer,

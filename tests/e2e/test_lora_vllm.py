@@ -1,6 +1,6 @@
 """LoRA requests on a real vLLM CPU server serving an adapter, and on the simulator serving the same.
 
-The real server is the recipe's (tests/e2e/vllm_cpu.py) plus ``--enable-lora --lora-modules
+The real server is the recipe's (tests/support/vllm_cpu.py) plus ``--enable-lora --lora-modules
 support-lora=lora-adapter``: the tiny random adapter of build_tiny_lora.py, named by a path relative
 to the server's working directory. vLLM 0.32 hashes ``("lora", name, path)`` into every block of the
 adapter's requests, with the path verbatim, so the recorded hashes do not depend on where the
@@ -30,9 +30,10 @@ from app.traffic.tasks import scrape_server
 from collectors.kv_events.client import open_subscriber
 from collectors.kv_events.parse import BlockStored
 from collectors.models.parse import ServedModels, parse_models
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS, drain, get_text, post_json
-from tests.e2e.simulated_vllm import description, simulated_config
-from tests.e2e.vllm_cpu import (
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS, drain, get_text, post_json
+from tests.support.simulated_fleet import running_fleet
+from tests.support.simulated_vllm import description, simulated_config
+from tests.support.vllm_cpu import (
     DATA_DIR,
     LORA_DIR,
     SERVED_MODEL_NAME,
@@ -43,7 +44,6 @@ from tests.e2e.vllm_cpu import (
     install,
     serve,
 )
-from tests.simulator.running import running_fleet
 
 pytestmark = pytest.mark.timeout(1800)  # a first install and start of the real server take minutes
 

@@ -22,10 +22,10 @@ from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
-from tests.collectors.gateway.running import KeptRecords, call, running_gateway, wait_for
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS
 from tests.e2e.test_block_index_after_restart import collect_until_quiet, poll_for
-from tests.e2e.vllm_cpu import VLLMServer
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS
+from tests.support.running_gateway import KeptRecords, call, running_gateway, wait_for
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 SIZE = 32
@@ -54,10 +54,14 @@ def stored_before(server: Server, block: int, moment: datetime) -> bool:
 
 def test_real_vllm_misses_get_the_causes_its_kv_events_show(real_vllm: VLLMServer) -> None:
     server = Server.objects.create(
-        name="vllm-cpu", base_url=real_vllm.base_url, kv_events_endpoint=real_vllm.kv_endpoint,
-        kv_replay_endpoint=real_vllm.replay_endpoint, kv_topic=real_vllm.topic, block_size=SIZE,
+        name="vllm-cpu",
+        base_url=real_vllm.base_url,
+        kv_events_endpoint=real_vllm.kv_endpoint,
+        kv_replay_endpoint=real_vllm.replay_endpoint,
+        kv_topic=real_vllm.topic,
+        block_size=SIZE,
         model=real_vllm.model,
-    )  # fmt: skip
+    )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     collector = KVEventCollector(context, flush_seconds=0)
     recorder = KeptRecords()

@@ -25,8 +25,9 @@ from app.domain import gpt2
 from app.domain.blockhash import block_hash_chain
 from collectors.kv_events.client import fetch_replay, open_subscriber
 from collectors.kv_events.parse import KVMessage
-from tests.e2e.otlp_receiver import OTLPReceiver, attributes
-from tests.e2e.probes import (
+from tests.support.captures import load_json
+from tests.support.otlp_receiver import OTLPReceiver, attributes
+from tests.support.probes import (
     COLLECTOR_SAMPLES,
     SUBSCRIBER_JOIN_SECONDS,
     drain,
@@ -37,9 +38,8 @@ from tests.e2e.probes import (
     total,
     wait_for_counter,
 )
-from tests.e2e.simulated_vllm import serve_simulated
-from tests.e2e.vllm_cpu import VLLMServer
-from tests.fixtures import load_json
+from tests.support.simulated_vllm import serve_simulated
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = pytest.mark.timeout(1800)  # a first install and start of the real server take minutes
 

@@ -35,10 +35,10 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis, RequestRecord
 from app.traffic.services.requests import ingest_request_records
-from tests.collectors.gateway.running import KeptRecords, call, running_gateway
-from tests.e2e.probes import SUBSCRIBER_JOIN_SECONDS
 from tests.e2e.test_block_index_after_restart import poll_for
-from tests.e2e.vllm_cpu import VLLMServer
+from tests.support.probes import SUBSCRIBER_JOIN_SECONDS
+from tests.support.running_gateway import KeptRecords, call, running_gateway
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 SIZE = 32
@@ -93,10 +93,15 @@ def test_bad_revert_bad_again_opens_two_regressions_each_with_its_suspect(
     real_vllm: VLLMServer, tmp_path: Path
 ) -> None:
     server = Server.objects.create(
-        name="vllm-cpu", base_url=real_vllm.base_url, kv_events_endpoint=real_vllm.kv_endpoint,
-        kv_replay_endpoint=real_vllm.replay_endpoint, kv_topic=real_vllm.topic, block_size=SIZE,
-        model=real_vllm.model, hash_algo="sha256_cbor",
-    )  # fmt: skip
+        name="vllm-cpu",
+        base_url=real_vllm.base_url,
+        kv_events_endpoint=real_vllm.kv_endpoint,
+        kv_replay_endpoint=real_vllm.replay_endpoint,
+        kv_topic=real_vllm.topic,
+        block_size=SIZE,
+        model=real_vllm.model,
+        hash_algo="sha256_cbor",
+    )
     shas = commit_templates(tmp_path / "repo")
     repository = register_repository(location=str(tmp_path / "repo"), globs=["templates/*.j2"])
     import_template_history(repository_id=repository.pk, now=timezone.now())

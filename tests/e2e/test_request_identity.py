@@ -21,10 +21,10 @@ from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import canonical_engine_request_id
-from tests.collectors.gateway.running import KeptRecords, call, running_gateway, wait_for
-from tests.e2e.otlp_receiver import OTLPReceiver, attributes
-from tests.e2e.vllm_cpu import VLLMServer
-from tests.fixtures import load_json
+from tests.support.captures import load_json
+from tests.support.otlp_receiver import OTLPReceiver, attributes
+from tests.support.running_gateway import KeptRecords, call, running_gateway, wait_for
+from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
@@ -93,9 +93,11 @@ def test_gateway_records_and_vllm_spans_of_one_request_are_one_record_with_both_
         recorder.records[:3], source="gateway", now=timezone.now(), default_server="vllm-cpu"
     )
     response = client.post(
-        "/v1/traces", export_of(spans), content_type="application/x-protobuf",
+        "/v1/traces",
+        export_of(spans),
+        content_type="application/x-protobuf",
         headers={"Authorization": f"Bearer {token}"},
-    )  # fmt: skip
+    )
     assert response.status_code == 200
     # Half the gateway's records after the spans, as a slower source's would be.
     ingest_request_records(

@@ -4,7 +4,7 @@ A fresh real vLLM CPU server and a fresh simulated server with the same capacity
 blocks counting the null block, max_model_len 512, model "tiny") get the same requests, one at a time,
 in the same order, in two phases on one cache:
 
-1. ``captured``: the traffic of the shared captures (``tests.fixtures.captured_traffic()``);
+1. ``captured``: the traffic of the shared captures (``tests.support.captures.captured_traffic()``);
 2. ``scenario``: the ``vllm-cpu`` scenario's planned requests (seed 0), on the cache phase 1 left.
 
 Every request has ``max_tokens`` forced to 1. The single output token comes from prefill and no
@@ -60,8 +60,9 @@ from collectors.kv_events.parse import BlockRemoved, BlockStored, KVEvent, KVMes
 from simulator.loadgen import plan_requests
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.template_repo import create_repo
-from tests.e2e.otlp_receiver import OTLPReceiver, attributes, run_otlp_receiver
-from tests.e2e.probes import (
+from tests.support.captures import captured_traffic
+from tests.support.otlp_receiver import OTLPReceiver, attributes, run_otlp_receiver
+from tests.support.probes import (
     COLLECTOR_SAMPLES,
     SUBSCRIBER_JOIN_SECONDS,
     drain,
@@ -70,9 +71,8 @@ from tests.e2e.probes import (
     total,
     wait_for_counter,
 )
-from tests.e2e.simulated_vllm import serve_simulated
-from tests.e2e.vllm_cpu import DATA_DIR, VLLMServer, VLLMUnavailable, serve
-from tests.fixtures import captured_traffic
+from tests.support.simulated_vllm import serve_simulated
+from tests.support.vllm_cpu import DATA_DIR, VLLMServer, VLLMUnavailable, serve
 
 logger = logging.getLogger(__name__)
 
@@ -249,9 +249,14 @@ def runs(traffic: dict[str, list[Request]]) -> dict[str, Run]:
             kinds = [kind for kind, _hashes, _parent in run.events[phase]]
             logger.info(
                 "%s %s: %d requests, %d cached tokens, %d events (%d BlockStored, %d BlockRemoved)",
-                side, phase, len(run.answers[phase]), sum(a.cached_tokens for a in run.answers[phase]),
-                len(kinds), kinds.count("BlockStored"), kinds.count("BlockRemoved"),
-            )  # fmt: skip
+                side,
+                phase,
+                len(run.answers[phase]),
+                sum(a.cached_tokens for a in run.answers[phase]),
+                len(kinds),
+                kinds.count("BlockStored"),
+                kinds.count("BlockRemoved"),
+            )
     return runs
 
 

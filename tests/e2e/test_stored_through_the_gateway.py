@@ -26,11 +26,11 @@ from app.fleet.services import register_server
 from app.traffic.models import RequestRecord, Scrape, ScrapeSample
 from app.traffic.tasks import scrape_server
 from collectors.records import canonical_request_id
-from tests.collectors.gateway.running import call
-from tests.fixtures import captured_traffic
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, database_url_for_tests
+from tests.support.captures import captured_traffic
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, database_url_for_tests
+from tests.support.running_gateway import call
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
 HITS = "vllm:prefix_cache_hits_total"
@@ -62,10 +62,20 @@ def gateways(upstreams: list[Upstream], tmp_path: Path) -> Iterator[dict[str, tu
             server = register_server(name=upstream.name, base_url=upstream.base_url)
             (port,) = unused_ports(1)
             command = Command(
-                database_url_for_tests(), tmp_path / f"{upstream.name}.log", "gateway",
-                "--listen", f"127.0.0.1:{port}", "--upstream", upstream.base_url, "--server", upstream.name,
-                "--spill-file", str(tmp_path / f"{upstream.name}.jsonl"), "--flush-seconds", "0.1",
-            ).start()  # fmt: skip
+                database_url_for_tests(),
+                tmp_path / f"{upstream.name}.log",
+                "gateway",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--upstream",
+                upstream.base_url,
+                "--server",
+                upstream.name,
+                "--spill-file",
+                str(tmp_path / f"{upstream.name}.jsonl"),
+                "--flush-seconds",
+                "0.1",
+            ).start()
             running[upstream.name] = (server, command, f"http://127.0.0.1:{port}")
             command.wait_listening(port)
         yield running
@@ -99,8 +109,12 @@ def send(gateway: str, body: dict[str, Any], *, stream: bool, salt: str) -> str:
     `salt` (see the module's docstring); the canonical id of the one its answer names."""
     body = {k: v for k, v in body.items() if k not in ("return_token_ids", "stream", "stream_options")}
     body["cache_salt"] = f"{salt}-{body.get('cache_salt', '')}"
-    answer = call("POST", f"{gateway}/v1/completions", {**body, "stream": stream},
-                  {"Content-Type": "application/json"})  # fmt: skip
+    answer = call(
+        "POST",
+        f"{gateway}/v1/completions",
+        body={**body, "stream": stream},
+        headers={"Content-Type": "application/json"},
+    )
     assert answer.status == 200, answer.body
     first = answer.body.removeprefix(b"data: ").split(b"\n", 1)[0] if stream else answer.body
     return canonical_request_id(str(json.loads(first)["id"]))

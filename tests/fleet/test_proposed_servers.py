@@ -11,6 +11,7 @@ from app.rollups.merge import merge_server
 from app.traffic.models import MinuteRollup, RejectedInput, RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ def proposed(name: str = "vllm-0-typo") -> Server:
 
 
 def registered(name: str = "vllm-0") -> Server:
-    return Server.objects.create(name=name, base_url=f"http://{name}:8000", block_size=32)
+    return a_server(name=name, block_size=32)
 
 
 def record(
@@ -42,7 +43,7 @@ def test_an_accepted_server_is_active_at_its_base_url_and_pulled() -> None:
 
 @pytest.mark.parametrize("state", [Server.State.ACTIVE, Server.State.DOWN, Server.State.DISABLED])
 def test_only_a_proposed_server_can_be_accepted(state: Server.State) -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://a:8000", state=state)
+    server = a_server(name="vllm-0", base_url="http://a:8000", state=state)
     with pytest.raises(ServerStateError):
         accept_server(server_id=server.pk, base_url="http://b:8000")
     server.refresh_from_db()
@@ -75,8 +76,16 @@ def test_a_request_the_registered_server_recorded_too_fills_its_gaps_once() -> N
     # The gateway's record under the real name; the span of the same request, seconds later, under
     # the typo. They are one request: merged into one row, whose known values stay.
     record(into, "req-1", at, source="gateway", prompt_tokens=120, cached_tokens=96, tenant="acme")
-    record(typo, "req-1", at + timedelta(seconds=2), prompt_tokens=999, tenant="", queue_seconds=0.25,
-           trace_id="ab" * 16, block_hashes=[1, 2, 3])  # fmt: skip
+    record(
+        typo,
+        "req-1",
+        at + timedelta(seconds=2),
+        prompt_tokens=999,
+        tenant="",
+        queue_seconds=0.25,
+        trace_id="ab" * 16,
+        block_hashes=[1, 2, 3],
+    )
     record(typo, "req-1", at + timedelta(hours=2))  # the same id much later: another request
 
     merged = merge_server(server_id=typo.pk, into_id=into.pk)
@@ -98,9 +107,13 @@ def test_a_merge_adds_the_refused_input_to_the_registered_servers_tallies() -> N
     early, late = timezone.now() - timedelta(days=1), timezone.now()
     for server, count, seen in ((into, 3, late), (typo, 4, early)):
         RejectedInput.objects.create(
-            server=server, source="otlp", reason="cached_tokens: above prompt_tokens", count=count,
-            first_seen_at=seen, last_seen_at=seen,
-        )  # fmt: skip
+            server=server,
+            source="otlp",
+            reason="cached_tokens: above prompt_tokens",
+            count=count,
+            first_seen_at=seen,
+            last_seen_at=seen,
+        )
     RejectedInput.objects.create(
         server=typo, source="rest", reason="model: too long", count=1, first_seen_at=late, last_seen_at=late
     )

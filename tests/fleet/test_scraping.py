@@ -13,8 +13,9 @@ from app.fleet.services import claim_due_scrapes
 from app.traffic.models import MetricSeries, Scrape, ScrapeSample
 from app.traffic.tasks import scrape_server
 from collectors.metrics.parse import parse_metrics
-from tests.fixtures import VLLM_CPU_FIXTURES
-from tests.ports import unused_port
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.factories import a_server
+from tests.support.ports import unused_port
 
 pytestmark = pytest.mark.django_db
 PAGE = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()
@@ -95,9 +96,9 @@ def test_a_down_server_that_answers_again_is_active(vllm_url: str) -> None:
 
 def test_each_due_server_is_claimed_once_per_interval() -> None:
     now = timezone.now()
-    every_15 = Server.objects.create(name="a", base_url="http://a:8000", scrape_interval_seconds=15)
-    Server.objects.create(name="off", base_url="http://b:8000", state=Server.State.DISABLED)
-    Server.objects.create(name="proposed", base_url="http://c:8000", state=Server.State.PROPOSED)
+    every_15 = a_server(name="a", scrape_interval_seconds=15)
+    a_server(name="off", state=Server.State.DISABLED)
+    a_server(name="proposed", state=Server.State.PROPOSED)
 
     assert claim_due_scrapes(now=now) == [every_15]
     assert claim_due_scrapes(now=now + timedelta(seconds=5)) == []

@@ -18,7 +18,7 @@ from app.domain.blockhash import LoraKey
 from app.fleet.models import Server
 from app.fleet.selectors import UnknownModel, request_lora
 from app.traffic.tasks import scrape_server
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 METRICS = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()
 NO_ADAPTERS = (VLLM_CPU_FIXTURES / "models.json").read_bytes()

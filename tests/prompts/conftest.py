@@ -16,7 +16,7 @@ from dulwich.web import WSGIRequestHandlerLogger, WSGIServerLogger, make_server,
 
 from app.api.services import create_ingest_token
 from app.celery import celery_app
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 
 class GitRepo:

@@ -13,7 +13,7 @@ from app.prompts.history import import_template_history
 from app.prompts.models import DeployMarker, Template, TemplateRepository
 from app.prompts.services import register_repository
 from tests.prompts.conftest import GitRepo
-from tests.tokens import reader_bearer
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 REPOSITORIES = "/api/v1/templates/repositories"

@@ -21,9 +21,9 @@ from app.prompts.models import PrefixFamily, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
 from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
-from tests.fixtures import load_json
-from tests.sessions import session, wait_for_lock_waits
-from tests.tokens import reader_bearer
+from tests.support.captures import load_json
+from tests.support.sessions import session, wait_for_lock_waits
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 INGEST, FAMILIES = "/api/v1/requests", "/api/v1/families"
@@ -131,10 +131,13 @@ def test_a_prompt_shorter_than_the_family_blocks_is_keyed_by_its_last_full_block
 ) -> None:
     prompt = tokens(SUPPORT[0])[:length]
     other = [*prompt[:-1], prompt[-1] + 1]  # differs in its last token only
-    ingest(token, [
-        record(SUPPORT[0], prompt_token_ids=prompt, request_id="one", usage=usage(length, 0)),
-        record(SUPPORT[1], prompt_token_ids=other, request_id="two", usage=usage(length, 0)),
-    ])  # fmt: skip
+    ingest(
+        token,
+        [
+            record(SUPPORT[0], prompt_token_ids=prompt, request_id="one", usage=usage(length, 0)),
+            record(SUPPORT[1], prompt_token_ids=other, request_id="two", usage=usage(length, 0)),
+        ],
+    )
 
     one, two = stored("one"), stored("two")
     if blocks is None:  # no full block: no chain, no family
@@ -220,9 +223,11 @@ def support() -> Template:
 
 def patch(client: Client, family: PrefixFamily, body: dict[str, object], token: str) -> tuple[int, Any]:
     response = client.patch(
-        f"{FAMILIES}/{family.pk}", json.dumps(body), content_type="application/json",
+        f"{FAMILIES}/{family.pk}",
+        json.dumps(body),
+        content_type="application/json",
         headers={"Authorization": f"Bearer {token}"},
-    )  # fmt: skip
+    )
     return response.status_code, response.json()
 
 
@@ -305,11 +310,14 @@ def test_a_prompt_without_a_template_is_compared_with_earlier_ones_and_cold_if_i
     def at(seconds: int) -> str:
         return (start + timedelta(seconds=seconds)).isoformat()
 
-    ingest(token, [
-        record("completion-evict-0", arrived_at=at(0), usage=usage(283, 0)),
-        record(SUPPORT[0], arrived_at=at(10), usage=usage(192, 0)),  # another family: never seen, cold
-        document("doc-2", arrived_at=at(20), usage=usage(283, 192)),  # its first six blocks reused
-    ])  # fmt: skip
+    ingest(
+        token,
+        [
+            record("completion-evict-0", arrived_at=at(0), usage=usage(283, 0)),
+            record(SUPPORT[0], arrived_at=at(10), usage=usage(192, 0)),  # another family: never seen, cold
+            document("doc-2", arrived_at=at(20), usage=usage(283, 192)),  # its first six blocks reused
+        ],
+    )
     assert diagnose_requests(now=timezone.now()) == 3
 
     found = {d.request_id: d for d in RequestDiagnosis.objects.all()}

@@ -15,8 +15,8 @@ from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template
 from app.traffic.models import RequestDiagnosis, RequestRecord
-from tests.prompts.killer_traffic import ingest, sim, timestamp_token, volatile_top
-from tests.users import fleet_viewer
+from tests.support.killer_traffic import ingest, sim, timestamp_token, volatile_top
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 __all__ = ["sim"]  # the fixture

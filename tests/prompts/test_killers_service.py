@@ -17,8 +17,8 @@ from app.fleet.models import Server
 from app.prompts.killers import SampleKey
 from app.prompts.models import CacheKiller, Template
 from app.traffic.models import RequestRecord
-from tests.domain.rendered_prompts import BLOCK_SIZE
-from tests.prompts.killer_traffic import ingest, sim, timestamp_token, volatile_top
+from tests.support.killer_traffic import ingest, sim, timestamp_token, volatile_top
+from tests.support.rendered_prompts import BLOCK_SIZE
 
 pytestmark = pytest.mark.django_db
 __all__ = ["sim"]  # the fixture

@@ -9,7 +9,7 @@ from django.test import Client
 from app.prompts.models import TemplateRepository
 from app.prompts.services import register_repository
 from tests.prompts.conftest import GitRepo
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 PAGE = "/templates/repositories/"

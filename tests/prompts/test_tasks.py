@@ -49,7 +49,7 @@ def test_the_import_task_writes_its_progress_as_it_goes(
 def test_an_import_already_running_is_tried_again_later(repository: TemplateRepository) -> None:
     from celery.exceptions import Retry
 
-    from tests.sessions import session
+    from tests.support.sessions import session
 
     with session() as other:
         other.execute("SELECT pg_advisory_lock(%s, %s)", [history.IMPORT_LOCK_SPACE, repository.pk])

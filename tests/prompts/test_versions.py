@@ -56,9 +56,11 @@ def ingest(client: Client, token: str, version: str, request_id: str, at: dateti
         "template": "support", "template_version": version, "tenant": "acme",
     }  # fmt: skip
     response = client.post(
-        "/api/v1/requests", json.dumps([record]), content_type="application/json",
+        "/api/v1/requests",
+        json.dumps([record]),
+        content_type="application/json",
         headers={"Authorization": f"Bearer {token}"},
-    )  # fmt: skip
+    )
     assert response.status_code == 200, response.content
 
 

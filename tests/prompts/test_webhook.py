@@ -87,9 +87,11 @@ def test_a_form_encoded_github_delivery_is_read_too(
 ) -> None:
     body = urlencode({"payload": github_body(web_url).decode()}).encode()
     response = client.post(
-        URL, body, content_type="application/x-www-form-urlencoded",
+        URL,
+        body,
+        content_type="application/x-www-form-urlencoded",
         headers={GITHUB: "push", "X-Hub-Signature-256": signature(body)},
-    )  # fmt: skip
+    )
     assert response.status_code == 202
 
 

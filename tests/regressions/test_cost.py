@@ -15,9 +15,9 @@ from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from app.traffic.models import LossMinute
 from tests.regressions.test_detection import demo
-from tests.regressions.virtual_fleet import run_virtually
-from tests.tokens import reader_bearer
-from tests.users import fleet_viewer
+from tests.support.tokens import reader_bearer
+from tests.support.users import fleet_viewer
+from tests.support.virtual_fleet import run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

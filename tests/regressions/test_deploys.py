@@ -1,6 +1,6 @@
 """Regressions in sequence: a bad deploy, its revert and a second bad deploy minutes later, each found
 by the deploy check (its requests against the version before it) within 90 s of its first request,
-on the demo's traffic stored as a deployment stores it (tests/regressions/virtual_fleet.py)."""
+on the demo's traffic stored as a deployment stores it (tests/support/virtual_fleet.py)."""
 
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +14,7 @@ from app.regressions.models import Regression
 from app.regressions.services import check_deploys, detect_regressions
 from app.traffic.models import RequestRecord
 from tests.regressions.test_detection import demo, fault_commit
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually
+from tests.support.virtual_fleet import VirtualRun, run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,5 @@
 """Regressions found in the demo scenario's traffic, stored and diagnosed as a deployment does it
-(tests/regressions/virtual_fleet.py), against what the scenario injected and when."""
+(tests/support/virtual_fleet.py), against what the scenario injected and when."""
 
 from datetime import timedelta
 from pathlib import Path
@@ -13,7 +13,7 @@ from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from simulator.scenario import resolve_scenario
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually
+from tests.support.virtual_fleet import VirtualRun, run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,9 @@ from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from app.traffic.models import RequestRecord
 from tests.regressions.test_detection import demo
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually
-from tests.tokens import reader_bearer
-from tests.users import fleet_viewer
+from tests.support.tokens import reader_bearer
+from tests.support.users import fleet_viewer
+from tests.support.virtual_fleet import VirtualRun, run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MOVED_LINE = "Current time: {{ now }} | Request ID: {{ request_id }}"

@@ -12,7 +12,7 @@ from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from tests.regressions.test_detection import demo, detected, fault_commit
-from tests.regressions.virtual_fleet import run_virtually
+from tests.support.virtual_fleet import run_virtually
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,8 @@ from app.prompts.models import DeployMarker, Template, TemplateVersion
 from app.regressions.models import Regression
 from app.traffic.models import LossMinute, MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.services.partitions import maintain_partitions
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -42,9 +43,17 @@ def _regression(**fields: Any) -> Regression:
 def _loss(
     server: Server, template: Template | None, at: datetime, *, prompt: int, reused: int, **more: Any
 ) -> None:
-    LossMinute.objects.create(server=server, template=template, minute=at, requests=3, diagnosed=3,
-                              diagnosed_prompt_tokens=prompt, prompt_tokens=prompt, reused_tokens=reused,
-                              **more)  # fmt: skip
+    LossMinute.objects.create(
+        server=server,
+        template=template,
+        minute=at,
+        requests=3,
+        diagnosed=3,
+        diagnosed_prompt_tokens=prompt,
+        prompt_tokens=prompt,
+        reused_tokens=reused,
+        **more,
+    )
 
 
 def _csv(client: Client, path: str) -> dict[datetime, list[str]]:
@@ -55,14 +64,18 @@ def _csv(client: Client, path: str) -> dict[datetime, list[str]]:
 
 
 def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client) -> None:
-    a, b = (Server.objects.create(name=name, base_url=f"http://{name}:8000") for name in ("vllm-a", "vllm-b"))
+    a, b = (a_server(name=name) for name in ("vllm-a", "vllm-b"))
     support, other = Template.objects.create(name="support"), Template.objects.create(name="other")
     changed_at = _minute_ago(20)
-    suspect = TemplateVersion.objects.create(template=support, commit_sha="c0ffee" + "0" * 34,
-                                             committed_at=changed_at - timedelta(minutes=5),
-                                             first_seen_at=changed_at + timedelta(seconds=20))  # fmt: skip
-    deployed = TemplateVersion.objects.create(template=support, commit_sha="beef" + "0" * 36,
-                                              committed_at=changed_at - timedelta(hours=3))  # fmt: skip
+    suspect = TemplateVersion.objects.create(
+        template=support,
+        commit_sha="c0ffee" + "0" * 34,
+        committed_at=changed_at - timedelta(minutes=5),
+        first_seen_at=changed_at + timedelta(seconds=20),
+    )
+    deployed = TemplateVersion.objects.create(
+        template=support, commit_sha="beef" + "0" * 36, committed_at=changed_at - timedelta(hours=3)
+    )
     DeployMarker.objects.create(template_version=deployed, deployed_at=changed_at - timedelta(minutes=40))
     for ago in range(60, 0, -1):
         at = _minute_ago(ago)
@@ -72,8 +85,13 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
         _loss(a, support, at, prompt=1000 + ago, reused=(800 if good else 100) + ago)
         _loss(b, support, at, prompt=500, reused=400 if good else 20, tenant="acme")
         _loss(a, other, at, prompt=1000, reused=1000)  # another template's: not the scope's
-    regression = _regression(scope=Regression.Scope.TEMPLATE, template=support, changed_at=changed_at,
-                             kind=Regression.Kind.TEMPLATE_COMMIT, suspect_version=suspect)  # fmt: skip
+    regression = _regression(
+        scope=Regression.Scope.TEMPLATE,
+        template=support,
+        changed_at=changed_at,
+        kind=Regression.Kind.TEMPLATE_COMMIT,
+        suspect_version=suspect,
+    )
 
     response = signed_in.get(f"/regressions/{regression.pk}/")
     assert response.status_code == 200
@@ -106,7 +124,7 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
 
 def test_a_capacity_drop_shows_its_servers_blocks_and_evictions_before_and_after(signed_in: Client) -> None:
     maintain_partitions(now=timezone.now())
-    server = Server.objects.create(name="vllm-cut", base_url="http://cut:8000", num_gpu_blocks=28)
+    server = a_server(name="vllm-cut", num_gpu_blocks=28)
     changed_at = _minute_ago(30)
     config = {
         blocks: MetricSeries.objects.create(
@@ -125,8 +143,9 @@ def test_a_capacity_drop_shows_its_servers_blocks_and_evictions_before_and_after
         ScrapeSample.objects.create(
             server=server, series=config[28 if after else 256], scraped_at=at + timedelta(seconds=5), value=1
         )
-    regression = _regression(scope=Regression.Scope.SERVER, server=server, changed_at=changed_at,
-                             kind=Regression.Kind.CAPACITY)  # fmt: skip
+    regression = _regression(
+        scope=Regression.Scope.SERVER, server=server, changed_at=changed_at, kind=Regression.Kind.CAPACITY
+    )
 
     response = signed_in.get(f"/regressions/{regression.pk}/")
     capacity = response.context["capacity"]

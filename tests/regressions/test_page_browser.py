@@ -17,8 +17,8 @@ from app.regressions.services import detect_regressions
 from app.regressions.tasks import notify_webhook
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, browser, luminance, offline_page
 from tests.regressions.test_detection import demo
-from tests.regressions.virtual_fleet import run_virtually
-from tests.regressions.webhook_server import running_webhook
+from tests.support.virtual_fleet import run_virtually
+from tests.support.webhook_server import running_webhook
 
 __all__ = ["browser"]  # the fixture, shared
 pytestmark = [

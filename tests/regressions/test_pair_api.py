@@ -13,7 +13,8 @@ from app.regressions.evidence import before_after_pair
 from app.regressions.models import Regression
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.partitions import ensure_day_partitions
-from tests.tokens import reader_bearer
+from tests.support.factories import a_server
+from tests.support.tokens import reader_bearer
 
 pytestmark = pytest.mark.django_db
 
@@ -23,16 +24,23 @@ def diagnose(
 ) -> None:
     ensure_day_partitions(RequestDiagnosis, [at])
     RequestDiagnosis.objects.create(
-        server=server, request_id=request_id, arrived_at=at, diagnosed_at=at, template=version.template,
-        template_version=version, tenant="acme", prompt_tokens=900, **fields,
-    )  # fmt: skip
+        server=server,
+        request_id=request_id,
+        arrived_at=at,
+        diagnosed_at=at,
+        template=version.template,
+        template_version=version,
+        tenant="acme",
+        prompt_tokens=900,
+        **fields,
+    )
 
 
 @pytest.fixture
 def changed_at() -> datetime:
     """A template's change: version `aaaa…` served before it, `bbbb…` (departing at token 212) after."""
     now = timezone.now().replace(microsecond=0)
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=16)
+    server = a_server(name="vllm-0")
     template = Template.objects.create(name="support")
     old, new = (
         TemplateVersion.objects.create(
@@ -61,10 +69,19 @@ def test_the_api_answers_the_pair_and_its_compare_permalink(
         for side in ("before", "after"):
             del pair[side]["version"]
     regression = Regression.objects.create(
-        scope=Regression.Scope.TEMPLATE, template=Template.objects.get(), changed_at=changed_at,
-        detected_at=changed_at, updated_at=changed_at, rate_before=0.9, rate_after=0.2, rate_now=0.2,
-        requests_before=40, requests_after=40, confidence=0.99, evidence={"pair": pair},
-    )  # fmt: skip
+        scope=Regression.Scope.TEMPLATE,
+        template=Template.objects.get(),
+        changed_at=changed_at,
+        detected_at=changed_at,
+        updated_at=changed_at,
+        rate_before=0.9,
+        rate_after=0.2,
+        rate_now=0.2,
+        requests_before=40,
+        requests_after=40,
+        confidence=0.99,
+        evidence={"pair": pair},
+    )
     answer = Client().get(f"/api/v1/regressions/{regression.pk}", headers=reader_bearer()).json()["pair"]
     assert {k: answer["before"][k] for k in ("server", "request_id", "version")} == {
         "server": "vllm-0", "request_id": "before-1", "version": "a" * 40
@@ -77,10 +94,18 @@ def test_the_api_answers_the_pair_and_its_compare_permalink(
 
 def test_a_regression_without_a_pair_answers_null(changed_at: datetime) -> None:
     regression = Regression.objects.create(
-        scope=Regression.Scope.SERVER, server=Server.objects.get(), changed_at=changed_at,
-        detected_at=changed_at, updated_at=changed_at, rate_before=0.9, rate_after=0.2, rate_now=0.2,
-        requests_before=40, requests_after=40, confidence=0.99,
-    )  # fmt: skip
+        scope=Regression.Scope.SERVER,
+        server=Server.objects.get(),
+        changed_at=changed_at,
+        detected_at=changed_at,
+        updated_at=changed_at,
+        rate_before=0.9,
+        rate_after=0.2,
+        rate_now=0.2,
+        requests_before=40,
+        requests_after=40,
+        confidence=0.99,
+    )
     assert (
         Client().get(f"/api/v1/regressions/{regression.pk}", headers=reader_bearer()).json()["pair"] is None
     )

@@ -1,7 +1,7 @@
 """A routing change (the router switched from prefix-aware to round-robin) opens one regression on the
 fleet, confirmed by the templates' requests no longer landing where they did; a fleet without one, or
 with another fault, opens none of that kind. Traffic stored and diagnosed as a deployment does it
-(tests/regressions/virtual_fleet.py)."""
+(tests/support/virtual_fleet.py)."""
 
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +14,7 @@ from django.urls import reverse
 from app.regressions.attribution import ROUTING_MIN_FALL
 from app.regressions.models import Regression
 from tests.regressions.test_detection import demo, detected
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

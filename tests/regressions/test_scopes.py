@@ -1,5 +1,5 @@
 """The narrower template scopes (a canary server, a tenant's variant) and the TTFT p90 metric, on
-traffic stored and diagnosed as a deployment does it (tests/regressions/virtual_fleet.py)."""
+traffic stored and diagnosed as a deployment does it (tests/support/virtual_fleet.py)."""
 
 import random
 from datetime import timedelta
@@ -12,8 +12,8 @@ from django.urls import reverse
 from app.prompts.models import TemplateVersion
 from app.regressions.models import Regression
 from tests.regressions.test_detection import demo, detected, fault_commit
-from tests.tokens import reader_bearer
-from tests.users import fleet_viewer
+from tests.support.tokens import reader_bearer
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,9 @@ from app.regressions.models import Regression
 from app.regressions.services import detect_regressions
 from app.regressions.tasks import notify_webhook
 from tests.regressions.test_detection import demo, fault_commit
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually
-from tests.regressions.webhook_server import SECRET_PATH, Answer, Webhook, running_webhook
-from tests.tokens import reader_bearer
+from tests.support.tokens import reader_bearer
+from tests.support.virtual_fleet import VirtualRun, run_virtually
+from tests.support.webhook_server import SECRET_PATH, Answer, Webhook, running_webhook
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SITE = "https://prefixscope.example"

@@ -7,7 +7,7 @@ import pytest
 from pytest_django import Settings
 
 from app.regressions import webhook
-from tests.regressions.webhook_server import SECRET_PATH, Answer, running_webhook
+from tests.support.webhook_server import SECRET_PATH, Answer, running_webhook
 
 NOW = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
 

@@ -16,7 +16,8 @@ from app.prompts.models import TemplateRepository
 from app.traffic.models import RequestRecord
 from tests.api.test_ingest import record
 from tests.api.test_secrets_stay_out_of_logs import every_log_record, secrets_in
-from tests.users import fleet_viewer
+from tests.support.factories import a_server
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 __all__ = ["every_log_record"]  # the fixture
@@ -89,7 +90,7 @@ def test_a_server_with_a_bad_endpoint_is_not_registered(
 
 
 def test_staff_edit_a_server_and_disable_it_and_enable_it(staff: Client) -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=16)
+    server = a_server(name="vllm-0")
 
     edited = SERVER | {"base_url": "http://vllm-0:9000", "scrape_interval_seconds": "30", "name": "renamed"}
     assert staff.post(f"/setup/servers/{server.pk}/", edited).status_code == 302
@@ -128,7 +129,7 @@ def test_staff_set_a_servers_group_which_its_pages_show(staff: Client) -> None:
 
 @pytest.mark.parametrize("group", ["search team", ""])
 def test_a_group_that_is_no_slug_is_not_saved(staff: Client, group: str) -> None:
-    server = Server.objects.create(name="vllm-1", base_url="http://vllm-1:8000", group="search")
+    server = a_server(name="vllm-1", group="search")
 
     registered = staff.post("/setup/servers/", SERVER | {"group": group})
     edited = staff.post(f"/setup/servers/{server.pk}/", SERVER | {"group": group})
@@ -139,7 +140,7 @@ def test_a_group_that_is_no_slug_is_not_saved(staff: Client, group: str) -> None
 
 
 def test_staff_accept_a_proposed_server_or_merge_one_into_a_registered_one(staff: Client) -> None:
-    registered = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000")
+    registered = a_server(name="vllm-0")
     typo = Server.objects.create(name="vlm-0", state=Server.State.PROPOSED)
     real = Server.objects.create(name="vllm-1", state=Server.State.PROPOSED)
     assert staff.get(f"/setup/servers/{typo.pk}/").status_code == 404  # a proposed one is not edited
@@ -155,7 +156,7 @@ def test_staff_accept_a_proposed_server_or_merge_one_into_a_registered_one(staff
 
 
 def test_people_who_are_not_staff_read_the_set_up_and_change_nothing(engineer: Client) -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000")
+    server = a_server(name="vllm-0")
     proposed = Server.objects.create(name="vllm-1", state=Server.State.PROPOSED)
     token = IngestToken.objects.create(name="gateway", token_sha256="0" * 64)
 
@@ -248,9 +249,12 @@ def test_staff_repoint_a_template_repository_and_keep_its_secret_unless_typed(
     staff: Client, engineer: Client
 ) -> None:
     repository = TemplateRepository.objects.create(
-        name="prompts", location="https://git.example.com/prompts.git", globs=["*.j2"], webhook_secret="hush",
+        name="prompts",
+        location="https://git.example.com/prompts.git",
+        globs=["*.j2"],
+        webhook_secret="hush",
         last_imported_sha="a" * 40,
-    )  # fmt: skip
+    )
     url = f"/setup/repositories/{repository.pk}/"
     moved = {
         "location": "https://git.example.com/moved.git",

@@ -78,9 +78,13 @@ def test_a_new_user_sets_up_the_fleet_without_the_admin(
     shot(page, "ingest-tokens", scheme)
 
     repository = TemplateRepository.objects.create(
-        name="prompts", location="https://git.example.com/prompts.git", globs=["templates/*.j2"],
-        state=TemplateRepository.State.RUNNING, commits_imported=3, commits_total=12,
-    )  # fmt: skip
+        name="prompts",
+        location="https://git.example.com/prompts.git",
+        globs=["templates/*.j2"],
+        state=TemplateRepository.State.RUNNING,
+        commits_imported=3,
+        commits_total=12,
+    )
     page.get_by_role("link", name="Template repositories").click()
     expect(page.locator("#repository-list progress")).to_have_attribute("value", "25")
     shot(page, "repositories-importing", scheme)

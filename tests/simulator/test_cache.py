@@ -27,7 +27,7 @@ from app.domain.blockhash import LoraKey, block_hash_chain
 from simulator.block_metrics import BlockMetrics, Eviction
 from simulator.cache import Admission, OutOfBlocks, PrefixCache
 from simulator.kv_events import KVEventData, encode_batch
-from tests.fixtures import VLLM_CPU_FIXTURES, kv_block_metric_counts, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, kv_block_metric_counts, load_json
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 48  # --num-gpu-blocks-override: 47 usable blocks, block 0 is the null block

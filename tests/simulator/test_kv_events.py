@@ -18,7 +18,7 @@ from simulator.kv_events import (
     seq_frame,
     to_array_form,
 )
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 LIVE = load_json("kv-live.decoded.json")
 FRAMES = load_json("kv-live.msgpack-frames.json")

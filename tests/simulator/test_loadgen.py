@@ -25,9 +25,9 @@ from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, EPOCH, PlannedRequest
 from simulator.run_summary import RunSummary
 from simulator.scenario import Scenario, parse_scenario
 from simulator.template_repo import Commit, push, stage_repo, version_at
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
-from tests.ports import unused_port
 from tests.simulator.test_scenario import scenario_data, versions_as_commits
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
+from tests.support.ports import unused_port
 
 
 def plan(data: dict[str, Any], seed: int = 7) -> tuple[Scenario, list[Commit], list[PlannedRequest]]:

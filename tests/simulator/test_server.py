@@ -20,9 +20,9 @@ from collectors.models.parse import ServedModels, parse_models
 from simulator.cache import PrefixCache
 from simulator.fleet import configs_from_args, parse_args
 from simulator.server import ServerConfig, SimulatedServer
-from tests.e2e.otlp_receiver import attributes, run_otlp_receiver
-from tests.fixtures import VLLM_CPU_FIXTURES, captured_traffic, kv_block_metric_counts, load_json
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import VLLM_CPU_FIXTURES, captured_traffic, kv_block_metric_counts, load_json
+from tests.support.otlp_receiver import attributes, run_otlp_receiver
+from tests.support.simulated_fleet import local_config, running_fleet
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from tests.traffic.fake_vllm_kv import FakeKVServer
+from tests.support.fake_vllm_kv import FakeKVServer
 
 
 @pytest.fixture

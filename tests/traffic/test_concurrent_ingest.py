@@ -12,8 +12,8 @@ from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
-from tests.fixtures import load_json
-from tests.sessions import session, wait_for_a_blocked_insert, wait_for_lock_waits
+from tests.support.captures import load_json
+from tests.support.sessions import session, wait_for_a_blocked_insert, wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

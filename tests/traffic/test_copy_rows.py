@@ -14,11 +14,11 @@ from psycopg.copy import LibpqWriter
 from psycopg.errors import NumericValueOutOfRange
 
 from app.domain.blockhash import block_hash_chain, wire_to_signed
-from app.fleet.models import Server
 from app.traffic.models import RequestRecord
 from app.traffic.services.copy_rows import write_rows
 from app.traffic.services.requests import _TYPES, TABLE_TYPES, RecordRow, ingest_request_records
 from collectors.records import RequestFacts
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +152,7 @@ def test_an_integer_that_does_not_fit_its_column_is_refused_and_nothing_is_writt
 
 
 def test_a_token_id_beyond_postgresqls_integer_fails_the_ingest_loudly() -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://vllm-0:8000", block_size=32)
+    server = a_server(name="vllm-0", block_size=32)
     prompt = [1, 2, INT4, *range(61)]
     facts = RequestFacts(
         request_id="r-1", arrived_at=datetime.now(UTC), server=server.name, prompt_token_ids=prompt

@@ -24,8 +24,8 @@ from app.traffic.services.requests import ingest_request_records
 from app.traffic.tasks import scrape_server
 from collectors.records import RequestFacts
 from simulator.fleet import describe
-from tests.simulator.running import local_config, running_fleet
-from tests.users import fleet_viewer
+from tests.support.simulated_fleet import local_config, running_fleet
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -68,14 +68,21 @@ class Fleet:
         ingest_request_records(
             [
                 RequestFacts(
-                    request_id=request_id, arrived_at=arrived_at, server=target.name, model=target.model,
-                    template=template, prompt_tokens=usage["prompt_tokens"],
+                    request_id=request_id,
+                    arrived_at=arrived_at,
+                    server=target.name,
+                    model=target.model,
+                    template=template,
+                    prompt_tokens=usage["prompt_tokens"],
                     cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
-                    cache_salt=salt, prompt_token_ids=tokens, tenant=tenant,
+                    cache_salt=salt,
+                    prompt_token_ids=tokens,
+                    tenant=tenant,
                 )
             ],
-            source="gateway", now=arrived_at,
-        )  # fmt: skip
+            source="gateway",
+            now=arrived_at,
+        )
         self.settle()
         return request_id
 
@@ -177,13 +184,21 @@ def test_losses_roll_up_per_minute_into_routing_effectiveness_and_the_tenant_aud
     ingest_request_records(
         [
             RequestFacts(
-                request_id="leak-1", arrived_at=arrived_at, server="sim-a", model=fleet.servers[0].model,
-                template="support", prompt_tokens=200, cached_tokens=160, cache_salt="initech-2026",
-                prompt_token_ids=prompt(5), tenant="initech",
+                request_id="leak-1",
+                arrived_at=arrived_at,
+                server="sim-a",
+                model=fleet.servers[0].model,
+                template="support",
+                prompt_tokens=200,
+                cached_tokens=160,
+                cache_salt="initech-2026",
+                prompt_token_ids=prompt(5),
+                tenant="initech",
             )
         ],
-        source="gateway", now=arrived_at,
-    )  # fmt: skip
+        source="gateway",
+        now=arrived_at,
+    )
     diagnose_requests(now=timezone.now() + timedelta(minutes=1))
 
     diagnoses = list(RequestDiagnosis.objects.all())
@@ -241,12 +256,19 @@ def test_a_run_goes_on_from_the_replay_the_last_one_left_and_replays_again_for_a
     ingest_request_records(
         [
             RequestFacts(
-                request_id="late-1", arrived_at=late_at, server="sim-a", model=fleet.servers[0].model,
-                template="support", prompt_tokens=200, cached_tokens=0, prompt_token_ids=prompt(3),
+                request_id="late-1",
+                arrived_at=late_at,
+                server="sim-a",
+                model=fleet.servers[0].model,
+                template="support",
+                prompt_tokens=200,
+                cached_tokens=0,
+                prompt_token_ids=prompt(3),
             )
         ],
-        source="gateway", now=timezone.now(),
-    )  # fmt: skip
+        source="gateway",
+        now=timezone.now(),
+    )
     assert diagnose_requests(now=timezone.now()) == 1
     late = RequestDiagnosis.objects.get(request_id="late-1")
     assert late.seen_before_tokens == 160  # the first request's system prompt, read again

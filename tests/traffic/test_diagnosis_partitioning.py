@@ -26,9 +26,8 @@ from app.diagnosis.tasks import dispatch_diagnoses
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.models import RequestDiagnosis
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
-from tests.traffic.processes import REPO, database_url_for_tests, wait_until
+from tests.support.factories import facts, ingested
+from tests.support.processes import REPO, database_url_for_tests, wait_until
 
 RECORDS_PER_SERVER = 300
 
@@ -45,16 +44,20 @@ def ingest(servers: list[Server], *, count: int, at: datetime) -> None:
     rng = random.Random(3)
     system = [rng.randrange(1, 50_000) for _ in range(96)]
     for server in servers:
-        facts = [
-            RequestFacts(
-                request_id=f"{server.name}-{i}", arrived_at=at + timedelta(milliseconds=i),
-                server=server.name, model=server.model, template="support", prompt_tokens=112,
+        sent = [
+            facts(
+                request_id=f"{server.name}-{i}",
+                arrived_at=at + timedelta(milliseconds=i),
+                server=server.name,
+                model=server.model,
+                template="support",
+                prompt_tokens=112,
                 cached_tokens=0,
                 prompt_token_ids=system + [rng.randrange(1, 50_000) for _ in range(16)],
             )
             for i in range(count)
-        ]  # fmt: skip
-        ingest_request_records(facts, source="gateway", now=at)
+        ]
+        ingested(*sent, source="gateway", now=at)
 
 
 def diagnosed_servers() -> list[int]:

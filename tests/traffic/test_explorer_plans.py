@@ -26,9 +26,14 @@ PER_DAY = 3_000
 
 def _record(n: int, at: datetime) -> RequestFacts:
     return RequestFacts(
-        request_id=f"r-{n}", arrived_at=at, server=f"vllm-{n % 2}", model="m", tenant=f"t{n % 3}",
-        prompt_tokens=100 + n % 50, cached_tokens=n % 100,
-    )  # fmt: skip
+        request_id=f"r-{n}",
+        arrived_at=at,
+        server=f"vllm-{n % 2}",
+        model="m",
+        tenant=f"t{n % 3}",
+        prompt_tokens=100 + n % 50,
+        cached_tokens=n % 100,
+    )
 
 
 @pytest.fixture
@@ -46,8 +51,10 @@ def history() -> datetime:
     for first in range(0, len(facts), 4_000):
         assert ingest_request_records(facts[first : first + 4_000], source="rest", now=now).rejected == []
     with connection.cursor() as cursor:
-        cursor.execute("SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass",
-                       ["traffic_requestrecord"])  # fmt: skip
+        cursor.execute(
+            "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = %s::regclass",
+            ["traffic_requestrecord"],
+        )
         for (partition,) in cursor.fetchall():  # each one: other tests' statistics may linger
             cursor.execute(f"ANALYZE {partition}")
         # And the tables the page joins: stale statistics of a one-row fleet_server (left by other
@@ -99,10 +106,12 @@ def test_first_and_later_pages_read_an_index_within_the_windows_partitions(
 ) -> None:
     servers = {n: Server.objects.get(name=f"vllm-{n}").pk for n in range(8)}
     window = RequestFilters(
-        since=history - timedelta(hours=30), until=history - timedelta(hours=6),
+        since=history - timedelta(hours=30),
+        until=history - timedelta(hours=6),
         server_id=servers[filters["server"]] if "server" in filters else None,
-        tenant=filters.get("tenant"), hit_min=filters.get("hit_min"),
-    )  # fmt: skip
+        tenant=filters.get("tenant"),
+        hit_min=filters.get("hit_min"),
+    )
     later = Cursor(history - timedelta(hours=20), servers[1], "r-0")
     wanted = _partitions_in(window.since, window.until)
     assert 1 < len(wanted) < DAYS + 1  # the window spans two days of the five
@@ -146,9 +155,12 @@ def test_a_diagnosis_filter_probes_each_record_in_the_pages_order_instead_of_sor
         cursor.execute("ANALYZE traffic_requestdiagnosis")
     server = Server.objects.get(name="vllm-1").pk if "server" in filters else None
     window = RequestFilters(
-        since=history - timedelta(hours=30), until=history - timedelta(hours=6), server_id=server,
-        cause=filters.get("cause"), missed_only=filters.get("missed_only", False),
-    )  # fmt: skip
+        since=history - timedelta(hours=30),
+        until=history - timedelta(hours=6),
+        server_id=server,
+        cause=filters.get("cause"),
+        missed_only=filters.get("missed_only", False),
+    )
     for after in (None, Cursor(history - timedelta(hours=20), Server.objects.get(name="vllm-1").pk, "r-0")):
         nodes = _plan(window, after)
         records = [n for n in nodes if n.get("Relation Name", "").startswith("traffic_requestrecord")]

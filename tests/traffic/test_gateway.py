@@ -33,10 +33,11 @@ from app.traffic.models import RejectedInput, RequestRecord
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
 from collectors.records import RequestFacts, canonical_request_id
 from simulator.server import ServerConfig
-from tests.collectors.gateway.running import call, running_gateway, wait_for
-from tests.fixtures import captured_traffic
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import captured_traffic
+from tests.support.factories import a_server
+from tests.support.ports import unused_ports
+from tests.support.running_gateway import call, running_gateway, wait_for
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
@@ -250,8 +251,11 @@ def test_a_line_torn_by_a_crash_costs_that_line_only(server: Server, spill: Path
     arrived = timezone.now()
     observed = RequestFacts(request_id="2", arrived_at=arrived, client_ttft_seconds=0.01, cached_tokens=0)
     spill.parent.mkdir(parents=True)
-    spill.write_text(json.dumps({"server": "sim-0", "request_id": "1", "arrived_at": arrived.isoformat()})
-                     + "\n" + '{"server": "sim-0", "requ')  # fmt: skip
+    spill.write_text(
+        json.dumps({"server": "sim-0", "request_id": "1", "arrived_at": arrived.isoformat()})
+        + "\n"
+        + '{"server": "sim-0", "requ'
+    )
     writer.start()
     writer.record(observed)
     wait_for(lambda: writer.spilled == 1)
@@ -367,10 +371,7 @@ def _connections_named(application_name: str) -> int:
 def test_writers_sharing_a_connection_spill_together_while_it_is_down_and_each_replays_its_own(
     tmp_path: Path,
 ) -> None:
-    servers = [
-        Server.objects.create(name=f"pool-{i}", base_url=f"http://pool-{i}:8000", block_size=32, model="tiny")
-        for i in range(3)
-    ]
+    servers = [a_server(name=f"pool-{i}", block_size=32) for i in range(3)]
     outage = Outage()
     writers = [
         writer_for(server.name, tmp_path / f"{server.name}.jsonl", store=outage.store) for server in servers

@@ -25,9 +25,13 @@ BAD = 37  # in a task after the first: the COPY has taken rows by then
 @pytest.fixture
 def server() -> Server:
     return Server.objects.create(
-        name="vllm-0", base_url="http://vllm-0:8000", block_size=32, model="tiny", base_models=["tiny"],
+        name="vllm-0",
+        base_url="http://vllm-0:8000",
+        block_size=32,
+        model="tiny",
+        base_models=["tiny"],
         models_read_at=datetime(2026, 12, 1, tzinfo=UTC),
-    )  # fmt: skip
+    )
 
 
 def prompt(n: int) -> list[int]:

@@ -13,15 +13,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from app.fleet.models import Server
 from app.traffic.services.requests import ingest_request_records, stored_near_probe
 from collectors.records import RequestFacts
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_probe_looks_each_request_id_up_in_the_primary_key_before_any_statistics() -> None:
-    server = Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", block_size=32)
+    server = a_server(name="vllm-0", block_size=32)
     # The day after tomorrow: a partition no other test writes to. Batches of requests that
     # arrived within the same second, as a gateway's are.
     day = timezone.now().replace(hour=12, minute=0, second=0, microsecond=0) + timedelta(days=2)

@@ -20,10 +20,10 @@ from app.traffic.collection.gateway_writer import read_spill
 from app.traffic.models import KVEvent, KVGap, KVStream, RequestRecord, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, database_url_for_tests, wait_until
-from tests.traffic.published import differences, published, resident_after, rows_of
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, Load, database_url_for_tests, wait_until
+from tests.support.published import differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 UNREACHABLE_DATABASE = "postgres://postgres@%2Fnonexistent%2Fpostgresql/prefixscope"
@@ -68,13 +68,19 @@ def test_a_killed_kv_collector_resumes_from_its_committed_position_and_stores_ea
         published_while_down = published(str(server.kv_replay_endpoint))[-1].seq
         assert published_while_down > committed + 50
         second.start()  # nothing is published now: only its replay from `committed` can catch up
-        wait_until(lambda: KVStream.objects.get(server=server).last_seq == published_while_down, timeout=60,
-                   what="the restarted collector to replay what it missed")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.get(server=server).last_seq == published_while_down,
+            timeout=60,
+            what="the restarted collector to replay what it missed",
+        )
         with Load(upstream.base_url) as load:
             wait_until(lambda: len(load.answered) > 50, timeout=30, what="load after the restart")
         replies = published(str(server.kv_replay_endpoint))
-        wait_until(lambda: KVStream.objects.get(server=server).last_seq == replies[-1].seq, timeout=30,
-                   what="the collector to catch up")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.get(server=server).last_seq == replies[-1].seq,
+            timeout=30,
+            what="the collector to catch up",
+        )
         second.stop()
     finally:
         first.ensure_stopped()

@@ -13,7 +13,7 @@ from app.traffic.collection.kv_collector import KVEventCollector, event_rows
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import KVEventRow
 from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
-from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads, retime
+from tests.support.fake_vllm_kv import FakeKVServer, captured_payloads, retime
 
 pytestmark = pytest.mark.django_db
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
@@ -22,9 +22,12 @@ CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
 @pytest.fixture
 def server(vllm: FakeKVServer) -> Server:
     return Server.objects.create(
-        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
-        kv_replay_endpoint=vllm.replay_endpoint, kv_topic="kv@127.0.0.1:18000@tiny",
-    )  # fmt: skip
+        name="vllm-cpu",
+        base_url="http://127.0.0.1:18000",
+        kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint,
+        kv_topic="kv@127.0.0.1:18000@tiny",
+    )
 
 
 def start_collector(
@@ -225,9 +228,12 @@ def test_malformed_frames_are_counted_and_the_good_ones_around_them_kept(context
 @pytest.mark.django_db(transaction=True)
 def test_while_postgresql_is_away_events_wait_in_the_buffer_and_are_stored_after(context, vllm) -> None:  # type: ignore[no-untyped-def]
     server = Server.objects.create(
-        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
-        kv_replay_endpoint=vllm.replay_endpoint, kv_topic="kv@127.0.0.1:18000@tiny",
-    )  # fmt: skip
+        name="vllm-cpu",
+        base_url="http://127.0.0.1:18000",
+        kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint,
+        kv_topic="kv@127.0.0.1:18000@tiny",
+    )
     collector = start_collector(context, server, vllm)
     for seq, payload in captured_payloads(shift_to=time.time()):
         vllm.publish(seq, payload)

@@ -1,6 +1,6 @@
 """KV events delivered twice, malformed, or before the collector listened: each good event stored once.
 
-Over real ZMQ sockets with the captured stream (tests/traffic/fake_vllm_kv.py), through the
+Over real ZMQ sockets with the captured stream (tests/support/fake_vllm_kv.py), through the
 collector as deployed (`manage.py collect_kv_events`) or, where only its logic matters, in process.
 """
 
@@ -13,8 +13,8 @@ import zmq
 from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput
-from tests.traffic.fake_vllm_kv import FakeKVServer, captured_payloads
-from tests.traffic.processes import Command, database_url_for_tests, wait_until
+from tests.support.fake_vllm_kv import FakeKVServer, captured_payloads
+from tests.support.processes import Command, database_url_for_tests, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
@@ -23,9 +23,12 @@ CAPTURED_ROWS = 95 + 44  # stored blocks plus removed blocks in the capture
 @pytest.fixture
 def server(vllm: FakeKVServer) -> Server:
     return Server.objects.create(
-        name="vllm-cpu", base_url="http://127.0.0.1:18000", kv_events_endpoint=vllm.endpoint,
-        kv_replay_endpoint=vllm.replay_endpoint, kv_topic=vllm.topic.decode(),
-    )  # fmt: skip
+        name="vllm-cpu",
+        base_url="http://127.0.0.1:18000",
+        kv_events_endpoint=vllm.endpoint,
+        kv_replay_endpoint=vllm.replay_endpoint,
+        kv_topic=vllm.topic.decode(),
+    )
 
 
 def stored_keys(server: Server) -> list[tuple[int, int, int, int]]:
@@ -67,8 +70,11 @@ def test_duplicated_and_malformed_deliveries_through_the_command_store_each_good
                 vllm.publisher.send_multipart([vllm.topic, seq.to_bytes(8, "big")])  # a frame short
             vllm.publish(seq, payload)
             vllm.publisher.send_multipart([vllm.topic, seq.to_bytes(8, "big"), payload])  # delivered twice
-        wait_until(lambda: KVStream.objects.filter(server=server, last_seq=23).exists(), timeout=30,
-                   what="the last batch")  # fmt: skip
+        wait_until(
+            lambda: KVStream.objects.filter(server=server, last_seq=23).exists(),
+            timeout=30,
+            what="the last batch",
+        )
         collector.stop()
     finally:
         collector.ensure_stopped()

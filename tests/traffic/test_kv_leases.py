@@ -23,9 +23,9 @@ from app.traffic.collection.processes import LeaseCounts
 from app.traffic.models import CollectorProcess, KVEvent, KVGap, KVStream, ResidentBlock
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, database_url_for_tests, wait_until
-from tests.traffic.published import differences, published, resident_after, rows_of
+from tests.support.processes import Command, Load, database_url_for_tests, wait_until
+from tests.support.published import differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 logger = logging.getLogger(__name__)
 LEASE_SECONDS = 2.0
@@ -135,19 +135,31 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
             for config in fleet:
                 loads.enter_context(Load(config.base_url, pause_seconds=0.02))
             shared = sorted([killed_pid, survivor_pid] * 2)
-            wait_until(lambda: sorted(holders_by_process().values()) == shared,
-                       timeout=60, what="the servers to be shared two and two")  # fmt: skip
+            wait_until(
+                lambda: sorted(holders_by_process().values()) == shared,
+                timeout=60,
+                what="the servers to be shared two and two",
+            )
             killed = [pk for pk, pid in holders_by_process().items() if pid == killed_pid]
-            wait_until(lambda: all(KVEvent.objects.filter(server_id=pk).count() > 200 for pk in killed),
-                       timeout=60, what="events of the first subscriber's servers")  # fmt: skip
+            wait_until(
+                lambda: all(KVEvent.objects.filter(server_id=pk).count() > 200 for pk in killed),
+                timeout=60,
+                what="events of the first subscriber's servers",
+            )
             first.kill()
             killed_at = time.monotonic()
-            wait_until(lambda: holders_by_process() == {s.pk: survivor_pid for s in servers},
-                       timeout=2 * LEASE_SECONDS, what="the survivor to lease every server")  # fmt: skip
+            wait_until(
+                lambda: holders_by_process() == {s.pk: survivor_pid for s in servers},
+                timeout=2 * LEASE_SECONDS,
+                what="the survivor to lease every server",
+            )
             handover_seconds = time.monotonic() - killed_at
             # The survivor reports its leases (its row, beside the killed one's, which no longer reports).
-            wait_until(lambda: reported_leases(survivor_pid) == 4, timeout=4 * LEASE_SECONDS,
-                       what="the survivor to report its four leases")  # fmt: skip
+            wait_until(
+                lambda: reported_leases(survivor_pid) == 4,
+                timeout=4 * LEASE_SECONDS,
+                what="the survivor to report its four leases",
+            )
             time.sleep(2.0)  # load goes on after the handover
         replies = {server.pk: published(str(server.kv_replay_endpoint)) for server in servers}
         for server in servers:
@@ -158,8 +170,11 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
         first.ensure_stopped()
         second.ensure_stopped()
 
-    logger.info("every server leased by the survivor %.2f s after the SIGKILL (lease period %s s)",
-                handover_seconds, LEASE_SECONDS)  # fmt: skip
+    logger.info(
+        "every server leased by the survivor %.2f s after the SIGKILL (lease period %s s)",
+        handover_seconds,
+        LEASE_SECONDS,
+    )
     for server in servers:
         assert differences(stored_kv_rows(server), rows_of(replies[server.pk])) == {}, server.name
         resident = set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True))

@@ -12,7 +12,7 @@ from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.rejections import count_rejected_input
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 pytestmark = pytest.mark.django_db
 KINDS = {"BlockStored": 1, "BlockRemoved": 2, "AllBlocksCleared": 3}
@@ -37,13 +37,23 @@ def captured_rows(server: Server, *, emitted_at: datetime) -> list[KVEventRow]:
                 )
                 rows.append(
                     KVEventRow(
-                        server.pk, dp_rank or 0, 0, message["seq"], event_index, block_index,
-                        emitted_at + timedelta(milliseconds=message["seq"]), emitted_at,
-                        KINDS[event["type"]], block_hash, parent,
+                        server.pk,
+                        dp_rank or 0,
+                        0,
+                        message["seq"],
+                        event_index,
+                        block_index,
+                        emitted_at + timedelta(milliseconds=message["seq"]),
+                        emitted_at,
+                        KINDS[event["type"]],
+                        block_hash,
+                        parent,
                         event.get("block_size") if event["type"] == "BlockStored" else None,
-                        event.get("medium") or "", event.get("lora_name") or "", event.get("group_idx"),
+                        event.get("medium") or "",
+                        event.get("lora_name") or "",
+                        event.get("group_idx"),
                     )
-                )  # fmt: skip
+                )
     return rows
 
 

@@ -4,14 +4,12 @@
 from datetime import UTC, datetime
 
 import pytest
-from django.utils import timezone
 
 from app.domain.blockhash import LoraKey, block_hash_chain, signed_to_wire
 from app.fleet.models import Server
 from app.fleet.selectors import UNKNOWN_MODEL_REASON
 from app.traffic.models import RejectedInput, RequestRecord
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
+from tests.support.factories import a_server, facts, ingested
 
 pytestmark = pytest.mark.django_db
 
@@ -20,19 +18,17 @@ PROMPT = list(range(1000, 1100))  # three full blocks of 32
 
 @pytest.fixture
 def server() -> Server:
-    return Server.objects.create(
-        name="vllm-lora", base_url="http://127.0.0.1:18000", block_size=32, model="tiny",
-        base_models=["tiny"], lora_adapters={"support-lora": "lora-adapter"},
+    return a_server(
+        name="vllm-lora",
+        block_size=32,
+        base_models=["tiny"],
+        lora_adapters={"support-lora": "lora-adapter"},
         models_read_at=datetime(2026, 12, 1, tzinfo=UTC),
-    )  # fmt: skip
+    )
 
 
 def stored(server: Server, model: str) -> RequestRecord:
-    facts = RequestFacts(
-        request_id=f"r-{model}", arrived_at=timezone.now(), model=model, prompt_token_ids=PROMPT
-    )
-    ingest_request_records([facts], source="rest", default_server=server.name, now=timezone.now())
-    record: RequestRecord = RequestRecord.objects.get(request_id=facts.request_id)
+    (record,) = ingested(facts(server=server.name, model=model, prompt_token_ids=PROMPT))
     return record
 
 

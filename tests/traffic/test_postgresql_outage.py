@@ -30,10 +30,10 @@ from app.devstack import start_embedded_postgres
 from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, Load, Web, manage, wait_until
-from tests.traffic.published import Row, differences, published, resident_after, rows_of
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, Load, Web, manage, wait_until
+from tests.support.published import Row, differences, published, resident_after, rows_of
+from tests.support.simulated_fleet import local_config, running_fleet
 
 OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "60"))
 INGEST_SECRET = "psi_outage-test-secret"
@@ -159,8 +159,11 @@ def test_postgresql_stopped_under_load_loses_nothing_that_was_answered_or_publis
     try:
         deployment.start()
         with Load(f"http://127.0.0.1:{deployment.gateway_port}", pause_seconds=0.02) as load:
-            wait_until(lambda: bool(request_ids(postgres, "gateway") and stored_kv_rows(postgres)),
-                       timeout=60, what="records and events stored before the outage")  # fmt: skip
+            wait_until(
+                lambda: bool(request_ids(postgres, "gateway") and stored_kv_rows(postgres)),
+                timeout=60,
+                what="records and events stored before the outage",
+            )
             postgres.stop()
             stopped_at, answered_at_stop = time.monotonic(), len(load.answered)
             assert_unavailable(ingest(web, "/api/v1/requests", rest, "application/json"))
@@ -168,16 +171,25 @@ def test_postgresql_stopped_under_load_loses_nothing_that_was_answered_or_publis
             time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
             answered_during_outage = len(load.answered) - answered_at_stop
             postgres.start()
-            wait_until(lambda: ingest(web, "/api/v1/requests", rest, "application/json").status_code == 200,
-                       timeout=30, what="REST ingest to accept the retried batch")  # fmt: skip
+            wait_until(
+                lambda: ingest(web, "/api/v1/requests", rest, "application/json").status_code == 200,
+                timeout=30,
+                what="REST ingest to accept the retried batch",
+            )
             redelivered = ingest(web, "/api/v1/requests", rest, "application/json")  # delivered twice
             exported = [ingest(web, "/v1/traces", spans, "application/x-protobuf") for _ in range(2)]
             time.sleep(1.0)  # load goes on after the outage too
         replies = published(f"tcp://127.0.0.1:{upstream.replay_port}")
-        wait_until(lambda: sorted(request_ids(postgres, "gateway")) == sorted(load.answered), timeout=60,
-                   what="every answered request to be stored")  # fmt: skip
-        wait_until(lambda: not differences(stored_kv_rows(postgres), rows_of(replies)), timeout=60,
-                   what="every published KV event to be stored")  # fmt: skip
+        wait_until(
+            lambda: sorted(request_ids(postgres, "gateway")) == sorted(load.answered),
+            timeout=60,
+            what="every answered request to be stored",
+        )
+        wait_until(
+            lambda: not differences(stored_kv_rows(postgres), rows_of(replies)),
+            timeout=60,
+            what="every published KV event to be stored",
+        )
         deployment.stop()
     finally:
         deployment.ensure_stopped()

@@ -10,10 +10,10 @@ from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
 from app.diagnosis.reads import recent_misses
-from app.fleet.models import Server
 from app.prompts.models import Template
 from app.traffic.models import REUSABLE_LOST_COLUMNS, RequestDiagnosis
 from app.traffic.services.partitions import ensure_day_partitions
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -32,10 +32,7 @@ def diagnoses() -> list[RequestDiagnosis]:
     """Diagnoses over the last 90 minutes on servers of acme, globex and none, of templates of acme
     and none, with tenants acme, globex, hooli and none: lost tokens repeating every 7 (ties, told
     apart by time), every fifth also below one block, every ninth below one block alone."""
-    servers = [
-        Server.objects.create(name=f"vllm-{t or 'shared'}", base_url=f"http://{t}:8000", tenant=t)
-        for t in ("acme", "globex", "")
-    ]
+    servers = [a_server(name=f"vllm-{t or 'shared'}", tenant=t) for t in ("acme", "globex", "")]
     templates = [Template.objects.create(name="tpl-acme", tenant="acme"), None]
     tenants = ("acme", "globex", "hooli", "")
     rows = []
@@ -44,10 +41,19 @@ def diagnoses() -> list[RequestDiagnosis]:
         lost = {LOSSES[n % 4]: 16 * (n % 7), "below_block_tokens": 15 if n % 5 == 0 else 0}
         if n % 9 == 0:
             lost = {"below_block_tokens": 600}  # not reusable: never a miss to list
-        rows.append(RequestDiagnosis(
-            server=servers[n % 3], request_id=f"r{n}", arrived_at=at, diagnosed_at=at, tenant=tenants[n % 4],
-            template=templates[n % 2], prompt_tokens=1000, cause="evicted", **lost,
-        ))  # fmt: skip
+        rows.append(
+            RequestDiagnosis(
+                server=servers[n % 3],
+                request_id=f"r{n}",
+                arrived_at=at,
+                diagnosed_at=at,
+                tenant=tenants[n % 4],
+                template=templates[n % 2],
+                prompt_tokens=1000,
+                cause="evicted",
+                **lost,
+            )
+        )
     ensure_day_partitions(RequestDiagnosis, [row.arrived_at for row in rows])
     return RequestDiagnosis.objects.bulk_create(rows)
 

@@ -10,11 +10,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from app.fleet.models import Server
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import JOIN_WINDOW, ingest_request_records
+from app.traffic.services.requests import JOIN_WINDOW
 from collectors.records import RequestFacts
-from tests.users import fleet_viewer
+from tests.support.factories import a_server, facts, ingested
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db
 
@@ -23,18 +23,30 @@ pytestmark = pytest.mark.django_db
 def reused(client: Client) -> tuple[Client, list[RequestFacts]]:
     """demo-0-000020 sent twice to vllm-0, half an hour apart (a demo restarted), with other prompts:
     both inside the requests explorer's default last hour however long the test takes to list them."""
-    Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", model="tiny")
+    a_server(name="vllm-0")
     # A whole second back, so that the newest arrival is never after the explorer's "now" (a quarter
     # second past now was, for a listing made within it).
     now = (timezone.now() - timedelta(seconds=1)).replace(microsecond=250_000)
     sent = [
-        RequestFacts(request_id="demo-0-000020", arrived_at=now - timedelta(minutes=30), server="vllm-0",
-                     tenant="acme", prompt_tokens=300, cached_tokens=0),
-        RequestFacts(request_id="demo-0-000020", arrived_at=now, server="vllm-0",
-                     tenant="globex", prompt_tokens=500, cached_tokens=64),
-    ]  # fmt: skip
-    for facts in sent:
-        ingest_request_records([facts], source="gateway", now=now)
+        facts(
+            request_id="demo-0-000020",
+            arrived_at=now - timedelta(minutes=30),
+            server="vllm-0",
+            tenant="acme",
+            prompt_tokens=300,
+            cached_tokens=0,
+        ),
+        facts(
+            request_id="demo-0-000020",
+            arrived_at=now,
+            server="vllm-0",
+            tenant="globex",
+            prompt_tokens=500,
+            cached_tokens=64,
+        ),
+    ]
+    for one in sent:
+        ingested(one, source="gateway", now=now)
     client.force_login(fleet_viewer("engineer"))
     return client, sent
 

@@ -16,7 +16,7 @@ from app.fleet.models import Server
 from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import HourRollup, MinuteRollup, RequestRecord, ServerRequestHour
 from app.traffic.services.partitions import ensure_day_partitions
-from tests.sessions import wait_for_lock_waits
+from tests.support.sessions import wait_for_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

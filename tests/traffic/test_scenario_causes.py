@@ -32,9 +32,9 @@ from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.template_repo import create_repo
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
-from tests.traffic.processes import Command, database_url_for_tests, wait_until
+from tests.support.ports import unused_ports
+from tests.support.processes import Command, database_url_for_tests, wait_until
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,13 +180,20 @@ def _stored_requests() -> list[Request]:
         diagnosis = diagnoses[record.server_id, record.request_id]
         found.append(
             Request(
-                names[record.server_id], record.arrived_at, record.template.name if record.template else "",
-                record.template_version.commit_sha if record.template_version else "", record.tenant,
-                record.salt_hash, diagnosis.cause or diagnosis.unknown or "reused", diagnosis.diverged_at,
-                record.request_id, record.token_ids or [], record.cached_tokens or 0,
+                names[record.server_id],
+                record.arrived_at,
+                record.template.name if record.template else "",
+                record.template_version.commit_sha if record.template_version else "",
+                record.tenant,
+                record.salt_hash,
+                diagnosis.cause or diagnosis.unknown or "reused",
+                diagnosis.diverged_at,
+                record.request_id,
+                record.token_ids or [],
+                record.cached_tokens or 0,
                 sizes[record.server_id] or 1,
             )
-        )  # fmt: skip
+        )
     return found
 
 

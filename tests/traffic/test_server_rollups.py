@@ -13,8 +13,8 @@ from app.rollups.servers import SCRAPE_GAP, refresh_server_minutes
 from app.traffic.models import KVEvent, MetricSeries, Scrape, ScrapeSample, ServerHour, ServerMinute
 from app.traffic.services.scrapes import record_scrape
 from collectors.metrics.parse import parse_metrics
-from tests.dashboard.server_traffic import a_served_server, metrics_page
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.server_traffic import a_served_server, metrics_page
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,8 @@ from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, ResidentBlock, ScrapeSample, ServerMinute
 from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
-from tests.fixtures import captured_traffic
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import captured_traffic
+from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db
 

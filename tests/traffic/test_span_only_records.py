@@ -11,25 +11,24 @@ from django.utils import timezone
 
 from app.diagnosis.run import diagnose_requests
 from app.diagnosis.tenants import tenant_audit
-from app.fleet.models import Server
 from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import MinuteRollup, RequestDiagnosis, RequestRecord, ServerRequestMinute
-from app.traffic.services.requests import ingest_request_records
-from collectors.records import RequestFacts
+from tests.support.factories import a_server, facts, ingested
 
 pytestmark = pytest.mark.django_db
 
 
 def test_span_only_records_are_not_requests_in_the_rollups_or_the_tenant_audit() -> None:
-    Server.objects.create(name="vllm-0", base_url="http://127.0.0.1:18000", block_size=16, model="tiny")
+    a_server(name="vllm-0")
     now = timezone.now().replace(microsecond=0)
     at = now - timedelta(minutes=3)
 
-    def send(source: str, request_id: str, **facts: Any) -> None:
-        record = RequestFacts(
-            request_id=request_id, arrived_at=at, server="vllm-0", prompt_tokens=100, **facts
+    def send(source: str, request_id: str, **fields: Any) -> None:
+        ingested(
+            facts(request_id=request_id, arrived_at=at, server="vllm-0", prompt_tokens=100, **fields),
+            source=source,
+            now=now,
         )
-        ingest_request_records([record], source=source, now=now)
 
     gateway = {"tenant": "acme", "cached_tokens": 32, "client_ttft_seconds": 0.2}
     send("gateway", "req-1", **gateway)

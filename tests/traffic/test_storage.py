@@ -43,9 +43,17 @@ def test_block_hashes_above_two_to_the_63_round_trip_unsigned(server: Server) ->
     big_hash = 0xFEDC_BA98_7654_3210  # >= 2**63: stored as a negative bigint
     emitted = timezone.now()
     KVEvent.objects.create(
-        server=server, seq=7, event_index=0, emitted_at=emitted, received_at=emitted,
-        kind=KVEvent.Kind.STORED, block_hash=big_hash, parent_hash=1, token_count=32, medium="GPU",
-    )  # fmt: skip
+        server=server,
+        seq=7,
+        event_index=0,
+        emitted_at=emitted,
+        received_at=emitted,
+        kind=KVEvent.Kind.STORED,
+        block_hash=big_hash,
+        parent_hash=1,
+        token_count=32,
+        medium="GPU",
+    )
     stored = KVEvent.objects.get(server=server, seq=7)
     assert stored.block_hash == big_hash
     assert KVEvent.objects.filter(block_hash=big_hash).count() == 1
@@ -57,9 +65,15 @@ def test_block_hashes_above_two_to_the_63_round_trip_unsigned(server: Server) ->
 def test_a_replayed_kv_event_does_not_duplicate(server: Server) -> None:
     emitted = timezone.now()
     event = KVEvent(
-        server=server, seq=1, event_index=0, block_index=0, emitted_at=emitted, received_at=emitted,
-        kind=KVEvent.Kind.REMOVED, block_hash=42,
-    )  # fmt: skip
+        server=server,
+        seq=1,
+        event_index=0,
+        block_index=0,
+        emitted_at=emitted,
+        received_at=emitted,
+        kind=KVEvent.Kind.REMOVED,
+        block_hash=42,
+    )
     KVEvent.objects.bulk_create([event], ignore_conflicts=True)
     KVEvent.objects.bulk_create([event], ignore_conflicts=True)
     assert KVEvent.objects.filter(server=server).count() == 1
@@ -139,16 +153,30 @@ def test_rollups_sum_tokens_and_bucket_ttft_per_server_template_and_minute(serve
     minute = this_minute() - timedelta(minutes=2)
     RequestRecord.objects.bulk_create(
         [
-            make_request(server, "a", minute + timedelta(seconds=1), template=template,
-                         prompt_tokens=191, cached_tokens=160, client_ttft_seconds=0.03,
-                         server_ttft_seconds=0.015),
-            make_request(server, "b", minute + timedelta(seconds=30), template=template,
-                         prompt_tokens=191, cached_tokens=0, client_ttft_seconds=0.3),
+            make_request(
+                server,
+                "a",
+                minute + timedelta(seconds=1),
+                template=template,
+                prompt_tokens=191,
+                cached_tokens=160,
+                client_ttft_seconds=0.03,
+                server_ttft_seconds=0.015,
+            ),
+            make_request(
+                server,
+                "b",
+                minute + timedelta(seconds=30),
+                template=template,
+                prompt_tokens=191,
+                cached_tokens=0,
+                client_ttft_seconds=0.3,
+            ),
             make_request(server, "c", minute + timedelta(seconds=59), prompt_tokens=50, cached_tokens=32),
             # A span's record: its cached tokens are unknown.
             make_request(server, "d", minute + timedelta(seconds=59), prompt_tokens=70),
         ]
-    )  # fmt: skip
+    )
 
     refresh_minute_rollups(since=minute, until=minute + timedelta(minutes=1))
     refresh_minute_rollups(since=minute, until=minute + timedelta(minutes=1))  # converges, no doubling

@@ -6,37 +6,43 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.test import Client
 
-from app.fleet.models import Server
 from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.models import TenantSalt
-from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 from tests.core.test_own_metrics import samples
+from tests.support.factories import a_server, facts, ingested
 
 pytestmark = pytest.mark.django_db
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-def facts(request_id: str, minutes: float, tenant: str, salt: str | None) -> RequestFacts:
+def sent_by(tenant: str, request_id: str, minutes: float, salt: str | None) -> RequestFacts:
     tokens = list(range(1, 40))
-    return RequestFacts(
-        request_id=request_id, arrived_at=START + timedelta(minutes=minutes), server="vllm-a", model="m",
-        tenant=tenant, prompt_tokens=len(tokens), prompt_token_ids=tokens, cache_salt=salt,
-    )  # fmt: skip
+    return facts(
+        request_id=request_id,
+        arrived_at=START + timedelta(minutes=minutes),
+        server="vllm-a",
+        model="m",
+        tenant=tenant,
+        prompt_tokens=len(tokens),
+        prompt_token_ids=tokens,
+        cache_salt=salt,
+    )
 
 
 @pytest.fixture
 def sent() -> None:
-    Server.objects.create(name="vllm-a", base_url="http://127.0.0.1:9/a", block_size=16, model="m")
-    requests = [
-        facts("a1", 1, "acme", "acme-2026"),
-        facts("a2", 2, "acme", "acme-2026"),
-        facts("g1", 2, "globex", None),
-        facts("a3", 7, "acme", "acme-2026-rotated"),
-        facts("a4", 8, "acme", "acme-2026"),  # a client still on the old salt: no new one
-    ]
-    assert ingest_request_records(requests, source="gateway", now=START + timedelta(hours=1)).rejected == []
+    a_server(name="vllm-a", model="m")
+    ingested(
+        sent_by("acme", "a1", 1, salt="acme-2026"),
+        sent_by("acme", "a2", 2, salt="acme-2026"),
+        sent_by("globex", "g1", 2, salt=None),
+        sent_by("acme", "a3", 7, salt="acme-2026-rotated"),
+        sent_by("acme", "a4", 8, salt="acme-2026"),  # a client still on the old salt: no new one
+        source="gateway",
+        now=START + timedelta(hours=1),
+    )
 
 
 def salts() -> dict[tuple[str, str], tuple[datetime, datetime]]:

@@ -11,12 +11,12 @@ import pytest
 from django.db import connection
 
 from app.core.tenancy import SEES_ALL
-from app.fleet.models import Server
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_minute_rollups
 from app.rollups.series import SeriesQuery, series
 from app.traffic.models import HourRollup, MinuteRollup, RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
+from tests.support.factories import a_server
 
 pytestmark = pytest.mark.django_db
 
@@ -30,17 +30,24 @@ FILL = importlib.import_module("app.traffic.migrations.0029_ttft_sketches").FILL
 def stored() -> list[RequestRecord]:
     """Two servers and two templates (and none), ~40 requests a minute each, TTFTs of about 131 ms
     with a long tail (vLLM's own a little less), rolled up by the product's service."""
-    servers = [Server.objects.create(name=f"vllm-{n}", base_url=f"http://vllm-{n}:8000") for n in range(2)]
+    servers = [a_server(name=f"vllm-{n}") for n in range(2)]
     templates = [Template.objects.create(name=f"tpl-{n}") for n in range(2)] + [None]
     noise, records = random.Random(3), []
     for n in range(MINUTES * 40):
         client = 0.131 * noise.lognormvariate(0, 0.35)
-        records.append(RequestRecord(
-            server=servers[n % 2], template=templates[n % 3], request_id=f"r{n}", source="rest",
-            arrived_at=START + timedelta(seconds=n * 60 * MINUTES / (MINUTES * 40)),
-            prompt_tokens=1000, cached_tokens=500, client_ttft_seconds=client,
-            server_ttft_seconds=None if n % 7 == 0 else client * 0.8,
-        ))  # fmt: skip
+        records.append(
+            RequestRecord(
+                server=servers[n % 2],
+                template=templates[n % 3],
+                request_id=f"r{n}",
+                source="rest",
+                arrived_at=START + timedelta(seconds=n * 60 * MINUTES / (MINUTES * 40)),
+                prompt_tokens=1000,
+                cached_tokens=500,
+                client_ttft_seconds=client,
+                server_ttft_seconds=None if n % 7 == 0 else client * 0.8,
+            )
+        )
     ensure_day_partitions(RequestRecord, [r.arrived_at for r in records])
     RequestRecord.objects.bulk_create(records)
     refresh_minute_rollups(since=START, until=START + timedelta(minutes=MINUTES))

@@ -4,7 +4,7 @@
         --prefixscope http://127.0.0.1:8000 --vllm 127.0.0.1:8101 --vllm 127.0.0.1:8102 ...
 
 One JSON line per scrape: the scrape's time (unix seconds, on a 15 s grid from the start), its job,
-instance, whether it worked, and the exposition text as served. tests/deploy/recorded.py turns a
+instance, whether it worked, and the exposition text as served. tests/support/recorded_scrapes.py turns a
 recording into `promtool test rules` input series (job and instance labels as Prometheus would add
 them, `up` per target). Started with the demo (`make run`), it records the demo scenario's faults at
 their scenario times from the start (simulator/scenarios/demo.yaml).

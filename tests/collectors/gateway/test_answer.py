@@ -11,7 +11,7 @@ import pytest
 
 from collectors.gateway.answer import StreamEditor, read_answer, strip_token_ids
 from collectors.gateway.plan import Plan
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json
 
 CAPTURED_STREAM = (VLLM_CPU_FIXTURES / "completion-stream.sse.txt").read_bytes()
 FINGERPRINT = "vllm-0.32.0-b8471d29"  # the captured stream's usage chunk carries it

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from collectors.gateway.plan import plan_request, trace_id_from
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

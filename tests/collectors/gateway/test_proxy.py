@@ -21,10 +21,10 @@ from aiohttp import web
 
 from collectors.records import canonical_request_id
 from simulator.server import ServerConfig
-from tests.collectors.gateway.running import Answer, KeptRecords, call, masked, running_gateway, wait_for
-from tests.fixtures import load_json
-from tests.ports import unused_ports
-from tests.simulator.running import local_config, running_fleet
+from tests.support.captures import load_json
+from tests.support.ports import unused_ports
+from tests.support.running_gateway import Answer, KeptRecords, call, masked, running_gateway, wait_for
+from tests.support.simulated_fleet import local_config, running_fleet
 
 PROMPT = load_json("completion-salt-a-1.json")["request"]["prompt"]
 MESSAGES = [{"role": "system", "content": PROMPT[:400]}, {"role": "user", "content": "What does red mean?"}]
@@ -303,11 +303,16 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
         with socket.create_connection(("127.0.0.1", gateway_port)) as client:
             client.sendall(
                 b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )  # fmt: skip
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
         time.sleep(1.0)  # the upstream answers after the client has gone
-        later = call("POST", url + "/v1/completions", {"prompt": "hi", "stream": True},
-                     {"Content-Type": "application/json"})  # fmt: skip
+        later = call(
+            "POST",
+            url + "/v1/completions",
+            body={"prompt": "hi", "stream": True},
+            headers={"Content-Type": "application/json"},
+        )
         wait_for(lambda: len(recorder.records) == 1)
     assert later.status == 200  # the gateway serves on
     assert [(r.name, r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == []

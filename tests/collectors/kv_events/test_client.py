@@ -16,8 +16,8 @@ import zmq
 
 from collectors.kv_events.client import ReplayUnavailable, SubscribeFailed, fetch_replay, open_subscriber
 from collectors.kv_events.parse import decode_sub_message
-from tests.collectors.kv_events.captures import TOPIC, live_frames, replay_frames
-from tests.ports import unused_port
+from tests.support.kv_captures import TOPIC, live_frames, replay_frames
+from tests.support.ports import unused_port
 
 LIVE = live_frames()
 REPLAY = replay_frames()  # ["", topic, seq, payload] each, end marker last

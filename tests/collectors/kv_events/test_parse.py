@@ -22,7 +22,7 @@ from collectors.kv_events.parse import (
     decode_sub_message,
     hash_from_bytes,
 )
-from tests.collectors.kv_events.captures import TOPIC, decoded_messages, live_frames, replay_frames
+from tests.support.kv_captures import TOPIC, decoded_messages, live_frames, replay_frames
 
 LIVE = live_frames()
 DECODED = decoded_messages()

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from collectors.metrics.client import ScrapeFailed, fetch_metrics
-from tests.fixtures import VLLM_CPU_FIXTURES
-from tests.ports import unused_port
+from tests.support.captures import VLLM_CPU_FIXTURES
+from tests.support.ports import unused_port
 
 PAGE = (VLLM_CPU_FIXTURES / "metrics-after.txt").read_bytes()
 

@@ -10,7 +10,7 @@ from collectors.metrics.parse import (
     parse_metrics,
     prefix_cache_totals,
 )
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 
 def page(name: str) -> str:

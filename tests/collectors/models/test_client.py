@@ -9,7 +9,7 @@ import pytest
 
 from collectors.metrics.client import ScrapeFailed
 from collectors.models.client import fetch_models
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 ANSWER = (VLLM_CPU_FIXTURES / "models.json").read_bytes()
 

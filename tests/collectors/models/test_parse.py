@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from collectors.models.parse import ModelsParseError, ServedModels, parse_models
-from tests.fixtures import VLLM_CPU_FIXTURES
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 LORA_ANSWER = (Path(__file__).with_name("models-lora.json")).read_text()
 

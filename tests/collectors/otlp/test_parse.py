@@ -9,7 +9,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, decode_export, span_request
 from collectors.records import canonical_request_id
 from collectors.usage.parse import UsageError
-from tests.fixtures import VLLM_CPU_FIXTURES, load_json, otlp_json
+from tests.support.captures import VLLM_CPU_FIXTURES, load_json, otlp_json
 
 CAPTURE = (VLLM_CPU_FIXTURES / "otlp" / "traces-01.pb").read_bytes()
 RESPONSES = [

@@ -3,7 +3,7 @@
 import pytest
 
 from collectors.usage.parse import Usage, UsageError, usage_from, usage_from_span
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 
 @pytest.mark.parametrize(

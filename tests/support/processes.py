@@ -58,9 +58,12 @@ class Command:
     def start(self) -> "Command":
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "manage.py", *self.args], cwd=REPO, env=self.environment, stdout=log,
+                [sys.executable, "manage.py", *self.args],
+                cwd=REPO,
+                env=self.environment,
+                stdout=log,
                 stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            )
         return self
 
     def wait_listening(self, port: int, timeout: float = 60) -> None:
@@ -115,9 +118,12 @@ class Web(Command):
         with self.log.open("ab") as log:
             gunicorn = [str(Path(sys.executable).parent / "gunicorn"), "-c", "gunicorn.conf.py"]
             self.process = subprocess.Popen(
-                [*gunicorn, *self.options, "app.wsgi:application"], cwd=REPO, env=self.environment,
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [*gunicorn, *self.options, "app.wsgi:application"],
+                cwd=REPO,
+                env=self.environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
 

@@ -49,19 +49,32 @@ def record_traffic(*, count: int = 40, now: datetime | None = None) -> list[Sent
         prompt = system + [rng.randrange(1, 50_000) for _ in range(BLOCK + n % 7)]
         cached = [0, 2 * BLOCK, 4 * BLOCK][n % 3]
         item = Sent(
-            server="vllm-a" if n % 2 else "vllm-b", request_id=f"req-{n:03d}", arrived_at=at,
-            template=template, version=(OLD if n < count // 2 else NEW) if template == "support" else "",
-            tenant="acme" if n % 5 else "globex", prompt_tokens=len(prompt), cached_tokens=cached,
-        )  # fmt: skip
+            server="vllm-a" if n % 2 else "vllm-b",
+            request_id=f"req-{n:03d}",
+            arrived_at=at,
+            template=template,
+            version=(OLD if n < count // 2 else NEW) if template == "support" else "",
+            tenant="acme" if n % 5 else "globex",
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+        )
         sent.append(item)
         facts.append(
             RequestFacts(
-                request_id=item.request_id, arrived_at=at, server=item.server, model="m", tenant=item.tenant,
-                template=template, template_version=item.version, prompt_tokens=len(prompt),
-                cached_tokens=cached, prompt_token_ids=prompt, client_ttft_seconds=0.2 + n / 100,
+                request_id=item.request_id,
+                arrived_at=at,
+                server=item.server,
+                model="m",
+                tenant=item.tenant,
+                template=template,
+                template_version=item.version,
+                prompt_tokens=len(prompt),
+                cached_tokens=cached,
+                prompt_token_ids=prompt,
+                client_ttft_seconds=0.2 + n / 100,
                 server_ttft_seconds=0.1 + n / 100,
             )
-        )  # fmt: skip
+        )
     outcome = ingest_request_records(facts, source="gateway", now=now)
     assert outcome.rejected == []
     diagnose_requests(now=now + timedelta(minutes=2))

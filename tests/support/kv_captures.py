@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fixtures import load_json
+from tests.support.captures import load_json
 
 TOPIC = "kv@127.0.0.1:18000@tiny"  # the captured server's --kv-events-config topic
 

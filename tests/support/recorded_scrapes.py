@@ -141,8 +141,12 @@ def alert_timeline(recording: Recording, rule_files: list[Path], workdir: Path, 
     test_file.write_text(yaml.safe_dump(test, sort_keys=False, width=1 << 20))
     result = subprocess.run(
         [promtool, "test", "rules", test_file.name],
-        capture_output=True, text=True, cwd=workdir, timeout=900, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        timeout=900,
+        check=False,
+    )
     output = result.stdout + result.stderr
     if result.returncode not in (0, 1) or ("FAILED" in output and not _GOT.search(output)):
         raise RuntimeError(f"promtool failed on the recording:\n{output[-4000:]}")

@@ -63,9 +63,13 @@ def a_template_history(folder: Path) -> History:
     diagnose_requests(now=timezone.now())
     support = Template.objects.get(name="support")
     return History(
-        server, support, Template.objects.get(name="billing"),
-        support.versions.get(commit_sha=one), support.versions.get(commit_sha=two), start,
-    )  # fmt: skip
+        server=server,
+        support=support,
+        billing=Template.objects.get(name="billing"),
+        one=support.versions.get(commit_sha=one),
+        two=support.versions.get(commit_sha=two),
+        start=start,
+    )
 
 
 def _request(
@@ -74,7 +78,15 @@ def _request(
     # Prompts that differ from the fourth block on: the diagnosis finds their losses in them.
     ids = [*range(1, 49), *((100 + 13 * i + 101 * sum(map(ord, rid))) % 50000 for i in range(PROMPT - 48))]
     return RequestFacts(
-        request_id=rid, arrived_at=at, server="vllm-t", model="tiny", tenant="acme", template=template,
-        template_version=sha, prompt_tokens=PROMPT, cached_tokens=cached, client_ttft_seconds=ttft,
+        request_id=rid,
+        arrived_at=at,
+        server="vllm-t",
+        model="tiny",
+        tenant="acme",
+        template=template,
+        template_version=sha,
+        prompt_tokens=PROMPT,
+        cached_tokens=cached,
+        client_ttft_seconds=ttft,
         prompt_token_ids=ids,
-    )  # fmt: skip
+    )

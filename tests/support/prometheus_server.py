@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.ports import unused_port
+from tests.support.ports import unused_port
 
 # The CI machine has two busy cores: Prometheus may take a while to start, scrape and evaluate.
 DEADLINE_SECONDS = 60.0

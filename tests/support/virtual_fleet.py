@@ -263,14 +263,20 @@ class _Serving:
         ttft = self._ttft(tokens, admission.cached_tokens) * self.ttft_factor(request)
         self.facts.append(
             RequestFacts(
-                request_id=request.request_id, arrived_at=arrived_at, server=server.name,
-                model=self.run.scenario.model, tenant=request.tenant, template=request.template,
-                template_version=request.version, prompt_tokens=len(tokens),
+                request_id=request.request_id,
+                arrived_at=arrived_at,
+                server=server.name,
+                model=self.run.scenario.model,
+                tenant=request.tenant,
+                template=request.template,
+                template_version=request.version,
+                prompt_tokens=len(tokens),
                 cached_tokens=admission.cached_tokens,
-                client_ttft_seconds=ttft, cache_salt=salt if isinstance(salt, str) else None,
+                client_ttft_seconds=ttft,
+                cache_salt=salt if isinstance(salt, str) else None,
                 prompt_token_ids=tokens,
             )
-        )  # fmt: skip
+        )
         if self.run.metrics:  # as simulator.server.Engine counts a request and its blocks
             metrics = self.run.metrics[request.server]
             metrics.observe_request(RequestTiming(len(tokens), admission.cached_tokens, 0, 0.0, ttft, 0.0))

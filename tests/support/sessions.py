@@ -13,9 +13,12 @@ def session() -> psycopg.Connection[Any]:
     """A connection of its own to the database Django's connection uses (the test database)."""
     params = connection.settings_dict
     return psycopg.connect(
-        dbname=params["NAME"], user=params["USER"], password=params["PASSWORD"] or None,
-        host=params["HOST"] or None, port=params["PORT"] or None,
-    )  # fmt: skip
+        dbname=params["NAME"],
+        user=params["USER"],
+        password=params["PASSWORD"] or None,
+        host=params["HOST"] or None,
+        port=params["PORT"] or None,
+    )
 
 
 @contextmanager

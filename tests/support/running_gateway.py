@@ -15,7 +15,7 @@ import aiohttp
 
 from collectors.gateway.proxy import Recorder, serve
 from collectors.records import RequestFacts
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 # Fields that differ from call to call (a fresh id, the second of the answer), masked for comparing.
 _PER_CALL = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')

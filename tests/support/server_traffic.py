@@ -65,6 +65,23 @@ def _blocks_that_lived(server: Server, start: datetime, *, lifetimes: list[int])
     changes += [(start + timedelta(seconds=s), KVEvent.Kind.REMOVED, h) for h, s in enumerate(lifetimes, 1)]
     for at, kind, block in sorted(changes):
         seq += 1
-        rows.append(KVEventRow(server.pk, 0, 0, seq, 0, 0, at, at, int(kind), 1000 + block, None,
-                               16 if kind == KVEvent.Kind.STORED else None, "GPU", "", None))  # fmt: skip
+        rows.append(
+            KVEventRow(
+                server.pk,
+                0,
+                0,
+                seq,
+                0,
+                0,
+                at,
+                at,
+                int(kind),
+                1000 + block,
+                None,
+                16 if kind == KVEvent.Kind.STORED else None,
+                "GPU",
+                "",
+                None,
+            )
+        )
     store_kv_events(rows=rows, positions=[StreamPosition(server.pk, 0, 0, seq, rows[-1].emitted_at)])

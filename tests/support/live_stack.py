@@ -27,7 +27,7 @@ from app.traffic.models import (
     TenantSalt,
 )
 from simulator.server import ServerConfig
-from tests.fixtures import captured_traffic
+from tests.support.captures import captured_traffic
 
 # Cumulative per bound of app/domain/histogram.py's TTFT_BUCKETS_SECONDS, then the total.
 TTFT_BUCKETS = [0] * 7 + [2, 2, 3] + [3] * 12 + [4]
@@ -45,10 +45,17 @@ def serve_captured_traffic(config: ServerConfig) -> None:
 def store_every_family(config: ServerConfig, now: datetime) -> None:
     """Rows about the simulated server that give each family of Prefixscope's /metrics a sample."""
     server = Server.objects.create(
-        name=config.name, base_url=config.base_url, model=config.model, block_size=config.block_size,
-        hash_algo="sha256_cbor", kv_events_endpoint=f"tcp://{config.host}:{config.kv_port}",
-        last_scraped_at=now, scrape_interval_seconds=30, num_gpu_blocks=config.num_blocks, group="gpu-eu",
-    )  # fmt: skip
+        name=config.name,
+        base_url=config.base_url,
+        model=config.model,
+        block_size=config.block_size,
+        hash_algo="sha256_cbor",
+        kv_events_endpoint=f"tcp://{config.host}:{config.kv_port}",
+        last_scraped_at=now,
+        scrape_interval_seconds=30,
+        num_gpu_blocks=config.num_blocks,
+        group="gpu-eu",
+    )
     repository = TemplateRepository.objects.create(
         name="demo-templates", location="/srv/templates/demo", globs=["templates/*.j2"]
     )
@@ -66,16 +73,34 @@ def _store_traffic(server: Server, template: Template, now: datetime) -> None:
     version = TemplateVersion.objects.create(template=template, commit_sha="a" * 40, committed_at=now)
     for at_template in (template, None):
         LossHour.objects.create(
-            server=server, template=at_template, template_version=version if at_template else None,
-            tenant="acme" if at_template else "", hour=hour, requests=10, diagnosed=10, prompt_tokens=1000,
-            diagnosed_prompt_tokens=1000, seen_before_tokens=900, reused_tokens=600, evicted_tokens=200,
+            server=server,
+            template=at_template,
+            template_version=version if at_template else None,
+            tenant="acme" if at_template else "",
+            hour=hour,
+            requests=10,
+            diagnosed=10,
+            prompt_tokens=1000,
+            diagnosed_prompt_tokens=1000,
+            seen_before_tokens=900,
+            reused_tokens=600,
+            evicted_tokens=200,
             salt_tokens=100,
-        )  # fmt: skip
+        )
         HourRollup.objects.create(
-            server=server, template=at_template, hour=hour, requests=4, prompt_tokens=400, cached_tokens=0,
-            client_ttft_count=4, client_ttft_sum_seconds=3.0, client_ttft_buckets=TTFT_BUCKETS,
-            server_ttft_count=4, server_ttft_sum_seconds=1.0, server_ttft_buckets=TTFT_BUCKETS,
-        )  # fmt: skip
+            server=server,
+            template=at_template,
+            hour=hour,
+            requests=4,
+            prompt_tokens=400,
+            cached_tokens=0,
+            client_ttft_count=4,
+            client_ttft_sum_seconds=3.0,
+            client_ttft_buckets=TTFT_BUCKETS,
+            server_ttft_count=4,
+            server_ttft_sum_seconds=1.0,
+            server_ttft_buckets=TTFT_BUCKETS,
+        )
     MinuteRollup.objects.create(server=server, minute=minute, requests=1, prompt_tokens=1, cached_tokens=0)
     LossMinute.objects.create(
         server=server, template=template, minute=minute, requests=1, diagnosed=1, evicted_tokens=16
@@ -89,19 +114,33 @@ def _store_baseline(server: Server, version: TemplateVersion, now: datetime) -> 
     minute: 80000 diagnosed prompt tokens of the template and tenant, over the alerts' floor."""
     for hours_before in range(2, 6):
         LossHour.objects.create(
-            server=server, template=version.template, template_version=version, tenant="acme",
+            server=server,
+            template=version.template,
+            template_version=version,
+            tenant="acme",
             hour=now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=hours_before),
-            requests=100, diagnosed=100, prompt_tokens=20000, diagnosed_prompt_tokens=20000,
-            seen_before_tokens=18000, reused_tokens=16000, evicted_tokens=2000,
-        )  # fmt: skip
+            requests=100,
+            diagnosed=100,
+            prompt_tokens=20000,
+            diagnosed_prompt_tokens=20000,
+            seen_before_tokens=18000,
+            reused_tokens=16000,
+            evicted_tokens=2000,
+        )
 
 
 def _store_collection(server: Server, now: datetime) -> None:
     """KV streams and their gaps, rejected input, and a gateway and a KV subscriber reporting."""
     KVStream.objects.create(
-        server=server, dp_rank=0, epoch=1, last_seq=40, last_event_at=now,
-        blocks_stored=500, blocks_removed=200, blocks_thrashed=30,
-    )  # fmt: skip
+        server=server,
+        dp_rank=0,
+        epoch=1,
+        last_seq=40,
+        last_event_at=now,
+        blocks_stored=500,
+        blocks_removed=200,
+        blocks_thrashed=30,
+    )
     KVGap.objects.create(
         server=server, epoch=1, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now
     )
@@ -112,9 +151,13 @@ def _store_collection(server: Server, now: datetime) -> None:
         kind="gateway", name=server.name, process="gw:1", queue_depth=2, spill_bytes=4096, now=now
     )
     report_collector_process(
-        kind="kv_subscriber", name="collectors-1", process="c:1", queue_depth=30, now=now,
+        kind="kv_subscriber",
+        name="collectors-1",
+        process="c:1",
+        queue_depth=30,
+        now=now,
         leases=LeaseCounts(held=1, taken=2, lost=1, released=1),
-    )  # fmt: skip
+    )
 
 
 def _store_findings(server: Server, template: Template, now: datetime) -> None:
@@ -125,17 +168,36 @@ def _store_findings(server: Server, template: Template, now: datetime) -> None:
         (Regression.Scope.SERVER, Regression.Kind.CAPACITY, None, server),
     ):
         Regression.objects.create(
-            scope=scope, kind=kind, template=at_template, server=at_server,
-            changed_at=now - timedelta(minutes=20), detected_at=now, updated_at=now, rate_before=0.8,
-            rate_after=0.2, rate_now=0.2, requests_before=300, requests_after=200, confidence=0.999,
+            scope=scope,
+            kind=kind,
+            template=at_template,
+            server=at_server,
+            changed_at=now - timedelta(minutes=20),
+            detected_at=now,
+            updated_at=now,
+            rate_before=0.8,
+            rate_after=0.2,
+            rate_now=0.2,
+            requests_before=300,
+            requests_after=200,
+            confidence=0.999,
             state=Regression.State.OPEN,
-        )  # fmt: skip
+        )
     CacheKiller.objects.create(
-        template=template, block_size=server.block_size or 16, computed_at=now,
-        window_start=now - timedelta(hours=1), window_end=now, mode="tokens", position_token=48,
-        block_index=3, kind="timestamp", requests=100, requests_affected=90, continuations=100,
+        template=template,
+        block_size=server.block_size or 16,
+        computed_at=now,
+        window_start=now - timedelta(hours=1),
+        window_end=now,
+        mode="tokens",
+        position_token=48,
+        block_index=3,
+        kind="timestamp",
+        requests=100,
+        requests_affected=90,
+        continuations=100,
         tokens_lost=9000,
-    )  # fmt: skip
+    )
 
 
 def _midnight(now: datetime) -> datetime:

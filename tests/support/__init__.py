@@ -1,0 +1,1 @@
+"""Helpers the tests share: builders, running servers, captures. No tests here."""
