@@ -27,7 +27,7 @@ from app.rollups.servers import refresh_server_minutes
 from app.rollups.visibility import visible, visible_sums
 from app.traffic.models import LossMinute, MinuteRollup, RequestDiagnosis, RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
-from tests.dashboard.server_traffic import a_served_server
+from tests.support.server_traffic import a_served_server
 
 pytestmark = pytest.mark.django_db
 
