@@ -1,6 +1,6 @@
 """A trace analysed end to end, JSON lines to diagnoses, killers and rollups, against prefixlens 0.1.0.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_analysis [--requests 20000]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench analysis [--requests 20000]
         [--block-sizes 16,32] [--work /tmp/ps-bench-analysis]
 
 --requests 2000 for a quick run. Without a PostgreSQL at hand, app.devstack.start_embedded_postgres
@@ -43,33 +43,28 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import msgspec
+from django.conf import settings
+from django.db import connection
+from django.db.models import Sum
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.db.models import Sum  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.compare.killers import find_all_killers  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.fleet.services import register_server  # noqa: E402
-from app.prompts.models import CacheKiller  # noqa: E402
-from app.traffic.models import RequestDiagnosis  # noqa: E402
-from app.traffic.services.diagnosis import diagnose_requests  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
-from bench.analysis_trace import SERVER, write_traces  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from app.compare.killers import find_all_killers
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.prompts.models import CacheKiller
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.diagnosis import diagnose_requests
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import ingest_request_records
+from app.traffic.services.rollups import refresh_minute_rollups
+from bench.analysis_trace import SERVER, write_traces
+from collectors.records import RequestFacts
 
 PREFIXLENS = "prefixlens==0.1.0"
 BATCH = 500
@@ -186,7 +181,7 @@ def compare(trace: Path, block_size: int, prefixlens: Path) -> dict[str, Any]:
     connection.close()
     try:
         _, ours_mb, out = run_child(
-            [sys.executable, "-m", "bench.bench_analysis", "--side", "prefixscope",
+            [sys.executable, "-m", "bench", "analysis", "--side", "prefixscope",
              "--block-size", str(block_size), "--trace", str(trace), "--database", database]
         )  # fmt: skip
     finally:
@@ -217,7 +212,7 @@ def print_table(rows: dict[int, dict[str, Any]]) -> None:
     print("peak MB: each child's max RSS; PostgreSQL's memory (a process of its own) is not in Prefixscope's")
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--block-sizes", default="16,32", help="comma-separated")
@@ -226,7 +221,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--database")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.side:
         print(json.dumps(prefixscope_side(args.trace, args.block_size, args.database)))
         return
@@ -246,7 +241,3 @@ def main() -> None:
             f"prefixlens hit rate {r['prefixlens_hit_rate']:.3f}"
         )
     print_table(rows)
-
-
-if __name__ == "__main__":
-    main()

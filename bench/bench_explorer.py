@@ -1,6 +1,6 @@
 """How long the requests explorer takes over many request records: its first page and a deep page.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_explorer [--records 1000000] [--runs 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench explorer [--records 1000000] [--runs 5]
 
 Runs in a throw-away database (bench_explorer, created and dropped on the server DATABASE_URL names).
 The records (counts and timings, no token ids) arrive through the real ingest over the last three
@@ -13,40 +13,32 @@ their cursors, against the same rows by OFFSET, the baseline keyset pagination r
 """
 
 import argparse
-import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from urllib.parse import urlencode
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.keyset import Cursor  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.explorer import (  # noqa: E402
+from app.domain.keyset import Cursor
+from app.fleet.models import Server
+from app.traffic.explorer import (
     PAGE_SIZE,
     RequestFilterForm,
     RequestFilters,
     explore_requests,
     matching_requests,
 )
-from app.traffic.models import RequestRecord  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from app.traffic.models import RequestRecord
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import ingest_request_records
+from collectors.records import RequestFacts
 
 VIEWS = {
     "no filter": {},
@@ -130,11 +122,11 @@ def _offset_page(filters: RequestFilters, offset: int) -> list[RequestRecord]:
     return list(matching_requests(filters, after=None)[offset : offset + PAGE_SIZE + 1])
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     connection.settings_dict["TEST"]["NAME"] = "bench_explorer"
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -166,7 +158,3 @@ def main() -> None:
     for name, figures in deep_rows:
         ratio = figures[3] / figures[2] if figures[2] else float("nan")
         print(f"{name:48} " + " ".join(f"{ms:8.1f}" for ms in figures) + f" {ratio:8.1f}x")
-
-
-if __name__ == "__main__":
-    main()

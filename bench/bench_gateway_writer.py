@@ -1,7 +1,7 @@
 """Request records per second through the gateway's writer (GatewayWriter -> ingest_request_records),
 against the server's limit for the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_gateway_writer \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench gateway_writer \
         [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--batch 500] [--table-rows 0 1000000]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The records
@@ -18,25 +18,19 @@ rounds. Every timed run starts from the same table: holding each of --table-rows
 """
 
 import argparse
-import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+from django.db import connection
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.gateway_writer import SOURCE, GatewayWriter  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.fleet.models import Server
+from app.traffic.gateway_writer import SOURCE, GatewayWriter
+from app.traffic.services.partitions import maintain_partitions
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
@@ -45,9 +39,9 @@ from bench.baseline import (  # noqa: E402
     stream_seconds,
     timed_rounds,
 )
-from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records  # noqa: E402
-from bench.served import Posted  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
+from bench.served import Posted
+from collectors.records import RequestFacts
 
 SERVER = "bench-gateway"
 
@@ -81,14 +75,14 @@ def measure(args: argparse.Namespace, server_id: int, kind: Kind, spill: Path) -
     )  # fmt: skip
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies each kind's records per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=500, help="the writer's batch size")
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -110,7 +104,3 @@ def main() -> None:
             rates, copied=f"{kind.name}, {kind.records} rows {into}", batch=args.batch,
             posted=f"{kind.name}, GatewayWriter {into} ({args.rounds} rounds)", by="writer",
         )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """KV events decoded and stored per second (one core), against raw COPY of the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_kv_ingest [--batches 4000]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench kv_ingest [--batches 4000]
 
 Runs in a throw-away database on the server DATABASE_URL names. The captured SUB messages are
 replayed with fresh sequence numbers and times; each is decoded (collectors.kv_events.parse),
@@ -13,28 +13,22 @@ is not counted.
 
 import argparse
 import gc
-import os
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import msgspec
+from django.db import connection
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.blockhash import wire_to_signed  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.kv_collector import event_rows  # noqa: E402
-from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from collectors.kv_events.parse import decode_sub_message  # noqa: E402
-from tests.fixtures import load_json  # noqa: E402
+from app.domain.blockhash import wire_to_signed
+from app.fleet.models import Server
+from app.traffic.kv_collector import event_rows
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.partitions import maintain_partitions
+from collectors.kv_events.parse import decode_sub_message
+from tests.fixtures import load_json
 
 FLUSH_EVERY = 200
 
@@ -79,10 +73,10 @@ def copy_baseline(rows: list[KVEventRow]) -> float:
     return len(rows) / (time.perf_counter() - started)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=4000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
@@ -106,7 +100,3 @@ def main() -> None:
     print(f"  per second of this process's CPU time: {cpu_rate:,.0f} events/s (PostgreSQL's not counted)")
     print(f"raw COPY of the same rows into traffic_kvevent: {baseline:,.0f} events/s")
     print(f"ratio collector / COPY: {rate / baseline:.2f}  (target: >= 50,000 events/s on one core)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench otlp_ingest \
         [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 2 4] \
         [--table-rows 0 1000000]
 
@@ -28,32 +28,24 @@ why that matters).
 """
 
 import argparse
-import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.db import connection
+from django.test.utils import setup_test_environment
+from django.utils import timezone
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
-
-from app.api.services import create_ingest_token  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import RecordRow  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.api.services import create_ingest_token
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import RecordRow
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
@@ -62,8 +54,8 @@ from bench.baseline import (  # noqa: E402
     stream_seconds,
     timed_rounds,
 )
-from bench.served import Batch, Posted, post_all, served  # noqa: E402
-from tests.fixtures import VLLM_CPU_FIXTURES  # noqa: E402
+from bench.served import Batch, Posted, post_all, served
+from tests.fixtures import VLLM_CPU_FIXTURES
 
 
 def captured() -> ExportTraceServiceRequest:
@@ -210,7 +202,7 @@ def measure(
     return timed_rounds(args.spans, args.rounds, args.senders, streams=streams, post=post)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=512)
@@ -218,7 +210,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
@@ -246,7 +238,3 @@ def main() -> None:
             batch=args.batch,
             posted=f"{kind} spans, POST {PATH} {into} ({args.batch} per export)",
         )
-
-
-if __name__ == "__main__":
-    main()

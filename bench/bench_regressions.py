@@ -1,6 +1,6 @@
 """Regression detection against what the simulator injected: delay per fault, and false regressions.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5] \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench regressions [--seeds 20] [--quiet-hours 5] \
         [--scenarios demo,routing,sequence] [--baseline]
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
@@ -26,31 +26,24 @@ as suspect; no false regression.
 """
 
 import argparse
-import os
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import yaml
+from django.db import connection
+from django.test.utils import setup_test_environment
 
-import django
-
-django.setup()
-
-import yaml  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-
-from app.regressions.models import Regression  # noqa: E402
-from app.regressions.services import check_deploys, detect_regressions  # noqa: E402
-from app.traffic.models import KVEvent  # noqa: E402
-from simulator.planner import PlannedRequest  # noqa: E402
-from simulator.scenario import resolve_scenario  # noqa: E402
-from tests.regressions.virtual_fleet import VirtualRun, run_virtually  # noqa: E402
+from app.regressions.models import Regression
+from app.regressions.services import check_deploys, detect_regressions
+from app.traffic.models import KVEvent
+from simulator.planner import PlannedRequest
+from simulator.scenario import resolve_scenario
+from tests.regressions.virtual_fleet import VirtualRun, run_virtually
 
 EVIDENCE = 50  # requests of the fault's scope after it, before anything may open
 MIN_EVICTED_BLOCKS = 50  # in the five minutes after a cut: fewer, and it evicted next to nothing
@@ -207,13 +200,13 @@ def swinging(request: PlannedRequest) -> bool:
     return (minute // 10) % 2 == 0 or request.index % 10 == 0
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--quiet-hours", type=int, default=5, help="seeds of a fault-free hour")
     parser.add_argument("--scenarios", default="demo,routing,sequence", help=f"of {', '.join(SCENARIOS)}")
     parser.add_argument("--baseline", action="store_true", help="also without the deploy check, to compare")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     try:
@@ -274,7 +267,3 @@ def report(
     print(f"regressions matching no fault: {len(stray)}")
     for item in stray:
         print("  ", item)
-
-
-if __name__ == "__main__":
-    main()

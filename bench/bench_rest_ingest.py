@@ -1,6 +1,6 @@
 """Request records per second through POST /api/v1/requests, against the server's limit for the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rest_ingest \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench rest_ingest \
         [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--servers 4] [--senders 1 2 4] \
         [--table-rows 0 1000000]
 
@@ -22,24 +22,17 @@ Every timed run starts from the same table: holding each of --table-rows records
 """
 
 import argparse
-import os
+from collections.abc import Sequence
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+import msgspec
+from django.db import connection
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.api.services import create_ingest_token  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.api.services import create_ingest_token
+from app.fleet.models import Server
+from app.traffic.services.partitions import maintain_partitions
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
@@ -48,8 +41,8 @@ from bench.baseline import (  # noqa: E402
     stream_seconds,
     timed_rounds,
 )
-from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records  # noqa: E402
-from bench.served import Batch, Posted, post_all, served  # noqa: E402
+from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
+from bench.served import Batch, Posted, post_all, served
 
 PATH, JSON = "/api/v1/requests", "application/json"
 
@@ -74,7 +67,7 @@ def measure(
     return timed_rounds(len(found), args.rounds, args.senders, streams=streams, post=post)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies each kind's records per round")
@@ -82,7 +75,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
     setup_test_environment()
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -109,7 +102,3 @@ def main() -> None:
             rates, copied=f"{kind.name}, {kind.records} rows {into}", batch=kind.batch,
             posted=f"{kind.name}, POST {PATH} {into} (batches of {kind.batch}, {args.rounds} rounds)",
         )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """How long the request rollup refresh takes with the TTFT sketches, against the same refresh
 without them (its baseline), in one run over the same records.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rollups [--servers 10] [--rounds 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench rollups [--servers 10] [--rounds 5]
 
 Runs in a throw-away database (bench_rollups, created and dropped on the server DATABASE_URL names),
 filled with an hour of request records (600 a minute: 36,000, over the servers and four templates
@@ -16,25 +16,19 @@ import argparse
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+from django.db import connection
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template  # noqa: E402
-from app.traffic.models import RequestRecord  # noqa: E402
-from app.traffic.services.partitions import ensure_day_partitions  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.traffic.models import RequestRecord
+from app.traffic.services.partitions import ensure_day_partitions
+from app.traffic.services.rollups import refresh_minute_rollups
 
 PER_MINUTE = 600
 
@@ -79,11 +73,11 @@ def _backend_cpu() -> Callable[[], float | None]:
     return read
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     connection.settings_dict["TEST"]["NAME"] = "bench_rollups"
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -113,7 +107,3 @@ def main() -> None:
             cpu_ms = f"{1000 * sum(used) / len(used):7.0f} ms PostgreSQL CPU" if used else "(no CPU figure)"
             label = f"{span}, {'with sketches' if sketches else 'without (baseline)'}"
             print(f"{label:38s} {1000 * wall:7.0f} ms wall  x{wall / base_wall:4.2f}  {cpu_ms}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """How long GET /api/v1/series, the server page and the template pages take over a week of minute rollups.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_series [--servers 20] [--runs 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench series [--servers 20] [--runs 5]
 
 Runs in a throw-away database (bench_series, created and dropped on the server DATABASE_URL names),
 filled with a week of per-minute request rollups (two templates per server, TTFT histograms) and
@@ -10,31 +10,23 @@ baseline, the fleet's hit rate over the last hour in minutes.
 """
 
 import argparse
-import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import setup_test_environment
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.histogram import TTFT_BUCKETS_SECONDS  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template, TemplateRepository  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.rollups import refresh_minute_rollups  # noqa: E402
+from app.domain.histogram import TTFT_BUCKETS_SECONDS
+from app.fleet.models import Server
+from app.prompts.models import Template, TemplateRepository
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.rollups import refresh_minute_rollups
 
 _NOW = "date_trunc('minute', now())"
 _WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"
@@ -94,11 +86,11 @@ def fill(servers: int) -> int:
     return rows
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=20)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setup_test_environment()
     connection.settings_dict["TEST"]["NAME"] = "bench_series"
     test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
@@ -142,7 +134,3 @@ def main() -> None:
     baseline = figures[0][1]
     for name, ms in figures:
         print(f"{name:34s} {ms:8.1f} ms  x{ms / baseline:6.1f}")
-
-
-if __name__ == "__main__":
-    main()
