@@ -64,6 +64,7 @@ from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.services.rollups import refresh_minute_rollups
 from bench.analysis_trace import SERVER, write_traces
+from bench.harness import throwaway_database
 from collectors.records import RequestFacts
 
 PREFIXLENS = "prefixlens==0.1.0"
@@ -176,16 +177,12 @@ def run_child(command: list[str]) -> tuple[float, float, str]:
 
 def compare(trace: Path, block_size: int, prefixlens: Path) -> dict[str, Any]:
     """Both sides on one trace: Prefixscope's child in a fresh database, then prefixlens."""
-    original = connection.settings_dict["NAME"]
-    database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    connection.close()
-    try:
+    with throwaway_database(partitions=False) as database:
+        connection.close()
         _, ours_mb, out = run_child(
             [sys.executable, "-m", "bench", "analysis", "--side", "prefixscope",
              "--block-size", str(block_size), "--trace", str(trace), "--database", database]
         )  # fmt: skip
-    finally:
-        connection.creation.destroy_test_db(original, verbosity=0)
     ours = json.loads(out.splitlines()[-1])
     theirs_seconds, theirs_mb, report = run_child(
         [str(prefixlens), "analyze", str(trace), "--block-size", str(block_size),

@@ -17,16 +17,14 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from django.contrib.auth.models import User
-from django.db import connection
 from django.test import Client
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.compare.selectors import RecordKey
 from app.compare.services import SideInput, create_comparison
 from app.fleet.models import Server
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
+from bench.harness import throwaway_database
 from collectors.records import RequestFacts
 from tests.fixtures import load_json
 
@@ -55,11 +53,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_compare"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database("bench_compare"):
         server = Server.objects.create(
             name="bench", base_url="http://127.0.0.1:9", model="tiny", block_size=args.block_size,
             hash_algo="sha256_cbor",
@@ -86,8 +80,6 @@ def main(argv: Sequence[str]) -> None:
         page_ms = median_ms(args.runs, lambda: client.get(url))
         fold_ms = median_ms(args.runs, lambda: client.get(url + fold, headers={"HX-Request": "true"}))
         json_ms = median_ms(args.runs, lambda: client.get(f"/api/v1/compare/{comparison.slug}"))
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"two prompts of {args.tokens:,} tokens, blocks of {args.block_size}, median of {args.runs} runs")
     print(f"page:        {page_ms:7.1f} ms  ({len(html) / 1024:,.0f} KiB, {chips:,} token chips)")
     print(f"opened fold: {fold_ms:7.1f} ms  (htmx fragment of 512 tokens)")

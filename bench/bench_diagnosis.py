@@ -33,8 +33,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 from django.conf import settings
-from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.fleet.models import Server
@@ -43,8 +41,8 @@ from app.traffic.kv_collector import event_rows
 from app.traffic.models import RequestDiagnosis
 from app.traffic.services.diagnosis import diagnose_requests, forget_kept_replay
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
+from bench.harness import throwaway_database
 from collectors.kv_events.parse import decode_sub_message
 from collectors.records import RequestFacts
 from simulator.cache import PrefixCache
@@ -166,10 +164,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--dump", help="write the diagnoses here, canonically (see the docstring)")
     args = parser.parse_args(argv)
     dump = open(args.dump, "w") if args.dump else None  # noqa: SIM115
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database():
         servers = [
             register_server(name=f"bench-{n}", base_url=f"http://10.0.0.{n + 1}:8000", model="bench")
             for n in range(SERVERS)
@@ -204,7 +199,5 @@ def main(argv: Sequence[str]) -> None:
         if dump:
             dump_diagnoses(dump, "baseline", start=start)
         print(f"ratio online / baseline: {base_wall / wall * online_count / replayed:.2f} (wall)")
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
         if dump:
             dump.close()

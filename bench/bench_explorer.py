@@ -23,7 +23,6 @@ from urllib.parse import urlencode
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.domain.keyset import Cursor
@@ -36,8 +35,8 @@ from app.traffic.explorer import (
     matching_requests,
 )
 from app.traffic.models import RequestRecord
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import ingest_request_records
+from bench.harness import throwaway_database
 from collectors.records import RequestFacts
 
 VIEWS = {
@@ -127,12 +126,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_explorer"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     rows, deep_rows = [], []
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database("bench_explorer"):
         load_seconds = load(args.records)
         client = Client()
         client.force_login(User.objects.create_user("bench"))
@@ -146,8 +141,6 @@ def main(argv: Sequence[str]) -> None:
             ]
             rows.append((name, figures))
             deep_rows.append((name, keyset_against_offset(query, args.runs)))
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"{args.records:,} request records over 3 days, ingested in {load_seconds:,.0f} s")
     print(f"median of {args.runs} runs, ms; 50 rows a page")
     print(f"{'filters':48} {'page':>8} {'API p1':>8} {'API p21':>8}")

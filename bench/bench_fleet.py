@@ -37,13 +37,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
 import psutil
 from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.fleet.models import Server
@@ -51,8 +50,8 @@ from app.fleet.services import register_server
 from app.traffic.kv_leases import lease_holders
 from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord
 from app.traffic.services.diagnosis import compatibility_groups, diagnose_requests
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.tasks import scrape_server
+from bench.harness import database_url_of, throwaway_database
 
 REPO = Path(__file__).resolve().parents[1]
 LEASE_SECONDS = 2
@@ -418,12 +417,9 @@ def main(argv: Sequence[str]) -> None:
     if args.diagnose_into is not None:
         diagnose_forever(args.diagnose_into, every=args.diagnosis_delay)
         return
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    database_url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{test_database}"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database() as test_database:
+        database_url = database_url_of(test_database)
         base = run(args, 1, 1, database_url)
         scaled = run(args, args.subscribers, args.gateways, database_url)
         events, requests = (
@@ -433,5 +429,3 @@ def main(argv: Sequence[str]) -> None:
         print(f"{args.subscribers} subscribers / {args.gateways} gateways against 1 / 1: events/s "
               f"x{events:.2f}, requests/s x{requests:.2f}; load average {os.getloadavg()[0]:.1f} "
               "at the end")  # fmt: skip
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)

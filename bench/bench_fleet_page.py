@@ -19,14 +19,13 @@ from functools import partial
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.rollups import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.services.server_rollups import refresh_server_minutes
+from bench.harness import throwaway_database
 
 _NOW = "date_trunc('minute', now())"
 _WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"
@@ -97,12 +96,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--servers", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_fleet"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     figures: list[tuple[str, float, int]] = []
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database("bench_fleet"):
         rows = fill(args.servers)
         client = Client()
         client.force_login(User.objects.create_user("bench"))
@@ -118,8 +113,6 @@ def main(argv: Sequence[str]) -> None:
             figures.append(
                 (name, median_ms(args.runs, partial(client.get, url, headers=headers)), len(answer.content))
             )
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"{args.servers} servers, a week of three minute rollups ({rows:,} rows), median of {args.runs}")
     baseline = figures[0][1]
     for name, ms, size in figures:

@@ -34,7 +34,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import psutil
@@ -143,12 +142,13 @@ def throwaway_database() -> tuple[str, Callable[[], int]]:
 
     from app.fleet.models import Server
     from app.traffic.services.partitions import maintain_partitions
+    from bench.harness import database_url_of
 
     connection.settings_dict["TEST"]["NAME"] = f"bench_gateway_{os.getpid()}"
     name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     maintain_partitions(now=timezone.now())
     Server.objects.create(name=SERVER, base_url="http://bench-sim", block_size=32, model="tiny")
-    url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{name}"))
+    url = database_url_of(name)
 
     def drop() -> int:
         from app.traffic.models import RequestRecord

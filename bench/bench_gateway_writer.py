@@ -23,13 +23,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.fleet.models import Server
 from app.traffic.gateway_writer import SOURCE, GatewayWriter
-from app.traffic.services.partitions import maintain_partitions
 from bench.baseline import (
     Rates,
     fill_request_records,
@@ -39,6 +36,7 @@ from bench.baseline import (
     stream_seconds,
     timed_rounds,
 )
+from bench.harness import throwaway_database
 from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
 from bench.served import Posted
 from collectors.records import RequestFacts
@@ -84,20 +82,14 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     spill = Path(tempfile.mkdtemp()) / "spill.jsonl"
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database():
         server = Server.objects.create(name=SERVER, base_url=f"http://{SERVER}:8000", block_size=BLOCK_SIZE)
         results = {}
         for table_rows in args.table_rows:
             fill_request_records(server.pk, table_rows)
             for kind in kinds:
                 results[table_rows, kind] = measure(args, server.pk, kind, spill)
-    finally:
-        connection.close()
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(

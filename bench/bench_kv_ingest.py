@@ -19,14 +19,12 @@ from datetime import UTC, datetime
 
 import msgspec
 from django.db import connection
-from django.test.utils import setup_test_environment
-from django.utils import timezone
 
 from app.domain.blockhash import wire_to_signed
 from app.fleet.models import Server
 from app.traffic.kv_collector import event_rows
 from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
-from app.traffic.services.partitions import maintain_partitions
+from bench.harness import throwaway_database
 from collectors.kv_events.parse import decode_sub_message
 from tests.fixtures import load_json
 
@@ -77,10 +75,7 @@ def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=4000)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database():
         server = Server.objects.create(name="bench", base_url="http://bench:8000")
         frames = messages(args.batches)
         gc.freeze()  # as manage.py collect_kv_events does once it has started
@@ -94,8 +89,6 @@ def main(argv: Sequence[str]) -> None:
                 message.batch, server_id=other.pk, epoch=0, seq=message.seq, received_at=received
             )
         baseline = copy_baseline(rows)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"decoded and stored through the collector's path: {rate:,.0f} events/s ({stored:,} block rows)")
     print(f"  per second of this process's CPU time: {cpu_rate:,.0f} events/s (PostgreSQL's not counted)")
     print(f"raw COPY of the same rows into traffic_kvevent: {baseline:,.0f} events/s")

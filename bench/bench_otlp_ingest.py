@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -43,7 +42,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.prompts.models import Template
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.requests import RecordRow
 from bench.baseline import (
     Rates,
@@ -54,6 +52,7 @@ from bench.baseline import (
     stream_seconds,
     timed_rounds,
 )
+from bench.harness import throwaway_database
 from bench.served import Batch, Posted, post_all, served
 from tests.fixtures import VLLM_CPU_FIXTURES
 
@@ -211,10 +210,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args(argv)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database() as test_database:
         names = [f"bench-{n}" for n in range(args.servers)]
         server = Server.objects.bulk_create(
             [Server(name=name, base_url=f"http://{name}:8000", block_size=32) for name in names]
@@ -228,8 +224,6 @@ def main(argv: Sequence[str]) -> None:
                 fill_request_records(server.pk, table_rows)
                 for kind, exports, row in KINDS:
                     results[table_rows, kind] = measure(args, server.pk, endpoint, exports, row)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(

@@ -36,11 +36,11 @@ from typing import Any
 
 import yaml
 from django.db import connection
-from django.test.utils import setup_test_environment
 
 from app.regressions.models import Regression
 from app.regressions.services import check_deploys, detect_regressions
 from app.traffic.models import KVEvent
+from bench.harness import throwaway_database
 from simulator.planner import PlannedRequest
 from simulator.scenario import resolve_scenario
 from tests.regressions.virtual_fleet import VirtualRun, run_virtually
@@ -207,9 +207,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--scenarios", default="demo,routing,sequence", help=f"of {', '.join(SCENARIOS)}")
     parser.add_argument("--baseline", action="store_true", help="also without the deploy check, to compare")
     args = parser.parse_args(argv)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database(partitions=False):
         for name in args.scenarios.split(","):
             for deploy_check in (True, False) if args.baseline else (True,):
                 scenario, faults = SCENARIOS[name]
@@ -235,8 +233,6 @@ def main(argv: Sequence[str]) -> None:
               f"false regressions: {len(false)} ({per_hour:.2f} per hour)")  # fmt: skip
         for item in false:
             print("  ", item)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
 
 
 def report(

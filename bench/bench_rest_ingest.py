@@ -26,12 +26,10 @@ from collections.abc import Sequence
 
 import msgspec
 from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
-from app.traffic.services.partitions import maintain_partitions
 from bench.baseline import (
     Rates,
     fill_request_records,
@@ -41,6 +39,7 @@ from bench.baseline import (
     stream_seconds,
     timed_rounds,
 )
+from bench.harness import throwaway_database
 from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
 from bench.served import Batch, Posted, post_all, served
 
@@ -77,10 +76,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
     args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database() as test_database:
         names = [f"bench-{n}" for n in range(args.servers)]
         created = Server.objects.bulk_create(
             [Server(name=name, base_url=f"http://{name}:8000", block_size=BLOCK_SIZE) for name in names]
@@ -94,8 +90,6 @@ def main(argv: Sequence[str]) -> None:
                 fill_request_records(created[0].pk, table_rows)
                 for kind in kinds:
                     results[table_rows, kind] = measure(args, address, servers, token, kind)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(

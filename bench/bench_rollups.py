@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import connection
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.fleet.models import Server
@@ -29,6 +28,7 @@ from app.prompts.models import Template
 from app.traffic.models import RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_minute_rollups
+from bench.harness import throwaway_database
 
 PER_MINUTE = 600
 
@@ -78,10 +78,7 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--servers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_rollups"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database("bench_rollups", partitions=False):
         count, end = fill(args.servers)
         cpu = _backend_cpu()
         spans = {"hour": timedelta(hours=1), "5-minute lookback": timedelta(minutes=5)}
@@ -96,8 +93,6 @@ def main(argv: Sequence[str]) -> None:
                     walls.setdefault((span, sketches), []).append(wall)
                     if cpu_before is not None and cpu_after is not None:
                         cpus.setdefault((span, sketches), []).append(cpu_after - cpu_before)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"{count:,} records over an hour, {args.servers} servers x 5 templates; best of {args.rounds}")
     for span in spans:
         base_wall = min(walls[(span, False)][1:])

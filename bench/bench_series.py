@@ -19,14 +19,13 @@ from functools import partial
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
-from django.test.utils import setup_test_environment
 from django.utils import timezone
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateRepository
-from app.traffic.services.partitions import maintain_partitions
 from app.traffic.services.rollups import refresh_minute_rollups
+from bench.harness import throwaway_database
 
 _NOW = "date_trunc('minute', now())"
 _WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"
@@ -91,12 +90,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--servers", type=int, default=20)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_series"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     figures: list[tuple[str, float]] = []
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database("bench_series"):
         rows = fill(args.servers)
         client = Client()
         client.force_login(User.objects.create_user("bench"))
@@ -125,8 +120,6 @@ def main(argv: Sequence[str]) -> None:
             target = url.format(**times)
             assert client.get(target).status_code == 200, target
             figures.append((name, median_ms(args.runs, partial(client.get, target))))
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(
         f"{args.servers} servers x 2 templates, a week of minute rollups ({rows:,} rows with the hours), "
         f"median of {args.runs}"

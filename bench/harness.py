@@ -8,11 +8,13 @@ not the CPU seconds this process (or a PostgreSQL backend) spends. Wall time is 
 is the point (a page's latency, a rate a client sees).
 """
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 import psutil
 from django.db import connection
@@ -43,6 +45,12 @@ def throwaway_database(name: str | None = None, *, partitions: bool = True) -> I
         yield database
     finally:
         connection.creation.destroy_test_db(original, verbosity=0)
+
+
+def database_url_of(database: str) -> str:
+    """DATABASE_URL with its database name replaced (for the processes a bench starts)."""
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
 def process_cpu(pids: Sequence[int]) -> float:

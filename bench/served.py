@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+from bench.harness import database_url_of
 from tests.ports import unused_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,19 +39,13 @@ class Posted:
     throttled: int  # 429s waited out
 
 
-def database_url(database: str) -> str:
-    """DATABASE_URL with its database name replaced (the bench's throw-away database)."""
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 @contextmanager
 def served(database: str) -> Iterator[tuple[str, int]]:
     """gunicorn serving Prefixscope on the throw-away database until the block ends; yields its
     host and port."""
     (port,) = unused_ports(1)
     env = {
-        **os.environ, "DATABASE_URL": database_url(database), "DJANGO_DEBUG": "false",
+        **os.environ, "DATABASE_URL": database_url_of(database), "DJANGO_DEBUG": "false",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(32), "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
     }  # fmt: skip
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
