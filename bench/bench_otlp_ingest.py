@@ -53,7 +53,7 @@ from bench.baseline import (
     timed_rounds,
 )
 from bench.harness import throwaway_database
-from bench.served import Batch, Posted, post_all, served
+from bench.served import Batch, Posted, Served, post_measured, served
 from tests.fixtures import VLLM_CPU_FIXTURES
 
 
@@ -175,12 +175,12 @@ PATH, PROTOBUF = "/v1/traces", "application/x-protobuf"
 class Endpoint:
     """Where the exports go, and with which tokens: one per server, as each server's exporter has."""
 
-    def __init__(self, address: tuple[str, int], servers: list[str], tokens: list[str]) -> None:
-        self.address, self.servers, self.tokens = address, servers, tokens
+    def __init__(self, served: Served, servers: list[str], tokens: list[str]) -> None:
+        self.served, self.servers, self.tokens = served, servers, tokens
 
     def post(self, exports: list[bytes], senders: int) -> Posted:
         batches = [Batch(self.tokens[n % len(self.tokens)], body) for n, body in enumerate(exports)]
-        return post_all(self.address, PATH, PROTOBUF, batches, senders)
+        return post_measured(self.served, PATH, PROTOBUF, batches, senders)
 
 
 def measure(
@@ -217,8 +217,8 @@ def main(argv: Sequence[str]) -> None:
         )[0]
         tokens = [create_ingest_token(name=name) for name in names]  # vLLM's spans name no server
         connection.close()  # gunicorn's workers connect to the database on their own
-        with served(test_database) as address:
-            endpoint = Endpoint(address, names, tokens)
+        with served(test_database) as server_process:
+            endpoint = Endpoint(server_process, names, tokens)
             results = {}
             for table_rows in args.table_rows:
                 fill_request_records(server.pk, table_rows)

@@ -41,13 +41,13 @@ from bench.baseline import (
 )
 from bench.harness import throwaway_database
 from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
-from bench.served import Batch, Posted, post_all, served
+from bench.served import Batch, Posted, Served, post_all, post_measured, served
 
 PATH, JSON = "/api/v1/requests", "application/json"
 
 
 def measure(
-    args: argparse.Namespace, address: tuple[str, int], servers: dict[str, int], token: str, kind: Kind
+    args: argparse.Namespace, server: Served, servers: dict[str, int], token: str, kind: Kind
 ) -> Rates:
     """One kind's rates over all rounds, after one untimed warm-up of each side."""
     found = records(kind, list(servers), timezone.now())
@@ -57,11 +57,11 @@ def measure(
         for start in range(0, len(found), kind.batch)
     ]
     stream_seconds(streams.batches[:1])  # warm-up: lazy imports and set-up
-    post_all(address, PATH, JSON, bodies[: 2 * len(servers)], 4)
+    post_all(server.address, PATH, JSON, bodies[: 2 * len(servers)], 4)
 
     def post(senders: int) -> Posted:
         reset_request_records()
-        return post_all(address, PATH, JSON, bodies, senders)
+        return post_measured(server, PATH, JSON, bodies, senders)
 
     return timed_rounds(len(found), args.rounds, args.senders, streams=streams, post=post)
 
@@ -85,11 +85,11 @@ def main(argv: Sequence[str]) -> None:
         token = create_ingest_token(name="bench")
         connection.close()  # gunicorn's workers connect to the database on their own
         results = {}
-        with served(test_database) as address:
+        with served(test_database) as server:
             for table_rows in args.table_rows:
                 fill_request_records(created[0].pk, table_rows)
                 for kind in kinds:
-                    results[table_rows, kind] = measure(args, address, servers, token, kind)
+                    results[table_rows, kind] = measure(args, server, servers, token, kind)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(

@@ -196,7 +196,7 @@ def print_figure(name: str, value: float, unit: str, baseline: float, note: str 
     """One figure, the one format of every bench: its name, its value in `unit`, its ratio to the
     baseline's value measured in the same run (in the same unit), and a note."""
     ratio = value / baseline if baseline else float("nan")
-    print(f"{name:48} {value:12,.2f} {unit:<12} x{ratio:7.2f}  {note}".rstrip())
+    print(f"{name:56} {value:12,.2f} {unit:<12} x{ratio:7.2f}  {note}".rstrip())
 
 
 def print_baseline(name: str, value: float, unit: str, note: str = "") -> None:
