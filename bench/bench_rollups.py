@@ -13,12 +13,10 @@ machine) averaged over the rounds.
 """
 
 import argparse
-import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 
 from django.db import connection
 from django.utils import timezone
@@ -28,7 +26,7 @@ from app.prompts.models import Template
 from app.traffic.models import RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
 from app.traffic.services.rollups import refresh_minute_rollups
-from bench.harness import throwaway_database
+from bench.harness import backend_cpu, backend_pid, print_figure, throwaway_database
 
 PER_MINUTE = 600
 
@@ -56,23 +54,6 @@ def fill(servers: int) -> tuple[int, datetime]:
     return len(rows), end
 
 
-def _backend_cpu() -> Callable[[], float | None]:
-    """A reader of this connection's PostgreSQL backend's CPU seconds; None when not readable here."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def read() -> float | None:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-
-    return read
-
-
 def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=10)
@@ -80,16 +61,16 @@ def main(argv: Sequence[str]) -> None:
     args = parser.parse_args(argv)
     with throwaway_database("bench_rollups", partitions=False):
         count, end = fill(args.servers)
-        cpu = _backend_cpu()
+        backend = backend_pid()
         spans = {"hour": timedelta(hours=1), "5-minute lookback": timedelta(minutes=5)}
         walls: dict[tuple[str, bool], list[float]] = {}
         cpus: dict[tuple[str, bool], list[float]] = {}
         for _ in range(args.rounds + 1):  # the first round warms the caches: not counted
             for span, length in spans.items():
                 for sketches in (False, True):
-                    cpu_before, started = cpu(), time.perf_counter()
+                    cpu_before, started = backend_cpu(backend), time.perf_counter()
                     refresh_minute_rollups(since=end - length, until=end, sketches=sketches)
-                    wall, cpu_after = time.perf_counter() - started, cpu()
+                    wall, cpu_after = time.perf_counter() - started, backend_cpu(backend)
                     walls.setdefault((span, sketches), []).append(wall)
                     if cpu_before is not None and cpu_after is not None:
                         cpus.setdefault((span, sketches), []).append(cpu_after - cpu_before)
@@ -99,6 +80,6 @@ def main(argv: Sequence[str]) -> None:
         for sketches in (False, True):
             wall = min(walls[(span, sketches)][1:])
             used = cpus.get((span, sketches), [])[1:]
-            cpu_ms = f"{1000 * sum(used) / len(used):7.0f} ms PostgreSQL CPU" if used else "(no CPU figure)"
+            cpu_ms = f"PostgreSQL CPU {1000 * sum(used) / len(used):.0f} ms" if used else "(no CPU figure)"
             label = f"{span}, {'with sketches' if sketches else 'without (baseline)'}"
-            print(f"{label:38s} {1000 * wall:7.0f} ms wall  x{wall / base_wall:4.2f}  {cpu_ms}")
+            print_figure(label, 1000 * wall, "ms wall", 1000 * base_wall, cpu_ms)
