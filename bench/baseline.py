@@ -159,13 +159,16 @@ def timed_rounds(
     post: Callable[[int], Posted],
 ) -> Rates:
     """Each round times the baseline (the pre-built `streams`, whole and batched) and then the endpoint
-    with each number of senders (`post(senders)`, which resets the table first), so that all see
-    the same load on a shared machine; the totals are over all rounds."""
+    with each number of senders (`post(senders)`, the table reset before each), so that all see the
+    same load on a shared machine; the totals are over all rounds. The baseline is warmed up first
+    (lazy imports and set-up); the caller warms up the endpoint."""
+    stream_seconds(streams.batches[:1])
     limit, batched, endpoint = Totals(), Totals(), {count: Totals() for count in senders}
     for _ in range(rounds):
         limit.add(stream_seconds([streams.whole]))
         batched.add(stream_seconds(streams.batches))
         for count in senders:
+            reset_request_records()
             endpoint[count].add(post(count))
     return Rates(rows_per_round * rounds, limit, batched, endpoint)
 

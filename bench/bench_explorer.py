@@ -126,9 +126,9 @@ def main(argv: Sequence[str]) -> None:
         floor = time_pages(client, {"GET /healthz": "/healthz"}, args.runs)[0].timings.p50
         for name, params in VIEWS.items():
             query = f"?{urlencode({'window': '7d', **params})}"
-            pages = {"page": f"/requests/{query}", "API p1": f"/api/v1/requests{query}",
-                     "API p21": deep(client, "/api/v1/requests", query, 20)}  # fmt: skip
-            rows.append((name, time_pages(client, pages, args.runs)))
+            urls = {"page": f"/requests/{query}", "API p1": f"/api/v1/requests{query}",
+                    "API p21": deep(client, "/api/v1/requests", query, 20)}  # fmt: skip
+            rows.append((name, time_pages(client, urls, args.runs)))
             deep_rows.append((name, keyset_against_offset(dict(parse_qsl(query[1:])), args.runs)))
     print(f"{args.records:,} request records over 3 days, ingested in {load_seconds:,.0f} s")
     print(f"median of {args.runs} runs; 50 rows a page; the pages against GET /healthz, the stack's floor")

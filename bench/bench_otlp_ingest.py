@@ -1,4 +1,4 @@
-"""Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
+"""CPU per request record through POST /v1/traces (OTLP/HTTP protobuf), against PostgreSQL's per COPY row.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench otlp_ingest \
         [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 2 4] \
@@ -24,7 +24,8 @@ endpoint (--spans spans per number of senders), and the rates are over all round
 the same load. Spans carry no prompt token ids, so there are no block hashes to compute here:
 bench/bench_rest_ingest.py and bench/bench_gateway_writer.py measure prompts of real sizes. Every timed run
 starts from the same table: holding each of --table-rows records in turn (bench/baseline.py says
-why that matters).
+why that matters). The headline is per CPU second, as bench_rest_ingest's: gunicorn's CPU per
+record against PostgreSQL's backend CPU per row of the baseline's COPY (target: at most twice).
 """
 
 import argparse
@@ -48,8 +49,6 @@ from bench.baseline import (
     fill_request_records,
     print_rates,
     recorded_streams,
-    reset_request_records,
-    stream_seconds,
     timed_rounds,
 )
 from bench.harness import throwaway_database
@@ -190,12 +189,10 @@ def measure(
     now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
     rows = [row(server_id, template.pk, now) for _ in range(args.spans)]
     streams = recorded_streams(rows, batch=args.batch)
-    stream_seconds(streams.batches[:1])
     endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
 
     def post(senders: int) -> Posted:
         bodies = exports(args.spans, args.batch, endpoint.servers)
-        reset_request_records()
         return endpoint.post(bodies, senders)
 
     return timed_rounds(args.spans, args.rounds, args.senders, streams=streams, post=post)

@@ -1,4 +1,4 @@
-"""Request records per second through POST /api/v1/requests, against the server's limit for the same rows.
+"""CPU per request record through POST /api/v1/requests, against PostgreSQL's CPU per row of a COPY of them.
 
     DATABASE_URL=postgres://... .venv/bin/python -m bench rest_ingest \
         [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--servers 4] [--senders 1 2 4] \
@@ -19,6 +19,12 @@ size, the durable work the endpoint does per batch) and then the endpoint per nu
 and the rates are over all rounds, so that all see the same load; each is warmed up once first.
 Every timed run starts from the same table: holding each of --table-rows records in turn
 (bench/baseline.py says why that matters).
+
+The headline is per CPU second (bench/baseline.py, print_rates): the CPU seconds gunicorn's
+processes spend per record, against the CPU seconds PostgreSQL's backend spends per row of the
+baseline's COPY; target: at most twice. Beside it, PostgreSQL's CPU per record serving the
+endpoint (its backends' CPU, when PostgreSQL runs on this machine), then the wall rates. CPU time
+is counted in clock ticks (10 ms): give a run some seconds (--scale 0.5 at least).
 """
 
 import argparse
@@ -35,8 +41,6 @@ from bench.baseline import (
     fill_request_records,
     print_rates,
     recorded_streams,
-    reset_request_records,
-    stream_seconds,
     timed_rounds,
 )
 from bench.harness import throwaway_database
@@ -56,11 +60,9 @@ def measure(
         Batch(token, msgspec.json.encode([r.json() for r in found[start : start + kind.batch]]))
         for start in range(0, len(found), kind.batch)
     ]
-    stream_seconds(streams.batches[:1])  # warm-up: lazy imports and set-up
     post_all(server.address, PATH, JSON, bodies[: 2 * len(servers)], 4)
 
     def post(senders: int) -> Posted:
-        reset_request_records()
         return post_measured(server, PATH, JSON, bodies, senders)
 
     return timed_rounds(len(found), args.rounds, args.senders, streams=streams, post=post)

@@ -90,17 +90,9 @@ def other_backends() -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"  # not autovacuum's: it serves no one
         )
         return [row[0] for row in cursor.fetchall()]
-
-
-@dataclass(frozen=True, slots=True)
-class Spent:
-    """What one timed run cost: wall seconds and CPU seconds of the side measured."""
-
-    wall: float
-    cpu: float  # of the process(es) measured
-    database_cpu: float | None  # of the PostgreSQL backends serving them; None: not readable here
 
 
 @contextmanager
