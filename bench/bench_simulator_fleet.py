@@ -65,7 +65,9 @@ async def drive(base_urls: list[str], batch: list[list[int]], concurrency: int) 
 
 
 def start_fleet() -> tuple[subprocess.Popen[str], list[str]]:
-    http, kv, replay = unused_ports(3)
+    # Server i takes base + i of each range: three bases side by side overlapped (address in use).
+    ports = unused_ports(3 * SERVERS)  # consecutive but where one is taken
+    http, kv, replay = ports[0], ports[SERVERS], ports[2 * SERVERS]
     args = ["--servers", str(SERVERS), "--base-port", str(http), "--kv-base-port", str(kv)]
     args += [
         "--replay-base-port",
