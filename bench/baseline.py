@@ -29,6 +29,7 @@ from psycopg.abc import Buffer
 from psycopg.copy import LibpqWriter
 
 from app.traffic.services.requests import TABLE_TYPES, RecordRow
+from bench.harness import backend_cpu, backend_pid, print_baseline, print_figure, verdict
 from bench.served import Posted
 
 _FILLER = "fill-"  # request ids of the filler records
@@ -102,10 +103,12 @@ def recorded_streams(rows: Sequence[RecordRow], *, batch: int) -> Streams:
     return Streams(whole, batches)
 
 
-def stream_seconds(streams: Sequence[bytes]) -> float:
-    """Seconds to COPY the pre-built streams into the reset table, one COPY each, each committed."""
+def stream_seconds(streams: Sequence[bytes]) -> Posted:
+    """COPY the pre-built streams into the reset table, one COPY each, each committed: the wall seconds
+    and the CPU seconds of this connection's PostgreSQL backend (None when not readable here)."""
     reset_request_records()
-    started = time.perf_counter()
+    backend = backend_pid()
+    cpu_before, started = backend_cpu(backend), time.perf_counter()
     for stream in streams:
         with (
             transaction.atomic(),
@@ -113,17 +116,38 @@ def stream_seconds(streams: Sequence[bytes]) -> float:
             cursor.cursor.copy(f"COPY traffic_requestrecord ({_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
             copy.write(stream)
-    return time.perf_counter() - started
+    seconds, cpu_after = time.perf_counter() - started, backend_cpu(backend)
+    database_cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return Posted(seconds, 0, 0.0, database_cpu)
+
+
+@dataclass(slots=True)
+class Totals:
+    """What the runs of one side spent over all rounds."""
+
+    seconds: float = 0.0
+    cpu: float = 0.0
+    database_cpu: float | None = 0.0
+    throttled: int = 0
+
+    def add(self, posted: Posted) -> None:
+        self.seconds += posted.seconds
+        self.cpu += posted.cpu
+        self.throttled += posted.throttled
+        if self.database_cpu is not None and posted.database_cpu is not None:
+            self.database_cpu += posted.database_cpu
+        else:
+            self.database_cpu = None
 
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """Records per second over all rounds."""
+    """Over all rounds: the baseline's and the endpoint's totals, and the records they stored."""
 
-    limit: float  # the baseline: one COPY of a round's rows, pre-built
-    batched_limit: float  # the same rows pre-built in committed COPYs of the endpoint's batch size
-    endpoint: dict[int, float]  # by number of senders
-    throttled: dict[int, int]  # 429s waited out, by number of senders
+    records: int
+    limit: Totals  # the baseline: one COPY of a round's rows, pre-built
+    batched_limit: Totals  # the same rows pre-built in committed COPYs of the endpoint's batch size
+    endpoint: dict[int, Totals]  # by number of senders
 
 
 def timed_rounds(
@@ -135,31 +159,63 @@ def timed_rounds(
     post: Callable[[int], Posted],
 ) -> Rates:
     """Each round times the baseline (the pre-built `streams`, whole and batched) and then the endpoint
-    with each number of senders (`post(senders)`, which resets the table first), so that all see
-    the same load on a shared machine; the rates are over all rounds."""
-    one_seconds = batched_seconds = 0.0
-    seconds, throttled = dict.fromkeys(senders, 0.0), dict.fromkeys(senders, 0)
+    with each number of senders (`post(senders)`, the table reset before each), so that all see the
+    same load on a shared machine; the totals are over all rounds. The baseline is warmed up first
+    (lazy imports and set-up); the caller warms up the endpoint."""
+    stream_seconds(streams.batches[:1])
+    limit, batched, endpoint = Totals(), Totals(), {count: Totals() for count in senders}
     for _ in range(rounds):
-        one_seconds += stream_seconds([streams.whole])
-        batched_seconds += stream_seconds(streams.batches)
+        limit.add(stream_seconds([streams.whole]))
+        batched.add(stream_seconds(streams.batches))
         for count in senders:
-            posted = post(count)
-            seconds[count] += posted.seconds
-            throttled[count] += posted.throttled
-    total = rows_per_round * rounds
-    endpoint = {count: total / spent for count, spent in seconds.items()}
-    return Rates(total / one_seconds, total / batched_seconds, endpoint, throttled)
+            reset_request_records()
+            endpoint[count].add(post(count))
+    return Rates(rows_per_round * rounds, limit, batched, endpoint)
+
+
+TARGET = 2.0  # the endpoint's CPU per record, at most this many times PostgreSQL's per COPY row
+US = "us CPU/rec"
 
 
 def print_rates(rates: Rates, *, copied: str, batch: int, posted: str, by: str = "sender(s)") -> None:
-    """The limit's two rates (`copied` says what was copied where) and the endpoint's rate per number
-    of senders (`posted` says what was sent where), with the ratios to the limit."""
-    print(f"{copied}, pre-built stream in one COPY (the limit): {rates.limit:,.0f} records/s")
+    """The headline per CPU second: the CPU the endpoint's process spends per record against the CPU
+    PostgreSQL's backend spends per row of the baseline's COPY (`copied` says what was copied where),
+    PASS when at most TARGET times it; then PostgreSQL's CPU serving the endpoint, and the wall rates
+    (`posted` says what was sent where)."""
+    n = rates.records
+    base = _per_record(rates.limit.database_cpu, n)
+    print(f"\n{copied}; {posted}")
+    if base is None:
+        print("  PostgreSQL runs on another machine: its backends' CPU is not readable, no CPU ratio")
+        base = float("nan")
+    else:
+        print_baseline("  PostgreSQL CPU per row, one COPY", base, US)
+        print_figure(
+            f"  PostgreSQL CPU per row, COPYs of {batch}",
+            _per_record(rates.batched_limit.database_cpu, n) or 0.0,
+            US,
+            base,
+        )
+    for senders, spent in rates.endpoint.items():
+        web = spent.cpu / n * 1e6
+        print_figure(
+            f"  web process CPU per record, {senders} {by}",
+            web,
+            US,
+            base,
+            f"{verdict(web <= TARGET * base)} (target <= x{TARGET:g})",
+        )
+        served = _per_record(spent.database_cpu, n)
+        if served is not None:
+            print_figure("  PostgreSQL CPU per record serving it", served, US, base)
     print(
-        f"{copied}, pre-built stream, {batch} rows per committed COPY: {rates.batched_limit:,.0f} records/s"
+        f"  wall, records/s (the baseline first, then by {by}): "
+        + ", ".join(
+            f"{n / t.seconds:,.0f}" for t in [rates.limit, rates.batched_limit, *rates.endpoint.values()]
+        )
+        + f"; 429s waited out: {sum(t.throttled for t in rates.endpoint.values())}"
     )
-    for senders, rate in rates.endpoint.items():
-        throttled = rates.throttled[senders]
-        print(f"{posted}, {senders} {by}: {rate:,.0f} records/s, 429s waited out: {throttled}")
-        print(f"  ratio to the limit: {rate / rates.limit:.2f}  (target: >= 0.50)")
-        print(f"  ratio to the pre-built stream in the endpoint's batches: {rate / rates.batched_limit:.2f}")
+
+
+def _per_record(seconds: float | None, records: int) -> float | None:
+    return None if seconds is None else seconds / records * 1e6

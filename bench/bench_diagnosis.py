@@ -1,7 +1,7 @@
 """Requests diagnosed per second online (the kept replay, a run every --every seconds of traffic),
 against one replay of the whole trace from the database (what every run did before).
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_diagnosis [--requests 20000]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench diagnosis [--requests 20000]
 
 Runs in a throw-away database on the server DATABASE_URL names. The trace: --requests prompts of
 about 2,000 tokens (8 templates with stable prefixes of 1,500-1,900 tokens, tails of 64-400; from
@@ -28,33 +28,25 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+from django.conf import settings
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.conf import settings  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.diagnosis.run import diagnose_requests, forget_kept_replay  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.fleet.services import register_server  # noqa: E402
-from app.traffic.collection.kv_collector import event_rows  # noqa: E402
-from app.traffic.models import RequestDiagnosis  # noqa: E402
-from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from collectors.kv_events.parse import decode_sub_message  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
-from simulator.cache import PrefixCache  # noqa: E402
-from simulator.kv_events import encode_batch, seq_frame  # noqa: E402
+from app.diagnosis.run import diagnose_requests, forget_kept_replay
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.traffic.collection.kv_collector import event_rows
+from app.traffic.models import RequestDiagnosis
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
+from app.traffic.services.requests import ingest_request_records
+from bench.harness import throwaway_database
+from collectors.kv_events.parse import decode_sub_message
+from collectors.records import RequestFacts
+from simulator.cache import PrefixCache
+from simulator.kv_events import encode_batch, seq_frame
 
 BLOCK_SIZE = 16
 SERVERS = 4
@@ -161,7 +153,7 @@ def dump_diagnoses(out: TextIO, run: str, *, start: datetime) -> None:
         out.write(json.dumps([run, found], sort_keys=True, default=str) + "\n")
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--rate", type=float, default=2_000, help="arrivals per second of the trace")
@@ -170,12 +162,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="online measures, the trace stored once")
     parser.add_argument("--profile", help="write the first online measure's cProfile stats here")
     parser.add_argument("--dump", help="write the diagnoses here, canonically (see the docstring)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     dump = open(args.dump, "w") if args.dump else None  # noqa: SIM115
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database():
         servers = [
             register_server(name=f"bench-{n}", base_url=f"http://10.0.0.{n + 1}:8000", model="bench")
             for n in range(SERVERS)
@@ -210,11 +199,5 @@ def main() -> None:
         if dump:
             dump_diagnoses(dump, "baseline", start=start)
         print(f"ratio online / baseline: {base_wall / wall * online_count / replayed:.2f} (wall)")
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
         if dump:
             dump.close()
-
-
-if __name__ == "__main__":
-    main()

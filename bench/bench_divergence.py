@@ -1,7 +1,7 @@
 """How fast two 128K-token prompts are compared, against plain Python loops.
 
 Run from the repository root:
-    .venv/bin/python -m bench.bench_divergence [tokens]
+    .venv/bin/python -m bench divergence [tokens]
 
 The baseline is a plain Python loop finding the first differing token. It stops there and computes
 nothing else, so it wins by far when the difference is near the top; the vectorised engine wins when the
@@ -21,13 +21,12 @@ separate and costs 20 to 70 ms for 128K tokens; its time is printed last).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import numpy as np
 
 from app.domain.divergence import Compatibility, block_statuses, compare_prompts
-from bench.timing import best_seconds
+from bench.harness import best_seconds
 
 ROUNDS = 15  # best of: the least disturbed run is the one that measures the code
 BLOCK_SIZE = 16
@@ -101,7 +100,3 @@ def main(argv: Sequence[str]) -> None:
     result = compare_prompts(a, b, BLOCK_SIZE, RECORD, RECORD)
     hashing = best_seconds(lambda: block_statuses(result, "b", b), 3)
     print(f"block_statuses of one {len(b):,}-token side (hash chain, computed apart): {hashing * 1e3:.1f} ms")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

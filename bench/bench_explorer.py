@@ -1,6 +1,6 @@
 """How long the requests explorer takes over many request records: its first page and a deep page.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_explorer [--records 1000000] [--runs 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench explorer [--records 1000000] [--runs 5]
 
 Runs in a throw-away database (bench_explorer, created and dropped on the server DATABASE_URL names).
 The records (counts and timings, no token ids) arrive through the real ingest over the last three
@@ -8,45 +8,37 @@ days, on 20 servers, 8 templates and 4 tenants, then the tables are analysed. Ea
 median over the runs of one request through Django's whole stack, in this process: the page, and
 the API's JSON, first page and the page reached by following `next` 20 times. No diagnoses are
 stored, so a cause filter finds nothing and reads its whole window: its figure is the worst case
-(and its "page 21" is its first and only page). Then the selector alone reads pages 21 and 201 after
-their cursors, against the same rows by OFFSET, the baseline keyset pagination replaces.
+(and its "page 21" is its first and only page). Each is printed with its ratio to GET /healthz in the
+same run (the stack's floor). Then the selector alone reads pages 21 and 201 after their cursors,
+against the same rows by OFFSET, the baseline keyset pagination replaces.
 """
 
 import argparse
-import os
-import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.keyset import Cursor  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.explorer import (  # noqa: E402
+from app.domain.keyset import Cursor
+from app.fleet.models import Server
+from app.traffic.explorer import (
     PAGE_SIZE,
     RequestFilterForm,
     RequestFilters,
     explore_requests,
     matching_requests,
 )
-from app.traffic.models import RequestRecord  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import ingest_request_records  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from app.traffic.models import RequestRecord
+from app.traffic.services.requests import ingest_request_records
+from bench import harness
+from bench.harness import print_baseline, print_figure, throwaway_database, time_pages
+from collectors.records import RequestFacts
 
 VIEWS = {
     "no filter": {},
@@ -79,18 +71,9 @@ def load(records: int) -> float:
     return time.perf_counter() - started
 
 
-def median_ms(runs: int, call: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
-
-
-def deep(client: Client, url: str, params: dict[str, str], pages: int) -> str:
+def deep(client: Client, url: str, query: str, pages: int) -> str:
     """The URL of the page `pages` pages after the first by the API's `next` links (or of the last)."""
-    reached = f"{url}?{urlencode(params)}"
+    reached = f"{url}{query}"
     for _ in range(pages):
         following = client.get(reached).json()["next"]
         if following is None:
@@ -117,8 +100,8 @@ def keyset_against_offset(query: dict[str, str], runs: int) -> list[float]:
         if number not in cursors:
             figures += [float("nan"), float("nan")]
             continue
-        figures.append(median_ms(runs, partial(_keyset_page, filters, cursors[number])))
-        figures.append(median_ms(runs, partial(_offset_page, filters, (number - 1) * PAGE_SIZE)))
+        figures.append(harness.median_ms(runs, partial(_keyset_page, filters, cursors[number])))
+        figures.append(harness.median_ms(runs, partial(_offset_page, filters, (number - 1) * PAGE_SIZE)))
     return figures
 
 
@@ -130,43 +113,30 @@ def _offset_page(filters: RequestFilters, offset: int) -> list[RequestRecord]:
     return list(matching_requests(filters, after=None)[offset : offset + PAGE_SIZE + 1])
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_explorer"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
+    args = parser.parse_args(argv)
     rows, deep_rows = [], []
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database("bench_explorer"):
         load_seconds = load(args.records)
         client = Client()
-        client.force_login(User.objects.create_user("bench"))
+        client.force_login(User.objects.create_superuser("bench"))  # sees every tenant's rows
+        floor = time_pages(client, {"GET /healthz": "/healthz"}, args.runs)[0].timings.p50
         for name, params in VIEWS.items():
-            query = {"window": "7d", **params}
-            later = deep(client, "/api/v1/requests", query, 20)
-            figures = [
-                median_ms(args.runs, lambda q=query: client.get("/requests/", q)),  # type: ignore[misc]
-                median_ms(args.runs, lambda q=query: client.get("/api/v1/requests", q)),  # type: ignore[misc]
-                median_ms(args.runs, lambda u=later: client.get(u)),  # type: ignore[misc]
-            ]
-            rows.append((name, figures))
-            deep_rows.append((name, keyset_against_offset(query, args.runs)))
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
+            query = f"?{urlencode({'window': '7d', **params})}"
+            urls = {"page": f"/requests/{query}", "API p1": f"/api/v1/requests{query}",
+                    "API p21": deep(client, "/api/v1/requests", query, 20)}  # fmt: skip
+            rows.append((name, time_pages(client, urls, args.runs)))
+            deep_rows.append((name, keyset_against_offset(dict(parse_qsl(query[1:])), args.runs)))
     print(f"{args.records:,} request records over 3 days, ingested in {load_seconds:,.0f} s")
-    print(f"median of {args.runs} runs, ms; 50 rows a page")
-    print(f"{'filters':48} {'page':>8} {'API p1':>8} {'API p21':>8}")
-    for name, (page, first, later_ms) in rows:
-        print(f"{name:48} {page:8.1f} {first:8.1f} {later_ms:8.1f}")
-    print("\nthe selector alone, page 21 and page 201: keyset (after a cursor) against OFFSET, ms")
-    print(f"{'filters':48} {'key 21':>8} {'OFF 21':>8} {'key 201':>8} {'OFF 201':>8} {'ratio 201':>9}")
-    for name, figures in deep_rows:
-        ratio = figures[3] / figures[2] if figures[2] else float("nan")
-        print(f"{name:48} " + " ".join(f"{ms:8.1f}" for ms in figures) + f" {ratio:8.1f}x")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"median of {args.runs} runs; 50 rows a page; the pages against GET /healthz, the stack's floor")
+    print_baseline("GET /healthz", floor, "ms")
+    for name, pages in rows:
+        for page in pages:
+            print_figure(f"{name}: {page.name}", page.timings.p50, "ms", floor)
+    print("\nthe selector alone, keyset (after a cursor) against OFFSET (the baseline), same page")
+    for name, (key21, offset21, key201, offset201) in deep_rows:
+        print_figure(f"{name}: keyset p21", key21, "ms", offset21, f"OFFSET {offset21:.1f} ms")
+        print_figure(f"{name}: keyset p201", key201, "ms", offset201, f"OFFSET {offset201:.1f} ms")

@@ -1,6 +1,6 @@
 """A simulated fleet's KV events and completions, collected and diagnosed by Prefixscope's processes.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_fleet [--servers 100] [--fleets 4]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench fleet [--servers 100] [--fleets 4]
         [--subscribers 2] [--gateways 2] [--seconds 20] [--concurrency 32] [--rate 0] [--diagnosis-delay 5]
 
 Runs in a throw-away database on the server DATABASE_URL names (PostgreSQL's default max_connections,
@@ -32,33 +32,26 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import aiohttp
+import numpy as np
+import psutil
+from django.db import connection
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import aiohttp  # noqa: E402
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.diagnosis.run import compatibility_groups, diagnose_requests  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.fleet.services import register_server  # noqa: E402
-from app.traffic.collection.kv_leases import lease_holders  # noqa: E402
-from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.tasks import scrape_server  # noqa: E402
+from app.diagnosis.run import compatibility_groups, diagnose_requests
+from app.fleet.models import Server
+from app.fleet.services import register_server
+from app.traffic.collection.kv_leases import lease_holders
+from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord
+from app.traffic.tasks import scrape_server
+from bench.harness import database_url_of, throwaway_database
 
 REPO = Path(__file__).resolve().parents[1]
 LEASE_SECONDS = 2
@@ -295,7 +288,7 @@ def run(args: argparse.Namespace, subscribers: int, gateways: int, database_url:
         owned = {p.pid: [pk for pk, name in holders.items() if name.endswith(f":{p.pid}")] for p in kv}
         served = {p.pid: [ids[i] for i in share] for p, share in shares.items()}
         loop_log, wait = folder / "diagnosis.jsonl", str(args.diagnosis_delay)
-        loop = ["-m", "bench.bench_fleet", "--diagnose-into", str(loop_log), "--diagnosis-delay", wait]
+        loop = ["-m", "bench", "fleet", "--diagnose-into", str(loop_log), "--diagnosis-delay", wait]
         diagnosis = manage(
             loop, database_url, folder / "diagnosis.log", PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=wait
         )
@@ -409,7 +402,7 @@ def diagnose_forever(into: Path, every: float) -> None:
             time.sleep(max(0.0, every - (time.monotonic() - started)))
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=100)
     parser.add_argument("--fleets", type=int, default=4, help="simulator processes")
@@ -420,16 +413,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0, help="completions a second (0: closed loop)")
     parser.add_argument("--diagnosis-delay", type=int, default=5)
     parser.add_argument("--diagnose-into", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.diagnose_into is not None:
         diagnose_forever(args.diagnose_into, every=args.diagnosis_delay)
         return
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    database_url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{test_database}"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database() as test_database:
+        database_url = database_url_of(test_database)
         base = run(args, 1, 1, database_url)
         scaled = run(args, args.subscribers, args.gateways, database_url)
         events, requests = (
@@ -439,9 +429,3 @@ def main() -> None:
         print(f"{args.subscribers} subscribers / {args.gateways} gateways against 1 / 1: events/s "
               f"x{events:.2f}, requests/s x{requests:.2f}; load average {os.getloadavg()[0]:.1f} "
               "at the end")  # fmt: skip
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
-
-
-if __name__ == "__main__":
-    main()

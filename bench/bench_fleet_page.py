@@ -1,138 +1,44 @@
 """How long the Fleet page takes for a fleet with a week of rollups, per window.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_fleet_page [--servers 100] [--runs 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench fleet_page [--servers 100] [--records 1000000] \
+        [--runs 5]
 
 Runs in a throw-away database (bench_fleet, created and dropped on the server DATABASE_URL names),
-filled with a week of per-minute server readings, request rollups and loss rollups for every server,
-and the hours summed from them by the services that keep them. Each figure is the median of `runs`
-requests through Django's whole stack in this process (PostgreSQL's time included), and its ratio
-to the baseline, the page over the last hour.
+filled as bench_pages fills its own (bench/pages_load.py: --records request records over a week on
+--servers servers, their diagnoses, the request, loss and server rollups computed from them by the
+product's services). Each figure is the median of `runs` requests through Django's whole stack in
+this process (PostgreSQL's time included), and its ratio to the baseline, the page over the last hour.
 """
 
 import argparse
-import os
-import statistics
-import time
-from collections.abc import Callable
-from datetime import timedelta
-from functools import partial
+from collections.abc import Sequence
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.contrib.auth.models import User
+from django.test import Client
 
-import django
+from bench import pages_load
+from bench.harness import print_baseline, print_figure, throwaway_database, time_pages
 
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.histogram import TTFT_BUCKETS_SECONDS  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups  # noqa: E402
-from app.rollups.servers import refresh_server_minutes  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-
-_NOW = "date_trunc('minute', now())"
-_WEEK = f"generate_series({_NOW} - interval '7 days', {_NOW}, '1 minute')"
-_HISTOGRAM = f"(SELECT array_agg(least(20, i)) FROM generate_series(1, {len(TTFT_BUCKETS_SECONDS) + 1}) i)"
-_SERVER_SQL = f"""
-INSERT INTO traffic_serverminute (server_id, minute, scrapes, failed_scrapes, prefix_queries, prefix_hits,
-    preemptions, finished_requests, kv_usage_sum, kv_usage_samples, kv_usage_max, ttft_count,
-    ttft_sum_seconds, ttft_buckets, evictions)
-SELECT s.id, m, 4, 0, 40000, 20000 + extract(minute FROM m)::int * 100, 1, 20, 2.4, 4, 0.7, 20, 6.0,
-       {_HISTOGRAM}, 30
-FROM fleet_server s, {_WEEK} m
-"""
-_REQUEST_SQL = f"""
-INSERT INTO traffic_minuterollup (server_id, template_id, minute, requests, prompt_tokens, cached_tokens,
-    cache_known_prompt_tokens, client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
-    server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets, prefill_count, prefill_uncached_sum,
-    prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum)
-SELECT s.id, NULL, m, 20, 40000, 20000, 40000, 20, 8.0, {_HISTOGRAM}, 20, 6.0, {_HISTOGRAM}, 0, 0, 0, 0, 0
-FROM fleet_server s, {_WEEK} m
-"""
-_LOSS_SQL = f"""
-INSERT INTO traffic_lossminute (server_id, template_id, template_version_id, tenant, minute, requests,
-    diagnosed, unexpected_hits, prompt_tokens, diagnosed_prompt_tokens, seen_before_tokens,
-    resident_anywhere_tokens, resident_here_tokens, reused_tokens, prompt_changed_tokens, evicted_tokens,
-    routed_elsewhere_tokens, salt_tokens, restarted_tokens, below_block_tokens, cold_tokens,
-    unexplained_tokens, no_kv_events_tokens)
-SELECT s.id, NULL, NULL, '', m, 20, 20, 0, 40000, 40000, 30000, 25000, 20000, 20000, 5000, 3000, 2000,
-       0, 0, 300, 1000, 0, 0
-FROM fleet_server s, {_WEEK} m
-"""
+HTMX = {"HX-Request": "true"}
 
 
-def median_ms(runs: int, call: Callable[[], object]) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return 1000 * statistics.median(times)
-
-
-def fill(servers: int) -> int:
-    for n in range(servers):
-        Server.objects.create(
-            name=f"vllm-{n}",
-            base_url=f"http://127.0.0.1:{9000 + n}",
-            model="tiny",
-            last_scraped_at=timezone.now(),
-        )
-    rows = 0
-    with connection.cursor() as cursor:
-        for sql in (_SERVER_SQL, _REQUEST_SQL, _LOSS_SQL):
-            cursor.execute(sql)
-            rows += int(cursor.rowcount)
-    # The hours from those minutes, by the services that keep them (no raw rows: minutes unchanged).
-    now = timezone.now()
-    week = {"since": now - timedelta(days=7, hours=1), "until": now + timedelta(minutes=1)}
-    for refresh in (refresh_server_minutes, refresh_minute_rollups, refresh_loss_minutes):
-        refresh(**week)
-    with connection.cursor() as cursor:
-        for table in ("serverminute", "serverhour", "minuterollup", "hourrollup", "lossminute", "losshour"):
-            cursor.execute(f"ANALYZE traffic_{table}")
-    return rows
-
-
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=100)
+    parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_fleet"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    figures: list[tuple[str, float, int]] = []
-    try:
-        maintain_partitions(now=timezone.now())
-        rows = fill(args.servers)
+    args = parser.parse_args(argv)
+    with throwaway_database("bench_fleet"):
+        pages_load.load_rollup_fleet(servers=args.servers, days=7, records=args.records)
         client = Client()
-        client.force_login(User.objects.create_user("bench"))
-        calls = {
-            "page 1h (baseline)": ("/", {}), "page 6h": ("/?window=6h", {}), "page 24h": ("/?window=24h", {}),
-            "page 7d": ("/?window=7d", {}), "htmx refresh 1h": ("/", {"HX-Request": "true"}),
-            "htmx refresh 7d": ("/?window=7d", {"HX-Request": "true"}),
-            "sparklines CSV 7d": ("/?window=7d&format=csv", {}),
-        }  # fmt: skip
-        for name, (url, headers) in calls.items():
-            answer = client.get(url, headers=headers)
-            assert answer.status_code == 200, url
-            figures.append(
-                (name, median_ms(args.runs, partial(client.get, url, headers=headers)), len(answer.content))
-            )
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
-    print(f"{args.servers} servers, a week of three minute rollups ({rows:,} rows), median of {args.runs}")
-    baseline = figures[0][1]
-    for name, ms, size in figures:
-        print(f"{name:22s} {ms:8.1f} ms  x{ms / baseline:5.2f}  {size / 1024:7.0f} KiB")
-
-
-if __name__ == "__main__":
-    main()
+        client.force_login(User.objects.get(username="bench-admin"))
+        pages = time_pages(client, {
+            "page 1h": "/", "page 6h": "/?window=6h", "page 24h": "/?window=24h", "page 7d": "/?window=7d",
+            "htmx refresh 1h": ("/", HTMX), "htmx refresh 7d": ("/?window=7d", HTMX),
+            "sparklines CSV 7d": "/?window=7d&format=csv",
+        }, args.runs)  # fmt: skip
+    print(f"{args.servers} servers, {args.records:,} request records over a week, median of {args.runs}")
+    baseline = pages[0].timings.p50
+    print_baseline(pages[0].name, baseline, "ms", f"{pages[0].size / 1024:,.0f} KiB")
+    for page in pages[1:]:
+        print_figure(page.name, page.timings.p50, "ms", baseline, f"{page.size / 1024:,.0f} KiB")

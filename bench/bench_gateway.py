@@ -1,8 +1,8 @@
 """Latency the gateway adds: the same completions through `manage.py gateway` and straight to vLLM.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_gateway [--rate 200] [--seconds 20] \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench gateway [--rate 200] [--seconds 20] \
         [--warmup 10] [--floor]
-    .venv/bin/python -m bench.bench_gateway --spill-only
+    .venv/bin/python -m bench gateway --spill-only
 
 A simulated vLLM server (`python -m simulator.fleet --no-sleep`: it answers at once) and the gateway
 (`manage.py gateway`) each run in their own process. This process sends completions at `--rate`
@@ -32,9 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import psutil
@@ -138,21 +137,18 @@ def wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float =
 
 def throwaway_database() -> tuple[str, Callable[[], int]]:
     """A migrated database with partitions and the benchmark's server; (its URL, its teardown)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-    import django
-
-    django.setup()
     from django.db import connection
     from django.utils import timezone
 
     from app.fleet.models import Server
     from app.traffic.services.partitions import maintain_partitions
+    from bench.harness import database_url_of
 
     connection.settings_dict["TEST"]["NAME"] = f"bench_gateway_{os.getpid()}"
     name = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     maintain_partitions(now=timezone.now())
     Server.objects.create(name=SERVER, base_url="http://bench-sim", block_size=32, model="tiny")
-    url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path=f"/{name}"))
+    url = database_url_of(name)
 
     def drop() -> int:
         from app.traffic.models import RequestRecord
@@ -164,7 +160,7 @@ def throwaway_database() -> tuple[str, Callable[[], int]]:
     return url, drop
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second to each target")
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -172,7 +168,7 @@ def main() -> None:
     parser.add_argument("--spill-only", action="store_true", help="no database: records go to the spill file")
     parser.add_argument("--floor", action="store_true", help="also measure a bare aiohttp proxy")
     parser.add_argument("--serve-bare", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.serve_bare:
         asyncio.run(serve_bare(int(args.serve_bare[0]), args.serve_bare[1]))
         return
@@ -193,7 +189,8 @@ def main() -> None:
     bare_command = [
         sys.executable,
         "-m",
-        "bench.bench_gateway",
+        "bench",
+        "gateway",
         "--serve-bare",
         str(listen),
         f"http://127.0.0.1:{http}",
@@ -252,7 +249,3 @@ def report(name: str, latencies: dict[str, list[float]], cpu: float) -> None:
     ratios = [percentile(through, q) / percentile(direct, q) for q in (0.5, 0.99)]
     print(f"{'ratio':10}{ratios[0]:9.2f}{ratios[1]:9.2f}   (proxied / direct)")
     print(f"proxy process CPU: {cpu / len(through) * 1000:.2f} ms per request")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Request records per second through the gateway's writer (GatewayWriter -> ingest_request_records),
 against the server's limit for the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_gateway_writer \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench gateway_writer \
         [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--batch 500] [--table-rows 0 1000000]
 
 Runs in a throw-away database (created and dropped on the server DATABASE_URL names). The records
@@ -15,57 +15,49 @@ This is the writer's path only; bench/bench_gateway.py measures the latency the 
 The baseline is the server's limit (bench/baseline.py): a pre-built binary COPY stream of exactly
 the rows the writer stores, in one COPY and in committed COPYs of --batch rows, timed in the same
 rounds. Every timed run starts from the same table: holding each of --table-rows records in turn.
+The headline is per CPU second (bench/baseline.py, print_rates): this process's CPU per record
+(the writer's thread; the proxy's side is idle) against PostgreSQL's backend CPU per COPY row.
 """
 
 import argparse
-import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.collection.gateway_writer import SOURCE, GatewayWriter  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.fleet.models import Server
+from app.traffic.collection.gateway_writer import SOURCE, GatewayWriter
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
     recorded_streams,
-    reset_request_records,
-    stream_seconds,
     timed_rounds,
 )
-from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records  # noqa: E402
-from bench.served import Posted  # noqa: E402
-from collectors.records import RequestFacts  # noqa: E402
+from bench.harness import throwaway_database
+from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
+from bench.served import Posted
+from collectors.records import RequestFacts
 
 SERVER = "bench-gateway"
 
 
 def written(facts: list[RequestFacts], *, batch: int, spill: Path) -> Posted:
     """Seconds for a new writer to store `facts`, queued before its thread starts."""
-    reset_request_records()
     writer = GatewayWriter(server=SERVER, spill_path=spill, capacity=len(facts), batch_size=batch)
     for item in facts:
         writer.record(item)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     writer.start()
     writer.stop()  # drains the queue into the database, then ends the thread
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert writer.stored == len(facts) and not writer.spilled and not writer.dropped, (
         writer.stored, writer.spilled, writer.dropped,
     )  # fmt: skip
-    return Posted(seconds, throttled=0)
+    # The writer's backend closes with its thread: its CPU is not read.
+    return Posted(seconds, throttled=0, cpu=cpu, database_cpu=None)
 
 
 def measure(args: argparse.Namespace, server_id: int, kind: Kind, spill: Path) -> Rates:
@@ -73,7 +65,6 @@ def measure(args: argparse.Namespace, server_id: int, kind: Kind, spill: Path) -
     found = records(kind, [SERVER], timezone.now())
     streams = recorded_streams([r.row(server_id, source=SOURCE) for r in found], batch=args.batch)
     facts = [r.facts() for r in found]
-    stream_seconds(streams.batches[:1])  # warm-up: lazy imports and set-up
     written(facts[: args.batch], batch=args.batch, spill=spill)
     return timed_rounds(
         len(facts), args.rounds, [1], streams=streams,
@@ -81,36 +72,26 @@ def measure(args: argparse.Namespace, server_id: int, kind: Kind, spill: Path) -
     )  # fmt: skip
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies each kind's records per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=500, help="the writer's batch size")
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     spill = Path(tempfile.mkdtemp()) / "spill.jsonl"
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database():
         server = Server.objects.create(name=SERVER, base_url=f"http://{SERVER}:8000", block_size=BLOCK_SIZE)
         results = {}
         for table_rows in args.table_rows:
             fill_request_records(server.pk, table_rows)
             for kind in kinds:
                 results[table_rows, kind] = measure(args, server.pk, kind, spill)
-    finally:
-        connection.close()
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(
             rates, copied=f"{kind.name}, {kind.records} rows {into}", batch=args.batch,
             posted=f"{kind.name}, GatewayWriter {into} ({args.rounds} rounds)", by="writer",
         )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """How fast the captured vLLM KV event messages decode into dataclasses, against plain msgpack decoding.
 
 Run from the repository root (so that ``collectors`` and ``tests`` import):
-    .venv/bin/python -m bench.bench_kv_decode [repeats]
+    .venv/bin/python -m bench kv_decode [repeats]
 
 The baseline decodes the same payloads to plain Python objects with no validation and no dataclasses:
 ``msgpack.unpackb`` when the msgpack package is installed, else msgspec's untyped decoder (which does
@@ -10,11 +10,10 @@ the same job, faster). The target for the collector is 50,000 events/s decoded a
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.timing import best_seconds
+from bench.harness import best_seconds
 from collectors.kv_events.parse import decode_sub_message
 from tests.support.captures import load_json
 
@@ -61,7 +60,3 @@ def main(argv: Sequence[str]) -> None:
     print(f"decode_sub_message: {ours_rate:12,.0f} events/s ({1e6 / ours_rate:.2f} us/event)")
     print(f"{name}: {plain_rate:12,.0f} events/s ({1e6 / plain_rate:.2f} us/event)")
     print(f"ratio decode_sub_message / baseline: {ours_rate / plain_rate:.2f}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """KV events decoded and stored per second (one core), against raw COPY of the same rows.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_kv_ingest [--batches 4000]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench kv_ingest [--batches 4000]
 
 Runs in a throw-away database on the server DATABASE_URL names. The captured SUB messages are
 replayed with fresh sequence numbers and times; each is decoded (collectors.kv_events.parse),
@@ -13,28 +13,20 @@ is not counted.
 
 import argparse
 import gc
-import os
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import msgspec
+from django.db import connection
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.domain.blockhash import wire_to_signed  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.collection.kv_collector import event_rows  # noqa: E402
-from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from collectors.kv_events.parse import decode_sub_message  # noqa: E402
-from tests.support.captures import load_json  # noqa: E402
+from app.domain.blockhash import wire_to_signed
+from app.fleet.models import Server
+from app.traffic.collection.kv_collector import event_rows
+from app.traffic.services.kv_events import KVEventRow, StreamPosition, store_kv_events
+from bench.harness import backend_cpu, backend_pid, print_baseline, print_figure, throwaway_database, verdict
+from collectors.kv_events.parse import decode_sub_message
+from tests.support.captures import load_json
 
 FLUSH_EVERY = 200
 
@@ -65,9 +57,12 @@ def through_collector(frames: list[list[bytes]], server_id: int) -> tuple[float,
     return stored / (time.perf_counter() - started), stored / (time.process_time() - cpu_started), stored
 
 
-def copy_baseline(rows: list[KVEventRow]) -> float:
+def copy_baseline(rows: list[KVEventRow]) -> tuple[float, float | None]:
+    """Rows per second of the COPY, and the CPU seconds its PostgreSQL backend spent per row (None:
+    not readable here)."""
     columns = ", ".join(KVEventRow._fields)
-    started = time.perf_counter()
+    backend = backend_pid()
+    cpu_before, started = backend_cpu(backend), time.perf_counter()
     with (
         connection.cursor() as cursor,
         cursor.cursor.copy(f"COPY traffic_kvevent ({columns}) FROM STDIN") as copy,
@@ -76,17 +71,16 @@ def copy_baseline(rows: list[KVEventRow]) -> float:
             signed_hash = None if row.block_hash is None else wire_to_signed(row.block_hash)
             signed_parent = None if row.parent_hash is None else wire_to_signed(row.parent_hash)
             copy.write_row(row._replace(block_hash=signed_hash, parent_hash=signed_parent))
-    return len(rows) / (time.perf_counter() - started)
+    rate, cpu_after = len(rows) / (time.perf_counter() - started), backend_cpu(backend)
+    per_row = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / len(rows)
+    return rate, per_row
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=4000)
-    args = parser.parse_args()
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    args = parser.parse_args(argv)
+    with throwaway_database():
         server = Server.objects.create(name="bench", base_url="http://bench:8000")
         frames = messages(args.batches)
         gc.freeze()  # as manage.py collect_kv_events does once it has started
@@ -99,14 +93,12 @@ def main() -> None:
             rows += event_rows(
                 message.batch, server_id=other.pk, epoch=0, seq=message.seq, received_at=received
             )
-        baseline = copy_baseline(rows)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
-    print(f"decoded and stored through the collector's path: {rate:,.0f} events/s ({stored:,} block rows)")
-    print(f"  per second of this process's CPU time: {cpu_rate:,.0f} events/s (PostgreSQL's not counted)")
-    print(f"raw COPY of the same rows into traffic_kvevent: {baseline:,.0f} events/s")
-    print(f"ratio collector / COPY: {rate / baseline:.2f}  (target: >= 50,000 events/s on one core)")
-
-
-if __name__ == "__main__":
-    main()
+        baseline, copy_cpu = copy_baseline(rows)
+    print(f"{stored:,} block rows; target: >= 50,000 events/s per CPU second of the collector")
+    print_baseline("raw COPY of the same rows into traffic_kvevent", baseline, "events/s")
+    print_figure("the collector's path, wall", rate, "events/s", baseline)
+    print_figure("the collector's path, per CPU second", cpu_rate, "events/s", baseline,
+                 f"{verdict(cpu_rate >= 50_000)}; this process's CPU, PostgreSQL's not counted")  # fmt: skip
+    if copy_cpu is not None:
+        print(f"(PostgreSQL's CPU per COPY row: {copy_cpu * 1e6:.2f} us, the collector's per event: "
+              f"{1e6 / cpu_rate:.2f} us)")  # fmt: skip

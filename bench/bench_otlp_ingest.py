@@ -1,6 +1,6 @@
-"""Request records per second through POST /v1/traces (OTLP/HTTP protobuf), against raw COPY of the same rows.
+"""CPU per request record through POST /v1/traces (OTLP/HTTP protobuf), against PostgreSQL's per COPY row.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_otlp_ingest \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench otlp_ingest \
         [--spans 20000] [--batch 512] [--rounds 3] [--servers 4] [--senders 1 2 4] \
         [--table-rows 0 1000000]
 
@@ -24,46 +24,36 @@ endpoint (--spans spans per number of senders), and the rates are over all round
 the same load. Spans carry no prompt token ids, so there are no block hashes to compute here:
 bench/bench_rest_ingest.py and bench/bench_gateway_writer.py measure prompts of real sizes. Every timed run
 starts from the same table: holding each of --table-rows records in turn (bench/baseline.py says
-why that matters).
+why that matters). The headline is per CPU second, as bench_rest_ingest's: gunicorn's CPU per
+record against PostgreSQL's backend CPU per row of the baseline's COPY (target: at most twice).
 """
 
 import argparse
-import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+from django.db import connection
+from django.utils import timezone
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
-
-from app.api.services import create_ingest_token  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from app.traffic.services.requests import RecordRow  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.api.services import create_ingest_token
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.traffic.services.requests import RecordRow
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
     recorded_streams,
-    reset_request_records,
-    stream_seconds,
     timed_rounds,
 )
-from bench.served import Batch, Posted, post_all, served  # noqa: E402
-from tests.support.captures import VLLM_CPU_FIXTURES  # noqa: E402
+from bench.harness import throwaway_database
+from bench.served import Batch, Posted, Served, post_measured, served
+from tests.support.captures import VLLM_CPU_FIXTURES
 
 
 def captured() -> ExportTraceServiceRequest:
@@ -184,12 +174,12 @@ PATH, PROTOBUF = "/v1/traces", "application/x-protobuf"
 class Endpoint:
     """Where the exports go, and with which tokens: one per server, as each server's exporter has."""
 
-    def __init__(self, address: tuple[str, int], servers: list[str], tokens: list[str]) -> None:
-        self.address, self.servers, self.tokens = address, servers, tokens
+    def __init__(self, served: Served, servers: list[str], tokens: list[str]) -> None:
+        self.served, self.servers, self.tokens = served, servers, tokens
 
     def post(self, exports: list[bytes], senders: int) -> Posted:
         batches = [Batch(self.tokens[n % len(self.tokens)], body) for n, body in enumerate(exports)]
-        return post_all(self.address, PATH, PROTOBUF, batches, senders)
+        return post_measured(self.served, PATH, PROTOBUF, batches, senders)
 
 
 def measure(
@@ -199,18 +189,16 @@ def measure(
     now, template = timezone.now(), Template.objects.get_or_create(name="support")[0]
     rows = [row(server_id, template.pk, now) for _ in range(args.spans)]
     streams = recorded_streams(rows, batch=args.batch)
-    stream_seconds(streams.batches[:1])
     endpoint.post(exports(args.batch * len(endpoint.servers) * 2, args.batch, endpoint.servers), 4)
 
     def post(senders: int) -> Posted:
         bodies = exports(args.spans, args.batch, endpoint.servers)
-        reset_request_records()
         return endpoint.post(bodies, senders)
 
     return timed_rounds(args.spans, args.rounds, args.senders, streams=streams, post=post)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spans", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=512)
@@ -218,26 +206,21 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    args = parser.parse_args(argv)
+    with throwaway_database() as test_database:
         names = [f"bench-{n}" for n in range(args.servers)]
         server = Server.objects.bulk_create(
             [Server(name=name, base_url=f"http://{name}:8000", block_size=32) for name in names]
         )[0]
         tokens = [create_ingest_token(name=name) for name in names]  # vLLM's spans name no server
         connection.close()  # gunicorn's workers connect to the database on their own
-        with served(test_database) as address:
-            endpoint = Endpoint(address, names, tokens)
+        with served(test_database) as server_process:
+            endpoint = Endpoint(server_process, names, tokens)
             results = {}
             for table_rows in args.table_rows:
                 fill_request_records(server.pk, table_rows)
                 for kind, exports, row in KINDS:
                     results[table_rows, kind] = measure(args, server.pk, endpoint, exports, row)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(
@@ -246,7 +229,3 @@ def main() -> None:
             batch=args.batch,
             posted=f"{kind} spans, POST {PATH} {into} ({args.batch} per export)",
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """How long every page and API read takes over 10 million request records and 100 million KV events.
 
-    .venv/bin/python -m bench.bench_pages [--records 10000000] [--kv-events 100000000] [--runs 20]
-    .venv/bin/python -m bench.bench_pages --records 1000000 --kv-events 10000000   # a smaller fleet
+    .venv/bin/python -m bench pages [--records 10000000] [--kv-events 100000000] [--runs 20]
+    .venv/bin/python -m bench pages --records 1000000 --kv-events 10000000   # a smaller fleet
 
 Without DATABASE_URL it starts an embedded PostgreSQL in .data/bench-postgres (as app.devstack does),
 kept between runs; with it, it uses that server. Either way the rows live in the database
@@ -25,73 +25,34 @@ and the p95's ratio to the baseline's, GET /healthz in the same run. For a call 
 
 import argparse
 import gc
-import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from unittest import mock
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
-# Before Django starts: the database it connects to (a second fleet of other counts may sit beside).
-_early = argparse.ArgumentParser(add_help=False)
-_early.add_argument("--database", default="bench_pages")
-DATABASE = _early.parse_known_args()[0].database
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext, setup_test_environment
 
-if not os.environ.get("DATABASE_URL"):
-    from app.devstack import DATA, start_embedded_postgres
-
-    os.environ["DATABASE_URL"] = start_embedded_postgres(DATA / "bench-postgres", DATABASE)
-    import psycopg
-
-    # The bench's own server: checkpoints far apart during the load (an index built after it is
-    # written to the WAL whole; at 1 GB they came every few seconds, each page then logged whole again).
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as _conn:
-        _conn.execute("ALTER SYSTEM SET max_wal_size = '4GB'")
-        _conn.execute("ALTER SYSTEM SET checkpoint_timeout = '20min'")
-        _conn.execute("SELECT pg_reload_conf()")
-
-import django  # noqa: E402
-
-django.setup()
-
-from django.contrib.auth.models import User  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test import Client  # noqa: E402
-from django.test.utils import CaptureQueriesContext, setup_test_environment  # noqa: E402
-
-from app.compare.selectors import RecordKey  # noqa: E402
-from app.compare.services import SideInput, create_comparison  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template  # noqa: E402
-from app.regressions.models import Regression  # noqa: E402
-from app.traffic.models import RequestRecord  # noqa: E402
-from bench import pages_load  # noqa: E402
+from app.compare.selectors import RecordKey
+from app.compare.services import SideInput, create_comparison
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.regressions.models import Regression
+from app.traffic.models import RequestRecord
+from bench import pages_load
+from bench.harness import Page, print_figure, time_pages, verdict
 
 TARGET_MS = 300.0
 
 
-@dataclass(frozen=True, slots=True)
-class Figures:
-    name: str
-    runs: int
-    p50: float
-    p95: float
-    worst: float
-    status: int
-
-
-def prepare_database(reload: bool) -> None:
-    """Point Django at bench_pages, created and migrated unless it exists (dropped first on reload)."""
+def prepare_database(database: str, reload: bool) -> None:
+    """Point Django at `database`, created and migrated unless it exists (dropped first on reload)."""
     setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = DATABASE
-    if reload:
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=False)
-    else:
-        connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=True)
+    connection.settings_dict["TEST"]["NAME"] = database
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=not reload)
 
 
 def counts_match(records: int, kv_events: int) -> bool:
@@ -224,17 +185,6 @@ def _page_50(client: Client, page: str, api: str) -> str:
     return reached.replace(api, page, 1) if page else reached
 
 
-def measure(client: Client, url: str, runs: int) -> Figures:
-    status = client.get(url).status_code
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        client.get(url)
-        times.append(1000 * (time.perf_counter() - started))
-    p95 = statistics.quantiles(times, n=20, method="inclusive")[-1]
-    return Figures(url, runs, statistics.median(times), p95, max(times), status)
-
-
 def explain_slowest(client: Client, url: str) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the slowest query one call of `url` runs."""
     with CaptureQueriesContext(connection) as captured:
@@ -249,21 +199,22 @@ def explain_slowest(client: Client, url: str) -> str:
            f"    {slowest['sql'][:600]}\n{plan}"  # fmt: skip
 
 
-def report(viewer: str, figures: dict[str, Figures], client: Client, explain: bool) -> None:
-    baseline = figures["baseline: /healthz"].p95
-    print(f"\n{viewer}: ms over the runs; target p95 < {TARGET_MS:.0f} ms; ratio: p95 / the baseline's p95")
-    print(f"{'call':44} {'runs':>4} {'p50':>8} {'p95':>8} {'max':>8}  {'vs 300':>7} {'ratio':>7} status")
-    for name, f in figures.items():
-        verdict = "ok" if f.p95 < TARGET_MS else "OVER"
-        print(f"{name:44} {f.runs:4} {f.p50:8.1f} {f.p95:8.1f} {f.worst:8.1f}  {verdict:>7} "
-              f"{f.p95 / baseline:7.0f} {f.status}")  # fmt: skip
+def report(viewer: str, pages: list[Page], client: Client, explain: bool) -> None:
+    """Each call's p95 against the target and its ratio to the baseline's p95 (GET /healthz)."""
+    print(f"\n{viewer}: p95 of the runs in ms, its ratio to the baseline's; target p95 < {TARGET_MS:.0f} ms")
+    for page in pages:
+        t = page.timings
+        note = f"p50 {t.p50:.1f}, max {t.worst:.1f}, {len(t.ms)} runs, {page.status}"
+        print_figure(
+            page.name, t.p95, "ms p95", pages[0].timings.p95, f"{verdict(t.p95 < TARGET_MS)}  {note}"
+        )
     if explain:
-        for name, f in figures.items():
-            if f.p95 >= TARGET_MS:
-                print(f"\nEXPLAIN, {viewer}, {name} ({f.name}):\n{explain_slowest(client, f.name)}")
+        for page in pages:
+            if page.timings.p95 >= TARGET_MS:
+                print(f"\nEXPLAIN, {viewer}, {page.name} ({page.url}):\n{explain_slowest(client, page.url)}")
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--kv-events", type=int, default=100_000_000)
@@ -275,8 +226,8 @@ def main() -> None:
     parser.add_argument("--load-only", action="store_true")
     parser.add_argument("--only", default="", help="measure only the calls whose name contains this")
     parser.add_argument("--no-explain", action="store_true")
-    args = parser.parse_args()
-    prepare_database(args.reload)
+    args = parser.parse_args(argv)
+    prepare_database(args.database, args.reload)
     if not counts_match(args.records, args.kv_events):
         sys.exit("bench_pages holds other counts: rerun with --reload (or the counts it holds)")
     fleet = load(args)
@@ -296,9 +247,12 @@ def main() -> None:
             client.force_login(User.objects.get(username=username))
             now = clock().timestamp()
             urls = calls(client, names, int(now - args.days * 86400), int(now - 86400))
-            figures = {name: measure(client, url, args.runs) for name, url in urls.items()
-                       if name.startswith("baseline") or args.only in name}  # fmt: skip
-            report(viewer, figures, client, explain=not args.no_explain)
+            chosen = {
+                name: url for name, url in urls.items() if name.startswith("baseline") or args.only in name
+            }
+            report(
+                viewer, time_pages(client, chosen, args.runs, require_ok=False), client, not args.no_explain
+            )
 
 
 def as_of(anchor: datetime) -> Callable[[], datetime]:
@@ -308,7 +262,3 @@ def as_of(anchor: datetime) -> Callable[[], datetime]:
     its last hour full, not empty."""
     started = time.monotonic()
     return lambda: anchor + timedelta(minutes=1, seconds=time.monotonic() - started)
-
-
-if __name__ == "__main__":
-    main()

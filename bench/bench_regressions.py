@@ -1,14 +1,15 @@
 """Regression detection against what the simulator injected: delay per fault, and false regressions.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_regressions [--seeds 20] [--quiet-hours 5] \
-        [--scenarios demo,routing,sequence] [--baseline]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench regressions [--seeds 20] [--quiet-hours 5] \
+        [--scenarios demo,routing,sequence] [--no-baseline]
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
 (simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
-deployment stores it and diagnosed minute by minute (tests/support/virtual_fleet.py), the detection
+deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the detection
 (app.regressions.services.detect_regressions) run after each minute, as beat runs it. The deploy check
 (app/regressions/deploys.py) runs every 15 virtual seconds between them, as beat runs it (not with
---baseline's second pass: the per-minute search alone, to compare). For each fault that should open a
+the baseline's second pass, the per-minute search alone, skipped by --no-baseline; each fault's
+median delay is printed with its ratio to the baseline's). For each fault that should open a
 regression (the `volatile_top` commit on `support`, the `unsorted_tools` commit on `agent`, the capacity
 cut on server 3) it prints the detection delay in virtual seconds after the fault (a template fault's:
 after the first request on its version), in detection cycles (runs) after the 50th request of its scope
@@ -26,31 +27,24 @@ as suspect; no false regression.
 """
 
 import argparse
-import os
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+import yaml
+from django.db import connection
 
-import django
-
-django.setup()
-
-import yaml  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-
-from app.regressions.models import Regression  # noqa: E402
-from app.regressions.services import check_deploys, detect_regressions  # noqa: E402
-from app.traffic.models import KVEvent  # noqa: E402
-from simulator.planner import PlannedRequest  # noqa: E402
-from simulator.scenario import resolve_scenario  # noqa: E402
-from tests.support.virtual_fleet import VirtualRun, run_virtually  # noqa: E402
+from app.regressions.models import Regression
+from app.regressions.services import check_deploys, detect_regressions
+from app.traffic.models import KVEvent
+from bench.harness import print_figure, throwaway_database
+from simulator.planner import PlannedRequest
+from simulator.scenario import resolve_scenario
+from tests.support.virtual_fleet import VirtualRun, run_virtually
 
 EVIDENCE = 50  # requests of the fault's scope after it, before anything may open
 MIN_EVICTED_BLOCKS = 50  # in the five minutes after a cut: fewer, and it evicted next to nothing
@@ -207,18 +201,17 @@ def swinging(request: PlannedRequest) -> bool:
     return (minute // 10) % 2 == 0 or request.index % 10 == 0
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--quiet-hours", type=int, default=5, help="seeds of a fault-free hour")
     parser.add_argument("--scenarios", default="demo,routing,sequence", help=f"of {', '.join(SCENARIOS)}")
-    parser.add_argument("--baseline", action="store_true", help="also without the deploy check, to compare")
-    args = parser.parse_args()
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    parser.add_argument("--no-baseline", action="store_true", help="skip the pass without the deploy check")
+    args = parser.parse_args(argv)
+    delays: dict[tuple[str, bool], dict[str, float]] = {}
+    with throwaway_database(partitions=False):
         for name in args.scenarios.split(","):
-            for deploy_check in (True, False) if args.baseline else (True,):
+            for deploy_check in (True,) if args.no_baseline else (True, False):
                 scenario, faults = SCENARIOS[name]
                 rows, stray = [], []
                 for seed in range(args.seeds):
@@ -231,7 +224,9 @@ def main() -> None:
                         for r in unmatched
                     ]  # fmt: skip
                 label = name if deploy_check else f"{name} (baseline: the per-minute search alone)"
-                report(label, faults, rows, stray, args.seeds)
+                delays[name, deploy_check] = report(label, faults, rows, stray, args.seeds)
+            if (name, False) in delays:
+                print_delays(name, delays[name, True], delays[name, False])
         quiet = demo() | {"duration": 3600, "timeline": []}
         false = []
         for seed in range(args.quiet_hours):
@@ -242,18 +237,24 @@ def main() -> None:
               f"false regressions: {len(false)} ({per_hour:.2f} per hour)")  # fmt: skip
         for item in false:
             print("  ", item)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
+
+
+def print_delays(name: str, checked: dict[str, float], searched: dict[str, float]) -> None:
+    """Each fault's median detection delay with the deploy check against the per-minute search alone."""
+    print(f"\n{name}: median detection delay, with the deploy check against the per-minute search alone")
+    for fault, delay in checked.items():
+        print_figure(fault, delay, "s", searched.get(fault, float("nan")), "baseline: the search alone")
 
 
 def report(
     name: str, faults: list[Fault], rows: list[dict[str, Any]], stray: list[tuple[Any, ...]], seeds: int
-) -> None:
+) -> dict[str, float]:
     print(f"\n{name} scenario, {seeds} seeds; a detection cycle is one minute, a deploy check 15 s")
     print(
         "fault            found  delay s (median, max)  cycles after the 50th request (median, max)", end=""
     )
     print("  suspect (or kind) right")
+    medians = {}
     for fault in faults:
         of = [r for r in rows if r["fault"] == fault.name and r["effect"]]
         idle = sum(1 for r in rows if r["fault"] == fault.name and not r["effect"])
@@ -262,6 +263,7 @@ def report(
         cycles = [r["cycles"] for r in hits if r["cycles"] is not None]
         right = sum(1 for r in hits if r["suspect_ok"])
         delay = f"{statistics.median(delays):6.0f} {max(delays):6.0f}" if delays else "     -      -"
+        medians[fault.name] = statistics.median(delays) if delays else float("nan")
         cycle = f"{statistics.median(cycles):6.1f} {max(cycles):6.1f}" if cycles else "     -      -"
         print(f"{fault.name:16} {len(hits):2}/{len(of):<2}  {delay}                {cycle}"
               f"                                  {right}/{len(hits)}")  # fmt: skip
@@ -274,7 +276,4 @@ def report(
     print(f"regressions matching no fault: {len(stray)}")
     for item in stray:
         print("  ", item)
-
-
-if __name__ == "__main__":
-    main()
+    return medians

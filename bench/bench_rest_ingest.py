@@ -1,6 +1,6 @@
-"""Request records per second through POST /api/v1/requests, against the server's limit for the same rows.
+"""CPU per request record through POST /api/v1/requests, against PostgreSQL's CPU per row of a COPY of them.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rest_ingest \
+    DATABASE_URL=postgres://... .venv/bin/python -m bench rest_ingest \
         [--kinds small 2k 8k] [--scale 1.0] [--rounds 3] [--servers 4] [--senders 1 2 4] \
         [--table-rows 0 1000000]
 
@@ -19,43 +19,39 @@ size, the durable work the endpoint does per batch) and then the endpoint per nu
 and the rates are over all rounds, so that all see the same load; each is warmed up once first.
 Every timed run starts from the same table: holding each of --table-rows records in turn
 (bench/baseline.py says why that matters).
+
+The headline is per CPU second (bench/baseline.py, print_rates): the CPU seconds gunicorn's
+processes spend per record, against the CPU seconds PostgreSQL's backend spends per row of the
+baseline's COPY; target: at most twice. Beside it, PostgreSQL's CPU per record serving the
+endpoint (its backends' CPU, when PostgreSQL runs on this machine), then the wall rates. CPU time
+is counted in clock ticks (10 ms): give a run some seconds (--scale 0.5 at least).
 """
 
 import argparse
-import os
+from collections.abc import Sequence
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
-os.environ.setdefault("DJANGO_ALLOWED_HOSTS", "testserver")
+import msgspec
+from django.db import connection
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-import msgspec  # noqa: E402
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.api.services import create_ingest_token  # noqa: E402
-from app.fleet.models import Server  # noqa: E402
-from app.traffic.services.partitions import maintain_partitions  # noqa: E402
-from bench.baseline import (  # noqa: E402
+from app.api.services import create_ingest_token
+from app.fleet.models import Server
+from bench.baseline import (
     Rates,
     fill_request_records,
     print_rates,
     recorded_streams,
-    reset_request_records,
-    stream_seconds,
     timed_rounds,
 )
-from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records  # noqa: E402
-from bench.served import Batch, Posted, post_all, served  # noqa: E402
+from bench.harness import throwaway_database
+from bench.records import BLOCK_SIZE, KINDS, Kind, kinds_scaled, records
+from bench.served import Batch, Posted, Served, post_all, post_measured, served
 
 PATH, JSON = "/api/v1/requests", "application/json"
 
 
 def measure(
-    args: argparse.Namespace, address: tuple[str, int], servers: dict[str, int], token: str, kind: Kind
+    args: argparse.Namespace, server: Served, servers: dict[str, int], token: str, kind: Kind
 ) -> Rates:
     """One kind's rates over all rounds, after one untimed warm-up of each side."""
     found = records(kind, list(servers), timezone.now())
@@ -64,17 +60,15 @@ def measure(
         Batch(token, msgspec.json.encode([r.json() for r in found[start : start + kind.batch]]))
         for start in range(0, len(found), kind.batch)
     ]
-    stream_seconds(streams.batches[:1])  # warm-up: lazy imports and set-up
-    post_all(address, PATH, JSON, bodies[: 2 * len(servers)], 4)
+    post_all(server.address, PATH, JSON, bodies[: 2 * len(servers)], 4)
 
     def post(senders: int) -> Posted:
-        reset_request_records()
-        return post_all(address, PATH, JSON, bodies, senders)
+        return post_measured(server, PATH, JSON, bodies, senders)
 
     return timed_rounds(len(found), args.rounds, args.senders, streams=streams, post=post)
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=list(KINDS))
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies each kind's records per round")
@@ -82,12 +76,9 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--senders", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--table-rows", type=int, nargs="+", default=[0, 1_000_000])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     kinds = kinds_scaled(args.kinds, args.scale)
-    setup_test_environment()
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
-        maintain_partitions(now=timezone.now())
+    with throwaway_database() as test_database:
         names = [f"bench-{n}" for n in range(args.servers)]
         created = Server.objects.bulk_create(
             [Server(name=name, base_url=f"http://{name}:8000", block_size=BLOCK_SIZE) for name in names]
@@ -96,20 +87,14 @@ def main() -> None:
         token = create_ingest_token(name="bench")
         connection.close()  # gunicorn's workers connect to the database on their own
         results = {}
-        with served(test_database) as address:
+        with served(test_database) as server:
             for table_rows in args.table_rows:
                 fill_request_records(created[0].pk, table_rows)
                 for kind in kinds:
-                    results[table_rows, kind] = measure(args, address, servers, token, kind)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
+                    results[table_rows, kind] = measure(args, server, servers, token, kind)
     for (table_rows, kind), rates in results.items():
         into = f"into a table of {table_rows:,} records"
         print_rates(
             rates, copied=f"{kind.name}, {kind.records} rows {into}", batch=kind.batch,
             posted=f"{kind.name}, POST {PATH} {into} (batches of {kind.batch}, {args.rounds} rounds)",
         )  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

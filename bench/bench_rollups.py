@@ -1,7 +1,7 @@
 """How long the request rollup refresh takes with the TTFT sketches, against the same refresh
 without them (its baseline), in one run over the same records.
 
-    DATABASE_URL=postgres://... .venv/bin/python -m bench.bench_rollups [--servers 10] [--rounds 5]
+    DATABASE_URL=postgres://... .venv/bin/python -m bench rollups [--servers 10] [--rounds 5]
 
 Runs in a throw-away database (bench_rollups, created and dropped on the server DATABASE_URL names),
 filled with an hour of request records (600 a minute: 36,000, over the servers and four templates
@@ -13,28 +13,20 @@ machine) averaged over the rounds.
 """
 
 import argparse
-import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "app.settings")
+from django.db import connection
+from django.utils import timezone
 
-import django
-
-django.setup()
-
-from django.db import connection  # noqa: E402
-from django.test.utils import setup_test_environment  # noqa: E402
-from django.utils import timezone  # noqa: E402
-
-from app.fleet.models import Server  # noqa: E402
-from app.prompts.models import Template  # noqa: E402
-from app.rollups.refresh import refresh_minute_rollups  # noqa: E402
-from app.traffic.models import RequestRecord  # noqa: E402
-from app.traffic.services.partitions import ensure_day_partitions  # noqa: E402
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.rollups.refresh import refresh_minute_rollups
+from app.traffic.models import RequestRecord
+from app.traffic.services.partitions import ensure_day_partitions
+from bench.harness import backend_cpu, backend_pid, print_figure, throwaway_database
 
 PER_MINUTE = 600
 
@@ -62,58 +54,32 @@ def fill(servers: int) -> tuple[int, datetime]:
     return len(rows), end
 
 
-def _backend_cpu() -> Callable[[], float | None]:
-    """A reader of this connection's PostgreSQL backend's CPU seconds; None when not readable here."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def read() -> float | None:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-
-    return read
-
-
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--servers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    setup_test_environment()
-    connection.settings_dict["TEST"]["NAME"] = "bench_rollups"
-    test_database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    args = parser.parse_args(argv)
+    with throwaway_database("bench_rollups", partitions=False):
         count, end = fill(args.servers)
-        cpu = _backend_cpu()
+        backend = backend_pid()
         spans = {"hour": timedelta(hours=1), "5-minute lookback": timedelta(minutes=5)}
         walls: dict[tuple[str, bool], list[float]] = {}
         cpus: dict[tuple[str, bool], list[float]] = {}
         for _ in range(args.rounds + 1):  # the first round warms the caches: not counted
             for span, length in spans.items():
                 for sketches in (False, True):
-                    cpu_before, started = cpu(), time.perf_counter()
+                    cpu_before, started = backend_cpu(backend), time.perf_counter()
                     refresh_minute_rollups(since=end - length, until=end, sketches=sketches)
-                    wall, cpu_after = time.perf_counter() - started, cpu()
+                    wall, cpu_after = time.perf_counter() - started, backend_cpu(backend)
                     walls.setdefault((span, sketches), []).append(wall)
                     if cpu_before is not None and cpu_after is not None:
                         cpus.setdefault((span, sketches), []).append(cpu_after - cpu_before)
-    finally:
-        connection.creation.destroy_test_db(test_database, verbosity=0)
     print(f"{count:,} records over an hour, {args.servers} servers x 5 templates; best of {args.rounds}")
     for span in spans:
         base_wall = min(walls[(span, False)][1:])
         for sketches in (False, True):
             wall = min(walls[(span, sketches)][1:])
             used = cpus.get((span, sketches), [])[1:]
-            cpu_ms = f"{1000 * sum(used) / len(used):7.0f} ms PostgreSQL CPU" if used else "(no CPU figure)"
+            cpu_ms = f"PostgreSQL CPU {1000 * sum(used) / len(used):.0f} ms" if used else "(no CPU figure)"
             label = f"{span}, {'with sketches' if sketches else 'without (baseline)'}"
-            print(f"{label:38s} {1000 * wall:7.0f} ms wall  x{wall / base_wall:4.2f}  {cpu_ms}")
-
-
-if __name__ == "__main__":
-    main()
+            print_figure(label, 1000 * wall, "ms wall", 1000 * base_wall, cpu_ms)

@@ -1,7 +1,7 @@
 """How many requests per second one core pushes through the simulated prefix caches of 4 servers.
 
 Run from the repository root (so that ``simulator`` and ``app`` import):
-    .venv/bin/python -m bench.bench_simulator_cache [requests]
+    .venv/bin/python -m bench simulator_cache [requests]
 
 The mix: 2,048-token prompts made of one of 8 shared system prefixes (1,536 tokens) and a
 unique question (512 tokens), 16 generated tokens each, routed round-robin to 4 caches of
@@ -15,11 +15,10 @@ every simulated request must do. The fleet needs >= 500 simulated requests/s per
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Sequence
 
 from app.domain.blockhash import block_hash_chain
-from bench.timing import best_seconds
+from bench.harness import best_seconds
 from simulator.cache import PrefixCache
 
 SERVERS = 4
@@ -77,7 +76,3 @@ def main(argv: Sequence[str]) -> None:
     print(f"admit + append_output + finish: {ours:10,.0f} requests/s ({1e3 / ours:.2f} ms/request)")
     print(f"block_hash_chain only:          {baseline:10,.0f} requests/s ({1e3 / baseline:.2f} ms/request)")
     print(f"ratio simulator / baseline: {ours / baseline:.2f}; target >= 500 requests/s per core")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

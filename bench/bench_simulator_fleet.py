@@ -1,6 +1,6 @@
 """Requests per second through a simulated fleet of 4 servers over HTTP, per core of the fleet process.
 
-    .venv/bin/python -m bench.bench_simulator_fleet [--requests 4000] [--concurrency 32]
+    .venv/bin/python -m bench simulator_fleet [--requests 4000] [--concurrency 32]
 
 The fleet runs in its own process (`python -m simulator.fleet --no-sleep`); this process sends
 completions round-robin with aiohttp. Printed: wall-clock requests/s, requests per CPU-second of
@@ -15,6 +15,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 import aiohttp
 import psutil
@@ -64,7 +65,9 @@ async def drive(base_urls: list[str], batch: list[list[int]], concurrency: int) 
 
 
 def start_fleet() -> tuple[subprocess.Popen[str], list[str]]:
-    http, kv, replay = unused_ports(3)
+    # Server i takes base + i of each range: three bases side by side overlapped (address in use).
+    ports = unused_ports(3 * SERVERS)  # consecutive but where one is taken
+    http, kv, replay = ports[0], ports[SERVERS], ports[2 * SERVERS]
     args = ["--servers", str(SERVERS), "--base-port", str(http), "--kv-base-port", str(kv)]
     args += [
         "--replay-base-port",
@@ -83,11 +86,11 @@ def start_fleet() -> tuple[subprocess.Popen[str], list[str]]:
     return fleet, urls
 
 
-def main() -> None:
+def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     batch = prompts(args.requests)
     base = baseline(batch)
     fleet, urls = start_fleet()
@@ -104,7 +107,3 @@ def main() -> None:
     print(f"fleet process: {per_core:,.0f} requests per CPU-second")
     print(f"baseline (PrefixCache alone, same prompts): {base:,.0f} requests/s")
     print(f"ratio fleet per core / baseline: {per_core / base:.2f}  (target: >= 500 requests/s per core)")
-
-
-if __name__ == "__main__":
-    main()

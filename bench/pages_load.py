@@ -523,3 +523,17 @@ def compute_rollups(fleet: Fleet) -> float:
         resum(rollup_of(ServerHour), cursor, since=week["since"], until=week["until"])  # as the service sums
     _mark("rollups", 1, 1, fleet.anchor, finished=True)
     return time.perf_counter() - started
+
+
+def load_rollup_fleet(*, servers: int, days: int, records: int) -> Fleet:
+    """A fleet whose rollups the page benches read (bench_series, bench_fleet_page): `records` request
+    records over `days` with their diagnoses, the rollups computed from them by the product's
+    services, the tables analysed. No KV events."""
+    fleet = make_fleet(servers=servers, days=days)
+    ensure_partitions(fleet)
+    load_records(fleet, records)
+    load_diagnoses(fleet, records)
+    compute_rollups(fleet)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return fleet

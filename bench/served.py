@@ -20,8 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+import psutil
+
+from bench.harness import database_url_of, others_cpu, process_cpu
 from tests.support.ports import unused_ports
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,25 +35,31 @@ class Batch:
     body: bytes
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Posted:
-    seconds: float
+    seconds: float  # wall
     throttled: int  # 429s waited out
+    cpu: float  # CPU seconds of the process(es) storing the records (gunicorn's, the writer's)
+    database_cpu: float | None  # of the PostgreSQL backends serving them; None: not readable here
 
 
-def database_url(database: str) -> str:
-    """DATABASE_URL with its database name replaced (the bench's throw-away database)."""
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    return urlunsplit(parts._replace(path=f"/{database}"))
+@dataclass(frozen=True, slots=True)
+class Served:
+    """gunicorn serving Prefixscope: where it listens, and the pids of its master and workers."""
+
+    address: tuple[str, int]
+    master: int
+
+    def pids(self) -> list[int]:
+        return [self.master, *(child.pid for child in psutil.Process(self.master).children(recursive=True))]
 
 
 @contextmanager
-def served(database: str) -> Iterator[tuple[str, int]]:
-    """gunicorn serving Prefixscope on the throw-away database until the block ends; yields its
-    host and port."""
+def served(database: str) -> Iterator[Served]:
+    """gunicorn serving Prefixscope on the throw-away database until the block ends."""
     (port,) = unused_ports(1)
     env = {
-        **os.environ, "DATABASE_URL": database_url(database), "DJANGO_DEBUG": "false",
+        **os.environ, "DATABASE_URL": database_url_of(database), "DJANGO_DEBUG": "false",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(32), "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
     }  # fmt: skip
     gunicorn = str(Path(sys.executable).parent / "gunicorn")
@@ -69,7 +77,7 @@ def served(database: str) -> Iterator[tuple[str, int]]:
     )
     try:
         _wait_ready("127.0.0.1", port, server)
-        yield "127.0.0.1", port
+        yield Served(("127.0.0.1", port), server.pid)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
@@ -90,18 +98,29 @@ def _wait_ready(host: str, port: int, server: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("gunicorn did not answer /healthz")
 
 
+def post_measured(server: Served, path: str, content_type: str, batches: list[Batch], senders: int) -> Posted:
+    """`post_all`, with the CPU seconds gunicorn's processes and the PostgreSQL backends serving
+    them spent meanwhile."""
+    with others_cpu() as database_cpu:
+        pids = server.pids()
+        before = process_cpu(pids)
+        seconds, throttled = post_all(server.address, path, content_type, batches, senders)
+        cpu = process_cpu(pids) - before
+    return Posted(seconds, throttled, cpu, database_cpu())
+
+
 def post_all(
     address: tuple[str, int], path: str, content_type: str, batches: list[Batch], senders: int
-) -> Posted:
+) -> tuple[float, int]:
     """Post every batch, `senders` at a time, each sender over one connection at a time (opened again
     when the server closes it, as gunicorn's sync worker does after every answer); every answer
-    must be 200 (after 429s waited out)."""
+    must be 200 (after 429s waited out). Returns the wall seconds and the 429s waited out."""
     shares = [batches[n::senders] for n in range(senders)]
     with ThreadPoolExecutor(senders) as pool:
         started = time.perf_counter()
         throttled = sum(pool.map(lambda share: _send(address, path, content_type, share), shares))
         seconds = time.perf_counter() - started
-    return Posted(seconds, throttled)
+    return seconds, throttled
 
 
 def _send(address: tuple[str, int], path: str, content_type: str, batches: list[Batch]) -> int:
