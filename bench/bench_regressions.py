@@ -5,7 +5,7 @@
 
 Runs in a throw-away database on the server DATABASE_URL names. Each seed's demo scenario
 (simulator/scenarios/demo.yaml: 25 virtual minutes, 4 servers, its timeline of faults) is stored as a
-deployment stores it and diagnosed minute by minute (tests/regressions/virtual_fleet.py), the detection
+deployment stores it and diagnosed minute by minute (tests/support/virtual_fleet.py), the detection
 (app.regressions.services.detect_regressions) run after each minute, as beat runs it. The deploy check
 (app/regressions/deploys.py) runs every 15 virtual seconds between them, as beat runs it (not with
 the baseline's second pass, the per-minute search alone, skipped by --no-baseline; each fault's

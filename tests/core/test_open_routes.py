@@ -1,4 +1,4 @@
-"""The routes that answer without a login are the README's list of them, and /metrics takes the
+"""The routes that answer without a login are docs/access.md's list of them, and /metrics takes the
 bearer token PREFIXSCOPE_METRICS_BEARER_TOKEN names, as Prometheus' scrape example sends it."""
 
 import re
@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
 
 
-def readme_open_routes() -> set[str]:
-    """The paths of the README's "No login" bullet (its first sentence: the token routes follow)."""
-    bullet = re.search(r"^- \*\*No login\*\*.*?(?=^- |^#|\Z)", (ROOT / "README.md").read_text(), re.M | re.S)
-    assert bullet, "README.md has no '- **No login**' bullet"
+def docs_open_routes() -> set[str]:
+    """The paths of docs/access.md's "No login" bullet (its first sentence: the token routes follow)."""
+    text = (ROOT / "docs" / "access.md").read_text()
+    bullet = re.search(r"^- \*\*No login\*\*.*?(?=^- |^#|^$|\Z)", text, re.M | re.S)
+    assert bullet, "docs/access.md has no '- **No login**' bullet"
     return set(re.findall(r"`(/[^` ]*)`", bullet.group(0).split(" Ingest (")[0]))
 
 
@@ -33,11 +34,11 @@ def plain_paths(patterns: list[URLPattern | URLResolver], prefix: str = "") -> I
             yield "/" + route
 
 
-def test_the_routes_open_without_a_login_are_the_readmes_list(client: Client) -> None:
+def test_the_routes_open_without_a_login_are_the_docs_list(client: Client) -> None:
     opened = {
         path for path in set(plain_paths(get_resolver().url_patterns)) if client.get(path).status_code == 200
     }
-    listed = readme_open_routes()
+    listed = docs_open_routes()
     assert opened == {path for path in listed if "<" not in path}
     assert "/docs/runbooks/<alert>/" in listed
     for slug in RUNBOOKS:

@@ -183,19 +183,19 @@ def test_every_alert_is_tested_firing_and_not_firing(alert: str) -> None:
     assert any(not case.get("exp_alerts") for case in cases), f"no test where {alert} stays quiet"
 
 
-def readme_alert_table() -> dict[str, list[str]]:
-    """The README's table of alerts: each row's cells after the alert's name."""
+def docs_alert_table() -> dict[str, list[str]]:
+    """docs/alerts.md's table of alerts: each row's cells after the alert's name."""
     table = re.search(
-        r"^\| Alert \| What it means \|.*?\n(?=[^|])", (ROOT / "README.md").read_text(), re.M | re.S
+        r"^\| Alert \| What it means \|.*?\n(?=[^|])", (ROOT / "docs" / "alerts.md").read_text(), re.M | re.S
     )
-    assert table, "README.md has no table of alerts"
+    assert table, "docs/alerts.md has no table of alerts"
     rows = re.findall(r"^\| (\w+) \| (.*) \|$", table.group(0), re.M)
     return {name: [cell.strip() for cell in rest.split(" | ")] for name, rest in rows if name != "Alert"}
 
 
-def test_the_readmes_alert_table_is_the_rules() -> None:
+def test_the_docs_alert_table_is_the_rules() -> None:
     """One row per alert, whose "Pages" cell is its owner_kind / severity and whose needs end in its `for`."""
-    table = readme_alert_table()
+    table = docs_alert_table()
     assert set(table) == {rule["alert"] for rule in alert_rules()}
     for rule in alert_rules():
         _, pages, needs = table[rule["alert"]]

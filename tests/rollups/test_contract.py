@@ -13,9 +13,11 @@ A new sum table declared in the catalog is covered by adding nothing here.
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db.models import FloatField, IntegerField, Model, QuerySet
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
@@ -345,3 +347,12 @@ def test_each_viewer_reads_the_sum_of_what_it_may_see(summed: None, rollup: Roll
     assert _totals(_read(viewer, rollup), columns) == pytest.approx(_totals(seen, columns))
     if viewer is SEES_NOTHING:
         assert _read(viewer, rollup) == []
+
+
+def test_rollup_sql_prints_what_the_refresh_runs_for_a_migration_to_paste() -> None:
+    out = StringIO()
+    call_command("rollup_sql", "ServerLossHour", stdout=out)
+    assert out.getvalue().startswith("DELETE FROM traffic_serverlosshour WHERE hour >= %(since)s")
+    assert "FROM traffic_losshour WHERE hour >= %(since)s" in out.getvalue()
+    with pytest.raises(CommandError, match="one of: HourRollup"):
+        call_command("rollup_sql", "MinuteRollup")  # summed from raw rows, by hand

@@ -90,7 +90,7 @@ def test_a_revoked_token_is_refused_once_the_process_no_longer_remembers_it(
 
     assert post() == 200
     IngestToken.objects.update(revoked=True)
-    assert post() == 200  # remembered: revoking takes up to TOKEN_MEMORY_SECONDS, as the README says
+    assert post() == 200  # remembered: revoking takes up to TOKEN_MEMORY_SECONDS, as docs/ingest.md says
     clock[0] += token_services.TOKEN_MEMORY_SECONDS
 
     assert post() == 401
