@@ -1,10 +1,8 @@
 """The hour rollups summed per template (TemplateRequestHour) and per template and tenant
-(TemplateLossHour) equal the raw records and diagnoses summed apart; the migration's backfill sums the
-same; and what the Templates list and a template's page read through them is, for every viewer, what
-the per-server hour rollups it sees (app/core/tenancy.py rollups() and traffic()) of the templates it
-sees sum to."""
+(TemplateLossHour) equal the raw records and diagnoses summed apart; and what the Templates list and a
+template's page read through them is, for every viewer, what the per-server hour rollups it sees
+(app/core/tenancy.py rollups() and traffic()) of the templates it sees sum to."""
 
-import importlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,7 +30,6 @@ stored = server_sums.stored  # records of three servers, four templates (one non
 HOUR = timedelta(hours=1)
 SINCE, UNTIL = START + 5 * HOUR, START + 11 * HOUR  # the window; the one before it from START - HOUR
 TOTALS = ("requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens")
-FILL = importlib.import_module("app.traffic.migrations.0025_template_hour_sums").FILL_SQL
 
 
 def _hour(at: datetime) -> datetime:

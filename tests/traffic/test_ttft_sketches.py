@@ -1,8 +1,6 @@
 """TTFT quantiles read from the rollups (minutes, hours, the per-server and per-template sums) are
-within 1 % of the exact quantiles of the stored records; the migration's backfill writes the sketches
-the refresh writes."""
+within 1 % of the exact quantiles of the stored records."""
 
-import importlib
 import math
 import random
 from datetime import UTC, datetime, timedelta
@@ -14,7 +12,7 @@ from app.core.tenancy import SEES_ALL
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_minute_rollups
 from app.rollups.series import SeriesQuery, series
-from app.traffic.models import HourRollup, MinuteRollup, RequestRecord
+from app.traffic.models import HourRollup, RequestRecord
 from app.traffic.services.partitions import ensure_day_partitions
 from tests.support.factories import a_server
 
@@ -23,7 +21,6 @@ pytestmark = pytest.mark.django_db
 START = datetime(2026, 3, 2, 9, 45, tzinfo=UTC)  # 30 minutes across 10:00
 MINUTES = 30
 QUANTILES = {"ttft_p50": 0.5, "ttft_p90": 0.9, "ttft_p99": 0.99}
-FILL = importlib.import_module("app.traffic.migrations.0029_ttft_sketches").FILL_SQL
 
 
 @pytest.fixture
@@ -84,24 +81,6 @@ def test_quantiles_from_the_rollups_are_within_one_percent_of_the_records(
             assert value == pytest.approx(_exact(q, values), rel=0.01), (metric, at)
             compared += 1
         assert compared
-
-
-def test_the_migrations_backfill_writes_the_sketches_the_refresh_writes(stored: list[RequestRecord]) -> None:
-    def sketches() -> list[tuple[object, ...]]:
-        minutes = MinuteRollup.objects.order_by("server_id", "template_id", "minute")
-        hours = HourRollup.objects.order_by("server_id", "template_id", "hour")
-        return [
-            *minutes.values_list("client_ttft_sketch", "server_ttft_sketch"),
-            *hours.values_list("client_ttft_sketch", "server_ttft_sketch"),
-        ]
-
-    refreshed = sketches()
-    assert all(client for client, _ in refreshed)
-    MinuteRollup.objects.update(client_ttft_sketch={}, server_ttft_sketch={})
-    HourRollup.objects.update(client_ttft_sketch={}, server_ttft_sketch={})
-    with connection.cursor() as cursor:
-        cursor.execute(FILL)
-    assert sketches() == refreshed
 
 
 def test_sketches_are_summed_by_grouped_queries_not_a_custom_aggregate(stored: list[RequestRecord]) -> None:
