@@ -8,7 +8,7 @@ from collectors import records
 
 
 def _next_id(table: str) -> models.Func:
-    """The next value of a rollup table's own id sequence (migration 0018 made it).
+    """The next value of a rollup table's own id sequence (the initial migration makes it).
 
     The rollups' primary key is (server, id), so that Citus can distribute them by server
     (tests/core/test_shardable_schema.py): `id` is no longer the primary key, so it cannot be an
