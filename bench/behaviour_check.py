@@ -1,10 +1,12 @@
 """Behaviour on the demo scenario, written as deterministic text to compare two commits (issue 24).
 
-Run from a worktree's root, on a fresh test database (the file runs alike on older trees: copy it):
+Run from a checkout's root, on a fresh test database (the file runs alike on older trees: copy it):
 
-    BEHAVIOUR_OUT=/tmp/behaviour.txt /work/pt bench/behaviour_check.py -q -p no:cacheprovider
+    BEHAVIOUR_OUT=/tmp/after.txt .venv/bin/python -m app.devstack test bench/behaviour_check.py -q
 
-then `diff` the outputs of two commits. BEHAVIOUR_OUT defaults to .data/behaviour.txt; the rows
+(the quality gates, then this file alone on the test PostgreSQL; to skip the gates run pytest alone
+in the environment `app.devstack.service_environment(prefix="test-")` gives), then `diff` the
+outputs of two commits. BEHAVIOUR_OUT defaults to .data/behaviour.txt; the rows
 behind the diagnoses' hash go to the same path + ".rows" and the pages' HTML and JSON to
 + ".pages/" (to find the first differing row or figure when the hashes differ).
 
