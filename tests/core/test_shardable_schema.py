@@ -17,6 +17,7 @@ import pytest
 from django.apps import apps
 from django.db import connection
 
+from app.rollups.catalog import ROLLUPS
 from app.traffic.models import (
     CollectorProcess,
     HourRollup,
@@ -35,11 +36,7 @@ from app.traffic.models import (
     ServerMinute,
     ServerRequestHour,
     ServerRequestMinute,
-    TemplateLossHour,
-    TemplateRequestHour,
     TenantSalt,
-    UnsaltedPrefixHour,
-    UnsaltedPrefixMinute,
 )
 
 pytestmark = pytest.mark.django_db
@@ -62,14 +59,10 @@ GROWING_WITH_TRAFFIC = [
 
 # Reference tables: a row per server, stream, series or collector process, or a tally per reason.
 SMALL = [KVStream, KVGap, CollectorProcess, RejectedInput, MetricSeries]
-# TenantSalt: a row per tenant and salt it sent, whatever the servers.
-SUMS_ACROSS_SERVERS = [
-    TemplateRequestHour,
-    TemplateLossHour,
-    UnsaltedPrefixMinute,
-    UnsaltedPrefixHour,
-    TenantSalt,
-]
+# The sum tables keyed by no server (the catalog says which), and TenantSalt: a row per tenant and salt
+# it sent, whatever the servers.
+SUMS_ACROSS_SERVERS = [rollup.model for rollup in ROLLUPS if "server_id" not in rollup.keys] + [TenantSalt]
+
 
 _PARTITIONED_SQL = """
 SELECT c.relname FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid
