@@ -9,6 +9,21 @@ from app.traffic.models.diagnosis import (
     REUSABLE_LOST_COLUMNS,
     RequestDiagnosis,
 )
+from app.traffic.models.loss_sums import (
+    LossHour,
+    LossMinute,
+    LossTotals,
+    ServerLossHour,
+    ServerLossMinute,
+    ServerLossQuarter,
+    TemplateLossHour,
+)
+from app.traffic.models.prefix_sums import (
+    TenantSalt,
+    UnsaltedPrefixHour,
+    UnsaltedPrefixMinute,
+    UnsaltedPrefixTotals,
+)
 from app.traffic.models.raw import (
     EXPLORER_ROWS,
     KVEvent,
@@ -18,28 +33,15 @@ from app.traffic.models.raw import (
     ScrapeSample,
     span_only_sql,
 )
-from app.traffic.models.rollups import (
+from app.traffic.models.request_sums import (
     HourRollup,
-    LossHour,
-    LossMinute,
-    LossTotals,
     MinuteRollup,
     RequestTotals,
-    ServerHour,
-    ServerLossHour,
-    ServerLossMinute,
-    ServerLossQuarter,
-    ServerMinute,
     ServerRequestHour,
     ServerRequestMinute,
-    ServerTotals,
-    TemplateLossHour,
     TemplateRequestHour,
-    TenantSalt,
-    UnsaltedPrefixHour,
-    UnsaltedPrefixMinute,
-    UnsaltedPrefixTotals,
 )
+from app.traffic.models.server_sums import ServerHour, ServerMinute, ServerTotals
 
 __all__ = [
     "EXPLORER_ROWS",
