@@ -28,7 +28,7 @@ from psycopg import Cursor
 from psycopg.abc import Buffer
 from psycopg.copy import LibpqWriter
 
-from app.traffic.services.requests import TABLE_TYPES, RecordRow
+from app.traffic.services.record_rows import TABLE_TYPES, RecordRow
 from bench.harness import backend_cpu, backend_pid, print_baseline, print_figure, verdict
 from bench.served import Posted
 

@@ -43,7 +43,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from app.api.services import create_ingest_token
 from app.fleet.models import Server
 from app.prompts.models import Template
-from app.traffic.services.requests import RecordRow
+from app.traffic.services.record_rows import RecordRow
 from bench.baseline import (
     Rates,
     fill_request_records,

@@ -39,7 +39,7 @@ from app.rollups.servers import refresh_server_minutes
 from app.traffic.models import KVEvent, KVStream, RequestDiagnosis, RequestRecord, ServerHour
 from app.traffic.services.copy_rows import write_rows
 from app.traffic.services.partitions import create_day_partitions, day_of
-from app.traffic.services.requests import TABLE_TYPES, RecordRow
+from app.traffic.services.record_rows import TABLE_TYPES, RecordRow
 
 TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 SALTED = frozenset({"globex"})  # a tenant that salts its prompts

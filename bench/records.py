@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from app.domain.blockhash import signed_block_hashes
-from app.traffic.services.requests import RecordRow
+from app.traffic.services.record_rows import RecordRow
 from collectors.records import RequestFacts
 
 BLOCK_SIZE = 32  # the bench servers' block size

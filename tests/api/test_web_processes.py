@@ -15,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from app.api.services import create_ingest_token
-from app.traffic.services.requests import INGEST_LOCK_SPACE
+from app.traffic.services.record_rows import INGEST_LOCK_SPACE
 from tests.support.factories import a_server
 from tests.support.ports import unused_ports
 from tests.support.processes import Web, database_url_for_tests
@@ -53,7 +53,7 @@ def test_a_batch_goes_to_an_idle_web_process_while_another_is_busy(tmp_path: Pat
     try:
         web.start().wait_listening(port)
         with session() as holder, ThreadPoolExecutor(1) as pool:
-            # The lock a batch about `busy` takes first (app/traffic/services/requests.py).
+            # The lock a batch about `busy` takes first (app/traffic/services/record_rows.py).
             holder.execute("SELECT pg_advisory_lock(%s, %s)", [INGEST_LOCK_SPACE, busy.pk])
             waiting = pool.submit(post, address, token, records("busy", "busy-0"))
             wait_for_lock_waits(1, query="pg_advisory_xact_lock")

@@ -16,7 +16,8 @@ from psycopg.errors import NumericValueOutOfRange
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.traffic.models import RequestRecord
 from app.traffic.services.copy_rows import write_rows
-from app.traffic.services.requests import _TYPES, TABLE_TYPES, RecordRow, ingest_request_records
+from app.traffic.services.record_rows import _TYPES, TABLE_TYPES, RecordRow
+from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 from tests.support.factories import a_server
 

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from app.traffic.services.requests import ingest_request_records, stored_near_probe
+from app.traffic.services.record_rows import stored_near_probe
+from app.traffic.services.requests import ingest_request_records
 from collectors.records import RequestFacts
 from tests.support.factories import a_server
 

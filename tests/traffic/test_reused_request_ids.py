@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import JOIN_WINDOW
+from app.traffic.services.record_rows import JOIN_WINDOW
 from collectors.records import RequestFacts
 from tests.support.factories import a_server, facts, ingested
 from tests.support.users import fleet_viewer

@@ -11,7 +11,7 @@ from django.db.models import CharField
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, alias_merged_server, locked_server
 from app.traffic.models import RequestRecord
-from app.traffic.services.requests import INGEST_LOCK_SPACE, JOIN_WINDOW, SOURCE_MERGE
+from app.traffic.services.record_rows import INGEST_LOCK_SPACE, JOIN_WINDOW, SOURCE_MERGE
 
 logger = logging.getLogger(__name__)
 
