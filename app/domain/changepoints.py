@@ -35,9 +35,8 @@ test. Deterministic, so that a backfill over history finds what the online check
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from itertools import pairwise
@@ -45,22 +44,21 @@ from operator import attrgetter
 
 import numpy as np
 import ruptures
-from numpy.typing import NDArray
-from ruptures.base import BaseCost
 
-# Adjacent minutes' Pearson statistics count up to 9 (3 sigma) each, so that a change, one pair,
-# barely moves their mean, which must then come to E[min(X, 9)] for X chi-squared(1).
-_CLIP, _CLIPPED_MEAN = 9.0, 0.995007
-# The start leaves out the two largest pairs (a change inside a minute spoils both pairs around it);
-# a pair beyond 25 (5 sigma) at the start's rho is a change, not scatter, and is left out of the fit,
-# whose target is then E[min(X, 9) | X < 25].
-_TRIMMED, _OUTLIER = 2, 25.0
-_OUTLIER_TAIL = math.erfc(math.sqrt(_OUTLIER / 2.0))
-_USUAL_CLIPPED_MEAN = (_CLIPPED_MEAN - _CLIP * _OUTLIER_TAIL) / (1.0 - _OUTLIER_TAIL)
-_MAX_ROUNDS = 10  # pairs left out and rho agree after one or two in practice
+from app.domain.segments import (
+    CLIP,
+    OUTLIER,
+    TRIMMED,
+    FloatArray,
+    SegmentCost,
+    binomial_cost,
+    confidence,
+    dispersion,
+    gaussian_deviance,
+    likelihood_ratio,
+)
+
 _MIN_LOG_SIGMA = 0.01  # a 1% floor: a flat TTFT series would otherwise make every wobble a change
-
-FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +96,8 @@ class DetectionConfig:
             "method": f"ruptures {ruptures.__version__} Pelt, then each split refined and tested",
             "rate_cost": "binomial deviance over requests, Williams overdispersion",
             "dispersion": (
-                f"adjacent minutes' Pearson statistics clipped at {_CLIP:g}: a start without the "
-                f"{_TRIMMED} largest, then without those beyond {_OUTLIER:g}, each mean matched to "
+                f"adjacent minutes' Pearson statistics clipped at {CLIP:g}: a start without the "
+                f"{TRIMMED} largest, then without those beyond {OUTLIER:g}, each mean matched to "
                 "its chi-squared(1) expectation"
             ),
             "ttft_cost": "l2 on log p90 over its von Neumann scale",
@@ -153,36 +151,6 @@ class LevelChange:
         return self.ratio > 1 and self.material and self.enough_evidence
 
 
-class _SegmentCost(BaseCost):  # type: ignore[misc]
-    """A segment's deviance from prefix sums of the signal's two columns: O(1) a segment, which
-    matters because PELT prunes little on flat data and asks for O(points^2) of them."""
-
-    model = "deviance_from_prefix_sums"
-    min_size = 1
-
-    def __init__(self, deviance: Callable[[float, float, int], float]) -> None:
-        self.deviance = deviance
-
-    def fit(self, signal: FloatArray) -> _SegmentCost:
-        self.signal = signal
-        self._first = [0.0, *np.cumsum(signal[:, 0]).tolist()]
-        self._second = [0.0, *np.cumsum(signal[:, 1]).tolist()]
-        return self
-
-    def error(self, start: int, end: int) -> float:
-        first, second = self._first[end] - self._first[start], self._second[end] - self._second[start]
-        return self.deviance(first, second, end - start)
-
-
-def _binomial_deviance(successes: float, trials: float, _points: int) -> float:
-    return -2.0 * (_xlogx(successes) + _xlogx(trials - successes) - _xlogx(trials))
-
-
-def _gaussian_deviance(total: float, squares: float, points: int) -> float:
-    """Squared deviations from the segment's mean (ruptures' l2): -2 log-likelihood at unit variance."""
-    return squares - total * total / points
-
-
 @dataclass(frozen=True, slots=True)
 class _Split:
     """A change between its neighbouring changes (or the series' ends), and its test."""
@@ -205,8 +173,8 @@ def rate_changes(points: Sequence[MinutePoint], config: DetectionConfig) -> list
         return []
     requests = np.array([point.requests for point in points], dtype=np.float64)
     rates = np.array([point.reused_tokens / point.prompt_tokens for point in points])
-    rho = _dispersion(requests, rates)
-    cost = _binomial_cost(requests, rates, rho)
+    rho = dispersion(requests, rates)
+    cost = binomial_cost(requests, rates, rho)
     splits = _confirmed(cost, _proposed(cost, config), config)
     return _merged([_rate_change(points, split, rho, config) for split in splits], config)
 
@@ -234,11 +202,6 @@ def _merged(changes: list[RateChange], config: DetectionConfig) -> list[RateChan
     return found
 
 
-def _binomial_cost(requests: FloatArray, rates: FloatArray, rho: float) -> _SegmentCost:
-    trials = requests / (1.0 + (requests - 1.0) * rho)
-    return _SegmentCost(_binomial_deviance).fit(np.column_stack((trials * rates, trials)))
-
-
 def latest_drop(points: Sequence[MinutePoint], config: DetectionConfig) -> RateChange | None:
     """The most recent change that is a regression (a material drop with the evidence), if any.
 
@@ -258,7 +221,7 @@ def measured_from(
     end = change.index + sum(1 for _ in _after_points(points, change))
     requests = np.array([point.requests for point in points], dtype=np.float64)
     rates = np.array([point.reused_tokens / point.prompt_tokens for point in points])
-    cost = _binomial_cost(requests, rates, change.dispersion)
+    cost = binomial_cost(requests, rates, change.dispersion)
     split = _test(cost, (start, change.index, end), len(points))
     rate_before = _token_rate(before)
     requests_before = sum(point.requests for point in before)
@@ -298,7 +261,7 @@ def level_changes(values: Sequence[tuple[datetime, float]], config: DetectionCon
     # von Neumann's mean squared successive difference: a step barely moves it, heavy tails do.
     scale = max(math.sqrt(float(np.mean(np.diff(logs) ** 2)) / 2.0), _MIN_LOG_SIGMA)
     signal = np.column_stack((logs / scale, (logs / scale) ** 2))
-    cost = _SegmentCost(_gaussian_deviance).fit(signal)
+    cost = SegmentCost(gaussian_deviance).fit(signal)
     splits = _confirmed(cost, _proposed(cost, config), config)
     return [_level_change(values, logs, split, config) for split in splits]
 
@@ -309,7 +272,7 @@ def latest_rise(values: Sequence[tuple[datetime, float]], config: DetectionConfi
     return rises[-1] if rises else None
 
 
-def _proposed(cost: _SegmentCost, config: DetectionConfig) -> list[int]:
+def _proposed(cost: SegmentCost, config: DetectionConfig) -> list[int]:
     """PELT's changes (the index of each first point after one), each placed exactly."""
     points = len(cost.signal)
     search = ruptures.Pelt(custom_cost=cost, min_size=config.min_segment_points, jump=config.search_jump)
@@ -317,7 +280,7 @@ def _proposed(cost: _SegmentCost, config: DetectionConfig) -> list[int]:
     return _refined(cost, [int(end) for end in search.fit(cost.signal).predict(pen=penalty)])
 
 
-def _confirmed(cost: _SegmentCost, indices: list[int], config: DetectionConfig) -> list[_Split]:
+def _confirmed(cost: SegmentCost, indices: list[int], config: DetectionConfig) -> list[_Split]:
     """The proposed changes that the test confirms, each tested against its neighbours.
 
     The weakest goes first and its neighbours are tested again over the segments it joins, so that
@@ -336,7 +299,7 @@ def _confirmed(cost: _SegmentCost, indices: list[int], config: DetectionConfig) 
         indices.remove(weakest.index)
 
 
-def _refined(cost: _SegmentCost, ends: list[int]) -> list[int]:
+def _refined(cost: SegmentCost, ends: list[int]) -> list[int]:
     """PELT's splits, each moved to the best between its neighbours with one point a side at least.
 
     PELT keeps `min_segment_points` a side; one is let in here, so that a drop is placed right when
@@ -346,20 +309,16 @@ def _refined(cost: _SegmentCost, ends: list[int]) -> list[int]:
     for end in ends[1:]:
         start = indices[-1] if indices else 0
         indices.append(
-            max(range(start + 1, end), key=lambda index: _likelihood_ratio(cost, start, index, end))
+            max(range(start + 1, end), key=lambda index: likelihood_ratio(cost, start, index, end))
         )
     return indices
 
 
-def _test(cost: _SegmentCost, bounds: tuple[int, int, int], points: int) -> _Split:
+def _test(cost: SegmentCost, bounds: tuple[int, int, int], points: int) -> _Split:
     start, index, end = bounds
-    statistic = _likelihood_ratio(cost, start, index, end)
+    statistic = likelihood_ratio(cost, start, index, end)
     # The split and the ends of its segments were searched for: count every segment the series admits.
-    return _Split(start, index, end, statistic, _confidence(statistic, tries=points * (points - 1) // 2))
-
-
-def _likelihood_ratio(cost: _SegmentCost, start: int, index: int, end: int) -> float:
-    return cost.error(start, end) - cost.error(start, index) - cost.error(index, end)
+    return _Split(start, index, end, statistic, confidence(statistic, tries=points * (points - 1) // 2))
 
 
 def _rate_change(
@@ -408,78 +367,8 @@ def _level_change(
     )
 
 
-def _dispersion(requests: FloatArray, rates: FloatArray) -> float:
-    """Williams' rho in [0, 1] from adjacent minutes' Pearson statistics, robust to changes (see the
-    module's docstring): a start that leaves out the largest, then the mean over the pairs that do
-    not stand out at it, until the pairs left out are those of the step before."""
-    n1, n2, r1, r2 = requests[:-1], requests[1:], rates[:-1], rates[1:]
-    pooled = (n1 * r1 + n2 * r2) / (n1 + n2)
-    # A pair at rate 0 or 1 agrees exactly: its statistic is 0, not 0 / 0.
-    spread = np.maximum(pooled * (1.0 - pooled), 1e-12)
-    gaps = (r1 - r2) ** 2
-
-    def statistics(rho: float) -> FloatArray:
-        return gaps / (spread * (1.0 / n1 + 1.0 / n2 + rho * (2.0 - 1.0 / n1 - 1.0 / n2)))
-
-    def clipped_mean(rho: float, among: NDArray[np.bool_]) -> float:
-        return float(np.mean(np.minimum(statistics(rho)[among], _CLIP)))
-
-    kept = max(len(gaps) - _TRIMMED, min(len(gaps), 2))  # two at least: one alone is too noisy
-    rho = _bisected(
-        lambda rho: float(np.mean(np.sort(np.minimum(statistics(rho), _CLIP))[:kept])),
-        _trimmed_mean_expected(len(gaps), kept),
-    )
-    usual = np.zeros(len(gaps), dtype=bool)  # none yet: the first round always fits
-    for _ in range(_MAX_ROUNDS):
-        found = statistics(rho) < _OUTLIER
-        if not found.any() or np.array_equal(found, usual):
-            break
-        usual = found
-        rho = _bisected(functools.partial(clipped_mean, among=usual), _USUAL_CLIPPED_MEAN)
-    return rho
-
-
-@functools.cache
-def _trimmed_mean_expected(pairs: int, kept: int) -> float:
-    """E[mean of the `kept` smallest of `pairs` chi-squared(1) draws, each clipped at _CLIP].
-
-    The j-th smallest exceeds x when fewer than j draws are below it, a binomial(pairs, F(x)) count,
-    so the sum of the kept smallest is the integral over [0, _CLIP] of sum_i (kept - i) P(count = i),
-    i < kept. (Adjacent pairs share a minute, so they are not quite independent: close enough.)
-    """
-    root = np.linspace(0.0, math.sqrt(_CLIP), 2001)  # x = root^2: smooth where chi2(1)'s density is not
-    below = np.clip(np.vectorize(math.erf)(root / math.sqrt(2.0)), 1e-300, 1.0 - 1e-16)
-    total = np.zeros_like(root)
-    for count in range(kept):
-        log_choose = math.lgamma(pairs + 1) - math.lgamma(count + 1) - math.lgamma(pairs - count + 1)
-        chance = np.exp(log_choose + count * np.log(below) + (pairs - count) * np.log1p(-below))
-        total += (kept - count) * chance
-    return float(np.trapezoid(total * 2.0 * root, root)) / kept
-
-
-def _bisected(statistic: Callable[[float], float], target: float) -> float:
-    """The rho in [0, 1] where a statistic falling with rho comes to `target`, on the cautious side."""
-    if statistic(0.0) <= target:
-        return 0.0
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        middle = (low + high) / 2.0
-        low, high = (middle, high) if statistic(middle) > target else (low, middle)
-    return high
-
-
-def _confidence(statistic: float, tries: int) -> float:
-    """1 - p for a likelihood ratio that was the best of `tries` (chi-squared(1), Bonferroni)."""
-    p_value = max(tries, 1) * math.erfc(math.sqrt(max(statistic, 0.0) / 2.0))
-    return max(0.0, 1.0 - p_value)
-
-
 def _token_rate(points: Sequence[MinutePoint]) -> float:
     return sum(p.reused_tokens for p in points) / sum(p.prompt_tokens for p in points)
-
-
-def _xlogx(x: float) -> float:
-    return x * math.log(x) if x > 0.0 else 0.0
 
 
 def _check_points(points: Sequence[MinutePoint]) -> None:
