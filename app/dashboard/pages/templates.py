@@ -28,7 +28,8 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.charts import Chart
 from app.dashboard.killer_rows import killer_rows
 from app.dashboard.reads import templates as selectors
-from app.dashboard.reads.templates import Effect, ListSums, TemplateRequests, Totals
+from app.dashboard.reads.effects import Effect, version_effect
+from app.dashboard.reads.templates import ListSums, TemplateRequests, Totals
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.cost import scope_cost
@@ -338,8 +339,8 @@ def _version_panel(
     )
     effect = None
     if live.live_at is not None:
-        effect = selectors.version_effect(template_id=template.pk, live_at=live.live_at, now=now,
-                                          minutes=EFFECT_MINUTES, viewer=viewer)  # fmt: skip
+        effect = version_effect(template_id=template.pk, live_at=live.live_at, now=now,
+                                minutes=EFFECT_MINUTES, viewer=viewer)  # fmt: skip
     before = LiveVersion(previous, None, "") if previous else None
     return VersionPanel(live, before, diff_rows(version.diff), effect)
 

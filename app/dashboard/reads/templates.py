@@ -210,34 +210,6 @@ def regressions_of(template_id: int, *, viewer: Viewer = SEES_ALL, limit: int = 
     return found.order_by("resolved_at", "-changed_at")[:limit]
 
 
-@dataclass(frozen=True, slots=True)
-class Effect:
-    """A version's effect: the template's totals over equal windows just before and after it went live."""
-
-    minutes: int  # of each window; shorter than asked when the version went live less than that ago
-    before: Totals
-    after: Totals
-
-    @property
-    def change(self) -> float | None:
-        if self.before.hit_rate is None or self.after.hit_rate is None:
-            return None
-        return self.after.hit_rate - self.before.hit_rate
-
-
-def version_effect(
-    *, template_id: int, live_at: datetime, now: datetime, minutes: int = 60, viewer: Viewer = SEES_ALL
-) -> Effect:
-    """The template's hit rate in the `minutes` after `live_at` (to now at most) and in as many before it,
-    in whole minutes: the minute it went live counts as after."""
-    start = live_at.replace(second=0, microsecond=0)
-    end = min(start + timedelta(minutes=minutes), now.replace(second=0, microsecond=0))
-    span = max(end - start, timedelta(minutes=1))
-    after = template_totals(template_id=template_id, since=start, until=start + span, viewer=viewer)
-    before = template_totals(template_id=template_id, since=start - span, until=start, viewer=viewer)
-    return Effect(int(span.total_seconds() // 60), before, after)
-
-
 def families_of(template_id: int, *, viewer: Viewer = SEES_ALL) -> QuerySet[PrefixFamily]:
     """The prefix families bound to the template, most requests first."""
     return viewer.families(PrefixFamily.objects.filter(template_id=template_id)).select_related(
