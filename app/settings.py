@@ -83,7 +83,7 @@ TEMPLATES = [
     },
 ]
 
-# The local data folder: embedded servers (app/devstack.py), collected static files, gateway spill files.
+# The local data folder: embedded servers (app/devservices.py), collected static files, gateway spill files.
 PREFIXSCOPE_DATA_DIR = Path(env_str("PREFIXSCOPE_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
 # psqlextra's backend is PostgreSQL's plus declarative partitioning support. Unset: the embedded
 # PostgreSQL `make run` keeps running in the data folder (so manage.py from another shell finds it),

@@ -28,7 +28,7 @@ def pages_database(argv: Sequence[str]) -> None:
         return
     import psycopg
 
-    from app.devstack import DATA, start_embedded_postgres
+    from app.devservices import DATA, start_embedded_postgres
 
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--database", default="bench_pages")

@@ -3,7 +3,7 @@
     DATABASE_URL=postgres://... .venv/bin/python -m bench analysis [--requests 20000]
         [--block-sizes 16,32] [--work /tmp/ps-bench-analysis]
 
---requests 2000 for a quick run. Without a PostgreSQL at hand, app.devstack.start_embedded_postgres
+--requests 2000 for a quick run. Without a PostgreSQL at hand, app.devservices.start_embedded_postgres
 gives one (it stops with the process that started it: run the bench as that process's child).
 
 The trace (bench/analysis_trace.py, written untimed into --work): --requests prompts of 8 templates

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from django.contrib.auth.hashers import check_password
 
-from app import devprometheus, devstack
+from app import debian, devprometheus, devservices, devstack
 from app.domain.kvmemory import kv_bytes_per_token, parse_kv_shapes
 from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
@@ -404,7 +404,7 @@ def test_a_killed_holder_of_the_embedded_postgresql_no_longer_keeps_it_running(t
     assert not psutil.pid_exists(dead.pid)
     handles = tmp_path / ".handle_pids.json"
     handles.write_text(json.dumps([dead.pid, os.getpid()]))
-    devstack.forget_dead_handles(tmp_path)
+    devservices.forget_dead_handles(tmp_path)
     assert json.loads(handles.read_text()) == [os.getpid()]
 
 
@@ -417,4 +417,4 @@ def test_the_test_command_installs_every_system_command_a_test_runs() -> None:
         for name in re.findall(r"shutil\.which\(\"([\w.-]+)\"\)", path.read_text())
     }
     assert {"promtool", "docker-compose"} <= called
-    assert called <= devstack.SYSTEM_PACKAGES.keys()
+    assert called <= debian.SYSTEM_PACKAGES.keys()

