@@ -19,13 +19,14 @@ from app.compare.selectors import RecordKey, previous_request_key
 from app.compare.tokenization import Detokenizer
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
-from app.dashboard.killer_rows import killer_rows
-from app.diagnosis.shown import departure, loss_at, shown_losses
+from app.dashboard.killer_rows import KillerRow, killer_rows
+from app.diagnosis.shown import Departure, ShownLoss, departure, loss_at, shown_losses
 from app.domain.misscauses import Cause, Loss, cause_label
 from app.fleet.models import Server
 from app.prompts.killers import killer_at, may_read_prompts, template_killers
+from app.prompts.models import CacheKiller
 from app.traffic.explorer import kept_token_ids
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.models import FUNNEL_COLUMNS, RequestDiagnosis, RequestRecord
 from app.traffic.selectors import DiagnosedRequest, addressed_request
 
 
@@ -40,24 +41,17 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
     )
     if found is None:
         raise Http404("no such request")
-    i = found.request
     names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
-    killers = list(template_killers(i.record.template_id)) if i.record.template_id is not None else []
-    killers, seen = visible_killers(killers, viewer=viewer)
-    salted = [k for k in killers if k.salt_hash == i.record.salt_hash]
-    diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
-    here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
-    extras = request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)
-    item = {"record": i.record, "diagnosis": i.diagnosis, "losses": shown_losses(i.diagnosis, names=names),
-            "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
-            "killers": killer_rows(salted, names, {}, here=here, seen=seen), "at_killer": here,
-            **extras}  # fmt: skip
+    item = shown_request(found.request, user=request.user, names=names, now=timezone.now(), viewer=viewer)
     others = [(at, request_page_url(server, request_id, at)) for at in found.others]
-    return render(
-        request, "dashboard/request.html",
-        {"server": server, "request_id": request_id, "found": [item], "others": others,
-         "other_count": found.other_count},
-    )  # fmt: skip
+    context = {
+        "server": server,
+        "request_id": request_id,
+        "found": [item],
+        "others": others,
+        "other_count": found.other_count,
+    }
+    return render(request, "dashboard/request.html", context)
 
 
 def _arrival(text: str | None) -> datetime | None:
@@ -149,32 +143,94 @@ def request_page_url(server: str, request_id: str, arrived_at: datetime | None =
     return path if arrived_at is None else f"{path}?{urlencode({'at': arrived_at.isoformat()})}"
 
 
-def request_extras(
+@dataclass(frozen=True, slots=True)
+class RequestShown:
+    """What the request page shows of one arrival: its record and diagnosis, worded; the cache
+    killers of its template under its salt (`at_killer` the one its prompt departs at); its key for
+    Compare and the earlier request Compare pairs it with; its block chain; its prompt for a viewer
+    who may read it."""
+
+    record: RequestRecord
+    diagnosis: RequestDiagnosis | None
+    losses: list[ShownLoss]
+    departure: Departure | None
+    funnel: list[tuple[str, int]]  # each step's label and leading tokens; [] when not diagnosed
+    killers: list[KillerRow]
+    at_killer: CacheKiller | None
+    key: str
+    previous: RecordKey | None
+    previous_url: str | None
+    chain: list[BlockRow]
+    prompt: PromptShown | None
+
+
+# The funnel's steps as the page names them, in FUNNEL_COLUMNS' order.
+_FUNNEL_STEPS = dict(
+    zip(
+        FUNNEL_COLUMNS,
+        (
+            "Prompt",
+            "Seen before under its salt (unlimited cache, ideal routing)",
+            "Resident anywhere in the fleet at arrival",
+            "Resident on its server at arrival",
+            "Reused (vLLM's cached tokens)",
+        ),
+        strict=True,
+    )
+)
+
+
+def shown_request(
     found: DiagnosedRequest,
     *,
     user: AbstractBaseUser | AnonymousUser,
     names: dict[int, str],
     now: datetime,
     viewer: Viewer = SEES_ALL,
-) -> dict[str, object]:
-    """What the request page shows of one arrival beside its diagnosis: its key for Compare, the
-    earlier request Compare pairs it with, its block chain, and its prompt for a viewer who may."""
-    record = found.record
+) -> RequestShown:
+    """One arrival as the request page shows it (`names`: server id -> name, of those the viewer sees)."""
+    record, diagnosis = found.record, found.diagnosis
     key = RecordKey.of(record)
     ids = kept_token_ids(record, now=now) if may_read_prompts(user) else None
     previous = previous_request_key(key, viewer=viewer)
-    previous_url = (
-        request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
-        if previous is not None
-        else None
+    killers, here = _killers(found, names=names, viewer=viewer)
+    return RequestShown(
+        record=record,
+        diagnosis=diagnosis,
+        losses=shown_losses(diagnosis, names=names),
+        departure=departure(diagnosis, block_size=record.server.block_size),
+        funnel=_funnel(diagnosis),
+        killers=killers,
+        at_killer=here,
+        key=str(key),
+        previous=previous,
+        previous_url=(
+            request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
+            if previous is not None
+            else None
+        ),
+        chain=block_chain(record, diagnosis, names=names, token_ids=ids),
+        prompt=_decoded(record, ids) if ids is not None else None,
     )
-    return {
-        "key": str(key),
-        "previous": previous,
-        "previous_url": previous_url,
-        "chain": block_chain(record, found.diagnosis, names=names, token_ids=ids),
-        "prompt": _decoded(record, ids) if ids is not None else None,
-    }
+
+
+def _funnel(diagnosis: RequestDiagnosis | None) -> list[tuple[str, int]]:
+    if diagnosis is None:
+        return []
+    return [(step, getattr(diagnosis, column)) for column, step in _FUNNEL_STEPS.items()]
+
+
+def _killers(
+    found: DiagnosedRequest, *, names: dict[int, str], viewer: Viewer
+) -> tuple[list[KillerRow], CacheKiller | None]:
+    """The cache killers of its template under its salt, and the one its prompt departs at."""
+    record = found.record
+    killers = list(template_killers(record.template_id)) if record.template_id is not None else []
+    killers, seen = visible_killers(killers, viewer=viewer)
+    salted = [k for k in killers if k.salt_hash == record.salt_hash]
+    diverged_at = found.diagnosis.diverged_at if found.diagnosis else None
+    here = killer_at(salted, salt_hash=record.salt_hash, diverged_at=diverged_at)
+    return killer_rows(salted, names, {}, here=here, seen=seen), here
 
 
 def _decoded(record: RequestRecord, token_ids: list[int]) -> PromptShown:
