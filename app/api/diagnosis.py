@@ -36,9 +36,8 @@ from app.traffic.selectors import AddressedRequest, addressed_request
 router = Router(tags=["diagnosis"], auth=READERS)
 
 
+# Its fields are FUNNEL_COLUMNS, in order (tests/diagnosis/test_shape.py).
 class Funnel(Schema):
-    """A diagnosis's funnel: its fields are FUNNEL_COLUMNS, in order (tests/api/test_diagnosis_schema.py)."""
-
     prompt_tokens: int
     seen_before_tokens: int = Field(description="leading tokens seen before under its salt, anywhere")
     resident_anywhere_tokens: int = Field(description="leading tokens on the compatible server holding most")
@@ -52,12 +51,13 @@ class Funnel(Schema):
 
 
 def _absent(value: object) -> bool:
+    """A field left out of the answer, as the stored loss leaves it out (Loss.to_json)."""
     return value is None
 
 
 class LossOut(Schema):
-    """A run of blocks lost to one cause (app/domain/misscauses.py Loss), as the diagnosis stored it:
-    the fields that do not apply to its cause are left out, moments as stored (ISO 8601)."""
+    """A run of blocks lost to one cause, in prompt order; the fields that do not apply to its cause
+    are left out."""
 
     cause: Cause
     first_token: int
@@ -75,8 +75,10 @@ class LossOut(Schema):
     )
     removed_at: datetime | None = Field(None, description="evicted: when it was removed", exclude_if=_absent)
 
+    # Moments as the diagnosis stored them (microseconds, +00:00), as answers always gave them; with
+    # no return type, the schema still says date-time.
     @field_serializer("stored_at", "removed_at")
-    def _as_stored(self, at: datetime | None):  # type: ignore[no-untyped-def]  # untyped: still date-time
+    def _as_stored(self, at: datetime | None):  # type: ignore[no-untyped-def]
         return at.isoformat() if at is not None else None
 
     @classmethod
