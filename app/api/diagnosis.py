@@ -9,6 +9,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
+from pydantic import field_serializer
 
 from app.api.auth import READERS
 from app.api.errors import ApiError, error
@@ -26,19 +27,71 @@ from app.diagnosis.reads import (
     unexpected_hits,
 )
 from app.diagnosis.tenants import tenant_audit
+from app.domain.misscauses import Cause, Loss
 from app.fleet.models import Server
 from app.prompts.selectors import find_template
-from app.traffic.selectors import AddressedRequest, DiagnosedRequest, addressed_request
+from app.traffic.models import FUNNEL_COLUMNS
+from app.traffic.selectors import AddressedRequest, addressed_request
 
 router = Router(tags=["diagnosis"], auth=READERS)
 
 
+# Its fields are FUNNEL_COLUMNS, in order (tests/diagnosis/test_shape.py).
 class Funnel(Schema):
     prompt_tokens: int
     seen_before_tokens: int = Field(description="leading tokens seen before under its salt, anywhere")
     resident_anywhere_tokens: int = Field(description="leading tokens on the compatible server holding most")
     resident_here_tokens: int = Field(description="leading tokens resident on its own server at arrival")
     reused_tokens: int = Field(description="cached tokens, as vLLM reported them")
+
+    @classmethod
+    def of(cls, steps: object) -> "Funnel":
+        """Of a diagnosis or of their sums: anything with the FUNNEL_COLUMNS as attributes."""
+        return cls(**{column: getattr(steps, column) for column in FUNNEL_COLUMNS})
+
+
+def _absent(value: object) -> bool:
+    """A field left out of the answer, as the stored loss leaves it out (Loss.to_json)."""
+    return value is None
+
+
+class LossOut(Schema):
+    """A run of blocks lost to one cause, in prompt order; the fields that do not apply to its cause
+    are left out."""
+
+    cause: Cause
+    first_token: int
+    tokens: int
+    server_id: int | None = Field(
+        None,
+        description="routed_elsewhere: the server holding it; evicted: where it lived",
+        exclude_if=_absent,
+    )
+    server_tokens: int | None = Field(
+        None, description="routed_elsewhere: the prompt's leading tokens that server held", exclude_if=_absent
+    )
+    stored_at: datetime | None = Field(
+        None, description="evicted: when the block had been stored", exclude_if=_absent
+    )
+    removed_at: datetime | None = Field(None, description="evicted: when it was removed", exclude_if=_absent)
+
+    # Moments as the diagnosis stored them (microseconds, +00:00), as answers always gave them; with
+    # no return type, the schema still says date-time.
+    @field_serializer("stored_at", "removed_at")
+    def _as_stored(self, at: datetime | None):  # type: ignore[no-untyped-def]
+        return at.isoformat() if at is not None else None
+
+    @classmethod
+    def of(cls, loss: Loss) -> "LossOut":
+        return cls(
+            cause=loss.cause,
+            first_token=loss.first_token,
+            tokens=loss.tokens,
+            server_id=loss.server,
+            server_tokens=loss.server_tokens,
+            stored_at=loss.stored_at,
+            removed_at=loss.removed_at,
+        )
 
 
 class OtherRequest(Schema):
@@ -77,7 +130,7 @@ class Diagnosed(Schema):
     unexpected_hit: bool
     funnel: Funnel | None
     lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")
-    losses: list[dict[str, Any]] = Field(description="runs of blocks lost to one cause, in prompt order")
+    losses: list[LossOut] = Field(description="runs of blocks lost to one cause, in prompt order")
     same_id: SameId = Field(
         description="the other requests under this id on this server: a client that reuses an id sends "
         "different requests under it (records further apart than the ingest merges are different requests)"
@@ -102,38 +155,34 @@ def request_diagnosis(request: HttpRequest, server: str, request_id: str, query:
     )
     if found is None:
         return error(404, "no such request on that server")
-    return addressed_answer(found)
+    return diagnosed_answer(found)
 
 
-def addressed_answer(found: AddressedRequest) -> dict[str, Any]:
-    """`Diagnosed` of the request addressed, with the others under its id."""
-    record = found.request.record
+def diagnosed_answer(found: AddressedRequest) -> Diagnosed:
+    """The request addressed and its diagnosis, with the others under its id (the requests API
+    extends it)."""
+    record, diagnosis = found.request.record, found.request.diagnosis
     path = reverse("api:request_detail", args=[record.server.name, record.request_id])
-    others = [{"arrived_at": at, "url": f"{path}?{urlencode({'at': at.isoformat()})}"} for at in found.others]
-    return diagnosed_answer(found.request) | {"same_id": {"count": found.other_count, "others": others}}
-
-
-def diagnosed_answer(item: DiagnosedRequest) -> dict[str, Any]:
-    """A record and its diagnosis as `Diagnosed` (the requests API extends it)."""
-    record, diagnosis = item.record, item.diagnosis
-    answer: dict[str, Any] = {
-        "server": record.server.name, "request_id": record.request_id, "arrived_at": record.arrived_at,
-        "template": record.template.name if record.template else None,
-        "template_version": record.template_version.commit_sha if record.template_version else None,
-        "tenant": record.tenant, "diagnosed": diagnosis is not None, "cause": None, "unknown": None,
-        "diverged_at": None, "unexpected_hit": False, "funnel": None, "lost_tokens": {}, "losses": [],
-    }  # fmt: skip
-    if diagnosis is not None:
-        answer |= {
-            "cause": diagnosis.cause or None,
-            "unknown": diagnosis.unknown or None,
-            "diverged_at": diagnosis.diverged_at,
-            "unexpected_hit": diagnosis.unexpected_hit,
-            "funnel": diagnosis,
-            "lost_tokens": item.lost_tokens(),
-            "losses": diagnosis.losses,
-        }
-    return answer
+    others = [
+        OtherRequest(arrived_at=at, url=f"{path}?{urlencode({'at': at.isoformat()})}") for at in found.others
+    ]
+    return Diagnosed(
+        server=record.server.name,
+        request_id=record.request_id,
+        arrived_at=record.arrived_at,
+        template=record.template.name if record.template else None,
+        template_version=record.template_version.commit_sha if record.template_version else None,
+        tenant=record.tenant,
+        diagnosed=diagnosis is not None,
+        cause=(diagnosis.cause or None) if diagnosis else None,
+        unknown=(diagnosis.unknown or None) if diagnosis else None,
+        diverged_at=diagnosis.diverged_at if diagnosis else None,
+        unexpected_hit=diagnosis.unexpected_hit if diagnosis else False,
+        funnel=Funnel.of(diagnosis) if diagnosis else None,
+        lost_tokens=found.request.lost_tokens(),
+        losses=[LossOut.of(loss) for loss in diagnosis.loss_runs] if diagnosis else [],
+        same_id=SameId(count=found.other_count, others=others),
+    )
 
 
 class CauseWindow(Schema):
@@ -224,9 +273,7 @@ class LossGroup(Schema):
     minute: datetime | None = Field(description="per_minute only")
     requests: int
     unexpected_hits: int
-    funnel: dict[str, int] = Field(
-        description="prompt, seen before, resident anywhere, resident here, reused"
-    )
+    funnel: Funnel = Field(description="prompt, seen before, resident anywhere, resident here, reused")
     lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")
 
 
@@ -236,7 +283,7 @@ class LossGroup(Schema):
     summary="Lost tokens by cause, per server, template, version or tenant",
     description="From per-minute rollups of the diagnoses: the groups that lost most first, or per minute.",
 )
-def loss_groups(request: HttpRequest, query: Query[LossQuery]) -> list[dict[str, Any]]:
+def loss_groups(request: HttpRequest, query: Query[LossQuery]) -> list[LossGroup]:
     until = query.until or timezone.now()
     since = query.since or until - timedelta(hours=1)
     found = losses(
@@ -245,12 +292,15 @@ def loss_groups(request: HttpRequest, query: Query[LossQuery]) -> list[dict[str,
     return [_loss_group(row, LOSS_GROUPS[query.by]) for row in found]
 
 
-def _loss_group(row: LossRow, names: tuple[str, ...]) -> dict[str, Any]:
-    group = {name.split("__")[0]: value for name, value in zip(names, row.group, strict=True)}
-    return {
-        "group": group, "minute": row.minute, "requests": row.requests,
-        "unexpected_hits": row.unexpected_hits, "funnel": row.funnel, "lost_tokens": row.lost,
-    }  # fmt: skip
+def _loss_group(row: LossRow, names: tuple[str, ...]) -> LossGroup:
+    return LossGroup(
+        group={name.split("__")[0]: value for name, value in zip(names, row.group, strict=True)},
+        minute=row.minute,
+        requests=row.requests,
+        unexpected_hits=row.unexpected_hits,
+        funnel=Funnel(**row.funnel),
+        lost_tokens=row.lost,
+    )
 
 
 class Routing(Schema):

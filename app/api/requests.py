@@ -11,7 +11,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 
 from app.api.auth import READERS
-from app.api.diagnosis import ONE_OF_A_REUSED_ID, ArrivalQuery, Diagnosed, addressed_answer
+from app.api.diagnosis import ONE_OF_A_REUSED_ID, ArrivalQuery, Diagnosed, diagnosed_answer
 from app.api.errors import ApiError, error
 from app.api.ingest.rest import router as ingest_router
 from app.api.viewers import caller_viewer
@@ -186,15 +186,23 @@ def request_detail(request: HttpRequest, server: str, request_id: str, query: Qu
     earlier = (
         None
         if previous is None
-        else {"server": server, "request_id": previous.request_id, "arrived_at": previous.arrived_at}
+        else RequestKey(server=server, request_id=previous.request_id, arrived_at=previous.arrived_at)
     )
     readable = may_read_prompts(request.user)
-    return addressed_answer(found) | {
-        "model": record.model, "source": record.source, "trace_id": record.trace_id,
-        "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
-        "completion_tokens": record.completion_tokens, "client_ttft_seconds": record.client_ttft_seconds,
-        "server_ttft_seconds": record.server_ttft_seconds, "queue_seconds": record.queue_seconds,
-        "prefill_seconds": record.prefill_seconds, "salted": bool(record.salt_hash),
-        "block_hashes": [f"{h % 2**64:016x}" for h in record.block_hashes], "previous": earlier,
-        "token_ids": kept_token_ids(record, now=timezone.now()) if readable else None,
-    }  # fmt: skip
+    return RequestDetail(
+        **dict(diagnosed_answer(found)),
+        model=record.model,
+        source=record.source,
+        trace_id=record.trace_id,
+        prompt_tokens=record.prompt_tokens,
+        cached_tokens=record.cached_tokens,
+        completion_tokens=record.completion_tokens,
+        client_ttft_seconds=record.client_ttft_seconds,
+        server_ttft_seconds=record.server_ttft_seconds,
+        queue_seconds=record.queue_seconds,
+        prefill_seconds=record.prefill_seconds,
+        salted=bool(record.salt_hash),
+        block_hashes=[f"{h % 2**64:016x}" for h in record.block_hashes],
+        previous=earlier,
+        token_ids=kept_token_ids(record, now=timezone.now()) if readable else None,
+    )

@@ -5,9 +5,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from app.domain.misscauses import CAUSE_LABELS
 from app.rollups import series as traffic_series
 from app.rollups.series import Series
-from app.traffic.models import RequestDiagnosis
 
 LABELS = {
     "hit_rate": "Requests (cached tokens reported)", "engine_hit_rate": "vLLM prefix-cache counters",
@@ -15,7 +15,7 @@ LABELS = {
     "preemptions": "Preemptions", "request_rate": "Finished (vLLM counter)",
     "recorded_rate": "Recorded by Prefixscope",
     **{f"ttft_{p} ({ttft})": p for p in ("p50", "p90", "p99") for ttft in traffic_series.TTFTS},
-    **dict(RequestDiagnosis.Cause.choices),
+    **{cause.value: label for cause, label in CAUSE_LABELS.items()},
 }  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
-from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, Loss, RequestPrompt, Unknown
+from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, RequestPrompt, Unknown
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql
@@ -338,27 +338,11 @@ def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> di
         "cause": found.cause.value if found.cause else "", "diverged_at": found.diverged_at,
         "unexpected_hit": found.unexpected_hit, "seen_before_tokens": funnel.seen_before,
         "resident_anywhere_tokens": funnel.resident_anywhere, "resident_here_tokens": funnel.resident_here,
-        "reused_tokens": funnel.reused, "losses": [_loss_json(loss) for loss in found.losses],
+        "reused_tokens": funnel.reused, "losses": [loss.to_json() for loss in found.losses],
     }  # fmt: skip
     for cause, tokens in found.tokens_by_cause().items():
         row[f"{cause.value}_tokens"] = tokens
     return row
-
-
-def _loss_json(loss: Loss) -> dict[str, object]:
-    found: dict[str, object] = {
-        "cause": loss.cause.value,
-        "first_token": loss.first_token,
-        "tokens": loss.tokens,
-    }
-    if loss.server is not None:
-        found["server_id"] = loss.server
-    if loss.server_tokens is not None:
-        found["server_tokens"] = loss.server_tokens
-    for name in ("stored_at", "removed_at"):
-        if (moment := getattr(loss, name)) is not None:
-            found[name] = moment.isoformat()
-    return found
 
 
 def _store(rows: list[dict[str, Any]]) -> int:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import IntEnum, StrEnum
 from itertools import repeat
-from typing import Any, TypeAlias
+from typing import Any, NotRequired, TypeAlias, TypedDict
 
 from app.domain.blockhash import TokenIds
 from app.domain.followers import Followers
@@ -69,6 +69,32 @@ class Unknown(StrEnum):
     NO_PROMPT = "no_prompt"  # no token ids, so no block hashes (a span alone, or hash-less ingest)
     NO_CACHED_TOKENS = "no_cached_tokens"  # the source did not say what was reused
     NO_BLOCK_SIZE = "no_block_size"  # the server's block size is not known yet
+
+
+# How pages, lists and the stored choices (app/traffic/models/diagnosis.py) name each cause: one
+# edit here for a new one.
+CAUSE_LABELS: dict[Cause, str] = {
+    Cause.PROMPT_CHANGED: "Prompt changed",
+    Cause.EVICTED: "Evicted",
+    Cause.ROUTED_ELSEWHERE: "Routed elsewhere",
+    Cause.SALT: "Tenant salt",
+    Cause.RESTARTED: "Server restarted",
+    Cause.BELOW_BLOCK: "Shorter than one block",
+    Cause.COLD: "Cold (never seen)",
+    Cause.UNEXPLAINED: "Unexplained (resident, still missed)",
+    Cause.NO_KV_EVENTS: "No KV events from this server",
+}
+UNKNOWN_LABELS: dict[Unknown, str] = {
+    Unknown.NO_PROMPT: "No prompt token ids (a span alone)",
+    Unknown.NO_CACHED_TOKENS: "Cached tokens not reported",
+    Unknown.NO_BLOCK_SIZE: "Block size of the server unknown",
+}
+_LABELS_BY_VALUE = {cause.value: label for cause, label in CAUSE_LABELS.items()}
+
+
+def cause_label(cause: str) -> str:
+    """The label of a cause given by its value; a value that names no cause, as itself."""
+    return _LABELS_BY_VALUE.get(cause, cause)
 
 
 class EventKind(IntEnum):
@@ -110,6 +136,19 @@ class RequestPrompt:
     key: Hashable = None  # the caller's name for the request, as `revised` gives it back
 
 
+class LossJson(TypedDict):
+    """A Loss as stored (a diagnosis row's `losses`) and as the API answers it: the keys that do not
+    apply are left out, moments are ISO 8601 text."""
+
+    cause: str
+    first_token: int
+    tokens: int
+    server_id: NotRequired[int]
+    server_tokens: NotRequired[int]
+    stored_at: NotRequired[str]
+    removed_at: NotRequired[str]
+
+
 @dataclass(frozen=True, slots=True)
 class Loss:
     """A run of consecutive blocks lost to one cause (or the tail below one block)."""
@@ -121,6 +160,41 @@ class Loss:
     server_tokens: int | None = None  # routed_elsewhere: the prompt's leading tokens that server held
     stored_at: datetime | None = None  # evicted: when the block had been stored
     removed_at: datetime | None = None  # evicted: when it was removed
+
+    @property
+    def end(self) -> int:
+        """The token after its last."""
+        return self.first_token + self.tokens
+
+    def holds(self, token: int) -> bool:
+        return self.first_token <= token < self.end
+
+    def to_json(self) -> LossJson:
+        """As stored: what `from_json` reads back equal."""
+        found = LossJson(cause=self.cause.value, first_token=self.first_token, tokens=self.tokens)
+        if self.server is not None:
+            found["server_id"] = self.server
+        if self.server_tokens is not None:
+            found["server_tokens"] = self.server_tokens
+        if self.stored_at is not None:
+            found["stored_at"] = self.stored_at.isoformat()
+        if self.removed_at is not None:
+            found["removed_at"] = self.removed_at.isoformat()
+        return found
+
+    @classmethod
+    def from_json(cls, stored: LossJson) -> Loss:
+        """A loss as `to_json` wrote it."""
+        stored_at, removed_at = stored.get("stored_at"), stored.get("removed_at")
+        return cls(
+            cause=Cause(stored["cause"]),
+            first_token=stored["first_token"],
+            tokens=stored["tokens"],
+            server=stored.get("server_id"),
+            server_tokens=stored.get("server_tokens"),
+            stored_at=datetime.fromisoformat(stored_at) if stored_at is not None else None,
+            removed_at=datetime.fromisoformat(removed_at) if removed_at is not None else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

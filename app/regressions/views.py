@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods
 from app.compare.killers import Samples, samples_in_order, visible_killers
 from app.core.tenancy import Viewer, viewer_of
 from app.domain.cost import COUNTS
+from app.domain.misscauses import cause_label
 from app.fleet.models import Server
 from app.prompts.killers import SampleKey, may_read_prompts
 from app.regressions import evidence, page, selectors, services, webhook
@@ -22,7 +23,6 @@ from app.regressions.evidence import FrozenKiller
 from app.regressions.forms import NoteForm
 from app.regressions.models import Regression
 from app.rollups.series import as_csv
-from app.traffic.models import RequestDiagnosis
 
 PAGE_SIZE = 50
 
@@ -124,7 +124,7 @@ def _shift(regression: Regression) -> dict[str, object]:
     ordered = sorted(causes, key=lambda cause: -(after.get(cause, 0) - before.get(cause, 0)))
     rows = [
         (
-            _cause_label(cause),
+            cause_label(cause),
             before.get(cause, 0.0),
             after.get(cause, 0.0),
             None if since is None else since.get(cause, 0.0),
@@ -136,12 +136,6 @@ def _shift(regression: Regression) -> dict[str, object]:
         "shift_since": since is not None,
         "routing": regression.evidence.get("routing"),
     }
-
-
-def _cause_label(cause: str) -> str:
-    """A cause as the other pages name it; the stored key itself if it is no longer a cause."""
-    causes = RequestDiagnosis.Cause
-    return str(causes(cause).label) if cause in causes.values else cause
 
 
 def _killer_rows(

@@ -103,5 +103,5 @@ def test_the_request_page_shows_one_request_and_says_the_id_was_reused(
     assert "acme" in older and "globex" not in older and "Same id reused: 1 other request" in older
     listed = client.get(reverse("dashboard:requests")).content.decode()
     links = re.findall(r'href="([^"]*demo-0-000020/\?at=[^"]*)"', listed)
-    shown = [client.get(html_unescape(link)).context["found"][0]["record"].tenant for link in links]
+    shown = [client.get(html_unescape(link)).context["found"][0].record.tenant for link in links]
     assert sorted(shown) == ["acme", "globex"]  # the explorer links each row to its own request

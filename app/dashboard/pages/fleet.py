@@ -29,11 +29,11 @@ from app.dashboard.reads.fleet import (
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiveness
+from app.domain.misscauses import cause_label
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.rollups.merge import merge_server
 from app.rollups.series import Series, as_csv
-from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import resident_shares
 
 
@@ -112,7 +112,6 @@ def _fleet(
         for row in proposed_servers(now=now, viewer=viewer)
     ]
     hour_ago = now - timedelta(hours=1)
-    labels = dict(RequestDiagnosis.Cause.choices)
     head = fleet_headline(servers=servers, now=now, since=window.since, until=window.until, viewer=viewer)
     rows = fleet_overview(
         servers=servers, now=now, since=window.since, until=window.until, bucket=window.bucket, viewer=viewer
@@ -129,7 +128,7 @@ def _fleet(
                  for row in rows],
         "spark_count": len(times), "proposed": proposed,
         "resident": resident_shares(row.server for row in rows if row.state != "proposed"),
-        "lost": sorted(((labels[c], t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
+        "lost": sorted(((cause_label(c), t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "misses": recent_misses(since=hour_ago, viewer=viewer),
         "by_template": _shown_groups(by_template[:10]),
         "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),
@@ -173,13 +172,14 @@ def _sparks_csv(servers: QuerySet[Server], window: Window) -> HttpResponse:
 
 
 def _shown_groups(rows: list[LossRow]) -> list[dict[str, object]]:
-    labels = dict(RequestDiagnosis.Cause.choices)
     return [
         {
             "group": row.group,
             "requests": row.requests,
             "funnel": row.funnel,
-            "shown_lost": sorted(((labels[c], t) for c, t in row.lost.items()), key=lambda pair: -pair[1]),
+            "shown_lost": sorted(
+                ((cause_label(c), t) for c, t in row.lost.items()), key=lambda pair: -pair[1]
+            ),
         }
         for row in rows
     ]

@@ -4,7 +4,6 @@ its prompt for a viewer who may read it, and the other requests a client sent un
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -20,11 +19,14 @@ from app.compare.selectors import RecordKey, previous_request_key
 from app.compare.tokenization import Detokenizer
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
-from app.dashboard.killer_rows import killer_rows
+from app.dashboard.killer_rows import KillerRow, killer_rows
+from app.diagnosis.shown import Departure, ShownLoss, departure, loss_at, shown_losses
+from app.domain.misscauses import Cause, Loss, cause_label
 from app.fleet.models import Server
 from app.prompts.killers import killer_at, may_read_prompts, template_killers
+from app.prompts.models import CacheKiller
 from app.traffic.explorer import kept_token_ids
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.models import FUNNEL_COLUMNS, RequestDiagnosis, RequestRecord
 from app.traffic.selectors import DiagnosedRequest, addressed_request
 
 
@@ -39,24 +41,17 @@ def request_detail(request: HtmxHttpRequest, server: str, request_id: str) -> Ht
     )
     if found is None:
         raise Http404("no such request")
-    i = found.request
     names = dict(viewer.servers(Server.objects.all()).values_list("pk", "name"))
-    killers = list(template_killers(i.record.template_id)) if i.record.template_id is not None else []
-    killers, seen = visible_killers(killers, viewer=viewer)
-    salted = [k for k in killers if k.salt_hash == i.record.salt_hash]
-    diverged_at = i.diagnosis.diverged_at if i.diagnosis else None
-    here = killer_at(salted, salt_hash=i.record.salt_hash, diverged_at=diverged_at)
-    extras = request_extras(i, user=request.user, names=names, now=timezone.now(), viewer=viewer)
-    item = {"record": i.record, "diagnosis": i.diagnosis, "losses": _shown_losses(i.diagnosis, names),
-            "departure": departure(i.diagnosis, block_size=i.record.server.block_size),
-            "killers": killer_rows(salted, names, {}, here=here, seen=seen), "at_killer": here,
-            **extras}  # fmt: skip
+    item = shown_request(found.request, user=request.user, names=names, now=timezone.now(), viewer=viewer)
     others = [(at, request_page_url(server, request_id, at)) for at in found.others]
-    return render(
-        request, "dashboard/request.html",
-        {"server": server, "request_id": request_id, "found": [item], "others": others,
-         "other_count": found.other_count},
-    )  # fmt: skip
+    context = {
+        "server": server,
+        "request_id": request_id,
+        "found": [item],
+        "others": others,
+        "other_count": found.other_count,
+    }
+    return render(request, "dashboard/request.html", context)
 
 
 def _arrival(text: str | None) -> datetime | None:
@@ -68,60 +63,6 @@ def _arrival(text: str | None) -> datetime | None:
     except ValueError:
         raise Http404("no such request") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class Departure:
-    """Where a prompt-changed request departs, worded as its lost tokens are listed.
-
-    `at` is the diagnosis' token where the prompt departs from its template's earlier prompts under
-    its own salt (token-exact); its losses are by block. When `at` lies in a block lost to another
-    cause (a salted request whose first block another tenant's salt had: no block of it was shared
-    under its own salt), the prompt-changed loss starts later, at `changed_from`, and `lost_to` names
-    the cause of the block `at` lies in."""
-
-    at: int
-    changed_from: int
-    block: int | None
-    lost_to: str  # "" when `at` lies in the prompt-changed loss itself
-
-
-def departure(diagnosis: RequestDiagnosis | None, *, block_size: int | None) -> Departure | None:
-    if diagnosis is None or diagnosis.diverged_at is None:
-        return None
-    at, losses, changed_from = diagnosis.diverged_at, diagnosis.losses, diagnosis.changed_from
-    if changed_from is None or at >= changed_from:
-        return Departure(at, at, None, "")
-    holding = next(
-        (loss for loss in losses if loss["first_token"] <= at < loss["first_token"] + loss["tokens"]), None
-    )
-    label = (
-        dict(RequestDiagnosis.Cause.choices).get(holding["cause"], holding["cause"])
-        if holding
-        else "not lost"
-    )
-    return Departure(at, changed_from, at // block_size if block_size else None, label.lower())
-
-
-def _shown_losses(diagnosis: RequestDiagnosis | None, names: dict[int, str]) -> list[dict[str, object]]:
-    labels = dict(RequestDiagnosis.Cause.choices)
-    shown = []
-    for loss in diagnosis.losses if diagnosis else []:
-        detail = ""
-        if loss["cause"] == "routed_elsewhere":
-            detail = (
-                f"resident on {names.get(loss['server_id'], '?')}: its first {loss['server_tokens']} tokens"
-            )
-        elif loss["cause"] == "evicted":
-            where = names.get(loss.get("server_id"), "?")
-            stored = loss.get("stored_at", "before the events kept")
-            detail = f"on {where}: stored {stored}, removed {loss['removed_at']}"
-        first = loss["first_token"]
-        shown.append(
-            {"first_token": first, "last_token": first + loss["tokens"] - 1, "tokens": loss["tokens"],
-             "label": labels.get(loss["cause"], loss["cause"]), "detail": detail}
-        )  # fmt: skip
-    return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +95,12 @@ def block_chain(
     size = record.server.block_size
     if not size or diagnosis is None or diagnosis.unknown:
         return []
-    labels = dict(RequestDiagnosis.Cause.choices)
     heard = not diagnosis.no_kv_events_tokens
+    losses = diagnosis.loss_runs
     rows = []
     for index in range(diagnosis.prompt_tokens // size):
         first, end = index * size, (index + 1) * size
-        loss = next(
-            (lo for lo in diagnosis.losses if lo["first_token"] <= first < lo["first_token"] + lo["tokens"]),
-            None,
-        )
+        loss = loss_at(losses, first)
         hashes = record.block_hashes
         rows.append(
             BlockRow(
@@ -172,7 +110,7 @@ def block_chain(
                 resident_anywhere=end <= diagnosis.resident_anywhere_tokens,
                 resident_here=end <= diagnosis.resident_here_tokens if heard else None,
                 reused=end <= diagnosis.reused_tokens,
-                lost_to=labels.get(loss["cause"], loss["cause"]) if loss else "",
+                lost_to=cause_label(loss.cause) if loss else "",
                 detail=_loss_detail(loss, names) if loss else "",
                 token_ids=token_ids[first:end] if token_ids is not None else None,
             )
@@ -180,12 +118,12 @@ def block_chain(
     return rows
 
 
-def _loss_detail(loss: dict[str, Any], names: dict[int, str]) -> str:
-    where = names.get(loss.get("server_id", 0), "another server")
-    if loss["cause"] == "routed_elsewhere":
+def _loss_detail(loss: Loss, names: dict[int, str]) -> str:
+    where = names.get(loss.server, "another server") if loss.server is not None else "another server"
+    if loss.cause == Cause.ROUTED_ELSEWHERE:
         return f"resident on {where}"
-    if loss["cause"] == "evicted" and "removed_at" in loss:
-        return f"removed from {where} at {loss['removed_at'][11:19]}"
+    if loss.cause == Cause.EVICTED and loss.removed_at is not None:
+        return f"removed from {where} at {loss.removed_at:%H:%M:%S}"
     return ""
 
 
@@ -205,32 +143,94 @@ def request_page_url(server: str, request_id: str, arrived_at: datetime | None =
     return path if arrived_at is None else f"{path}?{urlencode({'at': arrived_at.isoformat()})}"
 
 
-def request_extras(
+@dataclass(frozen=True, slots=True)
+class RequestShown:
+    """What the request page shows of one arrival: its record and diagnosis, worded; the cache
+    killers of its template under its salt (`at_killer` the one its prompt departs at); its key for
+    Compare and the earlier request Compare pairs it with; its block chain; its prompt for a viewer
+    who may read it."""
+
+    record: RequestRecord
+    diagnosis: RequestDiagnosis | None
+    losses: list[ShownLoss]
+    departure: Departure | None
+    funnel: list[tuple[str, int]]  # each step's label and leading tokens; [] when not diagnosed
+    killers: list[KillerRow]
+    at_killer: CacheKiller | None
+    key: str
+    previous: RecordKey | None
+    previous_url: str | None
+    chain: list[BlockRow]
+    prompt: PromptShown | None
+
+
+# The funnel's steps as the page names them, in FUNNEL_COLUMNS' order.
+_FUNNEL_STEPS = dict(
+    zip(
+        FUNNEL_COLUMNS,
+        (
+            "Prompt",
+            "Seen before under its salt (unlimited cache, ideal routing)",
+            "Resident anywhere in the fleet at arrival",
+            "Resident on its server at arrival",
+            "Reused (vLLM's cached tokens)",
+        ),
+        strict=True,
+    )
+)
+
+
+def shown_request(
     found: DiagnosedRequest,
     *,
     user: AbstractBaseUser | AnonymousUser,
     names: dict[int, str],
     now: datetime,
     viewer: Viewer = SEES_ALL,
-) -> dict[str, object]:
-    """What the request page shows of one arrival beside its diagnosis: its key for Compare, the
-    earlier request Compare pairs it with, its block chain, and its prompt for a viewer who may."""
-    record = found.record
+) -> RequestShown:
+    """One arrival as the request page shows it (`names`: server id -> name, of those the viewer sees)."""
+    record, diagnosis = found.record, found.diagnosis
     key = RecordKey.of(record)
     ids = kept_token_ids(record, now=now) if may_read_prompts(user) else None
     previous = previous_request_key(key, viewer=viewer)
-    previous_url = (
-        request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
-        if previous is not None
-        else None
+    killers, here = _killers(found, names=names, viewer=viewer)
+    return RequestShown(
+        record=record,
+        diagnosis=diagnosis,
+        losses=shown_losses(diagnosis, names=names),
+        departure=departure(diagnosis, block_size=record.server.block_size),
+        funnel=_funnel(diagnosis),
+        killers=killers,
+        at_killer=here,
+        key=str(key),
+        previous=previous,
+        previous_url=(
+            request_page_url(names.get(previous.server_id, "?"), previous.request_id, previous.arrived_at)
+            if previous is not None
+            else None
+        ),
+        chain=block_chain(record, diagnosis, names=names, token_ids=ids),
+        prompt=_decoded(record, ids) if ids is not None else None,
     )
-    return {
-        "key": str(key),
-        "previous": previous,
-        "previous_url": previous_url,
-        "chain": block_chain(record, found.diagnosis, names=names, token_ids=ids),
-        "prompt": _decoded(record, ids) if ids is not None else None,
-    }
+
+
+def _funnel(diagnosis: RequestDiagnosis | None) -> list[tuple[str, int]]:
+    if diagnosis is None:
+        return []
+    return [(step, getattr(diagnosis, column)) for column, step in _FUNNEL_STEPS.items()]
+
+
+def _killers(
+    found: DiagnosedRequest, *, names: dict[int, str], viewer: Viewer
+) -> tuple[list[KillerRow], CacheKiller | None]:
+    """The cache killers of its template under its salt, and the one its prompt departs at."""
+    record = found.record
+    killers = list(template_killers(record.template_id)) if record.template_id is not None else []
+    killers, seen = visible_killers(killers, viewer=viewer)
+    salted = [k for k in killers if k.salt_hash == record.salt_hash]
+    diverged_at = found.diagnosis.diverged_at if found.diagnosis else None
+    here = killer_at(salted, salt_hash=record.salt_hash, diverged_at=diverged_at)
+    return killer_rows(salted, names, {}, here=here, seen=seen), here
 
 
 def _decoded(record: RequestRecord, token_ids: list[int]) -> PromptShown:

@@ -18,10 +18,10 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.charts import Chart
 from app.dashboard.windows import WINDOWS, Window, picked_window
 from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
+from app.domain.misscauses import cause_label
 from app.fleet.models import Server
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery, is_key
-from app.traffic.models import RequestDiagnosis
 from app.traffic.residency import Spread, block_residency, resident_shares
 
 
@@ -123,5 +123,4 @@ def _spread_cells(spread: Spread | None) -> list[str] | None:
 
 def _lost(server: Server, window: Window, viewer: Viewer) -> list[tuple[str, int]]:
     lost = lost_tokens_by_cause(since=window.since, until=window.until, server_id=server.pk, viewer=viewer)
-    labels = dict(RequestDiagnosis.Cause.choices)
-    return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
+    return sorted(((cause_label(c), t) for c, t in lost.items() if t), key=lambda pair: -pair[1])

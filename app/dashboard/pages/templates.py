@@ -35,6 +35,7 @@ from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, pick
 from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
+from app.domain.misscauses import cause_label
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
@@ -43,7 +44,7 @@ from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.evidence import diff_rows
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery
-from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
+from app.traffic.models import LOST_COLUMNS
 
 SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
 # Causes a cache could not have helped: a prompt seen for the first time, a tail shorter than a block.
@@ -357,8 +358,7 @@ def _chart_csv(template: Template, charts: list[MarkedChart], slug: str) -> Http
 
 
 def _lost_rows(lost: dict[str, int]) -> list[tuple[str, int]]:
-    labels = dict(RequestDiagnosis.Cause.choices)
-    return sorted(((labels[c], t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
+    return sorted(((cause_label(c), t) for c, t in lost.items() if t), key=lambda pair: -pair[1])
 
 
 @dataclass(frozen=True, slots=True)

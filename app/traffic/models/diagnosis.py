@@ -7,6 +7,9 @@ from django.db import models
 from psqlextra.models import PostgresPartitionedModel
 from psqlextra.types import PostgresPartitioningMethod
 
+from app.domain.misscauses import CAUSE_LABELS, UNKNOWN_LABELS, Loss
+from app.domain.misscauses import Cause as _Cause
+from app.domain.misscauses import Unknown as _Unknown
 from collectors import records
 
 # The prompt tokens a diagnosis lost that a cache could have reused: every cause's but the tail below
@@ -24,21 +27,25 @@ class RequestDiagnosis(PostgresPartitionedModel):
     """Why one request record's prompt tokens were not reused (app/domain/misscauses.py), and its
     funnel; keyed as its record. Derived: written once per record by the diagnosis task."""
 
+    # The domain's causes and reasons with their labels, member by member (the functional form,
+    # built from the domain's enum, is not one django-stubs types): tests/traffic/test_diagnosis_shape.py
+    # checks that every member of the domain has one here.
     class Cause(models.TextChoices):
-        PROMPT_CHANGED = "prompt_changed", "Prompt changed"
-        EVICTED = "evicted", "Evicted"
-        ROUTED_ELSEWHERE = "routed_elsewhere", "Routed elsewhere"
-        SALT = "salt", "Tenant salt"
-        RESTARTED = "restarted", "Server restarted"
-        BELOW_BLOCK = "below_block", "Shorter than one block"
-        COLD = "cold", "Cold (never seen)"
-        UNEXPLAINED = "unexplained", "Unexplained (resident, still missed)"
-        NO_KV_EVENTS = "no_kv_events", "No KV events from this server"
+        PROMPT_CHANGED = _Cause.PROMPT_CHANGED.value, CAUSE_LABELS[_Cause.PROMPT_CHANGED]
+        EVICTED = _Cause.EVICTED.value, CAUSE_LABELS[_Cause.EVICTED]
+        ROUTED_ELSEWHERE = _Cause.ROUTED_ELSEWHERE.value, CAUSE_LABELS[_Cause.ROUTED_ELSEWHERE]
+        SALT = _Cause.SALT.value, CAUSE_LABELS[_Cause.SALT]
+        RESTARTED = _Cause.RESTARTED.value, CAUSE_LABELS[_Cause.RESTARTED]
+        BELOW_BLOCK = _Cause.BELOW_BLOCK.value, CAUSE_LABELS[_Cause.BELOW_BLOCK]
+        COLD = _Cause.COLD.value, CAUSE_LABELS[_Cause.COLD]
+        UNEXPLAINED = _Cause.UNEXPLAINED.value, CAUSE_LABELS[_Cause.UNEXPLAINED]
+        NO_KV_EVENTS = _Cause.NO_KV_EVENTS.value, CAUSE_LABELS[_Cause.NO_KV_EVENTS]
 
     class Unknown(models.TextChoices):
-        NO_PROMPT = "no_prompt", "No prompt token ids (a span alone)"
-        NO_CACHED_TOKENS = "no_cached_tokens", "Cached tokens not reported"
-        NO_BLOCK_SIZE = "no_block_size", "Block size of the server unknown"
+        NO_PROMPT = _Unknown.NO_PROMPT.value, UNKNOWN_LABELS[_Unknown.NO_PROMPT]
+        NO_CACHED_TOKENS = _Unknown.NO_CACHED_TOKENS.value, UNKNOWN_LABELS[_Unknown.NO_CACHED_TOKENS]
+        NO_BLOCK_SIZE = _Unknown.NO_BLOCK_SIZE.value, UNKNOWN_LABELS[_Unknown.NO_BLOCK_SIZE]
+        # Not the domain's: the record is not one a diagnosis reads (app/diagnosis/run.py).
         SPAN_ONLY = "span_only", "Seen in vLLM's span alone: not counted as a request"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
@@ -108,8 +115,14 @@ class RequestDiagnosis(PostgresPartitionedModel):
         its prompt-changed loss, so that the tokens said changed are never those said lost to the salt."""
         if self.diverged_at is None:
             return None
-        starts = [loss["first_token"] for loss in self.losses if loss["cause"] == self.Cause.PROMPT_CHANGED]
+        starts = [loss.first_token for loss in self.loss_runs if loss.cause == _Cause.PROMPT_CHANGED]
         return max(self.diverged_at, starts[0]) if starts else self.diverged_at
+
+    @property
+    def loss_runs(self) -> tuple[Loss, ...]:
+        """Its losses (stored as JSON, `Loss.to_json`), in prompt order. Read anew on each call: bind
+        it once where it is read in a loop."""
+        return tuple(Loss.from_json(stored) for stored in self.losses)
 
 
 LOST_COLUMNS = {cause.value: f"{cause.value}_tokens" for cause in RequestDiagnosis.Cause}
