@@ -27,7 +27,7 @@ from app.diagnosis.reads import (
     unexpected_hits,
 )
 from app.diagnosis.tenants import tenant_audit
-from app.domain.misscauses import Cause, Loss
+from app.domain.misses import Cause, Loss
 from app.fleet.models import Server
 from app.prompts.selectors import find_template
 from app.traffic.models import FUNNEL_COLUMNS

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.domain.misscauses import CAUSE_LABELS
+from app.domain.misses import CAUSE_LABELS
 from app.rollups import series as traffic_series
 from app.rollups.series import Series
 

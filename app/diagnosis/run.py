@@ -35,7 +35,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
-from app.domain.misscauses import Diagnosis, EventKind, FleetHistory, RequestPrompt, Unknown
+from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
+from app.domain.misses import Diagnosis, Unknown
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.domain.misscauses import Cause, Loss, cause_label
+from app.domain.misses import Cause, Loss, cause_label
 from app.traffic.models import RequestDiagnosis
 
 

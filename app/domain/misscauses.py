@@ -38,63 +38,19 @@ while this one waited, is in its KV events only after this one's arrival.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from itertools import repeat
-from typing import Any, NotRequired, TypeAlias, TypedDict
 
 from app.domain.blockhash import TokenIds
+from app.domain.evictions import Eviction, Evictions
 from app.domain.followers import Followers
 from app.domain.generations import Generations
 from app.domain.leading import leading
-
-
-class Cause(StrEnum):
-    PROMPT_CHANGED = "prompt_changed"
-    EVICTED = "evicted"
-    ROUTED_ELSEWHERE = "routed_elsewhere"
-    SALT = "salt"
-    RESTARTED = "restarted"
-    BELOW_BLOCK = "below_block"
-    COLD = "cold"
-    UNEXPLAINED = "unexplained"
-    NO_KV_EVENTS = "no_kv_events"
-
-
-class Unknown(StrEnum):
-    """Why a request has no diagnosis: what its record lacks."""
-
-    NO_PROMPT = "no_prompt"  # no token ids, so no block hashes (a span alone, or hash-less ingest)
-    NO_CACHED_TOKENS = "no_cached_tokens"  # the source did not say what was reused
-    NO_BLOCK_SIZE = "no_block_size"  # the server's block size is not known yet
-
-
-# How pages, lists and the stored choices (app/traffic/models/diagnosis.py) name each cause: one
-# edit here for a new one.
-CAUSE_LABELS: dict[Cause, str] = {
-    Cause.PROMPT_CHANGED: "Prompt changed",
-    Cause.EVICTED: "Evicted",
-    Cause.ROUTED_ELSEWHERE: "Routed elsewhere",
-    Cause.SALT: "Tenant salt",
-    Cause.RESTARTED: "Server restarted",
-    Cause.BELOW_BLOCK: "Shorter than one block",
-    Cause.COLD: "Cold (never seen)",
-    Cause.UNEXPLAINED: "Unexplained (resident, still missed)",
-    Cause.NO_KV_EVENTS: "No KV events from this server",
-}
-UNKNOWN_LABELS: dict[Unknown, str] = {
-    Unknown.NO_PROMPT: "No prompt token ids (a span alone)",
-    Unknown.NO_CACHED_TOKENS: "Cached tokens not reported",
-    Unknown.NO_BLOCK_SIZE: "Block size of the server unknown",
-}
-_LABELS_BY_VALUE = {cause.value: label for cause, label in CAUSE_LABELS.items()}
-
-
-def cause_label(cause: str) -> str:
-    """The label of a cause given by its value; a value that names no cause, as itself."""
-    return _LABELS_BY_VALUE.get(cause, cause)
+from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause
+from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown, reusable_blocks
 
 
 class EventKind(IntEnum):
@@ -136,78 +92,6 @@ class RequestPrompt:
     key: Hashable = None  # the caller's name for the request, as `revised` gives it back
 
 
-class LossJson(TypedDict):
-    """A Loss as stored (a diagnosis row's `losses`) and as the API answers it: the keys that do not
-    apply are left out, moments are ISO 8601 text."""
-
-    cause: str
-    first_token: int
-    tokens: int
-    server_id: NotRequired[int]
-    server_tokens: NotRequired[int]
-    stored_at: NotRequired[str]
-    removed_at: NotRequired[str]
-
-
-@dataclass(frozen=True, slots=True)
-class Loss:
-    """A run of consecutive blocks lost to one cause (or the tail below one block)."""
-
-    cause: Cause
-    first_token: int
-    tokens: int
-    server: int | None = None  # routed_elsewhere: the server holding it; evicted: where it lived
-    server_tokens: int | None = None  # routed_elsewhere: the prompt's leading tokens that server held
-    stored_at: datetime | None = None  # evicted: when the block had been stored
-    removed_at: datetime | None = None  # evicted: when it was removed
-
-    @property
-    def end(self) -> int:
-        """The token after its last."""
-        return self.first_token + self.tokens
-
-    def holds(self, token: int) -> bool:
-        return self.first_token <= token < self.end
-
-    def to_json(self) -> LossJson:
-        """As stored: what `from_json` reads back equal."""
-        found = LossJson(cause=self.cause.value, first_token=self.first_token, tokens=self.tokens)
-        if self.server is not None:
-            found["server_id"] = self.server
-        if self.server_tokens is not None:
-            found["server_tokens"] = self.server_tokens
-        if self.stored_at is not None:
-            found["stored_at"] = self.stored_at.isoformat()
-        if self.removed_at is not None:
-            found["removed_at"] = self.removed_at.isoformat()
-        return found
-
-    @classmethod
-    def from_json(cls, stored: LossJson) -> Loss:
-        """A loss as `to_json` wrote it."""
-        stored_at, removed_at = stored.get("stored_at"), stored.get("removed_at")
-        return cls(
-            cause=Cause(stored["cause"]),
-            first_token=stored["first_token"],
-            tokens=stored["tokens"],
-            server=stored.get("server_id"),
-            server_tokens=stored.get("server_tokens"),
-            stored_at=datetime.fromisoformat(stored_at) if stored_at is not None else None,
-            removed_at=datetime.fromisoformat(removed_at) if removed_at is not None else None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Funnel:
-    """The prompt's tokens at each step to reuse; each step's tokens are leading tokens."""
-
-    prompt_tokens: int
-    seen_before: int  # under its salt anywhere before (an unlimited cache with ideal routing)
-    resident_anywhere: int  # on the compatible server holding most of it at arrival
-    resident_here: int  # on the server it was routed to, at arrival
-    reused: int  # what vLLM reported (cached tokens)
-
-
 def _funnel(
     prompt: int, cached: int, size: int, *, seen_before: int, anywhere: int, here: int, reused: int
 ) -> Funnel:
@@ -226,26 +110,6 @@ def _funnel(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Diagnosis:
-    cause: Cause | None  # the one that lost the most reusable tokens; None when all that could be was
-    diverged_at: int | None  # prompt_changed: the first token departing from the closest earlier prompt
-    losses: tuple[Loss, ...]
-    funnel: Funnel
-    unexpected_hit: bool
-
-    def tokens_by_cause(self) -> dict[Cause, int]:
-        found: dict[Cause, int] = {}
-        for loss in self.losses:
-            found[loss.cause] = found.get(loss.cause, 0) + loss.tokens
-        return found
-
-
-def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
-    """Blocks vLLM may reuse of a prompt: never its last token, so never a block holding it."""
-    return max(prompt_tokens - 1, 0) // block_size
-
-
 class FleetHistory:
     """The fleet's resident blocks and what it has seen, replayed in time order.
 
@@ -260,9 +124,9 @@ class FleetHistory:
         self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
         self._epochs: dict[tuple[int, int], int] = {}
         # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
-        self._evicted: dict[int, _Evictions] = {}  # server -> block -> last eviction
+        self._evicted: dict[int, Evictions] = {}  # server -> block -> last eviction
         self._earlier_epochs: dict[int, Generations[int, bool]] = {}  # server -> blocks before a restart
-        self._last_removed = _Evictions()  # block -> last eviction anywhere
+        self._last_removed = Evictions()  # block -> last eviction anywhere
         self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
@@ -348,14 +212,14 @@ class FleetHistory:
         if self._waiting:
             for block, stored in dict(zip(blocks, stored_at, strict=True)).items():  # the last of a block
                 self._revise_waiting(server, block, (server, stored, at))
-        self._evicted.setdefault(server, _Evictions(server)).write(blocks, server, stored_at, at)
+        self._evicted.setdefault(server, Evictions(server)).write(blocks, server, stored_at, at)
         self._last_removed.write(blocks, server, stored_at, at)
         self._seen.write_all(blocks, True)
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
         earlier = self._earlier_epochs.setdefault(server, Generations())
-        earlier.write_all(self._evicted.pop(server, _Evictions(server)).blocks(), True)
+        earlier.write_all(self._evicted.pop(server, Evictions(server)).blocks(), True)
         resident = self._resident.get(server, {})
         for block in self._ranks.get(server, {}).pop(rank, set()):
             earlier[block] = True
@@ -378,13 +242,13 @@ class FleetHistory:
         self.remember(request)
         return diagnosis
 
-    def _revise_waiting(self, server: int, block: int, eviction: _Eviction) -> None:
+    def _revise_waiting(self, server: int, block: int, eviction: Eviction) -> None:
         """A block removed while requests that found it resident waited for their first token: it
         was evicted for them (their `revised` diagnosis), not unexplained."""
         for request, diagnosis in self._waiting.pop((server, block), []):
             assert request.first_token_at is not None
             if eviction[2] <= request.first_token_at:  # removed before it
-                self.revised[request.key] = _evicted_while_waiting(diagnosis, eviction)
+                self.revised[request.key] = evicted_while_waiting(diagnosis, eviction)
 
     def _diagnosed(self, request: RequestPrompt, size: int, prompt: int, cached: int) -> Diagnosis:
         chain = list(request.block_hashes)
@@ -396,7 +260,7 @@ class FleetHistory:
         funnel = _funnel(prompt, cached, size, seen_before=seen_before, anywhere=_best(runs)[1],
                          here=resident_here, reused=reused)  # fmt: skip
         causes = self._block_causes(request, chain, range(reused, reusable), size)
-        losses = _runs(causes, first_block=reused, size=size)
+        losses = loss_runs(causes, first_block=reused, size=size)
         tail = prompt - max(reusable, reused) * size
         if tail > 0:
             losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
@@ -411,7 +275,7 @@ class FleetHistory:
                           for loss in losses]  # fmt: skip
                 diverged = None
         return Diagnosis(
-            cause=_cause(losses, reusable=reusable),
+            cause=main_cause(losses, reusable=reusable),
             diverged_at=diverged,
             losses=tuple(losses),
             funnel=funnel,
@@ -420,12 +284,12 @@ class FleetHistory:
 
     def _block_causes(
         self, request: RequestPrompt, chain: list[int], lost: range, size: int
-    ) -> list[_BlockCause]:
+    ) -> list[BlockCause]:
         """The cause of each lost block. Once one was never seen under any salt, the blocks after it
         that were not either have its cause (`_never_seen` says the same of them: the family is the
         request's), so only that is checked of them: a prompt's new tail is most of its blocks."""
-        causes: list[_BlockCause] = []
-        unseen: _BlockCause | None = None
+        causes: list[BlockCause] = []
+        unseen: BlockCause | None = None
         for index in lost:
             block = chain[index]
             if unseen is not None and block not in self._seen and not self._salted_elsewhere(request, index):
@@ -437,34 +301,34 @@ class FleetHistory:
                 unseen = found
         return causes
 
-    def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
+    def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> BlockCause:
         block = chain[index]
         server = request.server
         if block in self._resident.get(server, {}):
-            return _BlockCause(Cause.UNEXPLAINED, here=True)
+            return BlockCause(Cause.UNEXPLAINED, here=True)
         if block not in self._seen:
             return self._never_seen(request, chain, index, size)
         if not request.kv_events:
-            return _BlockCause(Cause.NO_KV_EVENTS)
+            return BlockCause(Cause.NO_KV_EVENTS)
         if (here := self._evicted.get(server)) is not None and (evicted := here.get(block)):
-            return _BlockCause.evicted(evicted)
+            return BlockCause.evicted(evicted)
         other, held = self._best_server(request, chain, exclude=server)
         if other is not None and held > index:
-            return _BlockCause(Cause.ROUTED_ELSEWHERE, server=other, server_tokens=held * size)
+            return BlockCause(Cause.ROUTED_ELSEWHERE, server=other, server_tokens=held * size)
         if block in self._earlier_epochs.get(server, ()):
-            return _BlockCause(Cause.RESTARTED)
+            return BlockCause(Cause.RESTARTED)
         if last := self._last_removed.get(block):
-            return _BlockCause.evicted(last)
+            return BlockCause.evicted(last)
         if any(block in blocks for blocks in self._resident.values()):
-            return _BlockCause(Cause.COLD)  # only servers of another compatibility group hold it
-        return _BlockCause(Cause.NO_KV_EVENTS)  # seen in a record of a server whose events are not collected
+            return BlockCause(Cause.COLD)  # only servers of another compatibility group hold it
+        return BlockCause(Cause.NO_KV_EVENTS)  # seen in a record of a server whose events are not collected
 
-    def _never_seen(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> _BlockCause:
+    def _never_seen(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> BlockCause:
         if self._salted_elsewhere(request, index):
-            return _BlockCause(Cause.SALT)
+            return BlockCause(Cause.SALT)
         if (request.family, request.salt) not in self._families:
-            return _BlockCause(Cause.COLD)
-        return _BlockCause(Cause.PROMPT_CHANGED)
+            return BlockCause(Cause.COLD)
+        return BlockCause(Cause.PROMPT_CHANGED)
 
     def _salted_elsewhere(self, request: RequestPrompt, index: int) -> bool:
         """Whether the block's tokens (its salt-neutral hash) were seen under another salt."""
@@ -509,66 +373,6 @@ class FleetHistory:
         family.remember(chain, request.token_ids, request.block_size or 0)
 
 
-_Eviction: TypeAlias = tuple[int, datetime | None, datetime]
-"""A block's removal: (server, stored at or None when before the replayed events began, removed at)."""
-
-
-class _Evictions:
-    """Blocks' last removals, kept as mappings of plain values rather than one of `_Eviction`
-    tuples: the history holds a million of them, and a dict holding tuples is one the garbage
-    collector walks, entry by entry, at each of its full collections (a quarter of the replay's
-    time); one holding only ints and datetimes it does not track. The tuple is built when read.
-    `server`: the one server all removals are from, None when each block's is kept."""
-
-    __slots__ = ("_one_server", "_removed_at", "_server", "_stored_at")
-
-    def __init__(self, server: int | None = None) -> None:
-        self._one_server = server
-        self._removed_at: Generations[int, datetime] = Generations()
-        self._server: Generations[int, int] = Generations()
-        self._stored_at: Generations[int, datetime | None] = Generations()
-
-    def write(
-        self, blocks: Sequence[int], server: int, stored_at: list[datetime | None], at: datetime
-    ) -> None:
-        """The blocks' latest removal (into the newest generation), each stored at its `stored_at`."""
-        self._removed_at.write_all(blocks, at)
-        if self._one_server is None:
-            self._server.write_all(blocks, server)
-        self._stored_at.new.update(zip(blocks, stored_at, strict=True))
-
-    def get(self, block: int) -> _Eviction | None:
-        removed_at = self._removed_at.get(block)
-        if removed_at is None:
-            return None
-        server = self._one_server if self._one_server is not None else self._server.get(block)
-        assert server is not None  # written together, turned together
-        return server, self._stored_at.get(block), removed_at
-
-    def blocks(self) -> Iterator[int]:
-        return iter(self._removed_at)
-
-    def turn(self) -> None:
-        self._removed_at.turn()
-        self._server.turn()
-        self._stored_at.turn()
-
-
-@dataclass(frozen=True, slots=True)
-class _BlockCause:
-    cause: Cause
-    here: bool = False  # resident on the request's own server: lost only if the chain broke before
-    server: int | None = None
-    server_tokens: int | None = None
-    stored_at: datetime | None = None
-    removed_at: datetime | None = None
-
-    @classmethod
-    def evicted(cls, eviction: _Eviction) -> _BlockCause:
-        server, stored_at, removed_at = eviction
-        return cls(Cause.EVICTED, server=server, stored_at=stored_at, removed_at=removed_at)
-
-
 def _best(runs: dict[int, int]) -> tuple[int | None, int]:
     """The server of the longest run (the lowest of equal ones) and its run; (None, 0) for none."""
     best: tuple[int | None, int] = (None, 0)
@@ -588,49 +392,3 @@ def _unknown(request: RequestPrompt) -> Unknown | None:
     ):
         return Unknown.NO_PROMPT
     return None
-
-
-def _evicted_while_waiting(diagnosis: Diagnosis, eviction: _Eviction) -> Diagnosis:
-    """The diagnosis with its first loss (unexplained: resident at arrival) evicted instead."""
-    first = diagnosis.losses[0]
-    server, stored_at, removed_at = eviction
-    evicted = Loss(Cause.EVICTED, first.first_token, first.tokens, server, None, stored_at, removed_at)
-    losses = [evicted, *diagnosis.losses[1:]]
-    return replace(
-        diagnosis, losses=tuple(losses), cause=_cause(losses, reusable=1)
-    )  # a block lost: reusable
-
-
-def _cause(losses: list[Loss], *, reusable: int) -> Cause | None:
-    """The cause that lost the most reusable tokens (the earlier of equal ones); below_block only
-    when not one block could be reused."""
-    lost: dict[Cause, int] = {}
-    for loss in losses:
-        if loss.cause != Cause.BELOW_BLOCK:
-            lost[loss.cause] = lost.get(loss.cause, 0) + loss.tokens
-    if lost:
-        return max(lost, key=lambda cause: lost[cause])  # dicts keep order: max keeps the first of ties
-    return Cause.BELOW_BLOCK if losses and not reusable else None
-
-
-def _runs(causes: list[_BlockCause], *, first_block: int, size: int) -> list[Loss]:
-    """Consecutive blocks of one cause (and server) as one loss, with the first block's details; a
-    block resident here after a broken one takes the cause before it (the first lost block resident
-    here stays unexplained)."""
-    runs: list[list[Any]] = []  # [the run's first block's cause, its blocks]
-    for found in causes:
-        if runs:
-            first = runs[-1][0]
-            if found.here or (found.cause == first.cause and found.server == first.server):
-                runs[-1][1] += 1
-                continue
-        runs.append([found, 1])
-    losses: list[Loss] = []
-    start = first_block * size
-    for found, blocks in runs:
-        losses.append(
-            Loss(found.cause, start, blocks * size, found.server, found.server_tokens, found.stored_at,
-                 found.removed_at)
-        )  # fmt: skip
-        start += blocks * size
-    return losses

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_http_methods
 from app.compare.killers import Samples, samples_in_order, visible_killers
 from app.core.tenancy import Viewer, viewer_of
 from app.domain.cost import COUNTS
-from app.domain.misscauses import cause_label
+from app.domain.misses import cause_label
 from app.fleet.models import Server
 from app.prompts.killers import SampleKey, may_read_prompts
 from app.regressions import evidence, page, selectors, services, webhook

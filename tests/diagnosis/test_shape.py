@@ -12,7 +12,7 @@ from app.api.api import api
 from app.api.diagnosis import Funnel
 from app.diagnosis.run import diagnose_requests
 from app.diagnosis.shown import Departure, ShownLoss, departure, shown_losses
-from app.domain.misscauses import CAUSE_LABELS, UNKNOWN_LABELS, Cause, Loss
+from app.domain.misses import CAUSE_LABELS, UNKNOWN_LABELS, Cause, Loss
 from app.traffic.models import FUNNEL_COLUMNS, RequestDiagnosis
 from tests.domain.test_loss_json import STORED
 from tests.support.factories import a_server, facts, ingested

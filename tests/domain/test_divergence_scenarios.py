@@ -14,7 +14,8 @@ import pytest
 
 from app.domain.blockhash import signed_block_hashes
 from app.domain.gpt2 import encode, render_chat
-from app.domain.misscauses import Diagnosis, FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misses import Diagnosis
 from simulator.planner import plan_requests
 from simulator.scenario import Scenario, load_scenario
 from simulator.template_repo import Commit, template_versions

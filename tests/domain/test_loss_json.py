@@ -3,7 +3,7 @@ writes it, `Loss.from_json` reads it back, rows written before either existed in
 
 from datetime import UTC, datetime
 
-from app.domain.misscauses import CAUSE_LABELS, Cause, Loss, LossJson, cause_label
+from app.domain.misses import CAUSE_LABELS, Cause, Loss, LossJson, cause_label
 
 # As the diagnosis task wrote them before Loss had its own pair of functions (app/diagnosis/run.py).
 STORED: list[LossJson] = [

@@ -7,17 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.domain.blockhash import signed_block_hashes
-from app.domain.misscauses import (
-    BlockEvent,
-    Cause,
-    Diagnosis,
-    EventKind,
-    FleetHistory,
-    Loss,
-    RequestPrompt,
-    Unknown,
-    reusable_blocks,
-)
+from app.domain.misscauses import BlockEvent, EventKind, FleetHistory, RequestPrompt
+from app.domain.misses import Cause, Diagnosis, Loss, Unknown, reusable_blocks
 from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 

@@ -29,7 +29,7 @@ from app.dashboard.reads.fleet import (
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiveness
-from app.domain.misscauses import cause_label
+from app.domain.misses import cause_label
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.rollups.merge import merge_server

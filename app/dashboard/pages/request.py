@@ -21,7 +21,7 @@ from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.killer_rows import KillerRow, killer_rows
 from app.diagnosis.shown import Departure, ShownLoss, departure, loss_at, shown_losses
-from app.domain.misscauses import Cause, Loss, cause_label
+from app.domain.misses import Cause, Loss, cause_label
 from app.fleet.models import Server
 from app.prompts.killers import killer_at, may_read_prompts, template_killers
 from app.prompts.models import CacheKiller

@@ -18,7 +18,7 @@ from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.charts import Chart
 from app.dashboard.windows import WINDOWS, Window, picked_window
 from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
-from app.domain.misscauses import cause_label
+from app.domain.misses import cause_label
 from app.fleet.models import Server
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery, is_key

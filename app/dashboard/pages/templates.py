@@ -35,7 +35,7 @@ from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, pick
 from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
-from app.domain.misscauses import cause_label
+from app.domain.misses import cause_label
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers

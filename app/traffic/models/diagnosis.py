@@ -7,9 +7,9 @@ from django.db import models
 from psqlextra.models import PostgresPartitionedModel
 from psqlextra.types import PostgresPartitioningMethod
 
-from app.domain.misscauses import CAUSE_LABELS, UNKNOWN_LABELS, Loss
-from app.domain.misscauses import Cause as _Cause
-from app.domain.misscauses import Unknown as _Unknown
+from app.domain.misses import CAUSE_LABELS, UNKNOWN_LABELS, Loss
+from app.domain.misses import Cause as _Cause
+from app.domain.misses import Unknown as _Unknown
 from collectors import records
 
 # The prompt tokens a diagnosis lost that a cache could have reused: every cause's but the tail below

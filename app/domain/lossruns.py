@@ -1,0 +1,72 @@
+"""From the causes of a request's blocks to its losses: runs of consecutive blocks of one cause, and
+the cause that lost the most (app/domain/misscauses.py finds each block's cause)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from app.domain.evictions import Eviction
+from app.domain.misses import Cause, Diagnosis, Loss
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCause:
+    cause: Cause
+    here: bool = False  # resident on the request's own server: lost only if the chain broke before
+    server: int | None = None
+    server_tokens: int | None = None
+    stored_at: datetime | None = None
+    removed_at: datetime | None = None
+
+    @classmethod
+    def evicted(cls, eviction: Eviction) -> BlockCause:
+        server, stored_at, removed_at = eviction
+        return cls(Cause.EVICTED, server=server, stored_at=stored_at, removed_at=removed_at)
+
+
+def evicted_while_waiting(diagnosis: Diagnosis, eviction: Eviction) -> Diagnosis:
+    """The diagnosis with its first loss (unexplained: resident at arrival) evicted instead."""
+    first = diagnosis.losses[0]
+    server, stored_at, removed_at = eviction
+    evicted = Loss(Cause.EVICTED, first.first_token, first.tokens, server, None, stored_at, removed_at)
+    losses = [evicted, *diagnosis.losses[1:]]
+    return replace(
+        diagnosis, losses=tuple(losses), cause=main_cause(losses, reusable=1)
+    )  # a block lost: reusable
+
+
+def main_cause(losses: list[Loss], *, reusable: int) -> Cause | None:
+    """The cause that lost the most reusable tokens (the earlier of equal ones); below_block only
+    when not one block could be reused."""
+    lost: dict[Cause, int] = {}
+    for loss in losses:
+        if loss.cause != Cause.BELOW_BLOCK:
+            lost[loss.cause] = lost.get(loss.cause, 0) + loss.tokens
+    if lost:
+        return max(lost, key=lambda cause: lost[cause])  # dicts keep order: max keeps the first of ties
+    return Cause.BELOW_BLOCK if losses and not reusable else None
+
+
+def loss_runs(causes: list[BlockCause], *, first_block: int, size: int) -> list[Loss]:
+    """Consecutive blocks of one cause (and server) as one loss, with the first block's details; a
+    block resident here after a broken one takes the cause before it (the first lost block resident
+    here stays unexplained)."""
+    runs: list[list[Any]] = []  # [the run's first block's cause, its blocks]
+    for found in causes:
+        if runs:
+            first = runs[-1][0]
+            if found.here or (found.cause == first.cause and found.server == first.server):
+                runs[-1][1] += 1
+                continue
+        runs.append([found, 1])
+    losses: list[Loss] = []
+    start = first_block * size
+    for found, blocks in runs:
+        losses.append(
+            Loss(found.cause, start, blocks * size, found.server, found.server_tokens, found.stored_at,
+                 found.removed_at)
+        )  # fmt: skip
+        start += blocks * size
+    return losses

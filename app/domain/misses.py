@@ -1,0 +1,152 @@
+"""What a diagnosis answers about one request: its cause (or why it has none), the runs of tokens it
+lost and to what, and its funnel; the labels people read them by, and the losses' stored form.
+The replay that finds them is app/domain/misscauses.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import NotRequired, TypedDict
+
+
+class Cause(StrEnum):
+    PROMPT_CHANGED = "prompt_changed"
+    EVICTED = "evicted"
+    ROUTED_ELSEWHERE = "routed_elsewhere"
+    SALT = "salt"
+    RESTARTED = "restarted"
+    BELOW_BLOCK = "below_block"
+    COLD = "cold"
+    UNEXPLAINED = "unexplained"
+    NO_KV_EVENTS = "no_kv_events"
+
+
+class Unknown(StrEnum):
+    """Why a request has no diagnosis: what its record lacks."""
+
+    NO_PROMPT = "no_prompt"  # no token ids, so no block hashes (a span alone, or hash-less ingest)
+    NO_CACHED_TOKENS = "no_cached_tokens"  # the source did not say what was reused
+    NO_BLOCK_SIZE = "no_block_size"  # the server's block size is not known yet
+
+
+# How pages, lists and the stored choices (app/traffic/models/diagnosis.py) name each cause: one
+# edit here for a new one.
+CAUSE_LABELS: dict[Cause, str] = {
+    Cause.PROMPT_CHANGED: "Prompt changed",
+    Cause.EVICTED: "Evicted",
+    Cause.ROUTED_ELSEWHERE: "Routed elsewhere",
+    Cause.SALT: "Tenant salt",
+    Cause.RESTARTED: "Server restarted",
+    Cause.BELOW_BLOCK: "Shorter than one block",
+    Cause.COLD: "Cold (never seen)",
+    Cause.UNEXPLAINED: "Unexplained (resident, still missed)",
+    Cause.NO_KV_EVENTS: "No KV events from this server",
+}
+
+
+UNKNOWN_LABELS: dict[Unknown, str] = {
+    Unknown.NO_PROMPT: "No prompt token ids (a span alone)",
+    Unknown.NO_CACHED_TOKENS: "Cached tokens not reported",
+    Unknown.NO_BLOCK_SIZE: "Block size of the server unknown",
+}
+
+
+_LABELS_BY_VALUE = {cause.value: label for cause, label in CAUSE_LABELS.items()}
+
+
+def cause_label(cause: str) -> str:
+    """The label of a cause given by its value; a value that names no cause, as itself."""
+    return _LABELS_BY_VALUE.get(cause, cause)
+
+
+class LossJson(TypedDict):
+    """A Loss as stored (a diagnosis row's `losses`) and as the API answers it: the keys that do not
+    apply are left out, moments are ISO 8601 text."""
+
+    cause: str
+    first_token: int
+    tokens: int
+    server_id: NotRequired[int]
+    server_tokens: NotRequired[int]
+    stored_at: NotRequired[str]
+    removed_at: NotRequired[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """A run of consecutive blocks lost to one cause (or the tail below one block)."""
+
+    cause: Cause
+    first_token: int
+    tokens: int
+    server: int | None = None  # routed_elsewhere: the server holding it; evicted: where it lived
+    server_tokens: int | None = None  # routed_elsewhere: the prompt's leading tokens that server held
+    stored_at: datetime | None = None  # evicted: when the block had been stored
+    removed_at: datetime | None = None  # evicted: when it was removed
+
+    @property
+    def end(self) -> int:
+        """The token after its last."""
+        return self.first_token + self.tokens
+
+    def holds(self, token: int) -> bool:
+        return self.first_token <= token < self.end
+
+    def to_json(self) -> LossJson:
+        """As stored: what `from_json` reads back equal."""
+        found = LossJson(cause=self.cause.value, first_token=self.first_token, tokens=self.tokens)
+        if self.server is not None:
+            found["server_id"] = self.server
+        if self.server_tokens is not None:
+            found["server_tokens"] = self.server_tokens
+        if self.stored_at is not None:
+            found["stored_at"] = self.stored_at.isoformat()
+        if self.removed_at is not None:
+            found["removed_at"] = self.removed_at.isoformat()
+        return found
+
+    @classmethod
+    def from_json(cls, stored: LossJson) -> Loss:
+        """A loss as `to_json` wrote it."""
+        stored_at, removed_at = stored.get("stored_at"), stored.get("removed_at")
+        return cls(
+            cause=Cause(stored["cause"]),
+            first_token=stored["first_token"],
+            tokens=stored["tokens"],
+            server=stored.get("server_id"),
+            server_tokens=stored.get("server_tokens"),
+            stored_at=datetime.fromisoformat(stored_at) if stored_at is not None else None,
+            removed_at=datetime.fromisoformat(removed_at) if removed_at is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Funnel:
+    """The prompt's tokens at each step to reuse; each step's tokens are leading tokens."""
+
+    prompt_tokens: int
+    seen_before: int  # under its salt anywhere before (an unlimited cache with ideal routing)
+    resident_anywhere: int  # on the compatible server holding most of it at arrival
+    resident_here: int  # on the server it was routed to, at arrival
+    reused: int  # what vLLM reported (cached tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    cause: Cause | None  # the one that lost the most reusable tokens; None when all that could be was
+    diverged_at: int | None  # prompt_changed: the first token departing from the closest earlier prompt
+    losses: tuple[Loss, ...]
+    funnel: Funnel
+    unexpected_hit: bool
+
+    def tokens_by_cause(self) -> dict[Cause, int]:
+        found: dict[Cause, int] = {}
+        for loss in self.losses:
+            found[loss.cause] = found.get(loss.cause, 0) + loss.tokens
+        return found
+
+
+def reusable_blocks(prompt_tokens: int, block_size: int) -> int:
+    """Blocks vLLM may reuse of a prompt: never its last token, so never a block holding it."""
+    return max(prompt_tokens - 1, 0) // block_size
