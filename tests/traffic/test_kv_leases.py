@@ -146,6 +146,12 @@ def test_a_killed_subscribers_servers_pass_to_the_other_within_a_lease_period_ea
                 timeout=60,
                 what="events of the first subscriber's servers",
             )
+            # Its report of its two leases written before it dies: the row the test reads after.
+            wait_until(
+                lambda: reported_leases(killed_pid) == 2,
+                timeout=4 * LEASE_SECONDS,
+                what="the first subscriber to report its two leases",
+            )
             first.kill()
             killed_at = time.monotonic()
             wait_until(
