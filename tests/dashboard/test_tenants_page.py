@@ -51,7 +51,8 @@ def record(now: datetime, settings: Any) -> None:
     """acme and globex send the same first block unsalted; initech salts it; umbrella starts
     elsewhere; an acme request of three hours ago sits outside the last hour (diagnosed too). The
     last hour's requests fall in one clock hour, whatever the time (the salt audit's rollup counts a
-    first block that two requests sent in the same hour: app/traffic/models.py UnsaltedPrefixTotals)."""
+    first block that two requests sent in the same hour: UnsaltedPrefixTotals in
+    app/traffic/models/prefix_sums.py)."""
     settings.PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES = 4 * 60
     Server.objects.create(name="vllm-a", base_url="http://127.0.0.1:9/a", block_size=BLOCK, model="m")
     hour = now.replace(minute=0, second=0, microsecond=0)

@@ -23,7 +23,7 @@ from app.traffic.models import (
     ServerRequestMinute,
 )
 
-# The minute and hour rollups of request records, server readings and diagnoses (app/traffic/models.py).
+# The minute and hour rollups of request records, server readings and diagnoses (app/traffic/models/).
 REQUEST_ROLLUPS = (MinuteRollup, HourRollup)
 SERVER_ROLLUPS = (ServerMinute, ServerHour)
 LOSS_ROLLUPS = (LossMinute, LossHour)

@@ -28,7 +28,7 @@ class RequestDiagnosis(PostgresPartitionedModel):
     funnel; keyed as its record. Derived: written once per record by the diagnosis task."""
 
     # The domain's causes and reasons with their labels, member by member (the functional form,
-    # built from the domain's enum, is not one django-stubs types): tests/traffic/test_diagnosis_shape.py
+    # built from the domain's enum, is not one django-stubs types): tests/diagnosis/test_shape.py
     # checks that every member of the domain has one here.
     class Cause(models.TextChoices):
         PROMPT_CHANGED = _Cause.PROMPT_CHANGED.value, CAUSE_LABELS[_Cause.PROMPT_CHANGED]

@@ -110,7 +110,7 @@ _CHAIN_MERGE = ", ".join(
     f"{c} = CASE WHEN cardinality(EXCLUDED.{c}) > 0 THEN EXCLUDED.{c} ELSE r.{c} END" for c in _CHAINS
 )
 # A record's source is the first that saw it, but a span's gives way to any other: "otlp" then says
-# spans alone saw it (app/traffic/models.py span_only_sql).
+# spans alone saw it (app/traffic/models/raw.py span_only_sql).
 SOURCE_MERGE = "source = CASE WHEN r.source = 'otlp' THEN {0}.source ELSE r.source END"
 _UPSERT_SQL = f"""
 INSERT INTO traffic_requestrecord AS r ({", ".join(_COLUMNS)})
