@@ -1,9 +1,41 @@
-"""Database tests run on the real PostgreSQL that `make test` starts (DATABASE_URL)."""
+"""Database tests run on the real PostgreSQL that `make test` starts (DATABASE_URL).
 
+`make test` runs the suite in two pytest-xdist workers. Each has its own test database (pytest-django
+names it), its own Valkey database on the one broker (below), its own slice of ports
+(tests/support/ports.py), and the tests on the real vLLM CPU server all run in one worker, first, so
+one server at a time runs beside the rest of the suite.
+"""
+
+import os
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+
+def _own_broker_database() -> None:
+    """Give this xdist worker its own Valkey database, so a Celery worker a test starts never takes
+    a task the other worker's test sent (database 0 is left to runs without xdist)."""
+    worker, url = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("CELERY_BROKER_URL")
+    if not (worker and url):
+        return
+    from django.conf import settings
+
+    own = urlunsplit(urlsplit(url)._replace(path=f"/{int(worker.removeprefix('gw')) + 1}"))
+    os.environ["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL = own
+
+
+_own_broker_database()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real vLLM server's tests in one xdist group, run first: the longest group starts at once,
+    and a second worker never starts a second server."""
+    for item in items:
+        if item.get_closest_marker("vllm") or "real_vllm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 @pytest.fixture(scope="session")

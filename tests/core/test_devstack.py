@@ -29,7 +29,7 @@ from collectors.metrics.parse import cache_config, parse_metrics
 from simulator.fleet import configs_from_args, parse_args
 from simulator.scenario import load_scenario, resolve_scenario
 from tests.support import prometheus_server as prom
-from tests.support.ports import FIRST_EPHEMERAL, LOWEST, bindable, unused_port, unused_ports
+from tests.support.ports import OWN_PORTS, bindable, unused_port, unused_ports
 from tests.support.simulated_fleet import running_fleet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def free_demo_ports() -> int:
     fleet and its gateways)."""
     rng = random.Random()
     for _ in range(100):
-        base = rng.randrange(LOWEST, FIRST_EPHEMERAL - 40)
+        base = rng.randrange(OWN_PORTS.start, OWN_PORTS.stop - 40)
         if all(bindable(base + tens + ones) for tens in (0, 10, 20, 30) for ones in range(4)):
             return base
     raise AssertionError("no free block of demo ports")

@@ -5,7 +5,8 @@ may hand it to any outgoing connection (to PostgreSQL, to Valkey, to another sim
 the server under test binds it, and the server then fails "address already in use" (seen in CI: a
 simulated server's replay socket lost its port to a connection). Ports below the ephemeral range are
 never given to outgoing connections, and one counter walks them, so a test run never hands out the
-same port twice.
+same port twice. Under pytest-xdist each worker walks its own slice of that range, so two workers
+never choose the same port between one's probe and its bind.
 """
 
 import itertools
@@ -25,10 +26,21 @@ def _first_ephemeral_port() -> int:
         return 32_768
 
 
+def _own_slice(lowest: int, highest: int) -> range:
+    """The ports this process may hand out: all of them, or its pytest-xdist worker's share."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    if not worker:
+        return range(lowest, highest)
+    count, index = int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), int(worker.removeprefix("gw"))
+    width = (highest - lowest) // count
+    return range(lowest + index * width, lowest + (index + 1) * width)
+
+
 FIRST_EPHEMERAL = _first_ephemeral_port()
+OWN_PORTS = _own_slice(LOWEST, FIRST_EPHEMERAL)
 # Start where another test process (a second checkout's run) is unlikely to be walking.
-_START = random.Random(os.getpid()).randrange(LOWEST, FIRST_EPHEMERAL)
-_candidates = itertools.cycle(itertools.chain(range(_START, FIRST_EPHEMERAL), range(LOWEST, _START)))
+_START = random.Random(os.getpid()).randrange(OWN_PORTS.start, OWN_PORTS.stop)
+_candidates = itertools.cycle(itertools.chain(range(_START, OWN_PORTS.stop), range(OWN_PORTS.start, _START)))
 
 
 def unused_ports(count: int) -> list[int]:
