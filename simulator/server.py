@@ -54,6 +54,8 @@ class ServerConfig:
     decode_seconds_per_token: float = 0.004
     sleep: bool = True
     array_form_events: bool = False
+    # The batches the replay endpoint still answers for, as vLLM's KVEventsConfig.buffer_steps.
+    replay_buffer_steps: int = 10_000
     kv_cache_metrics: bool = True
     kv_cache_metrics_sample: float = 1.0  # the share of blocks observed; the captures' server ran with 1.0
     otlp_endpoint: str | None = None
@@ -249,6 +251,7 @@ class SimulatedServer:
             replay_endpoint=f"tcp://{c.host}:{c.replay_port}",
             topic=c.topic,
             array_form=c.array_form_events,
+            replay_capacity=c.replay_buffer_steps,
         )
         self.engine = Engine(c, self.publisher)
         self.runner = web.AppRunner(self.application(), access_log=None)

@@ -79,7 +79,9 @@ def postgres() -> Iterator[Postgres]:
 @pytest.fixture
 def upstream(postgres: Postgres) -> Iterator[ServerConfig]:
     """One simulated server, registered (as sim-0) in the test's PostgreSQL, and an ingest token."""
-    with running_fleet([local_config(name="sim-0")]) as (config,):
+    # A buffer no run of this test fills, however slowly the machine runs it: the test reads back
+    # every batch the server published from seq 0 on.
+    with running_fleet([local_config(name="sim-0", replay_buffer_steps=1_000_000)]) as (config,):
         ports = ("--base-port", str(config.http_port), "--kv-base-port", str(config.kv_port),
                  "--replay-base-port", str(config.replay_port))  # fmt: skip
         manage(postgres.url, "register_demo_fleet", "--servers", "1", *ports)
