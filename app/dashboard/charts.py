@@ -50,12 +50,17 @@ class Chart:
         ]
 
 
+def percent(ratio: float | None) -> str:
+    """A ratio in per cent to a tenth, as every table and panel writes one; "—" for none."""
+    return "—" if ratio is None else f"{100 * ratio:.1f} %"
+
+
 def _shown(value: float | None, unit: str) -> str:
     """A table cell: a ratio in per cent, seconds to the millisecond, counts whole or to 0.01."""
     if value is None:
         return "—"
     if unit == "ratio":
-        return f"{100 * value:.1f} %"
+        return percent(value)
     if unit == "seconds":
         return f"{value:.3f} s"
     return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"

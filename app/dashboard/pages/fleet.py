@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import Viewer, viewer_of
+from app.dashboard.charts import percent
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.reads.fleet import (
     NOW_MINUTES,
@@ -139,10 +140,6 @@ def _percents(rates: HitRates) -> tuple[float | None, float | None]:
     return tuple(None if r is None else 100 * r for r in (rates.requests, rates.counters))  # type: ignore[return-value]
 
 
-def _ratio(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.1f} %"
-
-
 def _spark(row: ServerRow, times: list[datetime], bucket: int) -> dict[str, Any]:
     """What static/charts/charts.js draws in a row's sparkline."""
     described = f"{row.server.name}: hit rate per {bucket} s; the numbers are in the table below"
@@ -159,7 +156,7 @@ def _sparks(servers: QuerySet[Server], window: Window) -> tuple[list[datetime], 
 
 def _spark_numbers(servers: QuerySet[Server], window: Window) -> dict[str, object]:
     times, found = _sparks(servers, window)
-    table = [(at, [_ratio(s.values[i]) for s in found]) for i, at in enumerate(times)]
+    table = [(at, [percent(s.values[i]) for s in found]) for i, at in enumerate(times)]
     return {"spark_names": [s.name for s in found], "spark_table": table}
 
 

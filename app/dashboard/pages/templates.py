@@ -25,10 +25,10 @@ from django.utils import timezone
 from app.compare.killers import killer_samples, visible_killers
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
-from app.dashboard.charts import Chart
+from app.dashboard.charts import Chart, percent
 from app.dashboard.killer_rows import killer_rows
+from app.dashboard.pages.template_versions import picked_version, version_panel
 from app.dashboard.reads import templates as selectors
-from app.dashboard.reads.effects import Effect, version_effect
 from app.dashboard.reads.templates import ListSums, TemplateRequests, Totals
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
@@ -41,14 +41,12 @@ from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
 from app.prompts.models import Template
 from app.prompts.selectors import LiveVersion, live_versions
-from app.regressions.evidence import diff_rows
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery
 from app.traffic.models import LOST_COLUMNS
 
 SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
 # Causes a cache could not have helped: a prompt seen for the first time, a tail shorter than a block.
-EFFECT_MINUTES = 60  # the equal windows before and after a version went live
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +65,12 @@ class TemplateRow:
 
     @property
     def shown_hit_rate(self) -> str:
-        return _percent(self.now.hit_rate)
+        return percent(self.now.hit_rate)
 
     @property
     def change_points(self) -> str:
         """The change in percentage points, signed: "+3.1 pp"."""
         return "—" if self.change is None else f"{100 * self.change:+.1f} pp"
-
-
-def _percent(ratio: float | None) -> str:
-    return "—" if ratio is None else f"{100 * ratio:.1f} %"
 
 
 def _sort_key(key: str) -> Any:
@@ -154,7 +148,7 @@ def _trend_numbers(request: HtmxHttpRequest, window: Window, viewer: Viewer) -> 
         response = HttpResponse(traffic_series.as_csv(times, found), content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="templates-hit-rate-{window.key}.csv"'
         return response
-    table = [(at, [_percent(s.values[i]) for s in found]) for i, at in enumerate(times)]
+    table = [(at, [percent(s.values[i]) for s in found]) for i, at in enumerate(times)]
     return render(request, "dashboard/home.html#spark-numbers", {"spark_names": [s.name for s in found],
                                                                 "spark_table": table})  # fmt: skip
 
@@ -197,15 +191,15 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     charts = template_charts(template, window, versions, reads, query=query)
     if request.GET.get("format") == "csv":
         return _chart_csv(template, charts, request.GET.get("chart", ""))
-    picked = _version_panel(
-        template, _picked_version(request.GET.get("version", ""), versions), now=now, viewer=viewer
+    picked = version_panel(
+        template, picked_version(request.GET.get("version", ""), versions), now=now, viewer=viewer
     )
     context = {"template": template, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
                "query": query, "versions": versions, "version": picked}  # fmt: skip
     if request.htmx and request.htmx.target == "version-panel":
         return render(request, "dashboard/template.html#version-panel", context)
     totals, lost_here, cost, memory = _figures(template.pk, window, reads, viewer)
-    context |= {"totals": totals, "hit_rate": _percent(totals.hit_rate), "lost": _lost_rows(lost_here),
+    context |= {"totals": totals, "hit_rate": percent(totals.hit_rate), "lost": _lost_rows(lost_here),
                 "lost_total": sum(lost_here.values()), "cost": cost, "memory": memory,
                 "families": list(selectors.families_of(template.pk, viewer=viewer)[:50]),
                 "regressions": list(selectors.regressions_of(template.pk, viewer=viewer)),
@@ -302,48 +296,6 @@ def _marker(live: LiveVersion, template: Template, query: str) -> dict[str, str]
     href = reverse("dashboard:template-detail", args=[template.pk]) + f"?{query}&version={version.pk}"
     label = f"{version.commit_sha[:7]} live {live.live_at:%Y-%m-%d %H:%M} UTC ({live.source})"
     return {"at": live.live_at.isoformat(), "label": label, "href": href, "id": str(version.pk)}
-
-
-def _picked_version(asked: str, versions: list[LiveVersion]) -> LiveVersion | None:
-    return next((v for v in versions if str(v.version.pk) == asked), None)
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPanel:
-    live: LiveVersion
-    previous: LiveVersion | None  # the version committed just before it
-    diff: list[Any]  # (DiffLine, what the page says of a moved line)
-    effect: Effect | None  # None for a version never seen live
-
-    @property
-    def before_rate(self) -> str:
-        return _percent(self.effect.before.hit_rate if self.effect else None)
-
-    @property
-    def after_rate(self) -> str:
-        return _percent(self.effect.after.hit_rate if self.effect else None)
-
-    @property
-    def change_points(self) -> str:
-        change = self.effect.change if self.effect else None
-        return "no hit rate on one side" if change is None else f"{100 * change:+.1f} percentage points"
-
-
-def _version_panel(
-    template: Template, live: LiveVersion | None, *, now: datetime, viewer: Viewer
-) -> VersionPanel | None:
-    if live is None:
-        return None
-    version = live.version
-    previous = (
-        template.versions.filter(committed_at__lt=version.committed_at).order_by("-committed_at").first()
-    )
-    effect = None
-    if live.live_at is not None:
-        effect = version_effect(template_id=template.pk, live_at=live.live_at, now=now,
-                                minutes=EFFECT_MINUTES, viewer=viewer)  # fmt: skip
-    before = LiveVersion(previous, None, "") if previous else None
-    return VersionPanel(live, before, diff_rows(version.diff), effect)
 
 
 def _chart_csv(template: Template, charts: list[MarkedChart], slug: str) -> HttpResponse:
