@@ -59,6 +59,10 @@ def open_subscriber(
     return socket
 
 
+QUIET_SECONDS = 1.0
+"""An answer that stops this long before its end marker has lost its tail: ask again from there."""
+
+
 def fetch_replay(
     context: zmq.Context[zmq.Socket[bytes]], endpoint: str, start_seq: int, *, timeout_seconds: float
 ) -> list[ReplayReply]:
@@ -69,11 +73,49 @@ def fetch_replay(
     buffer: compare the first reply's seq. Raises ReplayUnavailable: retryable when the end marker has
     not arrived within ``timeout_seconds`` (nobody serves the endpoint, or the answer is slow),
     not retryable for an endpoint ZMQ refuses or a reply that cannot be decoded.
+
+    vLLM answers from a ROUTER socket, which silently drops messages past its queue (1,000) when it
+    sends faster than the connection takes them: batches from the middle of a long answer, or its
+    end marker (seen on the simulator and in a test of 20,000 captured batches). So an answer with a
+    hole, or one that falls quiet before its end, is asked again from the first seq missing, for as
+    long as each round gets further; ``timeout_seconds`` covers every round.
     """
     if not 0 <= start_seq < END_SEQ:
         raise ValueError(f"start_seq must be a uint64 below {END_SEQ}, got {start_seq}")
+    deadline = time.monotonic() + timeout_seconds
+    replies: list[ReplayReply] = []
+    asked = start_seq
+    while True:
+        answer, ended = _ask(context, endpoint, asked, deadline)
+        if replies and answer and answer[0].seq != asked:
+            answer = []  # the hole has left the buffer since: nothing more to recover in order
+        kept = _up_to_the_first_hole(answer)
+        replies += kept
+        if ended and len(kept) == len(answer):
+            break
+        if not kept:
+            if ended:
+                break
+            raise ReplayUnavailable(
+                retryable=True,
+                reason=f"no end of replay from {endpoint} within {timeout_seconds}s "
+                f"({len(replies)} batches received)",
+            )
+        asked = kept[-1].seq + 1
+    logger.debug("replay from %s at seq %d: %d batches", endpoint, start_seq, len(replies))
+    return replies
+
+
+def _ask(
+    context: zmq.Context[zmq.Socket[bytes]], endpoint: str, start_seq: int, deadline: float
+) -> tuple[list[ReplayReply], bool]:
+    """One replay request on a socket of its own (nothing late from an earlier round reaches it):
+    the replies that came, and whether the end marker did."""
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
+    # Ours is read one decoded batch at a time: an unbounded queue lets ZMQ's I/O thread take the
+    # answer as fast as it comes, so the ROUTER's queue drains (the answer is returned whole anyway).
+    socket.setsockopt(zmq.RCVHWM, 0)  # only takes effect before connect
     try:
         try:
             socket.connect(endpoint)
@@ -81,25 +123,21 @@ def fetch_replay(
             raise ReplayUnavailable(retryable=False, reason=f"cannot connect to {endpoint}: {exc}") from None
         # A DEALER's empty first frame stands for the delimiter a REQ socket would add.
         socket.send_multipart([b"", start_seq.to_bytes(8, "big")])
-        replies = _read_until_end(socket, endpoint, timeout_seconds)
+        return _read_until_end(socket, endpoint, deadline)
     finally:
         socket.close(linger=0)
-    logger.debug("replay from %s at seq %d: %d batches", endpoint, start_seq, len(replies))
-    return replies
 
 
-def _read_until_end(socket: zmq.Socket[bytes], endpoint: str, timeout_seconds: float) -> list[ReplayReply]:
-    """Collect replies until the end marker; the timeout covers the whole answer, not each reply."""
-    deadline = time.monotonic() + timeout_seconds
+def _read_until_end(
+    socket: zmq.Socket[bytes], endpoint: str, deadline: float
+) -> tuple[list[ReplayReply], bool]:
+    """Collect replies until the end marker, the deadline, or a quiet second after the first reply."""
     replies: list[ReplayReply] = []
     while True:
-        remaining_ms = max(0, round((deadline - time.monotonic()) * 1000))
-        if remaining_ms == 0 or not socket.poll(timeout=remaining_ms, flags=zmq.POLLIN):
-            raise ReplayUnavailable(
-                retryable=True,
-                reason=f"no end of replay from {endpoint} within {timeout_seconds}s "
-                f"({len(replies)} batches received)",
-            )
+        remaining = deadline - time.monotonic()
+        wait = min(remaining, QUIET_SECONDS) if replies else remaining
+        if wait <= 0 or not socket.poll(timeout=round(wait * 1000), flags=zmq.POLLIN):
+            return replies, False
         try:
             reply = decode_replay_reply(socket.recv_multipart())
         except KVDecodeError as exc:
@@ -107,5 +145,13 @@ def _read_until_end(socket: zmq.Socket[bytes], endpoint: str, timeout_seconds: f
                 retryable=False, reason=f"bad reply from {endpoint}: {exc.reason}"
             ) from None
         if reply.end:
-            return replies
+            return replies, True
         replies.append(reply)
+
+
+def _up_to_the_first_hole(answer: list[ReplayReply]) -> list[ReplayReply]:
+    """The replies before the first seq that does not follow the one before it."""
+    for index in range(1, len(answer)):
+        if answer[index].seq != answer[index - 1].seq + 1:
+            return answer[:index]
+    return answer

@@ -6,6 +6,7 @@ replay requests with the captured replies, as vLLM 0.32 did (frames byte for byt
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -102,6 +103,20 @@ def test_fetch_replay_returns_every_buffered_batch_then_stops_at_the_end_marker(
     assert not any(r.end for r in replies)
     assert [r.seq for r in later] == [20, 21, 22, 23]
     assert none_newer == []
+
+
+def test_a_replay_larger_than_zmqs_queues_arrives_whole(context: Context) -> None:
+    """vLLM answers a replay from a ROUTER, which drops messages past its high-water mark (1,000)
+    when the reader's queue is full: a reader decoding slower than the server sends once lost
+    batches from the middle of the answer, or its end marker. 20,000 captured batches, renumbered."""
+    batches = [frames for frames in REPLAY if int.from_bytes(frames[-2], "big") < len(LIVE)]
+    many = [
+        [*frames[:-2], seq.to_bytes(8, "big"), frames[-1]]
+        for seq, frames in enumerate(itertools.islice(itertools.cycle(batches), 20_000))
+    ]
+    with replay_server(context, [*many, REPLAY[-1]]) as endpoint:
+        replies = fetch_replay(context, endpoint, 0, timeout_seconds=60)
+    assert [r.seq for r in replies] == list(range(20_000))
 
 
 def test_replay_from_an_endpoint_nobody_serves_is_retryable_within_the_timeout(context: Context) -> None:
