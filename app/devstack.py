@@ -363,9 +363,9 @@ def lint() -> list[str]:
     return failed
 
 
-# Two workers (pytest-xdist): most of the suite's time is spent waiting on real servers and real
-# clocks, so two run in about the time of one on two cores. `loadgroup` keeps the real vLLM server's
-# tests in one worker (tests/conftest.py). A later `-n 0` on the command line runs in one process.
+# Two workers (pytest-xdist): most of the suite waits on real servers and real clocks, and two
+# workers overlap the waits. `loadgroup` keeps the real vLLM server's tests in one worker
+# (tests/conftest.py). A later `-n 0` on the command line runs in one process.
 PYTEST_DEFAULTS = ("--numprocesses=2", "--dist=loadgroup", "--durations=20")
 
 

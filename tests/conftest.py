@@ -30,6 +30,8 @@ def _own_broker_database() -> None:
 
 _own_broker_database()
 
+VLLM_GROUP = "vllm"
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The real vLLM server's tests in one xdist group, run first: the longest group starts at once,
@@ -45,9 +47,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if repeated:
         raise pytest.UsageError(f"tests share a node id, and xdist would run one of each: {repeated[:5]}")
     items.sort(key=lambda item: not item.nodeid.endswith(f"@{VLLM_GROUP}"))
-
-
-VLLM_GROUP = "vllm"
 
 
 def _rename(item: pytest.Item, nodeid: str) -> None:

@@ -88,14 +88,12 @@ def fetch_replay(
     while True:
         answer, ended = _ask(context, endpoint, asked, deadline)
         if replies and answer and answer[0].seq != asked:
-            answer = []  # the hole has left the buffer since: nothing more to recover in order
+            break  # the hole has left the buffer since: what came in order is all there is
         kept = _up_to_the_first_hole(answer)
         replies += kept
         if ended and len(kept) == len(answer):
             break
         if not kept:
-            if ended:
-                break
             raise ReplayUnavailable(
                 retryable=True,
                 reason=f"no end of replay from {endpoint} within {timeout_seconds}s "
