@@ -193,7 +193,8 @@ def serve(
 
     ``otlp_endpoint`` is where the server exports its traces (default: a local port nobody serves;
     the exporter's failures then only show in the log). Waits for ``/health``; raises VLLMUnavailable
-    when the server exits or stays unhealthy for ``startup_timeout`` seconds. At exit the server and
+    when the server exits during start-up, or stays unhealthy for ``startup_timeout`` seconds in each
+    of two starts (a hung start is tried once more: `_start_healthy`). At exit the server and
     its children get SIGTERM, then SIGKILL; its output stays in ``log_path`` (two servers running at
     once need two logs). ``extra_flags`` go after the recipe's flags (``--enable-lora ...``).
     ``restart_of``, a server that has stopped: serve on its ports instead (vLLM restarted in place).
