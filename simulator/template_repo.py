@@ -1,10 +1,12 @@
 """A scenario's prompt templates as an ordinary git repository: one commit per template version.
 
 ``create_repo`` commits each template as ``templates/<name>.j2`` (one commit per template, at the
-scenario's virtual second 0), then each template change of the timeline as its own commit dated at
-``start`` plus its virtual time, so ``git log`` shows when each version went live. Prefixscope imports
-this history like any prompt-template repository; requests name their version by commit sha
-(``version_at``). Git runs as a subprocess with the caller's ``git`` on PATH.
+scenario's virtual second 0, the first with the describing file ``prefixscope.yaml`` that
+Prefixscope's template check reads: simulator/template_describe.py), then each template change of
+the timeline as its own commit dated at ``start`` plus its virtual time, so ``git log`` shows when
+each version went live. Prefixscope imports this history like any prompt-template repository;
+requests name their version by commit sha (``version_at``). Git runs as a subprocess with the
+caller's ``git`` on PATH.
 
 ``stage_repo`` does the same as a real repository grows: the whole history is committed in a
 staging copy (the author's), the repository holds the commits up to now, and ``push`` brings each
@@ -23,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from simulator.scenario import Scenario, TemplateChange
+from simulator.template_describe import CONFIG_FILE, describe
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,9 @@ def create_repo(path: Path, scenario: Scenario, start: datetime) -> list[Commit]
     if start.tzinfo is None:
         raise ValueError("start must be timezone-aware")
     _init(path)
+    # The describing file goes in with the first template, so every commit can be checked.
+    (path / CONFIG_FILE).write_text(describe(scenario, scenario.servers.block_size, start), encoding="utf-8")
+    _git(path, "add", CONFIG_FILE)
     commits = [_commit(path, version, start) for version in template_versions(scenario)]
     logger.info("created template repository %s with %d commits", path, len(commits))
     return commits

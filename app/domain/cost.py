@@ -77,6 +77,15 @@ class Cost:
     over_before: OverBefore | None = None  # when priced against a rate before (a regression's)
 
 
+def prefill_price(
+    tokens_per_hour: float, *, tokens_per_second: float, gpu_hour_price: float
+) -> tuple[float, float]:
+    """GPU-seconds and money an hour to prefill ``tokens_per_hour`` at ``tokens_per_second``: the
+    conversion every figure of the product uses (a lost token and a predicted one alike)."""
+    gpu_seconds = tokens_per_hour / tokens_per_second
+    return gpu_seconds, gpu_seconds / 3600 * gpu_hour_price
+
+
 def counted_tokens(lost: Mapping[str, int], *, template_scope: bool) -> int:
     """The lost tokens (per cause) the model counts: every cause but those no cache could have
     served, and, outside a template's scopes, but a prompt changing (its template's cost)."""
@@ -103,14 +112,14 @@ def price_lost_tokens(
     per_hour = tokens / hours if hours > 0 else 0.0
     measured = prefill_tokens_per_second(prefill)
     rate = measured or pricing.tokens_per_second
-    gpu = per_hour / rate
+    gpu, money = prefill_price(per_hour, tokens_per_second=rate, gpu_hour_price=pricing.gpu_hour_price)
     over = None
     if before is not None:
         excess = over_rate_before(lost, before[1], rate_before=before[0], template_scope=template_scope)
         over_hour = excess / hours if hours > 0 else 0.0
         over = OverBefore(
             before[0], window_rate(lost, before[1], template_scope=template_scope), excess, over_hour,
-            over_hour / rate, over_hour / rate / 3600 * pricing.gpu_hour_price,
+            *prefill_price(over_hour, tokens_per_second=rate, gpu_hour_price=pricing.gpu_hour_price),
         )  # fmt: skip
     return Cost(
         since=since,
@@ -121,7 +130,7 @@ def price_lost_tokens(
         prefill_tokens_per_second=rate,
         rate_source="measured" if measured else "configured",
         gpu_seconds_per_hour=gpu,
-        money_per_hour=gpu / 3600 * pricing.gpu_hour_price,
+        money_per_hour=money,
         gpu_hour_price=pricing.gpu_hour_price,
         over_before=over,
     )

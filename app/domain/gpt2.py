@@ -56,6 +56,11 @@ def _tokenizer() -> Tokenizer:
     return tokenizer
 
 
+def tokenizer() -> Tokenizer:
+    """The tokenizer itself, for callers that need more than ids (batches, offsets)."""
+    return _tokenizer()
+
+
 def encode(text: str) -> list[int]:
     """Return the token ids of ``text`` (an empty list for an empty string).
 

@@ -167,6 +167,38 @@ def file_at(repo: Repo, sha: str, path: str) -> CommitInfo | None:
     return _info(commit, (change,))
 
 
+def text_at(repo: Repo, sha: str, path: str) -> str | None:
+    """A file's text at a commit; None when the commit or the file is not there."""
+    commit = _commit(repo, sha)
+    return None if commit is None else _file(repo, commit.tree, path)
+
+
+def bytes_at(repo: Repo, sha: str, path: str) -> bytes | None:
+    """A regular file's bytes at a commit; None when the commit or the file is not there."""
+    commit = _commit(repo, sha)
+    if commit is None:
+        return None
+    with _git_errors():
+        tree = repo[commit.tree]
+        assert isinstance(tree, Tree)
+        try:
+            mode, blob = tree.lookup_path(repo.object_store.__getitem__, path.encode())
+        except KeyError:
+            return None
+        data = repo[blob]
+        return data.data if stat.S_ISREG(mode) and isinstance(data, Blob) else None
+
+
+def paths_at(repo: Repo, sha: str) -> list[str]:
+    """Every regular file's path at a commit, sorted. Raises RepositoryError for an unknown commit."""
+    commit = _commit(repo, sha)
+    if commit is None:
+        raise RepositoryError(f"no commit {sha} in the repository")
+    with _git_errors():
+        entries = repo.object_store.iter_tree_contents(commit.tree)
+        return sorted(entry.path.decode(errors="replace") for entry in entries if stat.S_ISREG(entry.mode))
+
+
 def tags(repo: Repo) -> dict[str, str]:
     """Each tag's name and the commit it points at (an annotated tag peeled); tags of other objects
     are left out."""

@@ -80,8 +80,15 @@ def test_each_commit_changes_only_its_template_file_and_holds_its_text(
 ) -> None:
     path, commits = repo
 
-    for commit in commits:
+    first, *later = commits
+    # The first commit also brings the describing file the template check reads.
+    assert git(path, "show", "--name-only", "--format=", first.sha).split() == [
+        "prefixscope.yaml",
+        first.path,
+    ]
+    for commit in later:
         assert git(path, "show", "--name-only", "--format=", commit.sha).split() == [commit.path]
+    for commit in commits:
         assert git(path, "show", f"{commit.sha}:{commit.path}") == commit.text
     assert commits[0].path == "templates/main.j2"
     assert git(path, "status", "--porcelain") == ""

@@ -1,0 +1,1 @@
+"""The template check's shell: the repository, the tokenizer, builder commands and the server's traffic."""
