@@ -235,3 +235,59 @@ class PrefixFamily(models.Model):
 
     def __str__(self) -> str:
         return self.name or f"{self.model}: first {self.blocks} blocks of {self.block_size} ({self.key:x})"
+
+
+class VersionCheck(models.Model):
+    """The template check of a version, made when it was imported: its template at the version's
+    commit against the same file at the commit's first parent (app/prompts/templatecheck), and the
+    change priced with the template's traffic of the day before the check.
+
+    ``findings`` holds the report's findings (rule, level, line, token, variable, class, message):
+    positions and classes, never prompt text. The price fields are null when the template had no
+    traffic then (or for a template's first version: nothing to compare).
+    """
+
+    class Verdict(models.TextChoices):
+        PASSED = "passed", "Passed"
+        FAILED = "failed", "Failed"
+        ERROR = "error", "Could not run"
+
+    version = models.OneToOneField(TemplateVersion, on_delete=models.CASCADE, related_name="template_check")
+    base_sha = models.CharField(max_length=40, blank=True, help_text="The commit compared with; blank: none")
+    checked_at = models.DateTimeField()
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    error = models.TextField(blank=True, help_text="Why the check could not run")
+    block_size = models.PositiveIntegerField(null=True, blank=True)
+    base_stable_tokens = models.PositiveIntegerField(null=True, blank=True)
+    head_stable_tokens = models.PositiveIntegerField(null=True, blank=True)
+    base_blocks = models.PositiveIntegerField(null=True, blank=True, help_text="Reusable blocks before")
+    head_blocks = models.PositiveIntegerField(null=True, blank=True, help_text="Reusable blocks after")
+    departs_at_token = models.PositiveIntegerField(null=True, blank=True)
+    departs_line = models.PositiveIntegerField(null=True, blank=True)
+    ends_class = models.CharField(max_length=20, blank=True, help_text="What ends the stable prefix now")
+    ends_variable = models.CharField(max_length=100, blank=True)
+    findings = models.JSONField(default=list, blank=True)
+    priced_at = models.DateTimeField(null=True, blank=True)
+    requests_per_hour = models.FloatField(null=True, blank=True)
+    reused_tokens_before = models.FloatField(null=True, blank=True, help_text="Per request")
+    reused_tokens_after = models.FloatField(null=True, blank=True, help_text="Per request, predicted")
+    predicted_tokens_per_hour = models.FloatField(
+        null=True, blank=True, help_text="Prompt tokens an hour prefilled again (negative: saved)"
+    )
+    predicted_gpu_seconds_per_hour = models.FloatField(null=True, blank=True)
+    predicted_cost_per_hour = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["verdict", "checked_at"], name="version_check_verdict")]
+
+    def __str__(self) -> str:
+        return f"check of {self.version}: {self.verdict}"
+
+    @property
+    def breaks_cache(self) -> bool:
+        """Whether the check predicts fewer reusable blocks than before."""
+        return (
+            self.base_blocks is not None
+            and self.head_blocks is not None
+            and self.head_blocks < self.base_blocks
+        )

@@ -67,12 +67,14 @@ def run_check(request: CheckRequest, *, cache: Path) -> Report:
     """The report of ``request``'s check. Raises CannotCheck."""
     try:
         with git.opened(request.location, cache=cache) as repo:
-            return _check(repo, request)
+            return check_commits(repo, request)
     except git.RepositoryError as exc:
         raise CannotCheck(str(exc)) from None
 
 
-def _check(repo: Repo, request: CheckRequest) -> Report:
+def check_commits(repo: Repo, request: CheckRequest) -> Report:
+    """The report of ``request``'s check on an open repository (its ``location`` is not read).
+    Raises CannotCheck."""
     base, head = _commit(repo, request.base), _commit(repo, request.head)
     config = read_config(repo, head)
     tokenizer = _tokenizer(repo, head, request.tokenizer or config.tokenizer)
