@@ -2,8 +2,9 @@
 
 ``gpt2`` is the bundled GPT-2 byte-level BPE with the tiny model's ChatML template (app/domain/gpt2.py:
 the ids of the vLLM CPU server's model). Otherwise a path, absolute or in the repository's work tree:
-a Hugging Face ``tokenizer.json``, or a model folder holding one and its ``tokenizer_config.json``,
-whose ``chat_template`` renders chat templates' prompts as vLLM renders them.
+a Hugging Face ``tokenizer.json``, or a model folder holding one and its chat template
+(``chat_template.jinja``, or ``chat_template`` in ``tokenizer_config.json``, as transformers saves
+them), which renders chat templates' prompts as vLLM renders them.
 """
 
 from __future__ import annotations
@@ -65,15 +66,15 @@ def load_tokenizer(name: str, *, root: Path | None) -> LoadedTokenizer:
         if not file.exists():
             raise OSError(f"{file} does not exist") from None
         raise ValueError(f"{file} is not a Hugging Face tokenizer.json: {exc}") from None
-    return LoadedTokenizer(str(path), tokenizer, _chat_template(folder / "tokenizer_config.json"))
+    return LoadedTokenizer(str(path), tokenizer, _chat_template(folder))
 
 
-def _chat_template(config: Path) -> ChatRender:
+def _chat_template(folder: Path) -> ChatRender:
     """The folder's chat template rendered as Hugging Face renders it; the bundled ChatML without one."""
-    if not config.exists():
-        return gpt2.render_chat
-    settings = json.loads(config.read_text(encoding="utf-8"))
-    source = settings.get("chat_template")
+    config = folder / "tokenizer_config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.exists() else {}
+    file = folder / "chat_template.jinja"
+    source = file.read_text(encoding="utf-8") if file.exists() else settings.get("chat_template")
     if not isinstance(source, str):
         return gpt2.render_chat
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

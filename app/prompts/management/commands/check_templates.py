@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from app.domain.templatecheck.check import EXIT_CANNOT_RUN
+from app.domain.templatecheck.check import EXIT_CANNOT_RUN, Report
 from app.domain.templatecheck.report import json_report, sarif_report, text_report
 from app.prompts.templatecheck.run import CannotCheck, CheckRequest, run_check
 
@@ -43,6 +43,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-commands", action="store_true", help="do not run builder commands the repository names"
         )
+        parser.add_argument(
+            "--update-golden",
+            action="store_true",
+            help="write head's stable prefixes to their golden files in --repo's work tree (then commit them)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         request = CheckRequest(
@@ -56,8 +61,19 @@ class Command(BaseCommand):
         except CannotCheck as exc:
             self.stderr.write(f"the check could not run: {exc}")
             sys.exit(EXIT_CANNOT_RUN)
+        if options["update_golden"]:
+            self._update_golden(report, Path(options["repo"]))
+            return
         self._write(_formatted(report, options["format"]), options["output"])
         sys.exit(report.exit_status)
+
+    def _update_golden(self, report: Report, root: Path) -> None:
+        for result in report.results:
+            if result.golden_path and result.head is not None:
+                target = root / result.golden_path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(result.head.stable_text, encoding="utf-8")
+                self.stdout.write(f"wrote {result.golden_path} ({result.head.stable_tokens:,} tokens)")
 
     def _write(self, text: str, output: str | None) -> None:
         if output:
@@ -66,7 +82,7 @@ class Command(BaseCommand):
             self.stdout.write(text, ending="")
 
 
-def _formatted(report: Any, form: str) -> str:
+def _formatted(report: Report, form: str) -> str:
     if form == "text":
         return text_report(report)
     body = json_report(report) if form == "json" else sarif_report(report, version=_version())
