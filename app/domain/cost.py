@@ -77,6 +77,22 @@ class Cost:
     over_before: OverBefore | None = None  # when priced against a rate before (a regression's)
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillRate:
+    """The prefill rate a scope is priced at, and where it comes from."""
+
+    tokens_per_second: float
+    source: str  # "measured" (its requests' TTFT over uncached tokens) or "configured"
+
+
+def prefill_rate(prefill: PrefillSums, pricing: Pricing) -> PrefillRate:
+    """The rate `prefill` measures (app/domain/prefill.py), else the configured one."""
+    measured = prefill_tokens_per_second(prefill)
+    if measured is None:
+        return PrefillRate(pricing.tokens_per_second, "configured")
+    return PrefillRate(measured, "measured")
+
+
 def counted_tokens(lost: Mapping[str, int], *, template_scope: bool) -> int:
     """The lost tokens (per cause) the model counts: every cause but those no cache could have
     served, and, outside a template's scopes, but a prompt changing (its template's cost)."""
@@ -101,8 +117,8 @@ def price_lost_tokens(
     tokens = counted_tokens(lost, template_scope=template_scope)
     hours = (until - since) / timedelta(hours=1)
     per_hour = tokens / hours if hours > 0 else 0.0
-    measured = prefill_tokens_per_second(prefill)
-    rate = measured or pricing.tokens_per_second
+    priced = prefill_rate(prefill, pricing)
+    rate = priced.tokens_per_second
     gpu = per_hour / rate
     over = None
     if before is not None:
@@ -119,7 +135,7 @@ def price_lost_tokens(
         lost_tokens=tokens,
         tokens_per_hour=per_hour,
         prefill_tokens_per_second=rate,
-        rate_source="measured" if measured else "configured",
+        rate_source=priced.source,
         gpu_seconds_per_hour=gpu,
         money_per_hour=gpu / 3600 * pricing.gpu_hour_price,
         gpu_hour_price=pricing.gpu_hour_price,
