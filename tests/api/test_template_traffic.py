@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from app.api.services import create_personal_token
@@ -270,3 +271,23 @@ def test_a_bad_parameter_is_a_400_in_the_error_shape(
 def test_a_nul_in_a_name_is_a_400(client: Client, fleet: dict[str, Any]) -> None:
     response = client.get(URL, {"name": "a\x00b"}, headers=reader_bearer())
     assert response.status_code == 400 and response.json()["code"]
+
+
+def test_the_read_takes_as_many_queries_for_many_templates_as_for_one(
+    client: Client, fleet: dict[str, Any]
+) -> None:
+    """Per window part, not per template: a repository of fifty templates is one CI call's read."""
+    headers = reader_bearer()
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            _get(client, headers)
+        return len(captured.captured_queries)
+
+    _stored(Row(fleet["a"], fleet["support"], 2 * HOUR, requests=1, prompt=10, cached=5))
+    queries()  # the token's first use is recorded once
+    few = queries()
+    for n in range(20):
+        template = Template.objects.create(name=f"t{n}", repository=fleet["repository"], path=f"t{n}.j2")
+        _stored(Row(fleet["b"], template, HOUR * (n % 5 + 1), requests=2, prompt=10, cached=5))
+    assert queries() == few
