@@ -86,6 +86,22 @@ def prefill_price(
     return gpu_seconds, gpu_seconds / 3600 * gpu_hour_price
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillRate:
+    """The prefill rate a scope is priced at, and where it comes from."""
+
+    tokens_per_second: float
+    source: str  # "measured" (its requests' TTFT over uncached tokens) or "configured"
+
+
+def prefill_rate(prefill: PrefillSums, pricing: Pricing) -> PrefillRate:
+    """The rate `prefill` measures (app/domain/prefill.py), else the configured one."""
+    measured = prefill_tokens_per_second(prefill)
+    if measured is None:
+        return PrefillRate(pricing.tokens_per_second, "configured")
+    return PrefillRate(measured, "measured")
+
+
 def counted_tokens(lost: Mapping[str, int], *, template_scope: bool) -> int:
     """The lost tokens (per cause) the model counts: every cause but those no cache could have
     served, and, outside a template's scopes, but a prompt changing (its template's cost)."""
@@ -110,8 +126,8 @@ def price_lost_tokens(
     tokens = counted_tokens(lost, template_scope=template_scope)
     hours = (until - since) / timedelta(hours=1)
     per_hour = tokens / hours if hours > 0 else 0.0
-    measured = prefill_tokens_per_second(prefill)
-    rate = measured or pricing.tokens_per_second
+    priced = prefill_rate(prefill, pricing)
+    rate = priced.tokens_per_second
     gpu, money = prefill_price(per_hour, tokens_per_second=rate, gpu_hour_price=pricing.gpu_hour_price)
     over = None
     if before is not None:
@@ -128,7 +144,7 @@ def price_lost_tokens(
         lost_tokens=tokens,
         tokens_per_hour=per_hour,
         prefill_tokens_per_second=rate,
-        rate_source="measured" if measured else "configured",
+        rate_source=priced.source,
         gpu_seconds_per_hour=gpu,
         money_per_hour=money,
         gpu_hour_price=pricing.gpu_hour_price,

@@ -1,6 +1,7 @@
 """Reads of template repositories, templates and their versions."""
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -45,6 +46,23 @@ def template_named(templates: QuerySet[Template], ident: str) -> Template | None
     if found is None and ident.isascii() and ident.isdigit() and int(ident) < 2**63:
         found = templates.filter(pk=int(ident)).first()
     return found
+
+
+def chosen_templates(
+    *, viewer: Viewer = SEES_ALL, names: Sequence[str] = (), repository: TemplateRepository | None = None
+) -> list[Template]:
+    """The templates the viewer sees, with their repository, by name: those `names` names (each a
+    name or an id, as template_named reads it; one naming none is left out) when given, of
+    `repository` when given."""
+    seen = viewer.templates(Template.objects.all()).select_related("repository")
+    if repository is not None:
+        seen = seen.filter(repository=repository)
+    if not names:
+        return list(seen.order_by("name"))
+    found = {
+        template.pk: template for ident in dict.fromkeys(names) if (template := template_named(seen, ident))
+    }
+    return sorted(found.values(), key=lambda template: template.name)
 
 
 def versions(template: Template) -> QuerySet[TemplateVersion]:

@@ -253,6 +253,10 @@ PAGES = {
     "api:template-versions": lambda f, own: [f"/api/v1/templates/{_tpl(f, own).pk}/versions"],
     "api:template-version": lambda f, own: [f"/api/v1/templates/{_tpl(f, own).pk}/versions/1a2b3c4d5e6f"],
     "api:template-killers": lambda f, own: [f"/api/v1/templates/{_tpl(f, own).pk}/killers"],
+    "api:templates-traffic": lambda f, own: [
+        "/api/v1/templates/traffic",
+        f"/api/v1/templates/traffic?repository={_repo(f, own).name}&name={_tpl(f, own).name}",
+    ],
     "api:families": lambda f, own: ["/api/v1/families"],
     "api:servers": lambda f, own: ["/api/v1/servers"],
     "api:server": lambda f, own: [

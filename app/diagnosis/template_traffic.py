@@ -1,0 +1,184 @@
+"""Each template's live traffic over a window, as the template check prices a change with it
+(issue 25): its requests an hour, prompt and reused tokens per request, the block size that served
+it and its measured prefill rate. Read from the request rollups, never raw request records; the
+prefill rate through app/diagnosis/cost.py, the one cost model's."""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Sum
+
+from app.core.tenancy import SEES_ALL, Viewer
+from app.diagnosis.cost import configured_pricing, prefill_sums_by_template, request_rollups
+from app.domain.cost import prefill_rate
+from app.domain.prefill import PrefillSums
+from app.fleet.models import Server
+from app.prompts.models import Template
+from app.rollups.visibility import visible
+from app.traffic.models import MinuteRollup
+
+RECENT = timedelta(hours=1)  # "reused now": the window's last hour
+_TOTALS = {
+    "requests": Sum("requests"), "prompt_tokens": Sum("prompt_tokens"), "cached_tokens": Sum("cached_tokens"),
+    "known": Sum("cache_known_prompt_tokens"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """A template's request rollups summed over some rows."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    known: int = 0  # prompt tokens of the requests that reported their cached tokens
+
+    def __add__(self, other: "Totals") -> "Totals":
+        return Totals(
+            self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
+            self.cached_tokens + other.cached_tokens, self.known + other.known,
+        )  # fmt: skip
+
+    def reused_per_request(self) -> float | None:
+        """Mean cached prompt tokens per request: the hit rate of the requests that reported their
+        cached tokens times the prompt tokens per request (cached tokens over requests when every
+        request reported them); None when none did."""
+        if not self.requests or not self.known:
+            return None
+        return self.cached_tokens / self.known * self.prompt_tokens / self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateTraffic:
+    """One template's traffic over a window (app/api/template_traffic.py documents each field)."""
+
+    name: str
+    repository: str | None
+    path: str
+    requests: int
+    requests_per_hour: float
+    prompt_tokens_per_request: float
+    reused_tokens_per_request: float
+    reused_window: str  # "hour" (the last hour) or "window" (the last hour reported no cached tokens)
+    block_size: int | None
+    prefill_tokens_per_second: float
+    prefill_rate_source: str  # "measured" or "configured"
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficWindow:
+    since: datetime
+    until: datetime
+    recent_since: datetime
+
+    @property
+    def hours(self) -> float:
+        return (self.until - self.since) / timedelta(hours=1)
+
+
+def traffic_window(*, now: datetime, hours: int) -> TrafficWindow:
+    """[now - hours, now) on whole minutes (the current minute, still filling, left out), and its
+    last hour (the whole window when it is one hour or less)."""
+    until = now.replace(second=0, microsecond=0)
+    since = until - timedelta(hours=hours)
+    return TrafficWindow(since=since, until=until, recent_since=max(since, until - RECENT))
+
+
+def template_traffic(
+    templates: Sequence[Template], *, window: TrafficWindow, viewer: Viewer = SEES_ALL
+) -> list[TemplateTraffic]:
+    """The traffic of each of `templates` over the window, in their order, of the rollup rows the
+    viewer sees (app/rollups/visibility.py); a template without a request has zeros. The prefill
+    rate is the one its requests of the window measure, else the configured one."""
+    ids = [template.pk for template in templates]
+    per_server = _totals_by_server(ids, since=window.since, until=window.until, viewer=viewer)
+    recent = _recent_totals(ids, since=window.recent_since, until=window.until, viewer=viewer)
+    prefill = prefill_sums_by_template(
+        since=window.since, until=window.until, template_ids=ids, viewer=viewer
+    )
+    block_sizes = _block_sizes({server for servers in per_server.values() for server in servers})
+    return [
+        _traffic(
+            template,
+            window,
+            per_server.get(template.pk, {}),
+            recent.get(template.pk, Totals()),
+            prefill.get(template.pk, PrefillSums()),
+            block_sizes,
+        )
+        for template in templates
+    ]
+
+
+def _traffic(
+    template: Template,
+    window: TrafficWindow,
+    servers: dict[int, Totals],
+    recent: Totals,
+    prefill: PrefillSums,
+    block_sizes: dict[int, int],
+) -> TemplateTraffic:
+    whole = sum(servers.values(), Totals())
+    reused_now = recent.reused_per_request()
+    rate = prefill_rate(prefill, configured_pricing())
+    return TemplateTraffic(
+        name=template.name,
+        repository=template.repository.name if template.repository else None,
+        path=template.path,
+        requests=whole.requests,
+        requests_per_hour=whole.requests / window.hours,
+        prompt_tokens_per_request=whole.prompt_tokens / whole.requests if whole.requests else 0.0,
+        reused_tokens_per_request=reused_now if reused_now is not None else whole.reused_per_request() or 0.0,
+        reused_window="hour" if reused_now is not None else "window",
+        block_size=_served_block_size(servers, block_sizes),
+        prefill_tokens_per_second=rate.tokens_per_second,
+        prefill_rate_source=rate.source,
+    )
+
+
+def _served_block_size(servers: dict[int, Totals], block_sizes: dict[int, int]) -> int | None:
+    """The block size of the servers that served the most of the requests (of those whose block size
+    is known; the smaller one on a tie); None when none is known."""
+    requests: dict[int, int] = {}
+    for server, totals in servers.items():
+        if server in block_sizes and totals.requests:
+            requests[block_sizes[server]] = requests.get(block_sizes[server], 0) + totals.requests
+    return max(sorted(requests), key=requests.__getitem__, default=None)
+
+
+def _totals_by_server(
+    ids: list[int], *, since: datetime, until: datetime, viewer: Viewer
+) -> dict[int, dict[int, Totals]]:
+    """Each template's totals per server over [since, until): {template: {server: Totals}}."""
+    found: dict[int, dict[int, Totals]] = {}
+    for part in request_rollups(since=since, until=until, viewer=viewer):
+        for row in _summed(part.filter(template_id__in=ids), "template_id", "server_id"):
+            servers = found.setdefault(row["template_id"], {})
+            servers[row["server_id"]] = servers.get(row["server_id"], Totals()) + _totals(row)
+    return found
+
+
+def _recent_totals(ids: list[int], *, since: datetime, until: datetime, viewer: Viewer) -> dict[int, Totals]:
+    """Each template's totals over [since, until), a window of an hour at most: the minute rollups."""
+    rows = visible(
+        viewer, MinuteRollup.objects.filter(minute__gte=since, minute__lt=until, template_id__in=ids)
+    )
+    return {row["template_id"]: _totals(row) for row in _summed(rows, "template_id")}
+
+
+def _summed(rows: Any, *keys: str) -> Iterable[dict[str, Any]]:
+    summed: Iterable[dict[str, Any]] = rows.values(*keys).annotate(**_TOTALS)
+    return summed
+
+
+def _totals(row: dict[str, Any]) -> Totals:
+    return Totals(*(row[name] or 0 for name in _TOTALS))
+
+
+def _block_sizes(server_ids: set[int]) -> dict[int, int]:
+    """The known block size of each server. Of any server that served the viewer's templates: the
+    number is read from the viewer's own traffic's rows, and no server's name goes with it."""
+    rows = Server.objects.filter(pk__in=server_ids, block_size__isnull=False).values_list("pk", "block_size")
+    return {pk: size for pk, size in rows if size is not None}
