@@ -31,7 +31,9 @@ def git(root: Path, *args: str) -> str:
     env |= {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t",
             "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
             "GIT_COMMITTER_EMAIL": "t@example.invalid"}  # fmt: skip
-    return subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=root, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def commit(root: Path, files: dict[str, str], message: str = "change") -> str:
@@ -44,7 +46,12 @@ def commit(root: Path, files: dict[str, str], message: str = "change") -> str:
 
 
 def describing_file(**entry: Any) -> str:
-    template = {"files": "prompts/*.j2", "per_request": ["question"], "per_user": ["user"], "samples": SAMPLES}
+    template = {
+        "files": "prompts/*.j2",
+        "per_request": ["question"],
+        "per_user": ["user"],
+        "samples": SAMPLES,
+    }
     template |= entry
     body = {"version": 1, "tokenizer": "gpt2", "block_size": 16,
             "jinja": {"trim_blocks": True, "lstrip_blocks": True}, "templates": [template]}  # fmt: skip
@@ -96,16 +103,16 @@ def test_a_render_that_changes_under_a_perturbation_fails_at_its_line(
 ) -> None:
     config = describing_file(marker="=== request ===", unordered=["tags"])
     base = commit(repo, {"prefixscope.yaml": config, "prompts/a.j2": GOOD})
-    head = commit(repo, {"prompts/a.j2": POLICY[:200] + "\n" + line + POLICY[200:] + GOOD[len(POLICY):]})
+    head = commit(repo, {"prompts/a.j2": POLICY[:200] + "\n" + line + POLICY[200:] + GOOD[len(POLICY) :]})
 
     report = check(repo, base, head)
 
     finding, *others = only(report, Rule.NONDETERMINISTIC)  # a clock shown in local time: the zone too
     assert (finding.line, finding.variable, finding.klass) == (4, variable, klass)
     assert label in finding.message and "line 4" in finding.message
-    assert [other.line for other in others if "(time zone)" in other.message or "time zone" in other.message] == (
-        [4] if variable is None else []
-    )
+    assert [
+        other.line for other in others if "(time zone)" in other.message or "time zone" in other.message
+    ] == ([4] if variable is None else [])
     assert len(others) == (1 if variable is None else 0)
     assert report.exit_status == 1
 
@@ -185,16 +192,18 @@ def test_a_golden_drift_fails_until_the_golden_is_updated_in_the_same_commit(rep
         ("version: 1\nblock_size: 16\ntemplates: []\n", "templates: List should have at least 1 item"),
         ("version: 1\nblock_size: 16\ntemplates: [{files: a.j2, samples: [{}], colour: red}]\n",
          "templates.0.colour: Extra inputs are not permitted"),
-        ("version: 1\nblock_size: 16\ntemplates: [{files: a.j2, per_request: [q], samples: [{q: 1}, {q: 1}]}]\n",
+        ("version: 1\nblock_size: 16\n"
+         "templates: [{files: a.j2, per_request: [q], samples: [{q: 1}, {q: 1}]}]\n",
          "`q` changes per request, but the samples give it one value"),
-        ("version: 1\nblock_size: 0\ntemplates: [{files: a.j2, samples: [{}]}]\n", "block_size: Input should be greater than 0"),
+        ("version: 1\nblock_size: 0\ntemplates: [{files: a.j2, samples: [{}]}]\n",
+         "block_size: Input should be greater than 0"),
         ("version: [\n", "not valid YAML"),
     ],
 )  # fmt: skip
 def test_a_bad_describing_file_cannot_run_and_says_where(repo: Path, config: str, expected: str) -> None:
     sha = commit(repo, {"prefixscope.yaml": config, "a.j2": "x"})
 
-    with pytest.raises(CannotCheck, match="prefixscope.yaml: ") as raised:
+    with pytest.raises(CannotCheck, match=r"prefixscope\.yaml: ") as raised:
         check(repo, sha, sha)
     assert expected in str(raised.value)
 
@@ -209,7 +218,9 @@ def test_a_template_that_does_not_render_cannot_run(repo: Path) -> None:
     assert "missing_variable" in finding.message and report.exit_status == 2
 
 
-@pytest.mark.parametrize(("head_text", "status"), [(GOOD, 0), ("{{ question }}\n" + GOOD, 1), ("{% if %}", 2)])
+@pytest.mark.parametrize(
+    ("head_text", "status"), [(GOOD, 0), ("{{ question }}\n" + GOOD, 1), ("{% if %}", 2)]
+)
 def test_the_command_exits_0_1_or_2_and_writes_each_format(
     repo: Path, tmp_path: Path, head_text: str, status: int
 ) -> None:
@@ -218,7 +229,9 @@ def test_the_command_exits_0_1_or_2_and_writes_each_format(
     for form in ("text", "json", "sarif"):
         output = tmp_path / f"report.{form}"
         with pytest.raises(SystemExit) as exited:
-            call_command("check_templates", repo=str(repo), base=base, head=head, format=form, output=str(output))
+            call_command(
+                "check_templates", repo=str(repo), base=base, head=head, format=form, output=str(output)
+            )
         assert exited.value.code == status
         assert output.read_text().strip()
     assert json.loads((tmp_path / "report.json").read_text())["exit_status"] == status

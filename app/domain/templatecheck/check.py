@@ -119,13 +119,17 @@ def _check_pair(
     if pair.golden_path is not None:
         findings += golden_findings(pair.name, pair.path, head, pair.golden_text, pair.golden_path)
     if base is None:
-        return Result(pair.name, pair.path, state, None, head, findings=tuple(findings), golden_path=pair.golden_path)
+        return Result(
+            pair.name, pair.path, state, None, head, findings=tuple(findings), golden_path=pair.golden_path
+        )
     change = compare_sides(base, head)
     findings += change_findings(pair.name, pair.path, change, block_size)
     seen = traffic.get(pair.name) if traffic is not None else None
     predicted = predict(seen, change, block_size=block_size) if seen and seen.requests else None
     findings = _priced(pair, findings, change, seen, predicted, max_cost, asked=traffic is not None)
-    return Result(pair.name, pair.path, state, base, head, change, seen, predicted, tuple(findings), pair.golden_path)
+    return Result(
+        pair.name, pair.path, state, base, head, change, seen, predicted, tuple(findings), pair.golden_path
+    )
 
 
 def _state(pair: Pair) -> str:

@@ -46,7 +46,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--update-golden",
             action="store_true",
-            help="write head's stable prefixes to their golden files in --repo's work tree (then commit them)",
+            help="write head's stable prefixes to their golden files in --repo's work tree, to commit",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
