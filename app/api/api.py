@@ -22,6 +22,7 @@ from app.api.repositories import router as repositories_router
 from app.api.requests import router as requests_router
 from app.api.series import router as series_router
 from app.api.servers import router as servers_router
+from app.api.template_check import router as template_check_router
 from app.api.template_traffic import router as template_traffic_router
 from app.api.templates import router as templates_router
 from app.api.tokens import router as tokens_router
@@ -90,6 +91,7 @@ api.add_router("/v1", ingest_router)
 api.add_router("/v1", compare_router)
 api.add_router("/v1", repositories_router)
 api.add_router("/v1", template_traffic_router)
+api.add_router("/v1", template_check_router)
 api.add_router("/v1", templates_router)
 api.add_router("/v1", families_router)
 api.add_router("/v1", diagnosis_router)

@@ -14,7 +14,7 @@ import logging
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -27,6 +27,7 @@ from app.domain.templatecheck.analysis import Render, Template
 from app.domain.templatecheck.check import Pair, Report, check_pairs
 from app.domain.templatecheck.config import CONFIG_FILE, CheckConfig, ConfigError, parse_config, template_name
 from app.domain.templatecheck.perturb import Conditions
+from app.domain.templatecheck.price import Traffic
 from app.domain.templatecheck.render import CheckedTemplate, RenderError, plain
 from app.prompts import git
 from app.prompts.templatecheck.tokenizers import LoadedTokenizer, load_tokenizer
@@ -61,6 +62,8 @@ class CheckRequest:
     require_server: bool = False
     allow_commands: bool = True
     tokenizer: str | None = None  # overrides the describing file's
+    # The server's own reading of its traffic (POST /api/v1/templates/check), instead of asking one.
+    traffic: Callable[[Sequence[str]], Mapping[str, Traffic]] | None = None
 
 
 def run_check(request: CheckRequest, *, cache: Path) -> Report:
@@ -235,7 +238,9 @@ def _tree_folders(repo: Repo, shas: Sequence[str], *, needed: bool) -> Iterator[
         yield trees
 
 
-def _traffic(request: CheckRequest, names: list[str]) -> tuple[dict[str, Any] | None, str]:
+def _traffic(request: CheckRequest, names: list[str]) -> tuple[Mapping[str, Traffic] | None, str]:
+    if request.traffic is not None:
+        return request.traffic(names), f"priced with the server's last {request.hours} h of traffic"
     if not request.server:
         return None, "not priced (no --server)"
     try:
