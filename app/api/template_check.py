@@ -37,13 +37,13 @@ class CheckIn(Schema):
 @router.post(
     "/templates/check",
     auth=READERS,
-    response={200: dict[str, Any], 404: ApiError, 422: ApiError},
+    response={200: dict[str, Any], 400: ApiError, 404: ApiError},
     summary="Check a template repository's commit range before it ships",
     description="Renders each template of a registered repository at `base` and `head` (Jinja only: "
     "builder commands run in the repository's own CI), and reports determinism, the boundary marker, "
     "the stable prefix's change and golden copy, priced with this server's traffic of the last `hours`. "
     "The JSON report carries `exit_status` (0 passed, 1 failed); a check that cannot run (no such "
-    "commit, a bad prefixscope.yaml) is answered 422 with code `cannot_check`. docs/template-check.md. "
+    "commit, a bad prefixscope.yaml) is answered 400 with code `cannot_check`. docs/template-check.md. "
     + READ_AUTH,
     url_name="templates-check",
 )
@@ -61,7 +61,7 @@ def check_templates(request: HttpRequest, body: CheckIn) -> Any:
     try:
         report = run_check(checked, cache=Path(settings.PREFIXSCOPE_TEMPLATE_CACHE_DIR))
     except CannotCheck as exc:
-        return error(422, str(exc), code="cannot_check")
+        return error(400, str(exc), code="cannot_check")
     return sarif_report(report, version="api") if body.format == "sarif" else json_report(report)
 
 

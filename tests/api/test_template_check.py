@@ -110,7 +110,7 @@ def test_the_answer_can_be_sarif(client: Client, demo: list[Commit]) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"repository": "demo-templates", "base": "no-such-branch", "head": "main"}, 422, "cannot_check"),
+        ({"repository": "demo-templates", "base": "no-such-branch", "head": "main"}, 400, "cannot_check"),
         ({"repository": "elsewhere", "base": "main", "head": "main"}, 404, "not_found"),
         ({"repository": "demo-templates", "base": "main"}, 400, ""),
     ],

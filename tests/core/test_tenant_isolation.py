@@ -285,9 +285,9 @@ WRITES = {
     "api:templates-repository-import", "api:regression-note", "api:deploys-post",
     "api:templates-repositories-post", "setup:server-enabled", "setup:proposed", "setup:repository",
     "api:create_server", "api:update_server", "api:disable_server", "api:enable_server", "api:accept_server",
-    "api:merge_proposed_server",
+    "api:merge_proposed_server", "api:templates-check",
 }  # fmt: skip
-"""Operations that change something: test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
+"""Operations that change something (and the template check, a POST that reads a repository): test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
 
 EXEMPT = {
     "healthz": "liveness, no data", "readyz": "readiness, no data", "favicon": "a redirect to a file",
@@ -478,6 +478,8 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     )
     assert note.status_code == 404
     assert alpha.post(f"/api/v1/templates/repositories/{fleet.bravo_repository.pk}/import").status_code == 404
+    check = {"repository": fleet.bravo_repository.name, "base": "main", "head": "main"}
+    assert alpha.post("/api/v1/templates/check", check, content_type="application/json").status_code == 404
     assert alpha.post(reverse("prompts:import-now", args=[fleet.bravo_repository.pk])).status_code == 404
     deploy = {"template": "alpha-support", "version": "1a2b3c4d5e6f", "server": "bravo-gpu"}
     assert alpha.post("/api/v1/deploys", deploy, content_type="application/json").status_code == 404
