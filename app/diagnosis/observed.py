@@ -18,6 +18,7 @@ Windows are whole minutes of the minute rollups; the minute a version went live 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Q, Sum
 
@@ -95,7 +96,7 @@ def observed_effects(
         .annotate(requests_=Sum("requests"), prompt_=Sum("prompt_tokens"), cached_=Sum("cached_tokens"),
                   known_=Sum("cache_known_prompt_tokens"))
     )  # fmt: skip
-    minutes = {row["minute"]: row for row in rows}
+    minutes: dict[datetime, dict[str, Any]] = {row["minute"]: dict(row) for row in rows}
     return {
         version_id: Observed(_summed(minutes, *before), _summed(minutes, *after))
         for version_id, (before, after) in windows.items()
@@ -122,7 +123,7 @@ def _windows(lives: Sequence[Live], *, now: datetime) -> dict[int, tuple[Span, S
     return found
 
 
-def _summed(minutes: dict[datetime, dict[str, int]], since: datetime, until: datetime) -> Side:
+def _summed(minutes: dict[datetime, dict[str, Any]], since: datetime, until: datetime) -> Side:
     rows = [row for at, row in minutes.items() if since <= at < until]
     return Side(
         since, until, sum(r["requests_"] for r in rows), sum(r["prompt_"] for r in rows),
