@@ -15,6 +15,7 @@ from typing import Any
 from django.urls import reverse
 
 from app.fleet.models import Server
+from app.prompts.models import VersionCheck
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.models import Regression
 from app.regressions.series import Minute, scope_series
@@ -234,3 +235,33 @@ def _floor(moment: datetime) -> datetime:
 def _ceil(moment: datetime) -> datetime:
     floor = _floor(moment)
     return floor if floor == moment else floor + timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the template check of the suspect version predicted when it was imported, before its
+    traffic arrived; `href` opens the version on its template's page."""
+
+    check: VersionCheck
+    href: str
+
+    @property
+    def tokens_per_hour(self) -> str:
+        value = self.check.predicted_tokens_per_hour
+        return "" if value is None else f"{value:+,.0f}"
+
+    @property
+    def verdict(self) -> str:
+        return {"error": "could not run"}.get(self.check.verdict, self.check.verdict)
+
+
+def prediction(regression: Regression) -> Prediction | None:
+    """The suspect version's priced check; None without a suspect, a check, or a price."""
+    version = regression.suspect_version
+    if version is None:
+        return None
+    check = VersionCheck.objects.filter(version=version, predicted_tokens_per_hour__isnull=False).first()
+    if check is None:
+        return None
+    href = reverse("dashboard:template-detail", args=[version.template_id]) + f"?version={version.pk}"
+    return Prediction(check, f"{href}#version-row-{version.pk}")

@@ -74,6 +74,7 @@ def regression_detail(request: HttpRequest, regression_id: int) -> HttpResponse:
         "ttft_ratio": _ratio(regression),
         "charts": charts,
         "capacity": found,
+        "prediction": page.prediction(regression),
         "query": "",  # the CSV links' (the page's window is the regression's)
         **_shift(regression),
         **_cost_window(regression),

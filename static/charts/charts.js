@@ -146,6 +146,42 @@
     };
   }
 
+  // Bars per category (data.kind "bars": a template's versions, oldest left), the series side by
+  // side in each; an axis through zero, since a change can gain reuse as well as lose it.
+  function barOptions(data, width) {
+    const muted = cssVar("--muted"), line = cssVar("--line");
+    const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 } };
+    const names = data.categories;
+    const count = data.series.length;
+    return {
+      width: width,
+      height: 200,
+      scales: {
+        x: { time: false, range: () => [-0.5, names.length - 0.5] },
+        y: { range: (u, lo, hi) => [Math.min(0, lo * 1.15), Math.max(0, hi * 1.15) || 1] },
+      },
+      axes: [
+        { ...axis, grid: { show: false }, splits: () => names.map((_, i) => i), values: () => names, font: "12px ui-monospace, monospace" },
+        { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) },
+      ],
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false }, points: { show: false } },
+      series: [
+        { label: "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
+        ...data.series.map((s, i) => ({
+          label: s.label || s.name,
+          stroke: cssVar("--series-" + ((i % 8) + 1)),
+          fill: cssVar("--series-" + ((i % 8) + 1)),
+          width: 0,
+          fillTo: 0,
+          points: { show: false },
+          paths: uPlot.paths.bars({ size: [0.7 / count, 48], align: count === 1 ? 0 : i === 0 ? -1 : 1 }),
+          value: (u, v) => format(data.unit, v),
+        })),
+      ],
+    };
+  }
+
   function draw(figure, data) {
     const target = figure.querySelector(".chart-canvas");
     const spark = figure.dataset.chart === "spark";
@@ -158,9 +194,15 @@
       figure.dataset.drawn = "empty";
       return;
     }
+    const width = target.clientWidth || (spark ? 120 : 600);
+    if (data.kind === "bars") {
+      const aligned = [data.categories.map((_, i) => i), ...data.series.map((s) => s.values)];
+      figure._plot = new uPlot(barOptions(data, width), aligned, target);
+      figure.dataset.drawn = "true";
+      return;
+    }
     const times = data.times.map((t) => (typeof t === "number" ? t : Date.parse(t) / 1000));
     const aligned = [times, ...data.series.map((s) => s.values)];
-    const width = target.clientWidth || (spark ? 120 : 600);
     figure._plot = new uPlot(spark ? sparkOptions(data, width) : options(figure, data, times, width), aligned, target);
     figure.dataset.drawn = "true";
   }

@@ -120,7 +120,8 @@ def test_the_hit_rate_chart_is_the_records_rate_per_minute(signed_in: Client, hi
         )
         assert float(rows[at.isoformat()][0]) == expected
     html = signed_in.get(path).content.decode()
-    assert html.count('<figure class="chart"') == 4
+    # The four over the window, and the versions' predicted vs observed (version two's observed).
+    assert html.count('<figure class="chart"') == 5
     assert "50.0 %" in html[html.index('class="headline"') :]
 
 

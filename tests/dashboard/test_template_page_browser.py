@@ -46,7 +46,7 @@ def test_a_templates_page_draws_its_versions_and_opens_one(
         assert luminance(page.evaluate("getComputedStyle(document.body).backgroundColor")) < 0.2
 
     page.get_by_role("link", name="support").click()
-    expect(page.locator('figure[data-chart][data-drawn="true"]')).to_have_count(4)
+    expect(page.locator('figure[data-chart][data-drawn="true"]')).to_have_count(5)  # 4 and the versions'
     markers = page.locator("#chart-hit-rate a.chart-marker")
     expect(markers).to_have_count(2)
     two = page.locator(f'#chart-hit-rate a.chart-marker[data-version="{history.two.pk}"]')

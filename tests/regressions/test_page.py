@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from app.fleet.models import Server
-from app.prompts.models import DeployMarker, Template, TemplateVersion
+from app.prompts.models import DeployMarker, Template, TemplateVersion, VersionCheck
 from app.regressions.models import Regression
 from app.traffic.models import LossMinute, MetricSeries, ScrapeSample, ServerMinute
 from app.traffic.services.partitions import maintain_partitions
@@ -165,3 +165,32 @@ def test_a_capacity_drop_shows_its_servers_blocks_and_evictions_before_and_after
 
     listed = signed_in.get("/regressions/").content.decode()
     assert "capacity drop: no template version" in listed
+
+
+def test_the_suspects_prediction_before_the_deploy_is_shown_beside_the_measured_cost(
+    signed_in: Client,
+) -> None:
+    support = Template.objects.create(name="support")
+    suspect = TemplateVersion.objects.create(
+        template=support, commit_sha="c" * 40, committed_at=_minute_ago(90)
+    )
+    regression = _regression(
+        scope=Regression.Scope.TEMPLATE, template=support, changed_at=_minute_ago(30),
+        kind=Regression.Kind.TEMPLATE_COMMIT, suspect_version=suspect,
+    )  # fmt: skip
+    path = f"/regressions/{regression.pk}/"
+    assert 'id="regression-prediction"' not in signed_in.get(path).content.decode()  # never checked
+    check = VersionCheck.objects.create(
+        version=suspect, checked_at=_minute_ago(80), verdict="failed", requests_per_hour=12_400.0,
+        predicted_tokens_per_hour=25_000_000.0, predicted_gpu_seconds_per_hour=3_200.0,
+        predicted_cost_per_hour=1.9,
+    )  # fmt: skip
+
+    html = signed_in.get(path).content.decode()
+
+    shown = html[html.index('id="regression-prediction"') :]
+    shown = shown[: shown.index("</tr>")]
+    assert "<strong>+25,000,000</strong> prefill tokens an hour, 3,200 GPU-seconds and $1.90 an hour" in shown
+    assert f"checked {check.checked_at:%Y-%m-%d %H:%M} UTC, verdict: " in shown and ">failed</span>" in shown
+    assert f'href="/templates/{support.pk}/?version={suspect.pk}#version-row-{suspect.pk}"' in shown
+    assert "12,400 requests an hour" in shown

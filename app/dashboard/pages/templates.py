@@ -27,6 +27,7 @@ from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.charts import Chart, percent
 from app.dashboard.killer_rows import killer_rows
+from app.dashboard.pages.template_checks import ChecksChart, check_rows
 from app.dashboard.pages.template_versions import picked_version, version_panel
 from app.dashboard.reads import templates as selectors
 from app.dashboard.reads.templates import ListSums, TemplateRequests, Totals
@@ -199,10 +200,12 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
     if request.htmx and request.htmx.target == "version-panel":
         return render(request, "dashboard/template.html#version-panel", context)
     totals, lost_here, cost, memory = _figures(template.pk, window, reads, viewer)
+    checks = check_rows(template.pk, versions, now=now, viewer=viewer)
     context |= {"totals": totals, "hit_rate": percent(totals.hit_rate), "lost": _lost_rows(lost_here),
                 "lost_total": sum(lost_here.values()), "cost": cost, "memory": memory,
                 "families": list(selectors.families_of(template.pk, viewer=viewer)[:50]),
                 "regressions": list(selectors.regressions_of(template.pk, viewer=viewer)),
+                "checks": checks, "checks_chart": ChecksChart(checks),
                 **_killers(request, template, now=now, viewer=viewer)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 
