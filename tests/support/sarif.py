@@ -1,0 +1,30 @@
+"""The official SARIF 2.1.0 schema, as the npm package `@microsoft/sarif-multitool-linux` ships it
+(a devDependency in package.json: `npm ci`, which `make test` runs, installs it), and a validator."""
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+SCHEMA = (
+    Path(__file__).resolve().parents[2]
+    / "node_modules"
+    / "@microsoft"
+    / "sarif-multitool-linux"
+    / "sarif-2.1.0.json"
+)
+
+
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    assert SCHEMA.exists(), f"{SCHEMA} is missing: `npm ci` installs it (package.json's devDependencies)"
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+def sarif_problems(log: Any) -> list[str]:
+    """Where and why ``log`` breaks the SARIF 2.1.0 schema (empty when it is valid)."""
+    return [f"{error.json_path}: {error.message}" for error in _validator().iter_errors(log)]
