@@ -55,7 +55,7 @@ class Source:
 
 
 def workload(count: int) -> tuple[list[Source], CheckConfig]:
-    """``count`` distinct templates with the demo's entries (``SAMPLES`` samples each), and the demo's config."""
+    """``count`` distinct templates with the demo's entries (``SAMPLES`` samples each), and its config."""
     scenario = load_scenario(resolve_scenario("demo"))
     config = parse_config(describe(scenario, scenario.servers.block_size, START))
     texts = {t.name: t.text for t in scenario.templates}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from app.domain.killers import KillerClass
 from app.domain.templatecheck.check import Report, Result
-from app.domain.templatecheck.findings import DESCRIPTIONS, Finding, Rule
+from app.domain.templatecheck.findings import DESCRIPTIONS, Finding, Level, Rule
 from app.domain.templatecheck.report import DOCS, sarif_report
 from tests.support.sarif import sarif_problems
 
@@ -20,7 +20,7 @@ def _report(findings: list[Finding]) -> Report:
 
 def _every_rule() -> list[Finding]:
     """One finding per rule, at every level, half of them without a line."""
-    levels = ("error", "warning", "note")
+    levels: tuple[Level, ...] = ("error", "warning", "note")
     return [
         Finding(
             rule, levels[i % 3], "support", "templates/support.j2", f"{rule} happened",

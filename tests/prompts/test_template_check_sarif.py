@@ -15,16 +15,17 @@ from simulator.template_repo import Commit, create_repo, template_file
 from tests.support.sarif import sarif_problems
 
 START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+Demo = tuple[Path, Scenario, list[Commit]]
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Scenario, list[Commit]]:
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     scenario = load_scenario(resolve_scenario("demo"))
     path = tmp_path_factory.mktemp("demo") / "templates"
     return path, scenario, create_repo(path, scenario, START)
 
 
-def _fault(demo: tuple[Path, Scenario, list[Commit]], fault: str) -> tuple[Commit, Commit]:
+def _fault(demo: Demo, fault: str) -> tuple[Commit, Commit]:
     """The fault's commit and its parent."""
     _, scenario, commits = demo
     change = next(e for e in scenario.timeline if isinstance(e, TemplateChange) and e.fault == fault)
@@ -55,7 +56,7 @@ def _located(log: dict) -> list[tuple[str, str, str, int | None]]:  # type: igno
     ]  # fmt: skip
 
 
-def test_the_volatile_top_commit_fails_on_its_first_changed_line(demo, tmp_path: Path) -> None:
+def test_the_volatile_top_commit_fails_on_its_first_changed_line(demo: Demo, tmp_path: Path) -> None:
     base, head = _fault(demo, "volatile_top")
     before = next(c for c in demo[2] if c.template == head.template and c.time < head.time)
 
@@ -68,7 +69,7 @@ def test_the_volatile_top_commit_fails_on_its_first_changed_line(demo, tmp_path:
     assert {r["level"] for r in log["runs"][0]["results"]} == {"error"}
 
 
-def test_the_unsorted_tools_commit_fails_determinism_on_its_loop(demo, tmp_path: Path) -> None:
+def test_the_unsorted_tools_commit_fails_determinism_on_its_loop(demo: Demo, tmp_path: Path) -> None:
     base, head = _fault(demo, "unsorted_tools")
 
     status, log = _sarif(demo[0], base, head, tmp_path / "prefixscope.sarif")
@@ -79,7 +80,7 @@ def test_the_unsorted_tools_commit_fails_determinism_on_its_loop(demo, tmp_path:
     assert ("nondeterministic", "error", template_file(head.template), loop) in _located(log)
 
 
-def test_the_billing_edit_passes_with_a_valid_log(demo, tmp_path: Path) -> None:
+def test_the_billing_edit_passes_with_a_valid_log(demo: Demo, tmp_path: Path) -> None:
     _, scenario, commits = demo
     change = next(e for e in scenario.timeline if isinstance(e, TemplateChange) and e.template == "billing")
     index = next(i for i, c in enumerate(commits) if (c.template, c.time) == ("billing", change.at))

@@ -6,7 +6,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 
 SCHEMA = (
     Path(__file__).resolve().parents[2]
@@ -18,13 +18,14 @@ SCHEMA = (
 
 
 @cache
-def _validator() -> jsonschema.Draft202012Validator:
+def _validator() -> jsonschema_rs.Validator:
+    """The schema's validator for its own draft (2020-12), formats checked."""
     assert SCHEMA.exists(), f"{SCHEMA} is missing: `npm ci` installs it (package.json's devDependencies)"
     schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
-    jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    return jsonschema_rs.Draft202012Validator(schema, validate_formats=True)
 
 
 def sarif_problems(log: Any) -> list[str]:
     """Where and why ``log`` breaks the SARIF 2.1.0 schema (empty when it is valid)."""
-    return [f"{error.json_path}: {error.message}" for error in _validator().iter_errors(log)]
+    return [f"/{'/'.join(map(str, e.instance_path))}: {e.message}" for e in _validator().iter_errors(log)]
