@@ -76,5 +76,7 @@ def test_each_rule_has_a_friendly_name_and_help_that_points_at_its_section() -> 
     for rule, entry in zip(Rule, rules, strict=True):
         # SARIF's friendly name is one Pascal-case identifier (the multitool's SARIF2012 asks for it).
         assert re.fullmatch(r"(?:[A-Z][a-z]+)+", entry["name"]), entry
+        # ... and differs from the id even ignoring case (SARIF1001: else the name must be left out).
+        assert entry["name"].lower() != entry["id"].lower(), entry
         assert entry["help"]["text"] == f"{DESCRIPTIONS[rule]} See {DOCS}#{rule.value}."
         assert rule.value in headings, f"{DOCS} has no section `{rule.value}`"

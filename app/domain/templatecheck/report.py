@@ -137,9 +137,12 @@ def sarif_report(report: Report, *, version: str) -> dict[str, Any]:
 
 
 def rule_name(rule: Rule) -> str:
-    """The rule's SARIF friendly name: its id in Pascal case (``prefix-shrinks``: ``PrefixShrinks``), the
-    form SARIF asks for (the multitool's SARIF2012) and code scanning shows beside the id."""
-    return "".join(part.capitalize() for part in rule.value.split("-"))
+    """The rule's SARIF friendly name: one Pascal-case identifier (the multitool's SARIF2012), other than
+    its id even ignoring case (SARIF1001: the id is opaque, the name is for people)."""
+    return _NAMES.get(rule) or "".join(part.capitalize() for part in rule.value.split("-"))
+
+
+_NAMES: Final = {Rule.NONDETERMINISTIC: "NondeterministicRender"}  # one word: its id in capitals is the id
 
 
 def _sarif_result(finding: Finding, rule_index: int) -> dict[str, Any]:
