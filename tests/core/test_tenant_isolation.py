@@ -287,7 +287,8 @@ WRITES = {
     "api:create_server", "api:update_server", "api:disable_server", "api:enable_server", "api:accept_server",
     "api:merge_proposed_server", "api:templates-check",
 }  # fmt: skip
-"""Operations that change something (and the template check, a POST that reads a repository): test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
+"""Operations that change something (and the template check, a POST reading a repository):
+test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
 
 EXEMPT = {
     "healthz": "liveness, no data", "readyz": "readiness, no data", "favicon": "a redirect to a file",
