@@ -69,14 +69,16 @@ def prefill_sums(
     rollups, the minutes around them from the minute rollups."""
     scope = {"server_id": server_id, "template_id": template_id}
     found = PrefillSums()
-    for part in _request_rollups(since=since, until=until, viewer=viewer):
+    for part in request_rollups(since=since, until=until, viewer=viewer):
         part = part.filter(**{name: value for name, value in scope.items() if value is not None})
         sums = part.aggregate(**_PREFILL_SUMS)
         found += PrefillSums(**{name: value or 0 for name, value in sums.items()})
     return found
 
 
-def _request_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
+def request_rollups(*, since: datetime, until: datetime, viewer: Viewer) -> list[QuerySet[Any]]:
+    """The request rollups of [since, until) the viewer sees: the whole hours from the hour rollups,
+    the minutes around them from the minute rollups (each part to filter and sum alike)."""
     first = since.replace(minute=0, second=0, microsecond=0)
     first += timedelta(hours=1) if first < since else timedelta(0)
     last = until.replace(minute=0, second=0, microsecond=0)
