@@ -59,10 +59,8 @@ def test_a_check_is_priced_with_the_day_before_it(settings: Settings) -> None:
     after = reused / (24 * 16) * (12 * 16)  # the same share of the shorter prefix
     tokens = (reused - after) * requests_per_hour
     assert check.requests_per_hour == pytest.approx(requests_per_hour)
-    assert (check.reused_tokens_before, check.reused_tokens_after) == (
-        pytest.approx(reused),
-        pytest.approx(after),
-    )
+    assert check.reused_tokens_before == pytest.approx(reused)
+    assert check.reused_tokens_after == pytest.approx(after)
     assert check.predicted_tokens_per_hour == pytest.approx(tokens)
     assert check.predicted_gpu_seconds_per_hour == pytest.approx(tokens / 2000)
     assert check.predicted_cost_per_hour == pytest.approx(tokens / 2000 / 3600 * 3.6)
