@@ -4,6 +4,7 @@ priced with this server's own traffic of the templates, by the product's one cos
 is the check's JSON report (or its SARIF log) with the exit status a CI job would have had."""
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from app.api.auth import READ_AUTH, READERS
 from app.api.errors import ApiError, error
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
-from app.diagnosis.template_traffic import TemplateTraffic, template_traffic, traffic_window
+from app.diagnosis.template_traffic import check_traffic, traffic_window
 from app.domain.templatecheck.price import Traffic
 from app.domain.templatecheck.report import json_report, sarif_report
 from app.prompts import selectors
@@ -65,19 +66,7 @@ def check_templates(request: HttpRequest, body: CheckIn) -> Any:
     return sarif_report(report, version="api") if body.format == "sarif" else json_report(report)
 
 
-def _traffic(names: Sequence[str], *, viewer: Viewer, hours: int, now: Any) -> Mapping[str, Traffic]:
+def _traffic(names: Sequence[str], *, viewer: Viewer, hours: int, now: datetime) -> Mapping[str, Traffic]:
     """This server's traffic of the named templates the viewer sees, as the check prices it."""
-    window = traffic_window(now=now, hours=hours)
     templates = selectors.chosen_templates(viewer=viewer, names=list(names))
-    window_hours = (window.until - window.since).total_seconds() / 3600
-    price = settings.PREFIXSCOPE_GPU_HOUR_PRICE
-    rows = template_traffic(templates, window=window, viewer=viewer)
-    return {row.name: _as_traffic(row, price=price, hours=window_hours) for row in rows}
-
-
-def _as_traffic(row: TemplateTraffic, *, price: float, hours: float) -> Traffic:
-    return Traffic(
-        row.name, row.requests, row.requests_per_hour, row.reused_tokens_per_request,
-        row.prompt_tokens_per_request, row.block_size, row.prefill_tokens_per_second,
-        row.prefill_rate_source, price, hours,
-    )  # fmt: skip
+    return check_traffic(templates, window=traffic_window(now=now, hours=hours), viewer=viewer)

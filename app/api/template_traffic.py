@@ -35,7 +35,10 @@ class TemplateTrafficOut(Schema):
     repository: str | None = Field(description="Its repository's name; null: none")
     path: str = Field(description="Its file in the repository; blank: not imported")
     requests: int = Field(description="Its requests in the window")
-    requests_per_hour: float = Field(description="requests over the window's hours")
+    requests_per_hour: float = Field(
+        description="requests over the window's hours from its first request on (when that is later "
+        "than the window's start: a template live for ten minutes is not spread over the window)"
+    )
     prompt_tokens_per_request: float = Field(description="Mean prompt tokens per request over the window")
     reused_tokens_per_request: float = Field(
         description="Mean cached (reused) prompt tokens per request now: over the window's last hour, "

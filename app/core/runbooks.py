@@ -49,6 +49,7 @@ RUNBOOKS = {
     "regression-open": Runbook("RegressionOpen", "warning", REGRESSION_OWNER),
     "template-hit-rate-dropped": Runbook("TemplateHitRateDropped", "warning", TEMPLATE_REPOSITORY),
     "new-cache-killer": Runbook("NewCacheKiller", "warning", TEMPLATE_REPOSITORY),
+    "predicted-cache-break-live": Runbook("PredictedCacheBreakLive", "warning", TEMPLATE_REPOSITORY),
     "kv-capacity-short": Runbook("KVCapacityShort", "warning", SERVER_GROUP),
     "server-below-peers": Runbook("ServerBelowPeers", "warning", SERVER_GROUP),
     "kv-events-stalled": Runbook("KVEventsStalled", "warning", SERVER_GROUP),

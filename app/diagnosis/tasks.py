@@ -1,7 +1,7 @@
 from celery import shared_task
 from django.utils import timezone
 
-from app.diagnosis import run
+from app.diagnosis import run, template_traffic
 
 DIAGNOSIS_EVERY_SECONDS = 30.0
 
@@ -24,3 +24,9 @@ def diagnose_group(group: list[object]) -> int:
 def diagnose_requests() -> None:
     """The whole fleet in one run (the groups no other run holds)."""
     run.diagnose_requests(now=timezone.now())
+
+
+@shared_task(name="diagnosis.price_version_checks")
+def price_version_checks(version_ids: list[int]) -> int:
+    """Price imported versions' checks with their templates' traffic (queued by the import, by name)."""
+    return template_traffic.price_version_checks(version_ids=version_ids, now=timezone.now())

@@ -1,25 +1,37 @@
 """Each template's live traffic over a window, as the template check prices a change with it
 (issue 25): its requests an hour, prompt and reused tokens per request, the block size that served
 it and its measured prefill rate. Read from the request rollups, never raw request records; the
-prefill rate through app/diagnosis/cost.py, the one cost model's."""
+prefill rate through app/diagnosis/cost.py, the one cost model's.
 
+Requests an hour count from the template's first request in the window when that is later than the
+window's start: a template live for ten minutes is not spread over a day. The checks of imported
+versions are priced here too (``price_version_checks``), with the traffic of the day before each
+check, by app/domain/templatecheck/price.py.
+"""
+
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Sum
+from django.db.models import Min, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.diagnosis.cost import configured_pricing, prefill_sums_by_template, request_rollups
 from app.domain.cost import prefill_rate
 from app.domain.prefill import PrefillSums
+from app.domain.templatecheck.change import Change
+from app.domain.templatecheck.price import Predicted, Traffic, predict
 from app.fleet.models import Server
-from app.prompts.models import Template
+from app.prompts import services
+from app.prompts.models import Template, VersionCheck
 from app.rollups.visibility import visible
 from app.traffic.models import MinuteRollup
 
 RECENT = timedelta(hours=1)  # "reused now": the window's last hour
+DAY = timedelta(hours=24)
+logger = logging.getLogger(__name__)  # the traffic a version's check is priced with: the day before it
 _TOTALS = {
     "requests": Sum("requests"), "prompt_tokens": Sum("prompt_tokens"), "cached_tokens": Sum("cached_tokens"),
     "known": Sum("cache_known_prompt_tokens"),
@@ -34,11 +46,13 @@ class Totals:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     known: int = 0  # prompt tokens of the requests that reported their cached tokens
+    first: datetime | None = None  # the start of the first minute (or hour) with a request
 
     def __add__(self, other: "Totals") -> "Totals":
+        firsts = [first for first in (self.first, other.first) if first is not None]
         return Totals(
             self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
-            self.cached_tokens + other.cached_tokens, self.known + other.known,
+            self.cached_tokens + other.cached_tokens, self.known + other.known, min(firsts, default=None),
         )  # fmt: skip
 
     def reused_per_request(self) -> float | None:
@@ -76,6 +90,12 @@ class TrafficWindow:
     @property
     def hours(self) -> float:
         return (self.until - self.since) / timedelta(hours=1)
+
+    def active_hours(self, first: datetime | None) -> float:
+        """The window's hours from ``first`` (a template's first request) on when that is later;
+        a minute at least."""
+        since = max(self.since, first) if first is not None else self.since
+        return max((self.until - since) / timedelta(hours=1), 1 / 60)
 
 
 def traffic_window(*, now: datetime, hours: int) -> TrafficWindow:
@@ -128,7 +148,7 @@ def _traffic(
         repository=template.repository.name if template.repository else None,
         path=template.path,
         requests=whole.requests,
-        requests_per_hour=whole.requests / window.hours,
+        requests_per_hour=whole.requests / window.active_hours(whole.first),
         prompt_tokens_per_request=whole.prompt_tokens / whole.requests if whole.requests else 0.0,
         reused_tokens_per_request=reused_now if reused_now is not None else whole.reused_per_request() or 0.0,
         reused_window="hour" if reused_now is not None else "window",
@@ -154,7 +174,9 @@ def _totals_by_server(
     """Each template's totals per server over [since, until): {template: {server: Totals}}."""
     found: dict[int, dict[int, Totals]] = {}
     for part in request_rollups(since=since, until=until, viewer=viewer):
-        for row in _summed(part.filter(template_id__in=ids), "template_id", "server_id"):
+        time = "minute" if part.model is MinuteRollup else "hour"
+        rows = part.filter(template_id__in=ids, requests__gt=0)
+        for row in _summed(rows, "template_id", "server_id", first=Min(time)):
             servers = found.setdefault(row["template_id"], {})
             servers[row["server_id"]] = servers.get(row["server_id"], Totals()) + _totals(row)
     return found
@@ -168,13 +190,14 @@ def _recent_totals(ids: list[int], *, since: datetime, until: datetime, viewer: 
     return {row["template_id"]: _totals(row) for row in _summed(rows, "template_id")}
 
 
-def _summed(rows: Any, *keys: str) -> Iterable[dict[str, Any]]:
-    summed: Iterable[dict[str, Any]] = rows.values(*keys).annotate(**_TOTALS)
+def _summed(rows: Any, *keys: str, **extra: Any) -> Iterable[dict[str, Any]]:
+    summed: Iterable[dict[str, Any]] = rows.values(*keys).annotate(**_TOTALS, **extra)
     return summed
 
 
 def _totals(row: dict[str, Any]) -> Totals:
-    return Totals(*(row[name] or 0 for name in _TOTALS))
+    requests, prompt, cached, known = (row[name] or 0 for name in _TOTALS)
+    return Totals(requests, prompt, cached, known, row.get("first"))
 
 
 def _block_sizes(server_ids: set[int]) -> dict[int, int]:
@@ -182,3 +205,52 @@ def _block_sizes(server_ids: set[int]) -> dict[int, int]:
     number is read from the viewer's own traffic's rows, and no server's name goes with it."""
     rows = Server.objects.filter(pk__in=server_ids, block_size__isnull=False).values_list("pk", "block_size")
     return {pk: size for pk, size in rows if size is not None}
+
+
+def check_traffic(
+    templates: Sequence[Template], *, window: TrafficWindow, viewer: Viewer = SEES_ALL
+) -> dict[str, Traffic]:
+    """template_traffic as the template check prices with it (app/domain/templatecheck/price.py), by
+    name; templates without a request are left out."""
+    price = configured_pricing().gpu_hour_price
+    rows = template_traffic(templates, window=window, viewer=viewer)
+    return {row.name: _check_traffic(row, price=price, hours=window.hours) for row in rows if row.requests}
+
+
+def _check_traffic(row: TemplateTraffic, *, price: float, hours: float) -> Traffic:
+    return Traffic(
+        row.name, row.requests, row.requests_per_hour, row.reused_tokens_per_request,
+        row.prompt_tokens_per_request, row.block_size, row.prefill_tokens_per_second,
+        row.prefill_rate_source, price, hours,
+    )  # fmt: skip
+
+
+def price_version_checks(*, version_ids: Sequence[int], now: datetime) -> int:
+    """Price the checks of these versions not priced yet with their template's traffic of the day
+    before each check; a check with nothing to compare (a template's first version, or one that
+    could not run) or whose template had no traffic is marked priced with no price. How many got one."""
+    checks = VersionCheck.objects.filter(version_id__in=version_ids, priced_at__isnull=True)
+    priced = 0
+    for check in checks.select_related("version__template"):
+        predicted = _predicted(check)
+        services.price_version_check(check=check, predicted=predicted, now=now)
+        priced += predicted is not None
+    logger.info("priced %d of %d version checks", priced, len(version_ids))
+    return priced
+
+
+def _predicted(check: VersionCheck) -> Predicted | None:
+    figures = (check.base_stable_tokens, check.head_stable_tokens, check.base_blocks, check.head_blocks)
+    if check.block_size is None or any(figure is None for figure in figures):
+        return None
+    template = check.version.template
+    until = check.checked_at
+    window = TrafficWindow(since=until - DAY, until=until, recent_since=until - RECENT)
+    traffic = check_traffic([template], window=window).get(template.name)
+    if traffic is None:
+        return None
+    change = Change(
+        check.departs_at_token, check.departs_line, check.base_stable_tokens or 0,
+        check.head_stable_tokens or 0, check.base_blocks or 0, check.head_blocks or 0, None,
+    )  # fmt: skip
+    return predict(traffic, change, block_size=check.block_size)

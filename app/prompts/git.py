@@ -167,6 +167,12 @@ def file_at(repo: Repo, sha: str, path: str) -> CommitInfo | None:
     return _info(commit, (change,))
 
 
+def first_parent(repo: Repo, sha: str) -> str | None:
+    """The commit's first parent; None for a root commit or a commit the repository lacks."""
+    commit = _commit(repo, sha)
+    return commit.parents[0].decode() if commit is not None and commit.parents else None
+
+
 def text_at(repo: Repo, sha: str, path: str) -> str | None:
     """A file's text at a commit; None when the commit or the file is not there."""
     commit = _commit(repo, sha)

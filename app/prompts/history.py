@@ -21,6 +21,9 @@ After the walk, tags are set on the version of each template in effect at the ta
 versions traffic named before their commit was imported are completed: a full sha gets its commit's
 time, author, message and the file's text then (a commit that did not touch the file too), and a
 short sha or a tag is merged into the version it names.
+
+Then each imported version not checked yet is checked (app/prompts/version_checks.py) and, once the
+import is done, their pricing is queued.
 """
 
 import logging
@@ -36,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from dulwich.repo import Repo
 
-from app.prompts import git, services
+from app.prompts import git, services, version_checks
 from app.prompts.models import Template, TemplateRepository, TemplateVersion
 
 logger = logging.getLogger(__name__)
@@ -59,6 +62,7 @@ class ImportOutcome:
     commits: int = 0
     versions: int = 0
     error: str = ""
+    checked: tuple[int, ...] = ()  # the versions checked (their ids)
 
 
 def import_template_history(
@@ -83,6 +87,7 @@ def import_template_history(
             raise
         state = TemplateRepository.State.FAILED if outcome.error else TemplateRepository.State.IDLE
         _write_state(repository, state=state, last_error=outcome.error)
+    version_checks.queue_pricing(list(outcome.checked))
     if outcome.error:
         logger.warning("import of template repository %s failed: %s", repository.name, outcome.error)
     else:
@@ -122,8 +127,9 @@ def _import(repository: TemplateRepository, *, now: datetime, progress: Progress
         tagged = git.tags(repo)
         _set_tags(repository, repo, tagged)
         _complete_seen_versions(repository, repo, tagged, now=now)
+        checked = version_checks.check_new_versions(repository, repo, now=now)
     _write_state(repository, last_imported_sha=head, last_imported_at=now)
-    return ImportOutcome(commits=len(commits), versions=versions)
+    return ImportOutcome(commits=len(commits), versions=versions, checked=tuple(checked))
 
 
 def _walk(

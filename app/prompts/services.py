@@ -13,12 +13,27 @@ from pathlib import Path
 import msgspec
 from django.db import IntegrityError, connection, transaction
 
+from app.domain.templatecheck.check import Result
+from app.domain.templatecheck.findings import Finding, Rule
+from app.domain.templatecheck.price import Predicted
 from app.prompts import git, selectors
-from app.prompts.models import DeployMarker, PrefixFamily, Template, TemplateRepository, TemplateVersion
+from app.prompts.models import (
+    DeployMarker,
+    PrefixFamily,
+    Template,
+    TemplateRepository,
+    TemplateVersion,
+    VersionCheck,
+)
 
 logger = logging.getLogger(__name__)
 
 SEEN_MESSAGE = "seen in traffic before its commit was imported"
+CHECK_ERROR_MAX = 2000
+PRICE_FIELDS = (
+    "requests_per_hour", "reused_tokens_before", "reused_tokens_after", "predicted_tokens_per_hour",
+    "predicted_gpu_seconds_per_hour", "predicted_cost_per_hour",
+)  # fmt: skip
 
 
 class RepositoryConflict(Exception):
@@ -242,3 +257,76 @@ def _checked(location: str, globs: list[str]) -> str:
         raise ValueError("give one glob or more, relative to the repository's root (templates/*.j2)")
     git.path_matcher(globs)  # ValueError for a malformed one
     return location
+
+
+def record_version_check(
+    *,
+    version: TemplateVersion,
+    base_sha: str,
+    checked_at: datetime,
+    result: Result | None = None,
+    block_size: int | None = None,
+    error: str = "",
+) -> VersionCheck:
+    """Store the check of ``version``: its template's ``result`` in a check of its commit against
+    ``base_sha`` (blank: a root commit, compared with nothing: the base fields stay null, as for a
+    file new at the commit), or the ``error`` that kept it from running (then ``result`` is None).
+    One row per version, written whole: storing the same check again changes nothing. The price
+    is left as it is (price_version_check writes it)."""
+    fields: dict[str, object] = {
+        "base_sha": base_sha, "checked_at": checked_at, "error": error[:CHECK_ERROR_MAX],
+        "verdict": VersionCheck.Verdict.ERROR, "block_size": None, "base_stable_tokens": None,
+        "head_stable_tokens": None, "base_blocks": None, "head_blocks": None, "departs_at_token": None,
+        "departs_line": None, "ends_class": "", "ends_variable": "", "findings": [],
+    }  # fmt: skip
+    if result is not None:
+        fields |= _checked_fields(result, compared=bool(base_sha)) | {"block_size": block_size}
+    check, _ = VersionCheck.objects.update_or_create(version=version, defaults=fields)
+    return check
+
+
+def _checked_fields(result: Result, *, compared: bool) -> dict[str, object]:
+    """A result's figures: head's stable prefix and what ends it, base's and the departure when
+    the file was there before (``compared``), the findings, and the verdict they make."""
+    fields: dict[str, object] = {"findings": [_finding_json(f) for f in result.findings]}
+    cannot = next((f for f in result.findings if f.rule == Rule.CANNOT_RENDER), None)
+    if cannot is not None:
+        return fields | {"verdict": VersionCheck.Verdict.ERROR, "error": cannot.message[:CHECK_ERROR_MAX]}
+    failed = any(f.level == "error" for f in result.findings)
+    fields["verdict"] = VersionCheck.Verdict.FAILED if failed else VersionCheck.Verdict.PASSED
+    if result.head is not None:
+        ends = result.head.ends
+        fields |= {
+            "head_stable_tokens": result.head.stable_tokens, "head_blocks": result.head.reusable_blocks,
+            "ends_class": ends.klass.value if ends else "",
+            "ends_variable": ((ends.variable or "") if ends else "")[:100],
+        }  # fmt: skip
+    if compared and result.base is not None and result.change is not None:
+        fields |= {
+            "base_stable_tokens": result.base.stable_tokens, "base_blocks": result.base.reusable_blocks,
+            "departs_at_token": result.change.departs_at, "departs_line": result.change.line,
+        }  # fmt: skip
+    return fields
+
+
+def _finding_json(finding: Finding) -> dict[str, object]:
+    """A finding as the row keeps it: positions, classes and the message, never prompt text."""
+    return {
+        "rule": finding.rule.value, "level": finding.level, "line": finding.line, "token": finding.token,
+        "variable": finding.variable, "class": finding.klass.value if finding.klass else None,
+        "message": finding.message,
+    }  # fmt: skip
+
+
+def price_version_check(*, check: VersionCheck, predicted: Predicted | None, now: datetime) -> VersionCheck:
+    """Store a check's price (``predicted`` None: not priced, no traffic or nothing to compare: the
+    price fields are null), and when it was priced."""
+    check.priced_at = now
+    check.requests_per_hour = predicted.requests_per_hour if predicted else None
+    check.reused_tokens_before = predicted.reused_before if predicted else None
+    check.reused_tokens_after = predicted.reused_after if predicted else None
+    check.predicted_tokens_per_hour = predicted.tokens_per_hour if predicted else None
+    check.predicted_gpu_seconds_per_hour = predicted.gpu_seconds_per_hour if predicted else None
+    check.predicted_cost_per_hour = predicted.money_per_hour if predicted else None
+    check.save(update_fields=[*PRICE_FIELDS, "priced_at"])
+    return check

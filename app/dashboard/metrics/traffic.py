@@ -12,14 +12,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, F, Max, Q, Sum
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.domain.toplabels import bounded, summed, top_values
-from app.prompts.models import CacheKiller, Template
+from app.prompts.models import CacheKiller, Template, VersionCheck
 from app.regressions.owners import template_owner
-from app.traffic.models import LossTotals, RequestDiagnosis, TenantSalt
+from app.traffic.models import LossMinute, LossTotals, RequestDiagnosis, TenantSalt
 
 NONE = "none"  # a request without a template, or without a tenant
 CAUSES = [cause.value for cause in RequestDiagnosis.Cause]
@@ -49,6 +49,8 @@ GROUP BY 1, 2, 3, 4, 5
 # hour of 30 minutes ago, from the hour rollups, which a Prometheus started a minute ago cannot have.
 BASELINE_HOURS = 6
 BASELINE_LEFT_OUT = timedelta(minutes=30)
+# A version predicted to break the cache is live when a request named it this recently.
+LIVE_WINDOW = timedelta(minutes=30)
 
 
 def _summed_buckets(column: str) -> str:
@@ -105,6 +107,7 @@ def token_families(now: datetime) -> Iterator[Metric]:
         )
         yield from _dimension_families(dimension, list(names), totals)
     yield _template_owners(kept["template"])
+    yield _predicted_breaks(now, kept["template"])
     yield _tenant_salts()
     yield from _baseline_families(now, kept)
 
@@ -118,6 +121,30 @@ def _template_owners(kept: frozenset[str]) -> GaugeMetricFamily:
     for template in Template.objects.filter(name__in=kept).select_related("repository"):
         owner = template_owner(template)
         family.add_metric([template.name, owner.kind, owner.name], 1.0)
+    return family
+
+
+def _predicted_breaks(now: datetime, kept: frozenset[str]) -> GaugeMetricFamily:
+    """Per template, its versions whose check (made at import) predicts fewer reusable blocks and
+    that requests named within LIVE_WINDOW: first seen then, or diagnosed then (the loss minutes).
+    Templates past the top N are summed under `other`; a template with none has no sample."""
+    family = GaugeMetricFamily(
+        "prefixscope_template_versions_predicted_to_break",
+        "Versions of the template whose template check predicted fewer reusable prefix blocks and that "
+        f"received requests in the last {LIVE_WINDOW.seconds // 60} minutes.",
+        labels=["template"],
+    )
+    since = now - LIVE_WINDOW
+    diagnosed = LossMinute.objects.filter(minute__gte=since, requests__gt=0).values("template_version_id")
+    live = VersionCheck.objects.filter(head_blocks__lt=F("base_blocks")).filter(
+        Q(version__first_seen_at__gte=since) | Q(version_id__in=diagnosed)
+    )
+    counts: dict[str, float] = {}
+    for name in live.values_list("version__template__name", flat=True):
+        label = bounded(name, kept)
+        counts[label] = counts.get(label, 0.0) + 1.0
+    for label, count in sorted(counts.items()):
+        family.add_metric([label], count)
     return family
 
 

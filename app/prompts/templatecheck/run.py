@@ -64,6 +64,7 @@ class CheckRequest:
     tokenizer: str | None = None  # overrides the describing file's
     # The server's own reading of its traffic (POST /api/v1/templates/check), instead of asking one.
     traffic: Callable[[Sequence[str]], Mapping[str, Traffic]] | None = None
+    paths: tuple[str, ...] | None = None  # only these template files (None: every one the globs match)
 
 
 def run_check(request: CheckRequest, *, cache: Path) -> Report:
@@ -82,7 +83,10 @@ def check_commits(repo: Repo, request: CheckRequest) -> Report:
     config = read_config(repo, head)
     tokenizer = _tokenizer(repo, head, request.tokenizer or config.tokenizer)
     with _tree_folders(repo, (base, head), needed=_uses_commands(config) and request.allow_commands) as trees:
-        pairs = _pairs(repo, base, head, config, tokenizer, trees, allow_commands=request.allow_commands)
+        pairs = _pairs(
+            repo, base, head, config, tokenizer, trees, allow_commands=request.allow_commands,
+            paths=request.paths,
+        )  # fmt: skip
         traffic, pricing = _traffic(request, [pair.name for pair in pairs])
         results = check_pairs(
             pairs, tokenizer, block_size=config.block_size, now=Conditions(request.now),
@@ -130,14 +134,15 @@ def _uses_commands(config: CheckConfig) -> bool:
 
 def _pairs(
     repo: Repo, base: str, head: str, config: CheckConfig, tokenizer: LoadedTokenizer,
-    trees: Mapping[str, Path], *, allow_commands: bool,
+    trees: Mapping[str, Path], *, allow_commands: bool, paths: Sequence[str] | None = None,
 ) -> list[Pair]:  # fmt: skip
-    """Every file an entry's globs match at base or head (the first entry that matches a file wins)."""
+    """Every file an entry's globs match at base or head (the first entry that matches a file wins),
+    of ``paths`` only when given."""
     matched: dict[str, Any] = {}
     for entry in config.templates:
         matches = git.path_matcher(entry.files)
         for path in sorted(set(git.paths_at(repo, base)) | set(git.paths_at(repo, head))):
-            if matches(path) and path != CONFIG_FILE:
+            if matches(path) and path != CONFIG_FILE and (paths is None or path in paths):
                 matched.setdefault(path, entry)
     pairs = []
     for path, entry in matched.items():
