@@ -16,13 +16,14 @@ Windows are whole minutes of the minute rollups; the minute a version went live 
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.domain.hitrate import RequestSums
 from app.rollups.visibility import visible
 from app.traffic.models import MinuteRollup
 
@@ -44,21 +45,16 @@ class Side:
 
     since: datetime
     until: datetime
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cache_known_prompt_tokens: int = 0
+    sums: RequestSums = field(default_factory=RequestSums)
 
     @property
     def reused_per_request(self) -> float | None:
         """Mean reused prompt tokens per request; None with too few requests or none reporting."""
-        if self.requests < MIN_REQUESTS or not self.cache_known_prompt_tokens:
-            return None
-        return self.cached_tokens / self.cache_known_prompt_tokens * self.prompt_tokens / self.requests
+        return None if self.sums.requests < MIN_REQUESTS else self.sums.reused_per_request()
 
     @property
     def requests_per_hour(self) -> float:
-        return self.requests * 3600 / (self.until - self.since).total_seconds()
+        return self.sums.requests * 3600 / (self.until - self.since).total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +121,11 @@ def _windows(lives: Sequence[Live], *, now: datetime) -> dict[int, tuple[Span, S
 
 def _summed(minutes: dict[datetime, dict[str, Any]], since: datetime, until: datetime) -> Side:
     rows = [row for at, row in minutes.items() if since <= at < until]
-    return Side(
-        since, until, sum(r["requests_"] for r in rows), sum(r["prompt_"] for r in rows),
+    sums = RequestSums(
+        sum(r["requests_"] for r in rows), sum(r["prompt_"] for r in rows),
         sum(r["cached_"] for r in rows), sum(r["known_"] for r in rows),
     )  # fmt: skip
+    return Side(since, until, sums)
 
 
 def _minute(at: datetime) -> datetime:

@@ -11,7 +11,7 @@ check, by app/domain/templatecheck/price.py.
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +20,7 @@ from django.db.models import Min, Sum
 from app.core.tenancy import SEES_ALL, Viewer
 from app.diagnosis.cost import configured_pricing, prefill_sums_by_template, request_rollups
 from app.domain.cost import prefill_rate
+from app.domain.hitrate import RequestSums
 from app.domain.prefill import PrefillSums
 from app.domain.templatecheck.change import Change
 from app.domain.templatecheck.price import Predicted, Traffic, predict
@@ -30,38 +31,23 @@ from app.rollups.visibility import visible
 from app.traffic.models import MinuteRollup
 
 RECENT = timedelta(hours=1)  # "reused now": the window's last hour
-DAY = timedelta(hours=24)
-logger = logging.getLogger(__name__)  # the traffic a version's check is priced with: the day before it
+DAY = timedelta(hours=24)  # the traffic a version's check is priced with: the day before it
 _TOTALS = {
-    "requests": Sum("requests"), "prompt_tokens": Sum("prompt_tokens"), "cached_tokens": Sum("cached_tokens"),
-    "known": Sum("cache_known_prompt_tokens"),
-}  # fmt: skip
+    name: Sum(name) for name in ("requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens")
+}
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    """A template's request rollups summed over some rows."""
+    """A template's request rollups summed over some rows, and when its first request came."""
 
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    known: int = 0  # prompt tokens of the requests that reported their cached tokens
+    sums: RequestSums = field(default_factory=RequestSums)
     first: datetime | None = None  # the start of the first minute (or hour) with a request
 
     def __add__(self, other: "Totals") -> "Totals":
         firsts = [first for first in (self.first, other.first) if first is not None]
-        return Totals(
-            self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
-            self.cached_tokens + other.cached_tokens, self.known + other.known, min(firsts, default=None),
-        )  # fmt: skip
-
-    def reused_per_request(self) -> float | None:
-        """Mean cached prompt tokens per request: the hit rate of the requests that reported their
-        cached tokens times the prompt tokens per request (cached tokens over requests when every
-        request reported them); None when none did."""
-        if not self.requests or not self.known:
-            return None
-        return self.cached_tokens / self.known * self.prompt_tokens / self.requests
+        return Totals(self.sums + other.sums, min(firsts, default=None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +126,16 @@ def _traffic(
     prefill: PrefillSums,
     block_sizes: dict[int, int],
 ) -> TemplateTraffic:
-    whole = sum(servers.values(), Totals())
-    reused_now = recent.reused_per_request()
+    all_servers = sum(servers.values(), Totals())
+    whole = all_servers.sums
+    reused_now = recent.sums.reused_per_request()
     rate = prefill_rate(prefill, configured_pricing())
     return TemplateTraffic(
         name=template.name,
         repository=template.repository.name if template.repository else None,
         path=template.path,
         requests=whole.requests,
-        requests_per_hour=whole.requests / window.active_hours(whole.first),
+        requests_per_hour=whole.requests / window.active_hours(all_servers.first),
         prompt_tokens_per_request=whole.prompt_tokens / whole.requests if whole.requests else 0.0,
         reused_tokens_per_request=reused_now if reused_now is not None else whole.reused_per_request() or 0.0,
         reused_window="hour" if reused_now is not None else "window",
@@ -163,8 +150,8 @@ def _served_block_size(servers: dict[int, Totals], block_sizes: dict[int, int]) 
     is known; the smaller one on a tie); None when none is known."""
     requests: dict[int, int] = {}
     for server, totals in servers.items():
-        if server in block_sizes and totals.requests:
-            requests[block_sizes[server]] = requests.get(block_sizes[server], 0) + totals.requests
+        if server in block_sizes and totals.sums.requests:
+            requests[block_sizes[server]] = requests.get(block_sizes[server], 0) + totals.sums.requests
     return max(sorted(requests), key=requests.__getitem__, default=None)
 
 
@@ -197,7 +184,7 @@ def _summed(rows: Any, *keys: str, **extra: Any) -> Iterable[dict[str, Any]]:
 
 def _totals(row: dict[str, Any]) -> Totals:
     requests, prompt, cached, known = (row[name] or 0 for name in _TOTALS)
-    return Totals(requests, prompt, cached, known, row.get("first"))
+    return Totals(RequestSums(requests, prompt, cached, known), row.get("first"))
 
 
 def _block_sizes(server_ids: set[int]) -> dict[int, int]:

@@ -16,6 +16,38 @@ class Counters:
     hits: int
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSums:
+    """A scope's request records summed over a window, as the request rollups keep them: its requests,
+    their prompt tokens and cached (reused) tokens, and the prompt tokens of those that reported their
+    cached tokens (a request that did not is left out of the hit rate, not counted as a miss)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_known_prompt_tokens: int = 0
+
+    def __add__(self, other: RequestSums) -> RequestSums:
+        return RequestSums(
+            self.requests + other.requests,
+            self.prompt_tokens + other.prompt_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.cache_known_prompt_tokens + other.cache_known_prompt_tokens,
+        )
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Delivered hit rate, weighted by tokens; None when no request reported its cached tokens."""
+        known = self.cache_known_prompt_tokens
+        return self.cached_tokens / known if known else None
+
+    def reused_per_request(self) -> float | None:
+        """Mean reused prompt tokens per request: the hit rate times the prompt tokens per request
+        (cached tokens over requests when every request reported them); None without a hit rate."""
+        rate = self.hit_rate
+        return None if rate is None or not self.requests else rate * self.prompt_tokens / self.requests
+
+
 def window_hit_rate(prev: Counters, curr: Counters) -> float | None:
     """Hit rate between two scrapes; None when nothing was queried.
 

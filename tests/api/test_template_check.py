@@ -66,17 +66,22 @@ def test_a_fault_commit_is_priced_with_the_servers_own_traffic(client: Client, d
     [support] = [t for t in report["templates"] if t["name"] == "support"]
     assert (support["change"]["base_blocks"], support["change"]["head_blocks"]) == (24, 0)
     predicted = support["predicted"]
-    # Every one of its 384 reused tokens a request is lost, at 100 requests a day.
-    assert predicted["requests_per_hour"] == pytest.approx(100 / 24)
-    assert predicted["prefill_tokens_per_hour"] == pytest.approx(384 * 100 / 24)
+    # Every one of its 384 reused tokens a request is lost, at 100 requests in the half hour it has
+    # been live (its first request's minute to now).
+    assert predicted["requests_per_hour"] == pytest.approx(100 / 0.5)
+    assert predicted["prefill_tokens_per_hour"] == pytest.approx(384 * 200)
     rate = settings.PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND
-    assert predicted["gpu_seconds_per_hour"] == pytest.approx(384 * 100 / 24 / rate)
+    assert predicted["gpu_seconds_per_hour"] == pytest.approx(384 * 200 / rate)
     assert predicted["cost_per_hour"] == pytest.approx(
-        384 * 100 / 24 / rate / 3600 * settings.PREFIXSCOPE_GPU_HOUR_PRICE
+        384 * 200 / rate / 3600 * settings.PREFIXSCOPE_GPU_HOUR_PRICE
     )
     # Under the threshold, the shrinking prefix is a warning: the price decides.
     assert [f["level"] for f in report["findings"] if f["rule"] == "prefix-shrinks"] == ["warning"]
     assert report["exit_status"] == 0 and report["pricing"].startswith("priced with the server's")
+    # Over it, the price fails the check.
+    over = post(client, repository="demo-templates", base=base, head=head, max_cost_per_hour=0.001).json()
+    assert [f["rule"] for f in over["findings"] if f["level"] == "error"] == ["cost-over-threshold"]
+    assert over["exit_status"] == 1
 
 
 def test_a_template_without_traffic_is_not_priced_and_its_shrink_fails(

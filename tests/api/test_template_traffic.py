@@ -69,6 +69,17 @@ def _stored(*rows: Row) -> None:
             resum(rollup, cursor, since=until - 200 * HOUR, until=until + HOUR)
 
 
+def _hours_since_first(until: datetime, ago: timedelta, *, window: timedelta) -> float:
+    """The hours a template has been live in the window when its first request came `ago` before
+    `until`: from that minute, or from its hour when the hour rollups hold it (whole hours inside the
+    window), to `until`."""
+    first, since = until - ago, until - window
+    whole_from = since.replace(minute=0) + (HOUR if since.minute else timedelta(0))
+    if whole_from <= first < until.replace(minute=0):
+        first = first.replace(minute=0)
+    return (until - first) / HOUR
+
+
 def _prefill(count: int, *, seconds_per_token: float) -> PrefillSums:
     """Sums of `count` requests, half with 0 uncached tokens, half with 1,000, TTFT 0.1 s plus their
     uncached tokens at `seconds_per_token`."""
@@ -121,7 +132,9 @@ def test_each_templates_figures_are_its_rollups_over_the_window(
     found = _by_name(answer)
     assert found["support"] == {
         "name": "support", "repository": "prompts", "path": "support.j2",
-        "requests": 140, "requests_per_hour": 140 / 24,
+        "requests": 140, "requests_per_hour": pytest.approx(
+            140 / _hours_since_first(until, 20 * HOUR, window=24 * HOUR)
+        ),
         "prompt_tokens_per_request": pytest.approx((100 * 2000 + 30 * 1000 + 10 * 2000) / 140),
         "reused_tokens_per_request": pytest.approx(500.0), "reused_window": "hour",
         "block_size": 16,  # server a served 110 of the 140
@@ -152,10 +165,15 @@ def test_reused_tokens_fall_back_to_the_window_when_its_last_hour_has_no_request
         Row(a, billing, timedelta(minutes=5), requests=4, prompt=500, cached=None),
         Row(a, billing, 4 * HOUR, requests=10, prompt=500, cached=100),
     )
-    found = _by_name(_get(client, hours=6))
+    answer = _get(client, hours=6)
+    found = _by_name(answer)
     assert found["support"]["reused_window"] == "window"
     assert found["support"]["reused_tokens_per_request"] == pytest.approx((20 * 600 + 60 * 2000) / 80)
-    assert found["support"]["requests_per_hour"] == pytest.approx(80 / 6)
+    # Live for the last 5 hours of the 6: its requests an hour count from its first request on.
+    until = datetime.fromisoformat(answer["until"])
+    assert found["support"]["requests_per_hour"] == pytest.approx(
+        80 / _hours_since_first(until, 5 * HOUR, window=6 * HOUR)
+    )
     assert found["support"]["block_size"] == 32
     assert found["support"]["prefill_rate_source"] == "configured"  # no prefill sums
     # Requests that did not report cached tokens reuse at the rate of those that did.

@@ -36,7 +36,11 @@ def history(tmp_path: Path) -> History:
 
 
 def a_check(version: TemplateVersion, **fields: object) -> VersionCheck:
-    return VersionCheck.objects.create(version=version, checked_at=version.committed_at, **fields)
+    # The import checked the version already (app/prompts/version_checks.py): these figures replace it.
+    check, _ = VersionCheck.objects.update_or_create(
+        version=version, defaults={"checked_at": version.committed_at, **fields}
+    )
+    return check
 
 
 def cells(html: str, version: TemplateVersion) -> list[str]:
@@ -52,6 +56,7 @@ def reused_per_request(**where: object) -> float:
 def test_a_checked_version_shows_its_prediction_beside_what_was_observed(
     signed_in: Client, history: History
 ) -> None:
+    VersionCheck.objects.filter(version=history.one).delete()  # as a version imported before checks were
     a_check(history.two, verdict="failed", findings=[{**FINDING, "level": "note", "line": 4}, FINDING],
             base_blocks=3, head_blocks=0, requests_per_hour=60.0, predicted_tokens_per_hour=30_000.0,
             predicted_gpu_seconds_per_hour=12.3, predicted_cost_per_hour=0.0123)  # fmt: skip
@@ -80,7 +85,7 @@ def test_a_checked_version_shows_its_prediction_beside_what_was_observed(
     assert found[7] == f"+{observed - 30_000:,.0f} ({100 * (observed - 30_000) / 30_000:+.0f} %)"
     assert chart["kind"] == "bars" and chart["categories"] == [history.two.commit_sha[:7]]
     assert chart["series"][0]["values"] == [30_000.0]
-    # Version one, never checked, went live with no traffic in the hour before it.
+    # Version one, not checked, went live with no traffic in the hour before it.
     assert cells(html, history.one)[4:8] == ["not checked", "—", "— / too little traffic", "—"]
 
 

@@ -27,12 +27,15 @@ def test_the_versions_show_predicted_beside_observed_and_draw_both(
 ) -> None:
     SCREENSHOTS.mkdir(exist_ok=True)
     history = a_template_history(tmp_path)
-    VersionCheck.objects.create(
-        version=history.two, checked_at=history.two.committed_at, verdict="failed", findings=[FINDING],
+    # The import checked both versions already: these figures replace its.
+    VersionCheck.objects.update_or_create(version=history.two, defaults=dict(
+        checked_at=history.two.committed_at, verdict="failed", findings=[FINDING],
         base_blocks=3, head_blocks=0, requests_per_hour=60.0, predicted_tokens_per_hour=30_000.0,
         predicted_gpu_seconds_per_hour=12.3, predicted_cost_per_hour=0.0123,
-    )  # fmt: skip
-    VersionCheck.objects.create(version=history.one, checked_at=history.one.committed_at, verdict="passed")
+    ))  # fmt: skip
+    VersionCheck.objects.update_or_create(
+        version=history.one, defaults={"checked_at": history.one.committed_at, "verdict": "passed"}
+    )
     page, blocked = offline_page(browser, live_server, scheme=scheme, user="operator")
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))

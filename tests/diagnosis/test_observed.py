@@ -48,7 +48,7 @@ def test_the_effect_is_reuse_lost_per_request_times_requests_an_hour_after() -> 
     found = observed_effects(template_id=template.pk, lives=[Live(version.pk, LIVE)], now=NOW)
 
     observed = found[version.pk]
-    assert (observed.before.requests, observed.after.requests) == (120, 90)
+    assert (observed.before.sums.requests, observed.after.sums.requests) == (120, 90)
     assert observed.before.reused_per_request == 800
     assert observed.after.reused_per_request == 200
     # 90 requests over the hour after: 600 tokens each reused no more.
@@ -85,7 +85,7 @@ def test_too_little_traffic_on_either_side_or_no_cached_tokens_says_nothing() ->
     unknown = MinuteRollup.objects.filter(minute__lt=start)
     unknown.update(requests=30, cache_known_prompt_tokens=0)
     observed = observed_effects(template_id=template.pk, lives=[Live(version.pk, LIVE)], now=NOW)[version.pk]
-    assert observed.before.requests == 270 and observed.tokens_per_hour is None
+    assert observed.before.sums.requests == 270 and observed.tokens_per_hour is None
 
 
 def test_an_effect_still_under_way_counts_its_whole_minutes_and_one_just_live_is_absent() -> None:
@@ -98,7 +98,7 @@ def test_an_effect_still_under_way_counts_its_whole_minutes_and_one_just_live_is
 
     observed = observed_effects(template_id=template.pk, lives=lives, now=LIVE + timedelta(minutes=15))
 
-    assert observed[version.pk].after.requests == 45
+    assert observed[version.pk].after.sums.requests == 45
     assert observed[version.pk].tokens_per_hour == pytest.approx(600 * 45 * 4)
     assert observed_effects(template_id=template.pk, lives=lives, now=LIVE) == {}
 
@@ -119,4 +119,4 @@ def test_a_viewer_reads_the_effect_of_its_own_servers_traffic_only() -> None:
 
     assert acme[version.pk].tokens_per_hour == pytest.approx(600 * 120)
     assert every[version.pk].tokens_per_hour == pytest.approx(300 * 240)
-    assert nobody[version.pk].before.requests == 0 and nobody[version.pk].tokens_per_hour is None
+    assert nobody[version.pk].before.sums.requests == 0 and nobody[version.pk].tokens_per_hour is None

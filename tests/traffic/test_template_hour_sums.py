@@ -11,6 +11,7 @@ from django.db.models import Q, Sum
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
 from app.dashboard.reads import templates as selectors
+from app.domain.hitrate import RequestSums
 from app.domain.sketch import merged
 from app.prompts.models import Template
 from app.rollups.visibility import visible, visible_sums_sql
@@ -61,7 +62,7 @@ def test_the_templates_lists_sums_are_the_hour_rollups_the_viewer_sees(
         expected = {pk: totals for pk, totals in expected.items() if totals["requests"]}
         assert {pk: vars_of(totals) for pk, totals in window.items() if totals.requests} == expected
         assert selectors.totals_by_template(since=since, until=until, viewer=viewer) == {
-            pk: selectors.Totals(**totals) for pk, totals in expected.items()
+            pk: RequestSums(**totals) for pk, totals in expected.items()
         }
     assert selectors.hit_rate_trends(since=SINCE, until=UNTIL, bucket=3600, viewer=viewer) == found.trends
     for pk, trend in found.trends.items():
@@ -77,7 +78,7 @@ def test_the_templates_lists_sums_are_the_hour_rollups_the_viewer_sees(
         assert any(sum(causes.values()) for causes in lost.values())
 
 
-def vars_of(totals: selectors.Totals) -> dict[str, int]:
+def vars_of(totals: RequestSums) -> dict[str, int]:
     return {name: getattr(totals, name) for name in TOTALS}
 
 

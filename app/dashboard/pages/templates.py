@@ -30,11 +30,12 @@ from app.dashboard.killer_rows import killer_rows
 from app.dashboard.pages.template_checks import ChecksChart, check_rows
 from app.dashboard.pages.template_versions import picked_version, version_panel
 from app.dashboard.reads import templates as selectors
-from app.dashboard.reads.templates import ListSums, TemplateRequests, Totals
+from app.dashboard.reads.templates import ListSums, TemplateRequests
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
+from app.domain.hitrate import RequestSums
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
 from app.domain.misses import cause_label
 from app.domain.sketch import sketch_quantile
@@ -53,8 +54,8 @@ SORTS = ("name", "requests", "hit_rate", "change", "lost", "regressions")
 @dataclass(frozen=True, slots=True)
 class TemplateRow:
     template: Template
-    now: Totals
-    before: Totals  # the window of the same length just before
+    now: RequestSums
+    before: RequestSums  # the window of the same length just before
     lost_tokens: int
     open_regressions: int
 
@@ -90,7 +91,7 @@ def template_rows(
     lost = selectors.lost_by_template(since=window.since, until=window.until, viewer=viewer)
     regressions = selectors.open_regressions_by_template(viewer=viewer)
     rows = [
-        TemplateRow(t, now.get(t.pk, Totals()), before.get(t.pk, Totals()),
+        TemplateRow(t, now.get(t.pk, RequestSums()), before.get(t.pk, RequestSums()),
                     sum(lost.get(t.pk, {}).values()), regressions.get(t.pk, 0))
         for t in viewer.templates(Template.objects.all())
     ]  # fmt: skip
@@ -226,7 +227,7 @@ def _reads(template_id: int, window: Window, viewer: Viewer) -> Reads:
 
 def _figures(
     template_id: int, window: Window, reads: Reads, viewer: Viewer
-) -> tuple[Totals, dict[str, int], Cost, list["MemoryRow"]]:
+) -> tuple[RequestSums, dict[str, int], Cost, list["MemoryRow"]]:
     """Its totals, lost tokens per cause, cost and prefix memory over the window: from the charts'
     reads when they read the table these read (hours when both ends are whole hours, else minutes),
     else read again. The cost is the template's over the window as every page prices it
@@ -324,7 +325,7 @@ class MemoryRow:
     prefix_bytes: int | None
 
 
-def prefix_memory(found: dict[int, Totals]) -> list[MemoryRow]:
+def prefix_memory(found: dict[int, RequestSums]) -> list[MemoryRow]:
     """Per server that served the template in the window (`found`: its totals there), the KV memory
     one copy of its reused prefix holds there: the tokens its requests reused on average, times the
     KV bytes per token of the server's model (PREFIXSCOPE_MODEL_KV_SHAPES, app/domain/kvmemory.py)."""
@@ -332,8 +333,7 @@ def prefix_memory(found: dict[int, Totals]) -> list[MemoryRow]:
     rows = []
     for server_id, totals in sorted(found.items(), key=lambda pair: servers[pair[0]].name):
         server = servers[server_id]
-        rate = totals.hit_rate or 0.0
-        tokens = round(rate * totals.prompt_tokens / totals.requests) if totals.requests else 0
+        tokens = round(totals.reused_per_request() or 0.0)
         shape = settings.PREFIXSCOPE_MODEL_KV_SHAPES.get(server.model)
         per_token = kv_bytes_per_token(shape) if shape else None
         rows.append(

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.dashboard.reads.templates import Totals, template_totals
+from app.dashboard.reads.templates import template_totals
+from app.domain.hitrate import RequestSums
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,8 +14,8 @@ class Effect:
     """A version's effect: the template's totals over equal windows just before and after it went live."""
 
     minutes: int  # of each window; shorter than asked when the version went live less than that ago
-    before: Totals
-    after: Totals
+    before: RequestSums
+    after: RequestSums
 
     @property
     def change(self) -> float | None:

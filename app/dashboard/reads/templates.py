@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count, DateTimeField, F, Func, Model, QuerySet, Sum, Value
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.domain.hitrate import RequestSums
 from app.domain.prefill import PrefillSums
 from app.prompts.models import PrefixFamily
 from app.regressions.models import Regression
@@ -27,23 +28,6 @@ from app.traffic.models import (
     TemplateLossHour,
     TemplateRequestHour,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Totals:
-    """A template's request rollups summed over a window (of some servers)."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cache_known_prompt_tokens: int = 0  # prompt tokens of the requests that reported cached tokens
-
-    @property
-    def hit_rate(self) -> float | None:
-        """Delivered hit rate, weighted by tokens; None when no request reported its cached tokens."""
-        known = self.cache_known_prompt_tokens
-        return self.cached_tokens / known if known else None
-
 
 _TOTALS = ("requests", "prompt_tokens", "cached_tokens", "cache_known_prompt_tokens")
 
@@ -105,9 +89,9 @@ def _hour_rows(select: str, where: str, viewer: Viewer, *, losses: bool) -> tupl
 
 def totals_by_template(
     *, since: datetime, until: datetime, viewer: Viewer = SEES_ALL, template_id: int | None = None
-) -> dict[int, Totals]:
+) -> dict[int, RequestSums]:
     """Each template's totals over [since, until) (templates without requests left out)."""
-    found: dict[int, Totals] = {}
+    found: dict[int, RequestSums] = {}
     for rows in _template_rows(since, until, viewer, losses=False):
         if template_id is not None:
             rows = rows.filter(template_id=template_id)
@@ -115,8 +99,8 @@ def totals_by_template(
             **{name: Sum(name) for name in _TOTALS}
         )
         for row in summed:
-            before = found.get(row["template_id"], Totals())
-            found[row["template_id"]] = Totals(
+            before = found.get(row["template_id"], RequestSums())
+            found[row["template_id"]] = RequestSums(
                 *(getattr(before, name) + (row[name] or 0) for name in _TOTALS)
             )
     return found
@@ -124,20 +108,20 @@ def totals_by_template(
 
 def totals_by_server(
     *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
-) -> dict[int, Totals]:
+) -> dict[int, RequestSums]:
     """One template's totals over [since, until) per server that served it."""
     rows = _requests(since, until, viewer).filter(template_id=template_id)
     summed: Iterable[dict[str, Any]] = rows.values("server_id").annotate(
         **{name: Sum(name) for name in _TOTALS}
     )
-    return {row["server_id"]: Totals(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
+    return {row["server_id"]: RequestSums(**{name: row[name] or 0 for name in _TOTALS}) for row in summed}
 
 
 def template_totals(
     *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
-) -> Totals:
+) -> RequestSums:
     return totals_by_template(since=since, until=until, viewer=viewer, template_id=template_id).get(
-        template_id, Totals()
+        template_id, RequestSums()
     )
 
 
@@ -233,8 +217,8 @@ class TemplateRequests:
     (the KV memory its prefix holds) and in all (its totals and prefill sums)."""
 
     buckets: dict[datetime, BucketSums]
-    servers: dict[int, Totals]
-    totals: Totals
+    servers: dict[int, RequestSums]
+    totals: RequestSums
     prefill: PrefillSums
 
 
@@ -282,11 +266,11 @@ def _request_sums(rows: Iterable[Any], sketches: dict[datetime, dict[str, int]])
     """template_requests' rows: per bucket, per server and in all, told apart by grouping(); each
     bucket with its merged TTFT sketch from `sketches` (none: empty)."""
     buckets: dict[datetime, BucketSums] = {}
-    servers: dict[int, Totals] = {}
-    totals, prefill = Totals(), PrefillSums()
+    servers: dict[int, RequestSums] = {}
+    totals, prefill = RequestSums(), PrefillSums()
     width = len(_TOTALS)
     for no_bucket, no_server, start, server_id, *values in rows:
-        counted = Totals(*(int(v) for v in values[:width]))
+        counted = RequestSums(*(int(v) for v in values[:width]))
         if not no_bucket:
             sketch = sketches.get(start, {})
             buckets[start] = BucketSums(counted.requests, counted.cached_tokens,
@@ -300,7 +284,9 @@ def _request_sums(rows: Iterable[Any], sketches: dict[datetime, dict[str, int]])
     return TemplateRequests(buckets, servers, totals, prefill)
 
 
-def _server_hours(template_id: int, since: datetime, until: datetime, viewer: Viewer) -> dict[int, Totals]:
+def _server_hours(
+    template_id: int, since: datetime, until: datetime, viewer: Viewer
+) -> dict[int, RequestSums]:
     """The template's totals per server over [since, until) of whole hours, from the hour rollups the
     viewer sees: the index of the template's hours holds the server and these totals."""
     seen, params = _seen_sql(viewer, HourRollup)
@@ -311,7 +297,7 @@ def _server_hours(template_id: int, since: datetime, until: datetime, viewer: Vi
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params, "id": template_id, "since": since, "until": until})
-        return {server_id: Totals(*(int(v) for v in values)) for server_id, *values in cursor.fetchall()}
+        return {server_id: RequestSums(*(int(v) for v in values)) for server_id, *values in cursor.fetchall()}
 
 
 _BIN = "date_bin(make_interval(secs => %(bucket)s), {}, TIMESTAMPTZ '2000-01-01')"
@@ -346,8 +332,8 @@ class ListSums:
     """What the Templates list reads of the request rollups, per template: its totals over the window
     and over the one of the same length just before it, and its hit rate per bucket of the window."""
 
-    now: dict[int, Totals]
-    before: dict[int, Totals]
+    now: dict[int, RequestSums]
+    before: dict[int, RequestSums]
     trends: dict[int, list[float | None]]  # as hit_rate_trends
 
 
@@ -381,10 +367,10 @@ def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer =
     width, count = len(_TOTALS), int((until - since).total_seconds()) // bucket
     found = ListSums({}, {}, {})
     for per_template, template_id, start, *sums in rows:
-        now = Totals(*(int(v) for v in sums[:width]))
+        now = RequestSums(*(int(v) for v in sums[:width]))
         if per_template:  # zeros for a template of no row in one window, as a template absent there
             found.now[template_id] = now
-            found.before[template_id] = Totals(*(int(v) for v in sums[width:]))
+            found.before[template_id] = RequestSums(*(int(v) for v in sums[width:]))
         elif start is not None and now.cache_known_prompt_tokens:
             index = int((start - since).total_seconds()) // bucket
             if 0 <= index < count:
