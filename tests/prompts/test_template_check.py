@@ -242,3 +242,16 @@ def test_an_unknown_revision_cannot_run(repo: Path) -> None:
     with pytest.raises(SystemExit) as exited:
         call_command("check_templates", repo=str(repo), base="no-such-branch", head=sha)
     assert exited.value.code == 2
+
+
+def test_revisions_are_read_as_git_reads_them(repo: Path) -> None:
+    first = commit(repo, {"prefixscope.yaml": describing_file(), "prompts/a.j2": GOOD})
+    second = commit(repo, {"prompts/a.j2": "Be brief. " + GOOD})
+    third = commit(repo, {}, "nothing")
+
+    for base, head in (("HEAD~2", "HEAD^"), ("main^^", "main~1"), (first[:8], second), ("HEAD~2", "HEAD~0^")):
+        report = check(repo, base, head)
+        assert (report.base, report.head) == (first, second), (base, head)
+    assert check(repo, "HEAD", "HEAD").head == third
+    with pytest.raises(CannotCheck, match="no commit, branch or tag 'HEAD~3'"):
+        check(repo, "HEAD~3", "HEAD")

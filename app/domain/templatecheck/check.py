@@ -125,7 +125,8 @@ def _check_pair(
     change = compare_sides(base, head)
     findings += change_findings(pair.name, pair.path, change, block_size)
     seen = traffic.get(pair.name) if traffic is not None else None
-    predicted = predict(seen, change, block_size=block_size) if seen and seen.requests else None
+    changed = change.departs_at is not None
+    predicted = predict(seen, change, block_size=block_size) if changed and seen and seen.requests else None
     findings = _priced(pair, findings, change, seen, predicted, max_cost, asked=traffic is not None)
     return Result(
         pair.name, pair.path, state, base, head, change, seen, predicted, tuple(findings), pair.golden_path
@@ -161,7 +162,7 @@ def _priced(
     if predicted.money_per_hour > max_cost:
         judged.append(Finding(
             Rule.COST_OVER_THRESHOLD, "error", pair.name, pair.path,
-            f"predicted cost {predicted.money_per_hour:.2f}/h is over the threshold {max_cost:.2f}/h "
+            f"predicted cost ${predicted.money_per_hour:.2f}/h is over the threshold ${max_cost:.2f}/h "
             f"({predicted.tokens_per_hour:,.0f} prefill tokens an hour)", change.line, change.departs_at,
         ))  # fmt: skip
     return judged

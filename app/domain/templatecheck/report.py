@@ -43,7 +43,7 @@ def _template_lines(result: Result) -> list[str]:
             f"  price: at {p.requests_per_hour:,.0f} requests/h (last {p.window_hours:.0f} h), reuse "
             f"{p.reused_before:,.0f} -> {p.reused_after:,.0f} tokens/request: {abs(p.tokens_per_hour):,.0f} "
             f"{verb} prefill tokens/h, {abs(p.gpu_seconds_per_hour):,.1f} GPU-s/h, "
-            f"{abs(p.money_per_hour):,.2f}/h ({p.prefill_rate_source} prefill rate "
+            f"${abs(p.money_per_hour):,.2f}/h ({p.prefill_rate_source} prefill rate "
             f"{p.prefill_tokens_per_second:,.0f} tokens/s)"
         )
     head += [f"  {f.level.upper()} {f.rule}: {f.message}" for f in result.findings]

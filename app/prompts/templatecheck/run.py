@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -36,6 +37,8 @@ from app.prompts.templatecheck.traffic import TrafficUnavailable, fetch_traffic
 logger = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_SECONDS = 30
+_ANCESTRY = re.compile(r"(.+?)((?:~\d*|\^1?)*)")
+_STEP = re.compile(r"~\d*|\^1?")
 _FAKETIME = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
     "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
@@ -111,10 +114,18 @@ def read_config(repo: Repo, sha: str) -> CheckConfig:
 
 
 def _commit(repo: Repo, name: str) -> str:
-    sha = git.find_commit(repo, name)
+    """The commit a sha, branch, tag or HEAD names, with git's ``~N`` and ``^`` (first parents) after
+    it: ``HEAD~1``, ``main^``."""
+    found = _ANCESTRY.fullmatch(name)
+    base, steps = (found[1], found[2]) if found else (name, "")
+    sha = git.find_commit(repo, base)
     if sha is None:
         with contextlib.suppress(git.RepositoryError):
-            sha = git.head(repo, name)
+            sha = git.head(repo, "" if base == "HEAD" else base)
+    for step in _STEP.findall(steps):
+        count = int(step[1:] or 1) if step.startswith("~") else 1
+        for _ in range(count):
+            sha = git.first_parent(repo, sha) if sha is not None else None
     if sha is None:
         raise CannotCheck(f"no commit, branch or tag {name!r} in the repository")
     return sha
