@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 
 from app.fleet.models import Server
-from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion
+from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion, VersionCheck
 from app.regressions.models import Regression
 from app.traffic.collection.processes import LeaseCounts, report_collector_process
 from app.traffic.models import (
@@ -70,7 +70,13 @@ def _store_traffic(server: Server, template: Template, now: datetime) -> None:
     the minute (progress)."""
     hour = max(now.replace(minute=0, second=0, microsecond=0), _midnight(now))
     minute = now.replace(second=0, microsecond=0)
-    version = TemplateVersion.objects.create(template=template, commit_sha="a" * 40, committed_at=now)
+    version = TemplateVersion.objects.create(
+        template=template, commit_sha="a" * 40, committed_at=now, first_seen_at=now
+    )
+    # Its check at import predicted it to break the cache (4 reusable blocks to 0).
+    VersionCheck.objects.create(
+        version=version, checked_at=now, verdict="failed", base_blocks=4, head_blocks=0
+    )
     for at_template in (template, None):
         LossHour.objects.create(
             server=server,
