@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Min, Sum
+from django.db.models import Min, Q, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
 from app.diagnosis.cost import configured_pricing, prefill_sums_by_template, request_rollups
@@ -100,6 +100,7 @@ def template_traffic(
     rate is the one its requests of the window measure, else the configured one."""
     ids = [template.pk for template in templates]
     per_server = _totals_by_server(ids, since=window.since, until=window.until, viewer=viewer)
+    firsts = _first_minutes(per_server, viewer=viewer)
     recent = _recent_totals(ids, since=window.recent_since, until=window.until, viewer=viewer)
     prefill = prefill_sums_by_template(
         since=window.since, until=window.until, template_ids=ids, viewer=viewer
@@ -110,6 +111,7 @@ def template_traffic(
             template,
             window,
             per_server.get(template.pk, {}),
+            firsts.get(template.pk),
             recent.get(template.pk, Totals()),
             prefill.get(template.pk, PrefillSums()),
             block_sizes,
@@ -122,12 +124,12 @@ def _traffic(
     template: Template,
     window: TrafficWindow,
     servers: dict[int, Totals],
+    first: datetime | None,
     recent: Totals,
     prefill: PrefillSums,
     block_sizes: dict[int, int],
 ) -> TemplateTraffic:
-    all_servers = sum(servers.values(), Totals())
-    whole = all_servers.sums
+    whole = sum(servers.values(), Totals()).sums
     reused_now = recent.sums.reused_per_request()
     rate = prefill_rate(prefill, configured_pricing())
     return TemplateTraffic(
@@ -135,7 +137,7 @@ def _traffic(
         repository=template.repository.name if template.repository else None,
         path=template.path,
         requests=whole.requests,
-        requests_per_hour=whole.requests / window.active_hours(all_servers.first),
+        requests_per_hour=whole.requests / window.active_hours(first),
         prompt_tokens_per_request=whole.prompt_tokens / whole.requests if whole.requests else 0.0,
         reused_tokens_per_request=reused_now if reused_now is not None else whole.reused_per_request() or 0.0,
         reused_window="hour" if reused_now is not None else "window",
@@ -167,6 +169,25 @@ def _totals_by_server(
             servers = found.setdefault(row["template_id"], {})
             servers[row["server_id"]] = servers.get(row["server_id"], Totals()) + _totals(row)
     return found
+
+
+def _first_minutes(per_server: dict[int, dict[int, Totals]], *, viewer: Viewer) -> dict[int, datetime]:
+    """Each template's first minute with a request: the first row's time (an hour's start, when the
+    hour rollups held it) made exact from the minute rollups of that hour where they are kept. One
+    query for every template."""
+    firsts = {
+        template_id: min(f for t in servers.values() if (f := t.first) is not None)
+        for template_id, servers in per_server.items()
+        if any(t.first is not None for t in servers.values())
+    }
+    if not firsts:
+        return {}
+    hours = Q()
+    for template_id, first in firsts.items():
+        hours |= Q(template_id=template_id, minute__gte=first, minute__lt=first + timedelta(hours=1))
+    rows = visible(viewer, MinuteRollup.objects.filter(hours, requests__gt=0))
+    exact = rows.values("template_id").annotate(first=Min("minute"))
+    return firsts | {row["template_id"]: row["first"] for row in exact}
 
 
 def _recent_totals(ids: list[int], *, since: datetime, until: datetime, viewer: Viewer) -> dict[int, Totals]:

@@ -1,6 +1,7 @@
 """POST /api/v1/templates/check: the template check of a registered repository over HTTP, priced with
 this server's own traffic (minute rollups written here, summed into hours as the rollup task does)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from django.test import Client
 from django.utils import timezone
 
 from app.prompts.history import import_template_history
-from app.prompts.models import Template
+from app.prompts.models import Template, TemplateRepository
 from app.prompts.services import register_repository
+from app.prompts.templatecheck.run import CannotCheck, CheckRequest, run_check
 from app.rollups.catalog import derived_from
 from app.rollups.derived import resum
 from app.traffic.models import MinuteRollup
@@ -35,6 +37,10 @@ def demo(tmp_path: Path) -> list[Commit]:
     )
     import_template_history(repository_id=repository.pk, now=timezone.now())
     return commits
+
+
+def demo_location() -> str:
+    return TemplateRepository.objects.get(name="demo-templates").location
 
 
 def fault(commits: list[Commit], template: str) -> tuple[str, str]:
@@ -133,3 +139,42 @@ def test_a_check_needs_a_person(client: Client, demo: list[Commit]) -> None:
     response = client.post(URL, {"repository": "demo-templates", "base": "main", "head": "main"},
                            content_type="application/json")  # fmt: skip
     assert response.status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_prices_with_a_servers_traffic_over_http(live_server: Any, demo: list[Commit]) -> None:
+    """manage.py check_templates --server: the traffic comes over GET /api/v1/templates/traffic with a
+    personal token, as a template repository's CI would ask a Prefixscope server."""
+    until = timezone.now().replace(second=0, microsecond=0)
+    MinuteRollup.objects.create(
+        server=a_server(block_size=16), template=Template.objects.get(name="support"),
+        minute=until - timedelta(minutes=30), requests=100, prompt_tokens=42_000, cached_tokens=38_400,
+        cache_known_prompt_tokens=42_000,
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        for rollup in derived_from(MinuteRollup):
+            resum(rollup, cursor, since=until - timedelta(hours=30), until=until + timedelta(hours=1))
+    base, head = fault(demo, "support")
+    token = reader_bearer()["Authorization"].removeprefix("Bearer ")
+    request = CheckRequest(demo_location(), base, head, timezone.now(), server=live_server.url, token=token)
+
+    report = run_check(request, cache=Path(settings.PREFIXSCOPE_TEMPLATE_CACHE_DIR))
+
+    [support] = [r for r in report.results if r.name == "support"]
+    assert support.predicted is not None and report.pricing.startswith("priced with the last 24 h"), (
+        report.pricing,
+        support.traffic,
+        [f.message for f in support.findings],
+    )
+    assert support.predicted.tokens_per_hour == pytest.approx(384 * 200)
+
+
+def test_an_unreachable_server_leaves_the_check_unpriced_or_stops_it(demo: list[Commit]) -> None:
+    base, head = fault(demo, "support")
+    nowhere = "http://127.0.0.1:9"  # the discard port: nothing listens
+    request = CheckRequest(demo_location(), base, head, timezone.now(), server=nowhere)
+
+    report = run_check(request, cache=Path(settings.PREFIXSCOPE_TEMPLATE_CACHE_DIR))
+    assert report.pricing.startswith("not priced (http://127.0.0.1:9/api/v1/templates/traffic: Connect")
+    with pytest.raises(CannotCheck, match="the server did not answer"):
+        run_check(replace(request, require_server=True), cache=Path(settings.PREFIXSCOPE_TEMPLATE_CACHE_DIR))

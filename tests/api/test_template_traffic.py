@@ -23,7 +23,7 @@ from app.fleet.models import Server
 from app.prompts.models import Template, TemplateRepository
 from app.rollups.catalog import derived_from
 from app.rollups.derived import resum
-from app.traffic.models import MinuteRollup
+from app.traffic.models import HourRollup, MinuteRollup
 from tests.support.factories import a_server
 from tests.support.tokens import reader_bearer
 
@@ -67,17 +67,6 @@ def _stored(*rows: Row) -> None:
     with connection.cursor() as cursor:
         for rollup in derived_from(MinuteRollup):
             resum(rollup, cursor, since=until - 200 * HOUR, until=until + HOUR)
-
-
-def _hours_since_first(until: datetime, ago: timedelta, *, window: timedelta) -> float:
-    """The hours a template has been live in the window when its first request came `ago` before
-    `until`: from that minute, or from its hour when the hour rollups hold it (whole hours inside the
-    window), to `until`."""
-    first, since = until - ago, until - window
-    whole_from = since.replace(minute=0) + (HOUR if since.minute else timedelta(0))
-    if whole_from <= first < until.replace(minute=0):
-        first = first.replace(minute=0)
-    return (until - first) / HOUR
 
 
 def _prefill(count: int, *, seconds_per_token: float) -> PrefillSums:
@@ -132,9 +121,7 @@ def test_each_templates_figures_are_its_rollups_over_the_window(
     found = _by_name(answer)
     assert found["support"] == {
         "name": "support", "repository": "prompts", "path": "support.j2",
-        "requests": 140, "requests_per_hour": pytest.approx(
-            140 / _hours_since_first(until, 20 * HOUR, window=24 * HOUR)
-        ),
+        "requests": 140, "requests_per_hour": pytest.approx(140 / 20),  # live for the last 20 hours
         "prompt_tokens_per_request": pytest.approx((100 * 2000 + 30 * 1000 + 10 * 2000) / 140),
         "reused_tokens_per_request": pytest.approx(500.0), "reused_window": "hour",
         "block_size": 16,  # server a served 110 of the 140
@@ -170,10 +157,7 @@ def test_reused_tokens_fall_back_to_the_window_when_its_last_hour_has_no_request
     assert found["support"]["reused_window"] == "window"
     assert found["support"]["reused_tokens_per_request"] == pytest.approx((20 * 600 + 60 * 2000) / 80)
     # Live for the last 5 hours of the 6: its requests an hour count from its first request on.
-    until = datetime.fromisoformat(answer["until"])
-    assert found["support"]["requests_per_hour"] == pytest.approx(
-        80 / _hours_since_first(until, 5 * HOUR, window=6 * HOUR)
-    )
+    assert found["support"]["requests_per_hour"] == pytest.approx(80 / 5)
     assert found["support"]["block_size"] == 32
     assert found["support"]["prefill_rate_source"] == "configured"  # no prefill sums
     # Requests that did not report cached tokens reuse at the rate of those that did.
@@ -309,3 +293,20 @@ def test_the_read_takes_as_many_queries_for_many_templates_as_for_one(
         template = Template.objects.create(name=f"t{n}", repository=fleet["repository"], path=f"t{n}.j2")
         _stored(Row(fleet["b"], template, HOUR * (n % 5 + 1), requests=2, prompt=10, cached=5))
     assert queries() == few
+
+
+def test_a_template_whose_minutes_are_gone_counts_from_its_first_hour(
+    client: Client, fleet: dict[str, Any]
+) -> None:
+    """Where the minute rollups of its first hour are no longer kept, the hour's start stands for its
+    first request."""
+    until = _until()
+    first_hour = (until - 5 * HOUR).replace(minute=0)
+    HourRollup.objects.create(
+        server=fleet["a"], template=fleet["support"], hour=first_hour, requests=60,
+        prompt_tokens=60_000, cached_tokens=30_000, cache_known_prompt_tokens=60_000,
+    )  # fmt: skip
+
+    found = _by_name(_get(client, hours=24))
+
+    assert found["support"]["requests_per_hour"] == pytest.approx(60 / ((until - first_hour) / HOUR))
