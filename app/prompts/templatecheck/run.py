@@ -26,7 +26,14 @@ from dulwich.repo import Repo
 
 from app.domain.templatecheck.analysis import Render, Template
 from app.domain.templatecheck.check import Pair, Report, check_pairs
-from app.domain.templatecheck.config import CONFIG_FILE, CheckConfig, ConfigError, parse_config, template_name
+from app.domain.templatecheck.config import (
+    CONFIG_FILE,
+    CheckConfig,
+    ConfigError,
+    TemplateEntry,
+    parse_config,
+    template_name,
+)
 from app.domain.templatecheck.perturb import Conditions
 from app.domain.templatecheck.price import Traffic
 from app.domain.templatecheck.render import CheckedTemplate, RenderError, plain
@@ -84,7 +91,7 @@ def check_commits(repo: Repo, request: CheckRequest) -> Report:
     Raises CannotCheck."""
     base, head = _commit(repo, request.base), _commit(repo, request.head)
     config = read_config(repo, head)
-    tokenizer = _tokenizer(repo, head, request.tokenizer or config.tokenizer)
+    tokenizer = _tokenizer(repo, request.tokenizer or config.tokenizer)
     with _tree_folders(repo, (base, head), needed=_uses_commands(config) and request.allow_commands) as trees:
         pairs = _pairs(
             repo, base, head, config, tokenizer, trees, allow_commands=request.allow_commands,
@@ -131,7 +138,9 @@ def _commit(repo: Repo, name: str) -> str:
     return sha
 
 
-def _tokenizer(repo: Repo, head: str, name: str) -> LoadedTokenizer:
+def _tokenizer(repo: Repo, name: str) -> LoadedTokenizer:
+    """The tokenizer ``name`` names; a relative path is in the repository's work tree (a mirror the
+    server fetched has none: there, ``gpt2`` or an absolute path)."""
     root = Path(repo.path) if not repo.bare else None
     try:
         return load_tokenizer(name, root=root)
@@ -149,10 +158,11 @@ def _pairs(
 ) -> list[Pair]:  # fmt: skip
     """Every file an entry's globs match at base or head (the first entry that matches a file wins),
     of ``paths`` only when given."""
-    matched: dict[str, Any] = {}
+    matched: dict[str, TemplateEntry] = {}
+    every = sorted(set(git.paths_at(repo, base)) | set(git.paths_at(repo, head)))
     for entry in config.templates:
         matches = git.path_matcher(entry.files)
-        for path in sorted(set(git.paths_at(repo, base)) | set(git.paths_at(repo, head))):
+        for path in every:
             if matches(path) and path != CONFIG_FILE and (paths is None or path in paths):
                 matched.setdefault(path, entry)
     pairs = []
@@ -169,7 +179,8 @@ def _pairs(
 
 
 def _template(
-    repo: Repo, sha: str, path: str, name: str, entry: Any, config: CheckConfig, tokenizer: LoadedTokenizer,
+    repo: Repo, sha: str, path: str, name: str, entry: TemplateEntry, config: CheckConfig,
+    tokenizer: LoadedTokenizer,
     trees: Mapping[str, Path], allow_commands: bool,
 ) -> Template | None:  # fmt: skip
     source = git.text_at(repo, sha, path)
