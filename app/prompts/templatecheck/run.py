@@ -44,6 +44,7 @@ from app.prompts.templatecheck.traffic import TrafficUnavailable, fetch_traffic
 logger = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_SECONDS = 30
+PASSED_THROUGH = ("PATH", "HOME", "VIRTUAL_ENV")
 _ANCESTRY = re.compile(r"(.+?)((?:~\d*|\^1?)*)")
 _STEP = re.compile(r"~\d*|\^1?")
 _FAKETIME = (
@@ -235,8 +236,10 @@ def _command_render(command: Sequence[str], root: Path) -> Render:
 
 
 def _command_environment(conditions: Conditions) -> dict[str, str]:
-    environment = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"),
+    # Only what finds the builder's interpreter passes through (not settings: the builder's own
+    # environment is the conditions below), so that nothing else of this process reaches it.
+    environment = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    environment |= {
         "TZ": conditions.zone, "LC_ALL": conditions.locale, "LANG": conditions.locale,
         "PYTHONHASHSEED": str(conditions.hash_seed), "PREFIXSCOPE_CHECK_SEED": str(conditions.seed),
         "PREFIXSCOPE_CHECK_NOW": conditions.now.isoformat(),
