@@ -271,13 +271,16 @@ def record_version_check(
     """Store the check of ``version``: its template's ``result`` in a check of its commit against
     ``base_sha`` (blank: a root commit, compared with nothing: the base fields stay null, as for a
     file new at the commit), or the ``error`` that kept it from running (then ``result`` is None).
-    One row per version, written whole: storing the same check again changes nothing. The price
-    is left as it is (price_version_check writes it)."""
+    One row per version, written whole: storing the same check again changes nothing. A new check
+    is priced again (price_version_check writes the price: cleared here)."""
     fields: dict[str, object] = {
         "base_sha": base_sha, "checked_at": checked_at, "error": error[:CHECK_ERROR_MAX],
         "verdict": VersionCheck.Verdict.ERROR, "block_size": None, "base_stable_tokens": None,
         "head_stable_tokens": None, "base_blocks": None, "head_blocks": None, "departs_at_token": None,
         "departs_line": None, "ends_class": "", "ends_variable": "", "findings": [],
+        "priced_at": None, "requests_per_hour": None, "reused_tokens_before": None,
+        "reused_tokens_after": None, "predicted_tokens_per_hour": None,
+        "predicted_gpu_seconds_per_hour": None, "predicted_cost_per_hour": None,
     }  # fmt: skip
     if result is not None:
         fields |= _checked_fields(result, compared=bool(base_sha)) | {"block_size": block_size}

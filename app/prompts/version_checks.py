@@ -6,7 +6,8 @@ template's traffic (app/diagnosis/template_traffic.py, queued by name: that laye
 The server never runs repository code: builder commands are refused (their templates' checks say
 they could not render). A repository without the describing file gets a check of verdict "error"
 with the reason, one per version, so the template page can say why there is no prediction rather
-than show nothing; a version's check is made once (a re-import checks only versions without one).
+than show nothing; a version's check is made once (a re-import checks only versions without one,
+and those whose check stopped on a fault of the check itself).
 """
 
 import logging
@@ -15,6 +16,7 @@ from datetime import datetime
 
 from celery import current_app
 from django.db import transaction
+from django.db.models import Q
 from dulwich.repo import Repo
 from kombu.exceptions import OperationalError as BrokerUnavailable
 
@@ -30,11 +32,14 @@ UNEXPECTED = "the check stopped unexpectedly (the worker's log says why)"
 
 
 def check_new_versions(repository: TemplateRepository, repo: Repo, *, now: datetime) -> list[int]:
-    """Check every imported version of ``repository`` that has no check yet, one check a commit
-    (of the files it changed); the ids of the versions checked."""
-    unchecked = TemplateVersion.objects.filter(
-        template__repository=repository, imported_at__isnull=False, template_check__isnull=True
-    ).exclude(path="")
+    """Check every imported version of ``repository`` that has no check yet, or whose check stopped
+    unexpectedly (tried again at each import), one check a commit (of the files it changed); the ids
+    of the versions checked."""
+    unchecked = (
+        TemplateVersion.objects.filter(template__repository=repository, imported_at__isnull=False)
+        .filter(Q(template_check__isnull=True) | Q(template_check__error=UNEXPECTED))
+        .exclude(path="")
+    )
     by_commit: dict[str, list[TemplateVersion]] = defaultdict(list)
     for version in unchecked.only("pk", "commit_sha", "path").order_by("committed_at", "pk"):
         by_commit[version.commit_sha].append(version)

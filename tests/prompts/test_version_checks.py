@@ -117,3 +117,23 @@ def test_the_import_queues_the_pricing_by_name(
     assert checks.count() > 0
     assert not checks.filter(priced_at__isnull=True).exists()
     assert not checks.filter(predicted_tokens_per_hour__isnull=False).exists()
+
+
+def test_a_check_that_stopped_on_a_fault_is_tried_again_at_the_next_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits = create_repo(tmp_path / "templates", load_scenario(resolve_scenario("demo")), START)
+    repository = register_repository(location=str(tmp_path / "templates"), globs=["templates/*.j2"])
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the check")
+
+    monkeypatch.setattr("app.prompts.version_checks.check_commits", broken)
+    import_template_history(repository_id=repository.pk, now=timezone.now())
+    assert {c.verdict for c in VersionCheck.objects.all()} == {"error"}
+    monkeypatch.undo()
+
+    outcome = import_template_history(repository_id=repository.pk, now=timezone.now())
+
+    assert len(outcome.checked) == len(commits)
+    assert _check_of(commits, "support", _fault_message("volatile_top")[1]).verdict == "failed"
