@@ -1,0 +1,134 @@
+"""Hit rate against KV capacity for every capacity at once, in one pass over a trace (Mattson's stack
+algorithm), and where that pass is exact.
+
+vLLM's free queue is an LRU whose order does not depend on its size: a finished request's blocks go
+to its tail last block first, so with requests one at a time the cached blocks are always the most
+recently released ones, a chain's parent newer than its child. A block is then resident at a
+capacity of C blocks exactly when fewer than C cached blocks were released after it (its stack
+distance), and a request reuses its leading blocks whose distances, and every earlier one's, are
+within C. One pass computes each block's distance once (a Fenwick tree over release stamps) and
+so the reuse at every C.
+
+Exact for requests that release their blocks before the next arrives on their server; requests
+that overlap hold blocks the LRU cannot give out, which a point replay (app/domain/replay/run.py)
+models and this does not: `curve_error` says how far the two are apart on a given trace. One
+block of each server is kept out of the capacity, the partial last block a request leaves free
+at the head of the queue.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
+
+UNSEEN = -1
+
+
+class _Fenwick:
+    """Counts over positions 1..size: add one, take one, and count up to a position, in O(log n)."""
+
+    __slots__ = ("size", "tree")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.tree = [0] * (size + 1)
+
+    def add(self, position: int, delta: int) -> None:
+        tree, size = self.tree, self.size
+        while position <= size:
+            tree[position] += delta
+            position += position & -position
+
+    def count_to(self, position: int) -> int:
+        tree, total = self.tree, 0
+        while position > 0:
+            total += tree[position]
+            position -= position & -position
+        return total
+
+
+class _StackDistances:
+    """One server's LRU stack: each cached key's release stamp, and how many are newer."""
+
+    __slots__ = ("live", "stamps", "time", "tree")
+
+    def __init__(self, releases: int) -> None:
+        self.tree = _Fenwick(releases)
+        self.stamps: dict[Hashable, int] = {}
+        self.time = 0
+        self.live = 0
+
+    def distance(self, key: Hashable) -> int:
+        """How many cached blocks are as new as `key` or newer (itself included); UNSEEN if never."""
+        stamp = self.stamps.get(key)
+        if stamp is None:
+            return UNSEEN
+        return self.live - self.tree.count_to(stamp - 1)
+
+    def release(self, keys: Sequence[Hashable]) -> None:
+        """Put `keys` at the new end, the last one first (vLLM frees a request's blocks in reverse)."""
+        tree, stamps = self.tree, self.stamps
+        for key in reversed(keys):
+            old = stamps.get(key)
+            if old is None:
+                self.live += 1
+            else:
+                tree.add(old, -1)
+            self.time += 1
+            stamps[key] = self.time
+            tree.add(self.time, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityCurve:
+    """Reused tokens by the capacity that first holds them: `reused_at(blocks)` for any capacity."""
+
+    block_size: int
+    prompt_tokens: int
+    reusable_at: dict[str, Counter[int]]  # per server: tokens reused once it has this many blocks
+
+    def reused_at(self, blocks: dict[str, int]) -> int:
+        """Tokens reused when each server has `blocks[server]` KV blocks (vLLM's num_gpu_blocks)."""
+        total = 0
+        for server, needed in self.reusable_at.items():
+            capacity = blocks.get(server, 0) - 2  # the null block, and the partial one left free
+            total += sum(tokens for distance, tokens in needed.items() if distance <= capacity)
+        return total
+
+    def hit_rate_at(self, blocks: dict[str, int]) -> float | None:
+        """Reused over prompt tokens at that capacity; None without prompt tokens."""
+        return self.reused_at(blocks) / self.prompt_tokens if self.prompt_tokens else None
+
+
+def capacity_curve(trace: Sequence[TraceRequest], *, block_size: int, salted: bool = True) -> CapacityCurve:
+    """One pass over `trace` in arrival order, each request on the server it was recorded on."""
+    order = sorted(trace, key=lambda request: request.arrived)
+    chains = [padded_keys(r, request_keys(r, block_size, salted=salted), block_size) for r in order]
+    releases: Counter[str] = Counter()
+    for request, keys in zip(order, chains, strict=True):
+        releases[request.server] += len(keys) + request.output_tokens // block_size + 1
+    stacks = {server: _StackDistances(count) for server, count in releases.items()}
+    reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
+    for request, keys in zip(order, chains, strict=True):
+        stack, needed = stacks[request.server], reusable[request.server]
+        # A prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
+        worst = -(-request.prompt_tokens // block_size) - 1
+        for key in keys[: max(request.prompt_tokens - 1, 0) // block_size]:
+            distance = stack.distance(key)
+            if distance == UNSEEN:
+                break
+            worst = max(worst, distance)
+            needed[worst] += block_size
+        stack.release([*keys, *_output_keys(request, block_size)])
+    return CapacityCurve(block_size, sum(r.prompt_tokens for r in trace), reusable)
+
+
+def _output_keys(request: TraceRequest, block_size: int) -> list[Key]:
+    """The blocks a request's output fills, cached under keys no other request has."""
+    filled = (request.prompt_tokens + max(request.output_tokens - 1, 0)) // block_size
+    return [
+        (request.request_id, "output", index) for index in range(request.prompt_tokens // block_size, filled)
+    ]

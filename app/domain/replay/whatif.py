@@ -1,0 +1,255 @@
+"""What another fleet configuration would have reused of the same traffic, and what that is worth.
+
+A what-if replays a window of requests (app/domain/replay/run.py) first as the fleet was (the
+calibration: how far to trust the rest), then under each alternative: KV blocks per server from a
+quarter to four times today (point replays, and the one-pass curve between them), each routing
+policy, fewer larger or more smaller servers of the same total memory, other block sizes of the
+same memory (when token ids are kept), and salts dropped (what isolation costs). Each answer is
+priced against the replay of the fleet as it was, with the product's one cost model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from app.domain.cost import prefill_price
+from app.domain.replay.calibration import Calibration, Trust, calibrate
+from app.domain.replay.curve import capacity_curve
+from app.domain.replay.routing import ROUTING_LABELS, Routing
+from app.domain.replay.run import ReplayResult, ServerShape, Setup, replay
+from app.domain.replay.trace import TraceRequest
+
+CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+CURVE_STEPS = 48  # one-pass curve points between the smallest and largest factor
+BLOCK_SIZES = (8, 16, 32, 64)
+LEAVES_OUT = (
+    "Time to first token saved is the prefill of the tokens reused, at the measured prefill rate; "
+    "it leaves out queueing, which more reuse also shortens, and the decode that follows."
+)
+
+
+class Kind(StrEnum):
+    AS_WAS = "as_was"
+    CAPACITY = "capacity"
+    ROUTING = "routing"
+    SERVERS = "servers"
+    BLOCK_SIZE = "block_size"
+    SALTS = "salts"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a prefill token costs: the measured (or configured) rate and the GPU-hour price."""
+
+    tokens_per_second: float
+    gpu_hour_price: float
+    rate_source: str = "measured"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One configuration's replay, priced against the fleet as it was: positive saves, negative costs."""
+
+    kind: Kind
+    label: str
+    factor: float | None  # capacity: KV blocks as a multiple of today's
+    hit_rate: float | None
+    reused_tokens: int
+    saved_tokens_per_hour: float
+    gpu_seconds_per_hour: float
+    money_per_hour: float
+    ttft_saved_seconds: float  # per request, on average: the prefill of the extra tokens reused
+    mean_wait_seconds: float  # waiting for free blocks, per request
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    factor: float
+    hit_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """Every answer for one window, with the calibration that says how far to trust them."""
+
+    requests: int
+    prompt_tokens: int
+    window_seconds: float
+    block_size: int
+    servers: tuple[ServerShape, ...]
+    calibration: Calibration
+    as_was: Answer
+    capacity: tuple[Answer, ...]
+    curve: tuple[CurvePoint, ...]
+    curve_error_points: float | None  # the one-pass curve against the point replays, at worst
+    routing: tuple[Answer, ...]
+    server_counts: tuple[Answer, ...]
+    block_sizes: tuple[Answer, ...]  # empty unless every request kept its token ids
+    salts: tuple[Answer, ...]  # empty unless a request was salted
+    leaves_out: str = LEAVES_OUT
+
+    @property
+    def trusted(self) -> bool:
+        """False when the replay did not reproduce the fleet: the answers are then not to be read."""
+        return self.calibration.trust in (Trust.GOOD, Trust.FAIR)
+
+
+Progress = Callable[[float], None]
+
+
+def what_if(
+    trace: Sequence[TraceRequest],
+    *,
+    servers: Sequence[ServerShape],
+    block_size: int,
+    window_seconds: float,
+    price: Price,
+    progress: Progress | None = None,
+) -> WhatIf:
+    """Replay `trace` (the window's requests) as the fleet of `servers` was, then every alternative.
+    `progress(share)` is told how far along it is (0 to 1)."""
+    if window_seconds <= 0:
+        raise ValueError(f"a window must last, got {window_seconds} s")
+    asked = _Asking(trace, Setup(tuple(servers), block_size), window_seconds, price, progress)
+    as_was_run = asked.run(asked.base)
+    as_was = asked.answer(Kind.AS_WAS, "as it was", as_was_run)
+    capacity = tuple(asked.capacity(factor) for factor in CAPACITY_FACTORS)
+    curve, curve_error = asked.curve(capacity)
+    return WhatIf(
+        requests=len(trace),
+        prompt_tokens=sum(r.prompt_tokens for r in trace),
+        window_seconds=window_seconds,
+        block_size=block_size,
+        servers=tuple(servers),
+        calibration=calibrate(trace, as_was_run),
+        as_was=as_was,
+        capacity=capacity,
+        curve=curve,
+        curve_error_points=curve_error,
+        routing=tuple(asked.routing(routing) for routing in Routing),
+        server_counts=asked.server_counts(),
+        block_sizes=asked.block_sizes(),
+        salts=asked.salts(),
+    )
+
+
+class _Asking:
+    """One what-if's trace, base setup, pricing and progress; each method one family of answers."""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        base: Setup,
+        window_seconds: float,
+        price: Price,
+        progress: Progress | None,
+    ) -> None:
+        self.trace = trace
+        self.base = base
+        self.window_seconds = window_seconds
+        self.price = price
+        self.progress = progress
+        self.baseline_tokens: int | None = None
+        self.done = 0
+        self.total = 1 + len(CAPACITY_FACTORS) + len(Routing) + 3 + len(BLOCK_SIZES) + 1
+
+    def run(self, setup: Setup) -> ReplayResult:
+        result = replay(self.trace, setup)
+        self.done += 1
+        if self.progress is not None:
+            self.progress(min(self.done / self.total, 1.0))
+        return result
+
+    def answer(self, kind: Kind, label: str, result: ReplayResult, factor: float | None = None) -> Answer:
+        if self.baseline_tokens is None:
+            self.baseline_tokens = result.reused_tokens
+        extra = result.reused_tokens - self.baseline_tokens
+        per_hour = extra * 3600 / self.window_seconds
+        gpu_seconds, money = prefill_price(
+            per_hour, tokens_per_second=self.price.tokens_per_second, gpu_hour_price=self.price.gpu_hour_price
+        )
+        requests = max(len(self.trace), 1)
+        return Answer(
+            kind=kind,
+            label=label,
+            factor=factor,
+            hit_rate=result.hit_rate,
+            reused_tokens=result.reused_tokens,
+            saved_tokens_per_hour=per_hour,
+            gpu_seconds_per_hour=gpu_seconds,
+            money_per_hour=money,
+            ttft_saved_seconds=extra / requests / self.price.tokens_per_second,
+            mean_wait_seconds=sum(result.waited) / requests,
+        )
+
+    def capacity(self, factor: float) -> Answer:
+        servers = tuple(replace(s, num_blocks=_scaled(s.num_blocks, factor)) for s in self.base.servers)
+        label = "today's KV blocks" if factor == 1 else f"{factor:g}x KV blocks"
+        return self.answer(Kind.CAPACITY, label, self.run(replace(self.base, servers=servers)), factor)
+
+    def curve(self, points: Sequence[Answer]) -> tuple[tuple[CurvePoint, ...], float | None]:
+        """The one-pass curve from the smallest to the largest factor, and its worst distance (in
+        points) from the point replays, which it is checked against on every what-if."""
+        curve = capacity_curve(self.trace, block_size=self.base.block_size, salted=self.base.salted)
+        low, high = CAPACITY_FACTORS[0], CAPACITY_FACTORS[-1]
+        factors = sorted(
+            {*CAPACITY_FACTORS, *(low + (high - low) * i / CURVE_STEPS for i in range(CURVE_STEPS + 1))}
+        )
+        found = tuple(CurvePoint(f, curve.hit_rate_at(self._blocks(f))) for f in factors)
+        errors = [
+            abs(curve_rate - point.hit_rate) * 100
+            for point in points
+            if point.factor is not None
+            and point.hit_rate is not None
+            and (curve_rate := curve.hit_rate_at(self._blocks(point.factor))) is not None
+        ]
+        return found, max(errors) if errors else None
+
+    def routing(self, routing: Routing) -> Answer:
+        return self.answer(
+            Kind.ROUTING, ROUTING_LABELS[routing], self.run(replace(self.base, routing=routing))
+        )
+
+    def server_counts(self) -> tuple[Answer, ...]:
+        """The same total KV memory in fewer larger or more smaller servers, routed prefix-aware."""
+        count = len(self.base.servers)
+        total = sum(s.num_blocks for s in self.base.servers)
+        answers = []
+        for servers in sorted({1, max(count // 2, 1), count, count * 2}):
+            blocks = max(total // servers, 2)
+            shapes = tuple(ServerShape(f"replica-{n}", blocks) for n in range(servers))
+            setup = replace(self.base, servers=shapes, routing=Routing.PREFIX_AWARE)
+            label = f"{servers} server{'s' if servers > 1 else ''} x {blocks:,} blocks, prefix-aware"
+            answers.append(self.answer(Kind.SERVERS, label, self.run(setup)))
+        return tuple(answers)
+
+    def block_sizes(self) -> tuple[Answer, ...]:
+        """Other block sizes in the same KV memory; only where every request kept its token ids."""
+        if any(r.token_ids is None for r in self.trace):
+            return ()
+        answers = []
+        for size in BLOCK_SIZES:
+            servers = tuple(
+                replace(s, num_blocks=max(s.num_blocks * self.base.block_size // size, 2))
+                for s in self.base.servers
+            )
+            label = f"blocks of {size} tokens" + (" (today)" if size == self.base.block_size else "")
+            setup = replace(self.base, servers=servers, block_size=size)
+            answers.append(self.answer(Kind.BLOCK_SIZE, label, self.run(setup)))
+        return tuple(answers)
+
+    def salts(self) -> tuple[Answer, ...]:
+        """Every salt dropped: the reuse tenants' isolation costs. Only where a request was salted."""
+        if not any(r.salt for r in self.trace):
+            return ()
+        return (self.answer(Kind.SALTS, "salts off", self.run(replace(self.base, salted=False))),)
+
+    def _blocks(self, factor: float) -> dict[str, int]:
+        return {s.name: _scaled(s.num_blocks, factor) for s in self.base.servers}
+
+
+def _scaled(num_blocks: int, factor: float) -> int:
+    """`factor` times a pool's usable blocks, plus vLLM's null block (at least one usable)."""
+    return max(round((num_blocks - 1) * factor), 1) + 1

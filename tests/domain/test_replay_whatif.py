@@ -1,0 +1,132 @@
+"""The one-pass capacity curve against point replays, the calibration, and the what-if's answers."""
+
+import random
+
+import pytest
+
+from app.domain.replay.calibration import Trust, calibrate
+from app.domain.replay.curve import capacity_curve
+from app.domain.replay.routing import Routing
+from app.domain.replay.run import ServerShape, Setup, replay
+from app.domain.replay.trace import TraceRequest
+from app.domain.replay.whatif import CAPACITY_FACTORS, Kind, Price, what_if
+
+BS = 16
+
+
+def zipf_trace(requests: int, *, seed: int = 1, servers: int = 4, salted: bool = False) -> list[TraceRequest]:
+    """Prompts of 12 prefixes of 250-420 tokens, popular ones far more often, tails of 10-40."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(50_000) for _ in range(rng.randrange(250, 420))] for _ in range(12)]
+    trace = []
+    for n in range(requests):
+        prompt = prefixes[min(int(rng.expovariate(0.3)), 11)] + [
+            rng.randrange(50_000) for _ in range(rng.randrange(10, 40))
+        ]
+        trace.append(
+            TraceRequest(
+                request_id=f"r{n}", arrived=n * 0.5, prompt_tokens=len(prompt),
+                server=f"s{rng.randrange(servers)}",
+                output_tokens=rng.choice([0, 5, 32, 33]), token_ids=tuple(prompt),
+                salt=rng.choice(["", "tenant-a"]) if salted else "",
+            )
+        )  # fmt: skip
+    return trace
+
+
+def fleet(blocks: int, servers: int = 4) -> tuple[ServerShape, ...]:
+    return tuple(ServerShape(f"s{n}", blocks) for n in range(servers))
+
+
+@pytest.mark.parametrize("blocks", [28, 40, 64, 128, 256, 400])
+def test_the_one_pass_curve_matches_point_replays_of_requests_one_at_a_time(blocks: int) -> None:
+    trace = zipf_trace(3000)
+    curve = capacity_curve(trace, block_size=BS)
+
+    point = replay(trace, Setup(fleet(blocks), BS))
+
+    predicted = curve.hit_rate_at({s.name: blocks for s in fleet(blocks)})
+    assert point.hit_rate is not None and predicted is not None
+    assert abs(predicted - point.hit_rate) < 0.002, (predicted, point.hit_rate)
+
+
+def test_calibration_compares_only_requests_that_reported_their_reuse() -> None:
+    trace = zipf_trace(400)
+    result = replay(trace, Setup(fleet(64), BS))
+    reported = [
+        TraceRequest(
+            **{**{f: getattr(r, f) for f in TraceRequest.__slots__}, "cached_tokens": c if n % 2 else None}
+        )
+        for n, (r, c) in enumerate(zip(trace, result.reused, strict=True))
+    ]
+
+    calibration = calibrate(reported, result)
+
+    assert calibration.requests == 200 and calibration.exact == 200
+    assert calibration.error_points == 0 and calibration.trust is Trust.GOOD
+
+
+def test_a_replay_far_from_what_was_reported_is_not_trusted() -> None:
+    trace = [
+        TraceRequest(
+            **{**{f: getattr(r, f) for f in TraceRequest.__slots__}, "cached_tokens": r.prompt_tokens - 1}
+        )
+        for r in zipf_trace(300)
+    ]
+
+    answers = what_if(trace, servers=fleet(64), block_size=BS, window_seconds=150, price=Price(4000, 2.0))
+
+    assert answers.calibration.trust is Trust.POOR and not answers.trusted
+
+
+def test_what_if_answers_every_alternative_priced_against_the_fleet_as_it_was() -> None:
+    trace = zipf_trace(1500, salted=True)
+    shares: list[float] = []
+
+    answers = what_if(
+        trace,
+        servers=fleet(64),
+        block_size=BS,
+        window_seconds=750,
+        price=Price(4000, 2.0),
+        progress=shares.append,
+    )
+
+    assert [a.factor for a in answers.capacity] == list(CAPACITY_FACTORS)
+    rates = [a.hit_rate or 0 for a in answers.capacity]
+    assert rates == sorted(rates) and rates[0] < rates[-1]  # more memory never reuses less here
+    today = next(a for a in answers.capacity if a.factor == 1)
+    assert today.reused_tokens == answers.as_was.reused_tokens and today.saved_tokens_per_hour == 0
+    four = answers.capacity[-1]
+    assert four.saved_tokens_per_hour == (four.reused_tokens - answers.as_was.reused_tokens) * 3600 / 750
+    assert four.gpu_seconds_per_hour == pytest.approx(four.saved_tokens_per_hour / 4000)
+    assert answers.curve_error_points is not None and answers.curve_error_points < 1
+    by_routing = {a.label: a for a in answers.routing}
+    assert by_routing["prefix-aware"].hit_rate > by_routing["random"].hit_rate  # type: ignore[operator]
+    assert {a.kind for a in answers.server_counts} == {Kind.SERVERS}
+    assert [a.label for a in answers.block_sizes][1] == "blocks of 16 tokens (today)"
+    assert answers.salts[0].saved_tokens_per_hour > 0  # half the requests salted apart
+    assert shares[-1] == 1.0 and shares == sorted(shares)
+
+
+def test_without_token_ids_no_block_size_is_answered() -> None:
+    trace = [TraceRequest(r.request_id, r.arrived, r.prompt_tokens, server=r.server) for r in zipf_trace(50)]
+
+    answers = what_if(trace, servers=fleet(64), block_size=BS, window_seconds=25, price=Price(4000, 2.0))
+
+    assert answers.block_sizes == () and answers.salts == ()
+    assert answers.calibration.trust is Trust.UNKNOWN
+
+
+def test_prefix_aware_routing_respects_its_load_cap() -> None:
+    held = [
+        TraceRequest(f"r{n}", n * 0.01, 40, token_ids=tuple(range(40)), held_seconds=5.0, output_tokens=1)
+        for n in range(40)
+    ]
+
+    result = replay(held, Setup(fleet(200), BS, Routing.PREFIX_AWARE))
+
+    # All share one prefix, which alone would send every one to the first server; a server may run
+    # at most 1.5x the mean plus one, so the others take their share as the first fills.
+    assert len(set(result.servers)) >= 3
+    assert max(result.servers.count(s) for s in range(4)) < 20
