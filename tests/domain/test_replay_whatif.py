@@ -60,7 +60,7 @@ def test_calibration_compares_only_requests_that_reported_their_reuse() -> None:
         for n, (r, c) in enumerate(zip(trace, result.reused, strict=True))
     ]
 
-    calibration = calibrate(reported, result)
+    calibration = calibrate(reported, result.reused)
 
     assert calibration.requests == 200 and calibration.exact == 200
     assert calibration.error_points == 0 and calibration.trust is Trust.GOOD
@@ -130,3 +130,22 @@ def test_prefix_aware_routing_respects_its_load_cap() -> None:
     # at most 1.5x the mean plus one, so the others take their share as the first fills.
     assert len(set(result.servers)) >= 3
     assert max(result.servers.count(s) for s in range(4)) < 20
+
+
+def test_a_scope_counts_its_own_requests_while_all_take_their_room() -> None:
+    trace = [
+        TraceRequest(**{**{f: getattr(r, f) for f in TraceRequest.__slots__}, "template": "ab"[n % 2]})
+        for n, r in enumerate(zipf_trace(600))
+    ]
+    whole = replay(trace, Setup(fleet(48), BS))
+    mine = [n for n, r in enumerate(trace) if r.template == "a"]
+
+    answers = what_if(
+        trace, servers=fleet(48), block_size=BS, window_seconds=300, price=Price(4000, 2.0),
+        counted=lambda r: r.template == "a",
+    )  # fmt: skip
+
+    assert answers.requests == len(mine)
+    assert answers.as_was.reused_tokens == sum(whole.reused[n] for n in mine)
+    curve = capacity_curve(trace, block_size=BS, counted=lambda r: r.template == "a")
+    assert curve.prompt_tokens == answers.prompt_tokens == sum(trace[n].prompt_tokens for n in mine)

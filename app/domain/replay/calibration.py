@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from app.domain.replay.run import ReplayResult
 from app.domain.replay.trace import TraceRequest
 
 GOOD_POINTS = 2.0  # issue 26's target: the replayed hit rate within 2 points of the delivered one
@@ -65,10 +64,11 @@ class Calibration:
         return Trust.FAIR if abs(error) <= FAIR_POINTS else Trust.POOR
 
 
-def calibrate(trace: Sequence[TraceRequest], replayed: ReplayResult) -> Calibration:
-    """Compare `replayed` (the trace replayed as the fleet was) with what each request reported."""
+def calibrate(trace: Sequence[TraceRequest], replayed: Sequence[int]) -> Calibration:
+    """Compare `replayed` (each request's reuse in the trace replayed as the fleet was) with what
+    each request reported."""
     requests = prompt = reported = again = exact = 0
-    for request, reused in zip(trace, replayed.reused, strict=True):
+    for request, reused in zip(trace, replayed, strict=True):
         if request.cached_tokens is None:
             continue
         requests += 1

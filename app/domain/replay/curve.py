@@ -19,7 +19,7 @@ at the head of the queue.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
@@ -103,8 +103,15 @@ class CapacityCurve:
         return self.reused_at(blocks) / self.prompt_tokens if self.prompt_tokens else None
 
 
-def capacity_curve(trace: Sequence[TraceRequest], *, block_size: int, salted: bool = True) -> CapacityCurve:
-    """One pass over `trace` in arrival order, each request on the server it was recorded on."""
+def capacity_curve(
+    trace: Sequence[TraceRequest],
+    *,
+    block_size: int,
+    salted: bool = True,
+    counted: Callable[[TraceRequest], bool] | None = None,
+) -> CapacityCurve:
+    """One pass over `trace` in arrival order, each request on the server it was recorded on; the
+    reuse of the requests `counted` says (all by default), every request taking its room."""
     order = sorted(trace, key=lambda request: request.arrived)
     chains = [padded_keys(r, request_keys(r, block_size, salted=salted), block_size) for r in order]
     releases: Counter[str] = Counter()
@@ -114,6 +121,9 @@ def capacity_curve(trace: Sequence[TraceRequest], *, block_size: int, salted: bo
     reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
     for request, keys in zip(order, chains, strict=True):
         stack, needed = stacks[request.server], reusable[request.server]
+        if counted is not None and not counted(request):
+            stack.release([*keys, *_output_keys(request, block_size)])
+            continue
         # A prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
         worst = -(-request.prompt_tokens // block_size) - 1
         for key in keys[: max(request.prompt_tokens - 1, 0) // block_size]:
@@ -123,7 +133,8 @@ def capacity_curve(trace: Sequence[TraceRequest], *, block_size: int, salted: bo
             worst = max(worst, distance)
             needed[worst] += block_size
         stack.release([*keys, *_output_keys(request, block_size)])
-    return CapacityCurve(block_size, sum(r.prompt_tokens for r in trace), reusable)
+    prompt_tokens = sum(r.prompt_tokens for r in trace if counted is None or counted(r))
+    return CapacityCurve(block_size, prompt_tokens, reusable)
 
 
 def _output_keys(request: TraceRequest, block_size: int) -> list[Key]:

@@ -106,24 +106,28 @@ def what_if(
     block_size: int,
     window_seconds: float,
     price: Price,
+    counted: Callable[[TraceRequest], bool] | None = None,
     progress: Progress | None = None,
 ) -> WhatIf:
     """Replay `trace` (the window's requests) as the fleet of `servers` was, then every alternative.
-    `progress(share)` is told how far along it is (0 to 1)."""
+    `counted`: the requests the answers are about (a template's, say), all by default; every request
+    is replayed, as each competes for the same blocks. `progress(share)` is told how far along it
+    is (0 to 1)."""
     if window_seconds <= 0:
         raise ValueError(f"a window must last, got {window_seconds} s")
-    asked = _Asking(trace, Setup(tuple(servers), block_size), window_seconds, price, progress)
+    asked = _Asking(trace, counted, Setup(tuple(servers), block_size), window_seconds, price, progress)
+    mask = asked.mask
     as_was_run = asked.run(asked.base)
     as_was = asked.answer(Kind.AS_WAS, "as it was", as_was_run)
     capacity = tuple(asked.capacity(factor) for factor in CAPACITY_FACTORS)
     curve, curve_error = asked.curve(capacity)
     return WhatIf(
-        requests=len(trace),
-        prompt_tokens=sum(r.prompt_tokens for r in trace),
+        requests=sum(mask),
+        prompt_tokens=asked.prompt_tokens,
         window_seconds=window_seconds,
         block_size=block_size,
         servers=tuple(servers),
-        calibration=calibrate(trace, as_was_run),
+        calibration=calibrate([r for r, c in zip(trace, mask, strict=True) if c], asked.counted(as_was_run)),
         as_was=as_was,
         capacity=capacity,
         curve=curve,
@@ -141,12 +145,18 @@ class _Asking:
     def __init__(
         self,
         trace: Sequence[TraceRequest],
+        counted: Callable[[TraceRequest], bool] | None,
         base: Setup,
         window_seconds: float,
         price: Price,
         progress: Progress | None,
     ) -> None:
         self.trace = trace
+        self.is_counted = counted
+        self.mask = [counted is None or counted(r) for r in trace]
+        mask = self.mask
+        self.requests = max(sum(mask), 1)
+        self.prompt_tokens = sum(r.prompt_tokens for r, c in zip(trace, mask, strict=True) if c)
         self.base = base
         self.window_seconds = window_seconds
         self.price = price
@@ -162,26 +172,32 @@ class _Asking:
             self.progress(min(self.done / self.total, 1.0))
         return result
 
+    def counted(self, result: ReplayResult) -> list[int]:
+        """The reuse of the counted requests, in trace order."""
+        return [reused for reused, c in zip(result.reused, self.mask, strict=True) if c]
+
     def answer(self, kind: Kind, label: str, result: ReplayResult, factor: float | None = None) -> Answer:
+        reused = sum(self.counted(result))
         if self.baseline_tokens is None:
-            self.baseline_tokens = result.reused_tokens
-        extra = result.reused_tokens - self.baseline_tokens
+            self.baseline_tokens = reused
+        extra = reused - self.baseline_tokens
         per_hour = extra * 3600 / self.window_seconds
         gpu_seconds, money = prefill_price(
             per_hour, tokens_per_second=self.price.tokens_per_second, gpu_hour_price=self.price.gpu_hour_price
         )
-        requests = max(len(self.trace), 1)
+        requests = self.requests
+        waited = sum(w for w, c in zip(result.waited, self.mask, strict=True) if c)
         return Answer(
             kind=kind,
             label=label,
             factor=factor,
-            hit_rate=result.hit_rate,
-            reused_tokens=result.reused_tokens,
+            hit_rate=reused / self.prompt_tokens if self.prompt_tokens else None,
+            reused_tokens=reused,
             saved_tokens_per_hour=per_hour,
             gpu_seconds_per_hour=gpu_seconds,
             money_per_hour=money,
             ttft_saved_seconds=extra / requests / self.price.tokens_per_second,
-            mean_wait_seconds=sum(result.waited) / requests,
+            mean_wait_seconds=waited / requests,
         )
 
     def capacity(self, factor: float) -> Answer:
@@ -192,7 +208,9 @@ class _Asking:
     def curve(self, points: Sequence[Answer]) -> tuple[tuple[CurvePoint, ...], float | None]:
         """The one-pass curve from the smallest to the largest factor, and its worst distance (in
         points) from the point replays, which it is checked against on every what-if."""
-        curve = capacity_curve(self.trace, block_size=self.base.block_size, salted=self.base.salted)
+        curve = capacity_curve(
+            self.trace, block_size=self.base.block_size, salted=self.base.salted, counted=self.is_counted
+        )
         low, high = CAPACITY_FACTORS[0], CAPACITY_FACTORS[-1]
         factors = sorted(
             {*CAPACITY_FACTORS, *(low + (high - low) * i / CURVE_STEPS for i in range(CURVE_STEPS + 1))}
