@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "app.diagnosis",
     "app.prompts",
     "app.regressions",
+    "app.whatif",
     "app.dashboard",
     "app.compare",
     "app.api",
@@ -252,6 +253,9 @@ PREFIXSCOPE_REGRESSION_MIN_CONFIDENCE = env_float("PREFIXSCOPE_REGRESSION_MIN_CO
 PREFIXSCOPE_REGRESSION_MIN_REQUESTS = env_int("PREFIXSCOPE_REGRESSION_MIN_REQUESTS", 50, minimum=1)
 PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND = env_float("PREFIXSCOPE_PREFILL_TOKENS_PER_SECOND", 10_000, minimum=1)
 PREFIXSCOPE_GPU_HOUR_PRICE = env_float("PREFIXSCOPE_GPU_HOUR_PRICE", 2.50, minimum=0)
+# How long a replayed request holds its KV blocks after its first token, per generated token (the
+# what-if's replay, app/whatif): records carry TTFT and output length, not when a request ended.
+PREFIXSCOPE_DECODE_SECONDS_PER_TOKEN = env_float("PREFIXSCOPE_DECODE_SECONDS_PER_TOKEN", 0.02, minimum=0)
 # The KV-cache shape of each served model (layers, KV heads, head dimension, KV dtype), for the GPU
 # memory a template's prefix holds: "Qwen/Qwen3-8B=36:8:128;meta-llama/Llama-3.1-8B=32:8:128:fp8".
 PREFIXSCOPE_MODEL_KV_SHAPES = parse_kv_shapes(env_str("PREFIXSCOPE_MODEL_KV_SHAPES", ""))

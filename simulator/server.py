@@ -23,9 +23,10 @@ from prometheus_client import generate_latest
 
 from app.domain import gpt2
 from app.domain.blockhash import LoraKey
+from app.domain.replay.pool import OutOfBlocks
 from simulator import openai_requests
 from simulator.block_metrics import BlockMetrics
-from simulator.cache import OutOfBlocks, PrefixCache
+from simulator.cache import PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
 from simulator.openai_answers import ChatShape, CompletionShape

@@ -14,19 +14,18 @@ from typing import Any
 
 from django.urls import reverse
 
-from app.fleet.models import Server
 from app.prompts.models import VersionCheck
 from app.prompts.selectors import LiveVersion, live_versions
 from app.regressions.models import Regression
 from app.regressions.series import Minute, scope_series
 from app.rollups.series import Series
-from app.traffic.models import MetricSeries, ScrapeSample, ServerMinute
+from app.traffic.kv_blocks import kv_blocks
+from app.traffic.models import ServerMinute
 from app.traffic.residency import ResidentShare, resident_shares
 
 BEFORE = timedelta(hours=1)  # drawn before the change
 AFTER_AT_MOST = timedelta(hours=6)  # drawn after it: to its resolution or now, this at most
 BEFORE_AT_LEAST = timedelta(minutes=10)  # drawn before it, when the scope's traffic began later
-CACHE_CONFIG = "vllm:cache_config_info"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +174,7 @@ def capacity(regression: Regression, window: ChartWindow) -> Capacity | None:
     )  # fmt: skip
     sides = [
         Side(
-            _kv_blocks(server, since=since, until=until),
+            kv_blocks(server, since=since, until=until),
             sum(v for at, v in minutes.items() if since <= at < until),
             sum(1 for at in minutes if since <= at < until),
         )
@@ -183,20 +182,6 @@ def capacity(regression: Regression, window: ChartWindow) -> Capacity | None:
     ]
     chart = _evictions_chart(regression, window, minutes, sides)
     return Capacity(sides[0], sides[1], resident_shares([server])[server.pk], chart)
-
-
-def _kv_blocks(server: Server, *, since: datetime, until: datetime) -> int | None:
-    """num_gpu_blocks of the server's last cache_config_info pull in [since, until); None if none."""
-    labels = dict(MetricSeries.objects.filter(server=server, name=CACHE_CONFIG).values_list("pk", "labels"))
-    pulled = ScrapeSample.objects.filter(server=server, scraped_at__gte=since, scraped_at__lt=until)
-    last = (
-        pulled.filter(series_id__in=labels)
-        .order_by("-scraped_at")
-        .values_list("series_id", flat=True)
-        .first()
-    )  # fmt: skip
-    value = labels[last].get("num_gpu_blocks") if last is not None else None
-    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _evictions_chart(

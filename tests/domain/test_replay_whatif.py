@@ -149,3 +149,18 @@ def test_a_scope_counts_its_own_requests_while_all_take_their_room() -> None:
     assert answers.as_was.reused_tokens == sum(whole.reused[n] for n in mine)
     curve = capacity_curve(trace, block_size=BS, counted=lambda r: r.template == "a")
     assert curve.prompt_tokens == answers.prompt_tokens == sum(trace[n].prompt_tokens for n in mine)
+
+
+def test_a_server_cut_is_answered_with_what_restoring_its_blocks_wins_back() -> None:
+    trace = zipf_trace(1000)
+    servers = (*fleet(256, 3), ServerShape("s3", 28))
+
+    answers = what_if(
+        trace, servers=servers, block_size=BS, window_seconds=500, price=Price(4000, 2.0),
+        restore={"s3": 256, "s0": 100},  # s0 never had more than today: nothing to restore
+    )  # fmt: skip
+
+    [restored] = answers.restored
+    assert restored.label == "restore s3 to 256 blocks"
+    assert restored.reused_tokens == replay(trace, Setup(fleet(256), BS)).reused_tokens
+    assert restored.saved_tokens_per_hour > 0

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from app.domain.blockhash import LoraKey, block_hash_chain
+from app.domain.replay.pool import OutOfBlocks
 from simulator.block_metrics import BlockMetrics, Eviction
-from simulator.cache import Admission, OutOfBlocks, PrefixCache
+from simulator.cache import Admission, PrefixCache
 from simulator.kv_events import KVEventData, encode_batch
 from tests.support.captures import VLLM_CPU_FIXTURES, kv_block_metric_counts, load_json
 

@@ -10,7 +10,7 @@ priced against the replay of the fleet as it was, with the product's one cost mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -37,6 +37,7 @@ class Kind(StrEnum):
     SERVERS = "servers"
     BLOCK_SIZE = "block_size"
     SALTS = "salts"
+    RESTORE = "restore"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,7 @@ class WhatIf:
     server_counts: tuple[Answer, ...]
     block_sizes: tuple[Answer, ...]  # empty unless every request kept its token ids
     salts: tuple[Answer, ...]  # empty unless a request was salted
+    restored: tuple[Answer, ...] = ()  # servers given back the KV blocks they had before
     leaves_out: str = LEAVES_OUT
 
     @property
@@ -107,12 +109,14 @@ def what_if(
     window_seconds: float,
     price: Price,
     counted: Callable[[TraceRequest], bool] | None = None,
+    restore: Mapping[str, int] | None = None,
     progress: Progress | None = None,
 ) -> WhatIf:
     """Replay `trace` (the window's requests) as the fleet of `servers` was, then every alternative.
     `counted`: the requests the answers are about (a template's, say), all by default; every request
-    is replayed, as each competes for the same blocks. `progress(share)` is told how far along it
-    is (0 to 1)."""
+    is replayed, as each competes for the same blocks. `restore`: KV blocks some servers had before
+    (a capacity cut, a restart with other flags), answered as giving them back. `progress(share)` is
+    told how far along it is (0 to 1)."""
     if window_seconds <= 0:
         raise ValueError(f"a window must last, got {window_seconds} s")
     asked = _Asking(trace, counted, Setup(tuple(servers), block_size), window_seconds, price, progress)
@@ -121,7 +125,7 @@ def what_if(
     as_was = asked.answer(Kind.AS_WAS, "as it was", as_was_run)
     capacity = tuple(asked.capacity(factor) for factor in CAPACITY_FACTORS)
     curve, curve_error = asked.curve(capacity)
-    return WhatIf(
+    answers = WhatIf(
         requests=sum(mask),
         prompt_tokens=asked.prompt_tokens,
         window_seconds=window_seconds,
@@ -136,7 +140,11 @@ def what_if(
         server_counts=asked.server_counts(),
         block_sizes=asked.block_sizes(),
         salts=asked.salts(),
+        restored=asked.restored(restore or {}),
     )
+    if progress is not None:
+        progress(1.0)
+    return answers
 
 
 class _Asking:
@@ -163,13 +171,13 @@ class _Asking:
         self.progress = progress
         self.baseline_tokens: int | None = None
         self.done = 0
-        self.total = 1 + len(CAPACITY_FACTORS) + len(Routing) + 3 + len(BLOCK_SIZES) + 1
+        self.total = 1 + len(CAPACITY_FACTORS) + len(Routing) + 3 + len(BLOCK_SIZES) + 2
 
     def run(self, setup: Setup) -> ReplayResult:
         result = replay(self.trace, setup)
         self.done += 1
         if self.progress is not None:
-            self.progress(min(self.done / self.total, 1.0))
+            self.progress(min(self.done / self.total, 0.99))
         return result
 
     def counted(self, result: ReplayResult) -> list[int]:
@@ -263,6 +271,17 @@ class _Asking:
         if not any(r.salt for r in self.trace):
             return ()
         return (self.answer(Kind.SALTS, "salts off", self.run(replace(self.base, salted=False))),)
+
+    def restored(self, restore: Mapping[str, int]) -> tuple[Answer, ...]:
+        """Servers given back the blocks they had, one answer for them all."""
+        given = {s.name: restore[s.name] for s in self.base.servers if restore.get(s.name, 0) > s.num_blocks}
+        if not given:
+            return ()
+        servers = tuple(replace(s, num_blocks=given.get(s.name, s.num_blocks)) for s in self.base.servers)
+        label = "restore " + ", ".join(
+            f"{name} to {blocks:,} blocks" for name, blocks in sorted(given.items())
+        )
+        return (self.answer(Kind.RESTORE, label, self.run(replace(self.base, servers=servers))),)
 
     def _blocks(self, factor: float) -> dict[str, int]:
         return {s.name: _scaled(s.num_blocks, factor) for s in self.base.servers}
