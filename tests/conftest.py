@@ -88,3 +88,13 @@ def _forget_what_processes_remember() -> None:
     forget_partition_ranges()
     forget_servers()
     forget_kept_replay()
+
+
+@pytest.fixture
+def eager() -> Iterator[None]:
+    """Queued tasks run at once, in the test (the import a webhook, a button or a question queues)."""
+    from app.celery import celery_app
+
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = False

@@ -15,7 +15,6 @@ from dulwich.server import BackendRepo, DictBackend
 from dulwich.web import WSGIRequestHandlerLogger, WSGIServerLogger, make_server, make_wsgi_chain
 
 from app.api.services import create_ingest_token
-from app.celery import celery_app
 from tests.support.users import fleet_viewer
 
 
@@ -85,14 +84,6 @@ def remote(repo: GitRepo) -> Iterator[str]:
     server.shutdown()
     server.server_close()
     served.close()
-
-
-@pytest.fixture
-def eager() -> Iterator[None]:
-    """Queued tasks run at once, in the test (the import a webhook or a button queues)."""
-    celery_app.conf.task_always_eager = True
-    yield
-    celery_app.conf.task_always_eager = False
 
 
 @pytest.fixture
