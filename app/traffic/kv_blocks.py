@@ -8,12 +8,13 @@ from app.traffic.models import MetricSeries, ScrapeSample
 CACHE_CONFIG = "vllm:cache_config_info"
 
 
-def kv_blocks(server: Server, *, since: datetime, until: datetime) -> int | None:
-    """num_gpu_blocks of the server's last cache_config_info pull in [since, until); None if none."""
+def kv_blocks(server: Server, *, since: datetime, until: datetime, first: bool = False) -> int | None:
+    """num_gpu_blocks of the server's last (`first`: first) cache_config_info pull in [since, until);
+    None if none."""
     labels = _blocks_by_series(server)
     last = (
         _pulls(server, labels, since=since, until=until)
-        .order_by("-scraped_at")
+        .order_by("scraped_at" if first else "-scraped_at")
         .values_list("series_id", flat=True)
         .first()
     )  # fmt: skip

@@ -73,6 +73,12 @@ def answer(*, question_id: int) -> None:
     except NothingToReplay as exc:
         _set(question, state=WhatIfQuestion.State.FAILED, error=str(exc), finished_at=timezone.now())
         return
+    except Exception:
+        # A fault of the replay's, not of the question: said on it, not left running forever.
+        logger.exception("what-if %s failed", question.pk)
+        error = "the replay failed; the worker's log says why"
+        _set(question, state=WhatIfQuestion.State.FAILED, error=error, finished_at=timezone.now())
+        raise
     _set(
         question, state=WhatIfQuestion.State.DONE, progress=1.0, answers=to_json(asked.answers),
         finished_at=timezone.now(),

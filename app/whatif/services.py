@@ -8,6 +8,7 @@ now (a capacity cut, a restart with other flags) are also answered as given them
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -64,7 +65,7 @@ def ask(*, scope: Scope, since: datetime, until: datetime, viewer: Viewer = SEES
     scope is unknown to the viewer or no request of it can be replayed in the window."""
     servers = _servers(scope, since=since, until=until, viewer=viewer)
     trace = window_trace(servers=servers, since=since, until=until)
-    counted = _counted(scope, viewer)
+    counted = _counted(scope, viewer, since=trace.counted_from)
     if not any(counted(request) for request in trace.requests):
         unknown = f" (KV blocks unknown: {', '.join(trace.unsized)})" if trace.unsized else ""
         raise NothingToReplay(f"no request of {scope} to replay in the window{unknown}")
@@ -75,6 +76,7 @@ def ask(*, scope: Scope, since: datetime, until: datetime, viewer: Viewer = SEES
         window_seconds=(until - since).total_seconds(),
         price=_price(scope, since=since, until=until, viewer=viewer),
         counted=counted,
+        restarts=trace.restarts,
         restore=_restore(servers, trace, until=until),
         progress=progress,
     )
@@ -99,11 +101,13 @@ def _servers(scope: Scope, *, since: datetime, until: datetime, viewer: Viewer) 
     return found
 
 
-def _counted(scope: Scope, viewer: Viewer):  # type: ignore[no-untyped-def]
-    """Which replayed requests the answers are about: the template's (for its scope), of the
-    tenants the viewer sees."""
+def _counted(scope: Scope, viewer: Viewer, *, since: float) -> Callable[[TraceRequest], bool]:
+    """Which replayed requests the answers are about: the window's (not the warm-up's), the
+    template's (for its scope), of the tenants the viewer sees."""
 
     def counted(request: TraceRequest) -> bool:
+        if request.arrived < since:
+            return False
         if scope.kind is ScopeKind.TEMPLATE and request.template != scope.name:
             return False
         return viewer.sees_all or viewer.sees_tenant(request.tenant)
@@ -126,6 +130,8 @@ def _price(scope: Scope, *, since: datetime, until: datetime, viewer: Viewer) ->
 def _restore(servers: list[Server], trace: WindowTrace, *, until: datetime) -> dict[str, int]:
     """The most KV blocks each replayed server had in the day before `until`, where more than now."""
     now = {shape.name: shape.num_blocks for shape in trace.servers}
+    for restart in trace.restarts:  # the fewest it had in the window
+        now[restart.server] = min(now[restart.server], restart.num_blocks)
     restore = {}
     for server in servers:
         seen = kv_blocks_seen(server, since=until - RESTORE_LOOKBACK, until=until)

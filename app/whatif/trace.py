@@ -12,16 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Min
 
-from app.domain.replay.run import ServerShape
+from app.domain.replay.run import Restart, ServerShape
 from app.domain.replay.trace import TraceRequest
 from app.fleet.models import Server
 from app.traffic.kv_blocks import kv_blocks
-from app.traffic.models import RequestRecord
+from app.traffic.models import KVEvent, RequestRecord
 
+WARM_UP = timedelta(minutes=10)
+"""Traffic replayed before a window, uncounted, so that its first requests meet warm caches."""
 FIELDS = (
     "request_id", "arrived_at", "server_id", "model", "tenant", "template__name", "salt_hash",
     "prompt_tokens", "cached_tokens", "completion_tokens", "client_ttft_seconds", "server_ttft_seconds",
@@ -37,21 +40,25 @@ class WindowTrace:
     requests: list[TraceRequest]
     servers: tuple[ServerShape, ...]
     block_size: int
+    restarts: tuple[Restart, ...]
+    counted_from: float  # requests before it warm the caches up and are not answered for
     unknown_prompt: int  # records without a prompt token count, left out
     unsized: tuple[str, ...]  # servers without a known block size or KV blocks, left out with their records
 
 
 def window_trace(*, servers: Sequence[Server], since: datetime, until: datetime) -> WindowTrace:
-    """The records of `servers` that arrived in [since, until), as a trace. A server is replayed at
-    the KV blocks of its last cache_config_info pull in the window (else its registered ones) and
-    the fleet at its most common block size; servers of another block size or of unknown size are
-    left out, with their records, and named."""
-    shapes, sizes, unsized = _shapes(servers, since=since, until=until)
+    """The records of `servers` that arrived in [since, until), as a trace, after those of the
+    WARM_UP before it (a replay starts with empty caches; the engines' were not). A server is
+    replayed at the KV blocks of its cache_config_info pulls (else its registered ones), started
+    anew where its KV events begin a new epoch; the fleet at its most common block size. Servers of
+    another block size or of unknown size are left out, with their records, and named."""
+    start = since - WARM_UP
+    shapes, sizes, unsized = _shapes(servers, since=start, until=until)
     block_size = max(set(sizes.values()), key=list(sizes.values()).count) if sizes else 16
     kept = {pk: shape for pk, shape in shapes.items() if sizes[pk] == block_size}
     unsized += tuple(shapes[pk].name for pk in shapes if pk not in kept)
     rows = (
-        RequestRecord.objects.filter(server_id__in=list(kept), arrived_at__gte=since, arrived_at__lt=until)
+        RequestRecord.objects.filter(server_id__in=list(kept), arrived_at__gte=start, arrived_at__lt=until)
         .order_by("arrived_at", "server_id", "request_id")
         .values_list(*FIELDS)
     )  # fmt: skip
@@ -62,7 +69,28 @@ def window_trace(*, servers: Sequence[Server], since: datetime, until: datetime)
             unknown += 1
         else:
             requests.append(request)
-    return WindowTrace(requests, tuple(kept.values()), block_size, unknown, unsized)
+    restarts = tuple(
+        restart for server in servers if server.pk in kept
+        for restart in _restarts(server, kept[server.pk], since=start, until=until)
+    )  # fmt: skip
+    return WindowTrace(
+        requests, tuple(kept.values()), block_size, restarts, since.timestamp(), unknown, unsized
+    )
+
+
+def _restarts(server: Server, shape: ServerShape, *, since: datetime, until: datetime) -> list[Restart]:
+    """Where the server's KV events begin a new epoch in [since, until) (a new process: its cache
+    empty), each with the blocks its pulls then said (else the shape's)."""
+    epochs = (
+        KVEvent.objects.filter(server=server, emitted_at__gte=since, emitted_at__lt=until)
+        .values("epoch").annotate(first=Min("emitted_at")).order_by("first")
+    )  # fmt: skip
+    starts = [row["first"] for row in epochs][1:]  # the first is the one the window began in
+    ends = [*starts[1:], until][: len(starts)]
+    return [
+        Restart(at.timestamp(), shape.name, kv_blocks(server, since=at, until=end) or shape.num_blocks)
+        for at, end in zip(starts, ends, strict=True)
+    ]
 
 
 def _shapes(
@@ -70,7 +98,9 @@ def _shapes(
 ) -> tuple[dict[int, ServerShape], dict[int, int], tuple[str, ...]]:
     shapes, sizes, unsized = {}, {}, []
     for server in servers:
-        blocks = kv_blocks(server, since=since, until=until) or server.num_gpu_blocks
+        # The blocks it had as the window began: its first pull's, else its last one's, else as registered.
+        blocks = kv_blocks(server, since=since, until=since + WARM_UP + timedelta(minutes=1), first=True)
+        blocks = blocks or kv_blocks(server, since=since, until=until) or server.num_gpu_blocks
         if not server.block_size or not blocks or blocks < 2:
             unsized.append(server.name)
             continue

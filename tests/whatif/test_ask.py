@@ -41,7 +41,13 @@ def test_a_capacity_cut_is_answered_with_its_restoring(tmp_path: Path) -> None:
 
     asked = ask(scope=Scope(ScopeKind.FLEET), since=run.at(75), until=run.at(361))
 
-    assert asked.answers.servers[3].num_blocks == 28
+    # Replayed from the warm-up before the window: 256 blocks, then the cut's restart with 28.
+    assert asked.answers.servers[3].num_blocks == 256
+    [restart] = asked.answers.restarts
+    assert (restart.server, restart.num_blocks) == ("virtual-3", 28)
+    # Seen at the new epoch's first event: the first request the cut server served after it.
+    first_after = min(r.at for r in run.planned if r.server == 3 and r.at >= 60)
+    assert restart.at == pytest.approx(run.at(first_after).timestamp(), abs=0.01)
     [restored] = asked.answers.restored
     assert restored.label == "restore virtual-3 to 256 blocks"
     assert restored.saved_tokens_per_hour > 0

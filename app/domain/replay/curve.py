@@ -18,7 +18,7 @@ at the head of the queue.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -109,9 +109,12 @@ def capacity_curve(
     block_size: int,
     salted: bool = True,
     counted: Callable[[TraceRequest], bool] | None = None,
+    restarts: Sequence[tuple[float, str]] = (),
 ) -> CapacityCurve:
     """One pass over `trace` in arrival order, each request on the server it was recorded on; the
-    reuse of the requests `counted` says (all by default), every request taking its room."""
+    reuse of the requests `counted` says (all by default), every request taking its room. At each
+    of `restarts` (time, server) the server's cache starts empty; a capacity it restarted with is
+    not modelled: the curve's capacity holds for the whole trace."""
     order = sorted(trace, key=lambda request: request.arrived)
     chains = [padded_keys(r, request_keys(r, block_size, salted=salted), block_size) for r in order]
     releases: Counter[str] = Counter()
@@ -119,7 +122,11 @@ def capacity_curve(
         releases[request.server] += len(keys) + request.output_tokens // block_size + 1
     stacks = {server: _StackDistances(count) for server, count in releases.items()}
     reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
+    emptied = deque(sorted((at, server) for at, server in restarts if server in stacks))
     for request, keys in zip(order, chains, strict=True):
+        while emptied and emptied[0][0] <= request.arrived:  # a new process: its cache empty
+            server = emptied.popleft()[1]
+            stacks[server] = _StackDistances(releases[server])
         stack, needed = stacks[request.server], reusable[request.server]
         if counted is not None and not counted(request):
             stack.release([*keys, *_output_keys(request, block_size)])

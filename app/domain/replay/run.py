@@ -32,12 +32,23 @@ class ServerShape:
 
 
 @dataclass(frozen=True, slots=True)
+class Restart:
+    """A server started anew at `at` (the trace's clock) with `num_blocks`: its cache empty, the
+    requests it was running or keeping waiting lost (a restart, or a capacity cut, which is one)."""
+
+    at: float
+    server: str
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class Setup:
     """A fleet configuration to replay a trace under."""
 
     servers: tuple[ServerShape, ...]
     block_size: int
     routing: Routing = Routing.RECORDED
+    restarts: tuple[Restart, ...] = ()
     salted: bool = True  # False: every request's salt dropped (what isolation costs)
     seed: int = 0
     load_cap: float = DEFAULT_LOAD_CAP
@@ -103,12 +114,19 @@ class _Replay:
         self.keys: list[tuple[Key, ...]] = [()] * len(trace)
         self.running: list[tuple[float, int]] = []  # (finish time, request index): a heap
         self.unfit = 0
+        by_name = {shape.name: index for index, shape in enumerate(setup.servers)}
+        self.restarts = deque(
+            (r.at, by_name[r.server], r.num_blocks)
+            for r in sorted(setup.restarts, key=lambda r: r.at)
+            if r.server in by_name
+        )
 
     def run(self) -> ReplayResult:
         order = sorted(range(len(self.trace)), key=lambda index: self.trace[index].arrived)
         for index in order:
             request = self.trace[index]
             self._finish_until(request.arrived)
+            self._restart_until(request.arrived)
             keys = self._keys(index, request)
             server = self.router.choose(request, keys, self.servers)
             self.chosen[index] = server
@@ -171,6 +189,16 @@ class _Replay:
             server = self.chosen[index]
             self._release(index, server)
             self._admit_waiting(server, finished_at)
+
+    def _restart_until(self, until: float) -> None:
+        """Start anew every server whose restart is due by `until`, dropping what it was running."""
+        while self.restarts and self.restarts[0][0] <= until:
+            _, server, num_blocks = self.restarts.popleft()
+            self.running = [(at, index) for at, index in self.running if self.chosen[index] != server]
+            heapq.heapify(self.running)
+            self.servers[server] = _Server(
+                ServerShape(self.setup.servers[server].name, num_blocks), self.setup.block_size
+            )
 
     def _admit_waiting(self, server: int, now: float) -> None:
         waiting = self.servers[server].waiting

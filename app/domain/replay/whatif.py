@@ -10,15 +10,17 @@ priced against the replay of the fleet as it was, with the product's one cost mo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from app.domain.cost import prefill_price
 from app.domain.replay.calibration import Calibration, Trust, calibrate
 from app.domain.replay.curve import capacity_curve
 from app.domain.replay.routing import ROUTING_LABELS, Routing
-from app.domain.replay.run import ReplayResult, ServerShape, Setup, replay
+from app.domain.replay.run import ReplayResult, Restart, ServerShape, Setup, replay
 from app.domain.replay.trace import TraceRequest
 
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
@@ -80,6 +82,7 @@ class WhatIf:
     window_seconds: float
     block_size: int
     servers: tuple[ServerShape, ...]
+    restarts: tuple[Restart, ...]  # servers started anew in the window, as replayed
     calibration: Calibration
     as_was: Answer
     capacity: tuple[Answer, ...]
@@ -107,6 +110,7 @@ def what_if(
     servers: Sequence[ServerShape],
     block_size: int,
     window_seconds: float,
+    restarts: Sequence[Restart] = (),
     price: Price,
     counted: Callable[[TraceRequest], bool] | None = None,
     restore: Mapping[str, int] | None = None,
@@ -119,7 +123,8 @@ def what_if(
     told how far along it is (0 to 1)."""
     if window_seconds <= 0:
         raise ValueError(f"a window must last, got {window_seconds} s")
-    asked = _Asking(trace, counted, Setup(tuple(servers), block_size), window_seconds, price, progress)
+    base = Setup(tuple(servers), block_size, restarts=tuple(restarts))
+    asked = _Asking(trace, counted, base, window_seconds, price, progress)
     mask = asked.mask
     as_was_run = asked.run(asked.base)
     as_was = asked.answer(Kind.AS_WAS, "as it was", as_was_run)
@@ -131,6 +136,7 @@ def what_if(
         window_seconds=window_seconds,
         block_size=block_size,
         servers=tuple(servers),
+        restarts=tuple(restarts),
         calibration=calibrate([r for r, c in zip(trace, mask, strict=True) if c], asked.counted(as_was_run)),
         as_was=as_was,
         capacity=capacity,
@@ -209,15 +215,25 @@ class _Asking:
         )
 
     def capacity(self, factor: float) -> Answer:
-        servers = tuple(replace(s, num_blocks=_scaled(s.num_blocks, factor)) for s in self.base.servers)
+        setup = self._resized(lambda name, blocks: _scaled(blocks, factor))
         label = "today's KV blocks" if factor == 1 else f"{factor:g}x KV blocks"
-        return self.answer(Kind.CAPACITY, label, self.run(replace(self.base, servers=servers)), factor)
+        return self.answer(Kind.CAPACITY, label, self.run(setup), factor)
+
+    def _resized(self, blocks: Callable[[str, int], int], **changes: Any) -> Setup:
+        """The base setup with each server's blocks, and those it restarts with, given by `blocks`."""
+        servers = tuple(replace(s, num_blocks=blocks(s.name, s.num_blocks)) for s in self.base.servers)
+        restarts = tuple(replace(r, num_blocks=blocks(r.server, r.num_blocks)) for r in self.base.restarts)
+        return replace(self.base, servers=servers, restarts=restarts, **changes)
 
     def curve(self, points: Sequence[Answer]) -> tuple[tuple[CurvePoint, ...], float | None]:
         """The one-pass curve from the smallest to the largest factor, and its worst distance (in
         points) from the point replays, which it is checked against on every what-if."""
         curve = capacity_curve(
-            self.trace, block_size=self.base.block_size, salted=self.base.salted, counted=self.is_counted
+            self.trace,
+            block_size=self.base.block_size,
+            salted=self.base.salted,
+            counted=self.is_counted,
+            restarts=[(r.at, r.server) for r in self.base.restarts],
         )
         low, high = CAPACITY_FACTORS[0], CAPACITY_FACTORS[-1]
         factors = sorted(
@@ -246,7 +262,8 @@ class _Asking:
         for servers in sorted({1, max(count // 2, 1), count, count * 2}):
             blocks = max(total // servers, 2)
             shapes = tuple(ServerShape(f"replica-{n}", blocks) for n in range(servers))
-            setup = replace(self.base, servers=shapes, routing=Routing.PREFIX_AWARE)
+            # Other servers than those that ran: the recorded restarts do not map onto them.
+            setup = replace(self.base, servers=shapes, routing=Routing.PREFIX_AWARE, restarts=())
             label = f"{servers} server{'s' if servers > 1 else ''} x {blocks:,} blocks, prefix-aware"
             answers.append(self.answer(Kind.SERVERS, label, self.run(setup)))
         return tuple(answers)
@@ -257,12 +274,9 @@ class _Asking:
             return ()
         answers = []
         for size in BLOCK_SIZES:
-            servers = tuple(
-                replace(s, num_blocks=max(s.num_blocks * self.base.block_size // size, 2))
-                for s in self.base.servers
-            )
             label = f"blocks of {size} tokens" + (" (today)" if size == self.base.block_size else "")
-            setup = replace(self.base, servers=servers, block_size=size)
+            same_memory = functools.partial(_resized_blocks, old=self.base.block_size, new=size)
+            setup = self._resized(same_memory, block_size=size)
             answers.append(self.answer(Kind.BLOCK_SIZE, label, self.run(setup)))
         return tuple(answers)
 
@@ -273,18 +287,27 @@ class _Asking:
         return (self.answer(Kind.SALTS, "salts off", self.run(replace(self.base, salted=False))),)
 
     def restored(self, restore: Mapping[str, int]) -> tuple[Answer, ...]:
-        """Servers given back the blocks they had, one answer for them all."""
-        given = {s.name: restore[s.name] for s in self.base.servers if restore.get(s.name, 0) > s.num_blocks}
+        """Servers given back the blocks they had (at the window's start and at each restart), one
+        answer for them all."""
+        had = [(s.name, s.num_blocks) for s in self.base.servers] + [
+            (r.server, r.num_blocks) for r in self.base.restarts
+        ]
+        given = {name: restore[name] for name, blocks in had if restore.get(name, 0) > blocks}
         if not given:
             return ()
-        servers = tuple(replace(s, num_blocks=given.get(s.name, s.num_blocks)) for s in self.base.servers)
+        setup = self._resized(lambda name, blocks: max(blocks, given.get(name, 0)))
         label = "restore " + ", ".join(
             f"{name} to {blocks:,} blocks" for name, blocks in sorted(given.items())
         )
-        return (self.answer(Kind.RESTORE, label, self.run(replace(self.base, servers=servers))),)
+        return (self.answer(Kind.RESTORE, label, self.run(setup)),)
 
     def _blocks(self, factor: float) -> dict[str, int]:
         return {s.name: _scaled(s.num_blocks, factor) for s in self.base.servers}
+
+
+def _resized_blocks(name: str, blocks: int, *, old: int, new: int) -> int:
+    """A pool's blocks at another block size in the same memory (at least one usable)."""
+    return max(blocks * old // new, 2)
 
 
 def _scaled(num_blocks: int, factor: float) -> int:

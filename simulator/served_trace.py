@@ -1,0 +1,95 @@
+"""A scenario served through the simulator's prefix caches, as a replay trace with what each request got.
+
+The scenario's requests (simulator.planner, the prompts and routing of `make run`) go through one
+simulator.cache.PrefixCache per server, one at a time as tests/support/virtual_fleet.py serves them,
+with the timeline's capacity cuts and restarts applied at their time (a new, empty cache). Each
+request becomes a TraceRequest with its token ids, the hashes the engine would report (sha256_cbor,
+salted) and the cached tokens it got: the ground truth a replay of the same trace is checked against.
+No git and no database: the template versions are the scenario's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from app.domain import gpt2
+from app.domain.blockhash import block_hash_chain
+from app.domain.replay.run import Restart, ServerShape, Setup
+from app.domain.replay.trace import TraceRequest
+from simulator.cache import PrefixCache
+from simulator.planner import EPOCH, PlannedRequest, plan_requests
+from simulator.scenario import CapacityCut, Scenario, ServerRestart
+from simulator.template_repo import Commit, template_file, template_versions
+
+
+def scenario_commits(scenario: Scenario) -> list[Commit]:
+    """The scenario's template versions as the commits the planner reads, without a repository."""
+    return [
+        Commit(f"version-{n}", v.template, v.at, v.message, template_file(v.template), v.text)
+        for n, v in enumerate(template_versions(scenario))
+    ]
+
+
+def server_name(index: int) -> str:
+    return f"server-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServedRun:
+    """The served trace and the fleet as it was: what a calibration replays it under."""
+
+    trace: list[TraceRequest]
+    setup: Setup
+
+
+def served_trace(scenario: Scenario, *, seed: int = 0) -> ServedRun:
+    """Every planned request of the scenario, served, in arrival order, and the fleet's setup (its
+    servers, block size and restarts; routing as recorded)."""
+    block_size = scenario.servers.block_size
+    caches = [PrefixCache(block_size, scenario.servers.num_blocks) for _ in range(scenario.servers.count)]
+    timeline = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
+    trace, restarts = [], []
+    for request in plan_requests(scenario, scenario_commits(scenario), seed=seed, start=EPOCH):
+        while timeline and timeline[0].at <= request.at:
+            event = timeline.pop(0)
+            blocks = event.num_blocks if isinstance(event, CapacityCut) else caches[event.server].num_blocks
+            caches[event.server] = PrefixCache(block_size, blocks)
+            restarts.append(Restart(event.at, server_name(event.server), blocks))
+        trace.append(_served(request, caches[request.server], block_size))
+    servers = tuple(
+        ServerShape(server_name(n), scenario.servers.num_blocks) for n in range(scenario.servers.count)
+    )
+    return ServedRun(trace, Setup(servers, block_size, restarts=tuple(restarts)))
+
+
+def _served(request: PlannedRequest, cache: PrefixCache, block_size: int) -> TraceRequest:
+    body = request.body
+    text = gpt2.render_chat(body["messages"]) if "messages" in body else str(body["prompt"])  # type: ignore[arg-type]
+    tokens = gpt2.encode(text)
+    salt = body.get("cache_salt")
+    salt = salt if isinstance(salt, str) else None
+    cached = cache.admit(request.request_id, tokens, cache_salt=salt).cached_tokens
+    cache.finish(request.request_id)
+    hashes = tuple(h.wire for h in block_hash_chain(tokens, block_size, cache_salt=salt))
+    unsalted = tuple(h.wire for h in block_hash_chain(tokens, block_size)) if salt else ()
+    return TraceRequest(
+        request_id=request.request_id,
+        arrived=request.at,
+        prompt_tokens=len(tokens),
+        server=server_name(request.server),
+        salt=salt or "",
+        tenant=request.tenant,
+        template=request.template,
+        block_size=block_size,
+        block_hashes=hashes,
+        unsalted_hashes=unsalted,
+        token_ids=tuple(tokens),
+        cached_tokens=cached,
+    )
+
+
+def with_duration(scenario: Scenario, duration: float) -> Scenario:
+    """The scenario run for `duration` virtual seconds (its timeline cut to it)."""
+    return replace(
+        scenario, duration=duration, timeline=tuple(e for e in scenario.timeline if e.at < duration)
+    )
