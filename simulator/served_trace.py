@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from app.domain import gpt2
 from app.domain.blockhash import block_hash_chain
+from app.domain.replay.routing import Routing
 from app.domain.replay.run import Restart, ServerShape, Setup
 from app.domain.replay.trace import TraceRequest
 from simulator.cache import PrefixCache
@@ -30,36 +31,58 @@ def scenario_commits(scenario: Scenario) -> list[Commit]:
     ]
 
 
+SERVER_PREFIX = "s"
+
+
 def server_name(index: int) -> str:
-    return f"server-{index}"
+    """The name a scenario's server `index` has in a served trace."""
+    return f"{SERVER_PREFIX}{index}"
 
 
 @dataclass(frozen=True, slots=True)
 class ServedRun:
-    """The served trace and the fleet as it was: what a calibration replays it under."""
+    """The served trace and the fleet as it ran: what a calibration replays it under."""
 
-    trace: list[TraceRequest]
+    trace: tuple[TraceRequest, ...]
     setup: Setup
 
+    @property
+    def hit_rate(self) -> float:
+        """Cached over prompt tokens, as the engines reported them."""
+        prompt = sum(r.prompt_tokens for r in self.trace)
+        return sum(r.cached_tokens or 0 for r in self.trace) / prompt if prompt else 0.0
 
-def served_trace(scenario: Scenario, *, seed: int = 0) -> ServedRun:
-    """Every planned request of the scenario, served, in arrival order, and the fleet's setup (its
-    servers, block size and restarts; routing as recorded)."""
-    block_size = scenario.servers.block_size
-    caches = [PrefixCache(block_size, scenario.servers.num_blocks) for _ in range(scenario.servers.count)]
-    timeline = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
-    trace, restarts = [], []
-    for request in plan_requests(scenario, scenario_commits(scenario), seed=seed, start=EPOCH):
-        while timeline and timeline[0].at <= request.at:
-            event = timeline.pop(0)
-            blocks = event.num_blocks if isinstance(event, CapacityCut) else caches[event.server].num_blocks
-            caches[event.server] = PrefixCache(block_size, blocks)
-            restarts.append(Restart(event.at, server_name(event.server), blocks))
-        trace.append(_served(request, caches[request.server], block_size))
+
+def scenario_setup(scenario: Scenario, routing: Routing = Routing.RECORDED, *, seed: int = 0) -> Setup:
+    """The replay's setup of the fleet a scenario describes: its servers, block size and timeline
+    (a capacity cut or a restart: the server started anew, with the blocks it then has)."""
+    blocks = [scenario.servers.num_blocks] * scenario.servers.count
+    restarts = []
+    for event in scenario.timeline:
+        if isinstance(event, CapacityCut | ServerRestart):
+            if isinstance(event, CapacityCut):
+                blocks[event.server] = event.num_blocks
+            restarts.append(Restart(event.at, server_name(event.server), blocks[event.server]))
     servers = tuple(
         ServerShape(server_name(n), scenario.servers.num_blocks) for n in range(scenario.servers.count)
     )
-    return ServedRun(trace, Setup(servers, block_size, restarts=tuple(restarts)))
+    return Setup(servers, scenario.servers.block_size, routing, restarts=tuple(restarts), seed=seed)
+
+
+def served_trace(scenario: Scenario, *, seed: int = 0) -> ServedRun:
+    """Every planned request of the scenario, served, in arrival order, with the fleet's setup."""
+    setup = scenario_setup(scenario)
+    block_size = scenario.servers.block_size
+    caches = [PrefixCache(block_size, scenario.servers.num_blocks) for _ in range(scenario.servers.count)]
+    restarts = list(setup.restarts)
+    trace = []
+    for request in plan_requests(scenario, scenario_commits(scenario), seed=seed, start=EPOCH):
+        while restarts and restarts[0].at <= request.at:
+            restart = restarts.pop(0)
+            server = int(restart.server.removeprefix(SERVER_PREFIX))
+            caches[server] = PrefixCache(block_size, restart.num_blocks)
+        trace.append(_served(request, caches[request.server], block_size))
+    return ServedRun(tuple(trace), setup)
 
 
 def _served(request: PlannedRequest, cache: PrefixCache, block_size: int) -> TraceRequest:

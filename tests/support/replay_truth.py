@@ -1,18 +1,12 @@
 """Ground truth for the replay engine: a scenario's fleet served through the simulator's prefix caches,
 and the trace of that run as the replay reads it. No database.
 
-`serve` plans a scenario (simulator.planner, the prompts and routing of `make run`) and serves every
-request through one simulator.cache.PrefixCache per server at its virtual time, as
-tests/support/virtual_fleet.py does (a capacity cut or a restart of the timeline is a new process
-with an empty cache). What each cache reused is the ground truth; the run's trace carries each
-request's server, salt, tenant, template, token ids, the engine's block hashes (sha256_cbor wire
-hashes, app.domain.blockhash) and cached tokens.
-
-A server process is one ServerShape: a capacity cut or a restart starts a new one (`s3.1` is server
-3's second process), since a replay's servers keep their capacity for the whole trace. With
-RECORDED routing that is exact; the other routings choose among the shapes, so they are compared
-on a timeline without cuts and restarts (`without_restarts`). A helper of
-tests/domain/test_replay_truth.py and bench/bench_replay_truth.py: nothing here is product code.
+`serve` serves a scenario's definition as simulator/served_trace.py does (the prompts and routing of
+`make run`, one simulator PrefixCache per server, a capacity cut or a restart an empty cache): what
+each cache reused is the ground truth. The variants change a definition's capacity, routing or
+timeline; `what_if` is the replay's question for one, `Check` a prediction against serving it. A
+helper of tests/domain/test_replay_truth.py and bench/bench_replay_truth.py: nothing here is product
+code.
 """
 
 from __future__ import annotations
@@ -26,37 +20,12 @@ from typing import Any
 
 import yaml
 
-from app.domain import gpt2
-from app.domain.blockhash import block_hash_chain
 from app.domain.replay.routing import Routing
-from app.domain.replay.run import ServerShape, Setup, replay
-from app.domain.replay.trace import TraceRequest
-from simulator.cache import PrefixCache
-from simulator.planner import PlannedRequest, plan_requests
-from simulator.scenario import CapacityCut, Scenario, ServerRestart, parse_scenario
-from simulator.template_repo import Commit, template_versions
+from app.domain.replay.run import Setup, replay
+from simulator.scenario import parse_scenario
+from simulator.served_trace import ServedRun, scenario_setup, served_trace
 
 DEMO = Path(__file__).resolve().parents[2] / "simulator" / "scenarios" / "demo.yaml"
-
-
-@dataclass(frozen=True, slots=True)
-class ServedRun:
-    """A scenario as the fleet served it: the trace (with what each request reused) and the fleet's
-    server processes in the order they started."""
-
-    trace: tuple[TraceRequest, ...]
-    shapes: tuple[ServerShape, ...]
-    block_size: int
-
-    @property
-    def hit_rate(self) -> float:
-        """Cached over prompt tokens, as the engines reported them."""
-        prompt = sum(r.prompt_tokens for r in self.trace)
-        return sum(r.cached_tokens or 0 for r in self.trace) / prompt
-
-    def setup(self, routing: Routing = Routing.RECORDED, *, seed: int = 0) -> Setup:
-        """The replay's Setup of this fleet as it ran."""
-        return Setup(self.shapes, self.block_size, routing, seed=seed)
 
 
 def demo_definition() -> dict[str, Any]:
@@ -103,22 +72,6 @@ def restore_cut(definition: Mapping[str, Any]) -> dict[str, Any]:
     return changed
 
 
-def fleet_shapes(scenario: Scenario) -> tuple[ServerShape, ...]:
-    """The server processes a scenario runs, in the order they start: each server's first, then
-    one per capacity cut or restart (a restart keeps the blocks the server had)."""
-    blocks = [scenario.servers.num_blocks] * scenario.servers.count
-    epochs = [0] * scenario.servers.count
-    shapes = [ServerShape(_name(s, 0), blocks[s]) for s in range(scenario.servers.count)]
-    for event in scenario.timeline:
-        if isinstance(event, CapacityCut | ServerRestart):
-            server = event.server
-            epochs[server] += 1
-            if isinstance(event, CapacityCut):
-                blocks[server] = event.num_blocks
-            shapes.append(ServerShape(_name(server, epochs[server]), blocks[server]))
-    return tuple(shapes)
-
-
 def serve(definition: Mapping[str, Any], *, seed: int = 0) -> ServedRun:
     """Plan the scenario with `seed` and serve it through the simulator's caches; the run's trace."""
     return _serve(yaml.safe_dump(dict(definition)), seed)
@@ -127,14 +80,7 @@ def serve(definition: Mapping[str, Any], *, seed: int = 0) -> ServedRun:
 @cache
 def _serve(definition: str, seed: int) -> ServedRun:
     # Keyed by the definition's text: each variant is served once per process (tests and bench share).
-    scenario = parse_scenario(yaml.safe_load(definition))
-    commits = [
-        Commit(sha=f"v{i}", template=v.template, time=v.at, message=v.message, path="", text=v.text)
-        for i, v in enumerate(template_versions(scenario))
-    ]
-    fleet = _Fleet(scenario)
-    trace = tuple(fleet.serve(planned) for planned in plan_requests(scenario, commits, seed=seed))
-    return ServedRun(trace, fleet_shapes(scenario), scenario.servers.block_size)
+    return served_trace(parse_scenario(yaml.safe_load(definition)), seed=seed)
 
 
 def predict(run: ServedRun, setup: Setup) -> float:
@@ -145,59 +91,9 @@ def predict(run: ServedRun, setup: Setup) -> float:
 
 
 def what_if(definition: Mapping[str, Any], routing: Routing = Routing.RECORDED, *, seed: int = 0) -> Setup:
-    """The replay's Setup for the fleet `definition` describes (its server processes, its block
-    size), routed by `routing`: the question a what-if asks, not the answer of serving it."""
-    scenario = parse_scenario(dict(definition))
-    return Setup(fleet_shapes(scenario), scenario.servers.block_size, routing, seed=seed)
-
-
-def _name(server: int, epoch: int) -> str:
-    return f"s{server}" if epoch == 0 else f"s{server}.{epoch}"
-
-
-class _Fleet:
-    """Each server's current cache and process, the timeline applied as requests reach it."""
-
-    def __init__(self, scenario: Scenario) -> None:
-        size, blocks = scenario.servers.block_size, scenario.servers.num_blocks
-        self.caches = [PrefixCache(size, blocks) for _ in range(scenario.servers.count)]
-        self.epochs = [0] * scenario.servers.count
-        self.timeline = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
-
-    def serve(self, request: PlannedRequest) -> TraceRequest:
-        """Serve one request (prefill, then released at once, as virtual_fleet does); its trace entry."""
-        self._apply_timeline(request.at)
-        body = request.body
-        messages = body.get("messages")
-        text = gpt2.render_chat(messages) if isinstance(messages, list) else str(body["prompt"])
-        tokens = gpt2.encode(text)
-        salt = body.get("cache_salt")
-        salt = salt if isinstance(salt, str) else None
-        cache = self.caches[request.server]
-        admission = cache.admit(request.request_id, tokens, cache_salt=salt)
-        cache.finish(request.request_id)
-        hashes = block_hash_chain(tokens, cache.block_size, cache_salt=salt)
-        return TraceRequest(
-            request_id=request.request_id,
-            arrived=request.at,
-            prompt_tokens=len(tokens),
-            server=_name(request.server, self.epochs[request.server]),
-            salt=salt or "",
-            tenant=request.tenant,
-            template=request.template,
-            block_size=cache.block_size,
-            block_hashes=tuple(h.wire for h in hashes),
-            token_ids=tuple(tokens),
-            cached_tokens=admission.cached_tokens,
-        )
-
-    def _apply_timeline(self, at: float) -> None:
-        while self.timeline and self.timeline[0].at <= at:
-            event = self.timeline.pop(0)
-            cache = self.caches[event.server]
-            blocks = event.num_blocks if isinstance(event, CapacityCut) else cache.num_blocks
-            self.caches[event.server] = PrefixCache(cache.block_size, blocks)
-            self.epochs[event.server] += 1
+    """The replay's Setup for the fleet `definition` describes (its servers, block size, cuts and
+    restarts), routed by `routing`: the question a what-if asks, not the answer of serving it."""
+    return scenario_setup(parse_scenario(dict(definition)), routing, seed=seed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +133,11 @@ def checks() -> list[Check]:
             bigger = variant(definition, num_blocks=blocks)
             found.append(Check(f"{name} at {blocks} blocks", definition, what_if(bigger), bigger))
     found.append(Check("demo with its cut restored", demo, what_if(restore_cut(demo)), restore_cut(demo)))
+    for routing in (Routing.RANDOM, Routing.ROUND_ROBIN):  # the cut and the restart replayed as well
+        routed = variant(demo, routing=routing.value)
+        found.append(
+            Check(f"demo with its cut: affinity -> {routing}", demo, what_if(routed, routing), routed)
+        )
     for blocks in (256, 64):
         flat = variant(without_restarts(demo), num_blocks=blocks)
         flat_random = variant(flat, routing="random")
