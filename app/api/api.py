@@ -26,6 +26,7 @@ from app.api.template_check import router as template_check_router
 from app.api.template_traffic import router as template_traffic_router
 from app.api.templates import router as templates_router
 from app.api.tokens import router as tokens_router
+from app.api.whatif import router as whatif_router
 from app.core.middleware import database_unavailable
 
 
@@ -101,3 +102,4 @@ api.add_router("/v1", series_router)
 api.add_router("/v1", servers_router)
 api.add_router("/v1", tokens_router)
 api.add_router("/v1", fleet_router)
+api.add_router("/v1", whatif_router)

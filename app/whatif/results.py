@@ -1,4 +1,5 @@
-"""A what-if's answers as the JSON kept on its question, and back (msgspec: the domain's dataclasses)."""
+"""A what-if's answers as the JSON kept on its question, and back (msgspec: the domain's dataclasses),
+and as the API and `manage.py whatif --json` give them."""
 
 from typing import Any
 
@@ -16,3 +17,19 @@ def to_json(answers: WhatIf) -> dict[str, Any]:
 def from_json(data: dict[str, Any]) -> WhatIf:
     """The answers `to_json` wrote. Raises msgspec.ValidationError when the shape is not a WhatIf's."""
     return msgspec.convert(data, WhatIf)
+
+
+def answers_out(answers: WhatIf) -> dict[str, Any]:
+    """The answers as given out: the kept JSON with what the calibration derives from its counts (the
+    hit rates, the error in points, the share exact, the trust) and whether the answers are trusted."""
+    found = to_json(answers)
+    calibration = answers.calibration
+    found["calibration"] |= {
+        "reported_hit_rate": calibration.reported_hit_rate,
+        "replayed_hit_rate": calibration.replayed_hit_rate,
+        "error_points": calibration.error_points,
+        "exact_share": calibration.exact_share,
+        "trust": calibration.trust.value,
+    }
+    found["trusted"] = answers.trusted
+    return found

@@ -138,3 +138,17 @@ def _restore(servers: list[Server], trace: WindowTrace, *, until: datetime) -> d
         if server.name in now and seen and max(seen) > now[server.name]:
             restore[server.name] = max(seen)
     return restore
+
+
+MAX_WINDOW = timedelta(hours=24)
+"""The longest window asked (the API, the command): every request of it is held in memory and
+replayed some thirty times."""
+
+
+def window_problem(since: datetime, until: datetime) -> str | None:
+    """What is wrong with a window asked of the API or the command, None when nothing is."""
+    if until <= since:
+        return "the window must end after it starts"
+    if until - since > MAX_WINDOW:
+        return f"the window is longer than {MAX_WINDOW.total_seconds() / 3600:g} hours"
+    return None

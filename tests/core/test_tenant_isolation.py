@@ -32,6 +32,7 @@ from app.prompts.services import register_repository
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.traffic.models import MinuteRollup
+from app.whatif.models import WhatIfQuestion
 from tests.support.captures import load_json
 from tests.support.factories import facts, ingested
 
@@ -65,6 +66,8 @@ class Fleet:
     bravo_repository: TemplateRepository
     alpha_family: PrefixFamily
     bravo_family: PrefixFamily
+    alpha_question: WhatIfQuestion
+    bravo_question: WhatIfQuestion
 
 
 def _server(name: str, tenant: str) -> Server:
@@ -169,6 +172,15 @@ def fleet(db: None, tmp_path: Any) -> Fleet:
         bravo_repository=repositories["bravo"],
         alpha_family=families[alpha_server.pk],
         bravo_family=families[bravo_server.pk],
+        alpha_question=_asked(alpha_template, "alpha", now),
+        bravo_question=_asked(bravo_template, "bravo", now),
+    )
+
+
+def _asked(template: Template, tenant: str, now: datetime) -> WhatIfQuestion:
+    """A what-if of the tenant's template asked by one of its users (not answered: no task here)."""
+    return WhatIfQuestion.objects.create(
+        scope="template", name=template.name, since=now - timedelta(minutes=10), until=now, tenants=[tenant]
     )
 
 
@@ -277,6 +289,8 @@ PAGES = {
         f"/api/v1/series?metric=requests&scope=server&id={_srv(f, own).name}&format=csv",
         f"/api/v1/series?metric=requests&scope=tenant&id={'alpha' if own else 'bravo'}",
     ],
+    "api:whatif": lambda f, own: [f"/api/v1/whatif/{_question(f, own).pk}"],
+    "api:whatif-list": lambda f, own: ["/api/v1/whatif", "/api/v1/whatif?scope=template"],
 }
 """Reads: alpha's rows of them (`own`) answer 200 and hold no "bravo"; bravo's rows answer 404."""
 
@@ -285,7 +299,7 @@ WRITES = {
     "api:templates-repository-import", "api:regression-note", "api:deploys-post",
     "api:templates-repositories-post", "setup:server-enabled", "setup:proposed", "setup:repository",
     "api:create_server", "api:update_server", "api:disable_server", "api:enable_server", "api:accept_server",
-    "api:merge_proposed_server", "api:templates-check",
+    "api:merge_proposed_server", "api:templates-check", "api:whatif-ask",
 }  # fmt: skip
 """Operations that change something (and the template check, a POST reading a repository):
 test_alpha_cannot_change_what_bravo_owns writes to bravo's rows."""
@@ -335,6 +349,10 @@ def _repo(f: Fleet, own: bool) -> TemplateRepository:
 
 def _fam(f: Fleet, own: bool) -> PrefixFamily:
     return f.alpha_family if own else f.bravo_family
+
+
+def _question(f: Fleet, own: bool) -> WhatIfQuestion:
+    return f.alpha_question if own else f.bravo_question
 
 
 def _named_urls(patterns: list[Any], namespace: str = "") -> Iterator[str]:
@@ -484,6 +502,9 @@ def test_alpha_cannot_change_what_bravo_owns(fleet: Fleet) -> None:
     assert alpha.post(reverse("prompts:import-now", args=[fleet.bravo_repository.pk])).status_code == 404
     deploy = {"template": "alpha-support", "version": "1a2b3c4d5e6f", "server": "bravo-gpu"}
     assert alpha.post("/api/v1/deploys", deploy, content_type="application/json").status_code == 404
+    whatif = {"scope": "template", "name": "bravo-billing", "minutes": 10}
+    asked = alpha.post("/api/v1/whatif", whatif, content_type="application/json")
+    assert asked.json()["message"] == "no template named 'bravo-billing'"  # as for one that does not exist
     family = f"/api/v1/families/{fleet.bravo_family.pk}"
     assert alpha.patch(family, {"name": "mine"}, content_type="application/json").status_code == 404
     assert (
@@ -511,7 +532,7 @@ def test_an_admin_sees_both_tenants(fleet: Fleet, admin: Client) -> None:
 
 def test_a_user_of_no_tenant_sees_nothing(fleet: Fleet) -> None:
     nobody = _client(User.objects.create_user("newcomer"))
-    for url in ("/api/v1/requests", "/api/v1/templates", "/api/v1/regressions?state=all"):
+    for url in ("/api/v1/requests", "/api/v1/templates", "/api/v1/regressions?state=all", "/api/v1/whatif"):
         answer = nobody.get(url).json()
         assert (answer.get("items") if isinstance(answer, dict) else answer) == [], url
     home = nobody.get(reverse("dashboard:home"))

@@ -215,7 +215,7 @@ class _Asking:
         )
 
     def capacity(self, factor: float) -> Answer:
-        setup = self._resized(lambda name, blocks: _scaled(blocks, factor))
+        setup = self._resized(lambda name, blocks: scaled_blocks(blocks, factor))
         label = "today's KV blocks" if factor == 1 else f"{factor:g}x KV blocks"
         return self.answer(Kind.CAPACITY, label, self.run(setup), factor)
 
@@ -302,7 +302,7 @@ class _Asking:
         return (self.answer(Kind.RESTORE, label, self.run(setup)),)
 
     def _blocks(self, factor: float) -> dict[str, int]:
-        return {s.name: _scaled(s.num_blocks, factor) for s in self.base.servers}
+        return {s.name: scaled_blocks(s.num_blocks, factor) for s in self.base.servers}
 
 
 def _resized_blocks(name: str, blocks: int, *, old: int, new: int) -> int:
@@ -310,6 +310,6 @@ def _resized_blocks(name: str, blocks: int, *, old: int, new: int) -> int:
     return max(blocks * old // new, 2)
 
 
-def _scaled(num_blocks: int, factor: float) -> int:
+def scaled_blocks(num_blocks: int, factor: float) -> int:
     """`factor` times a pool's usable blocks, plus vLLM's null block (at least one usable)."""
     return max(round((num_blocks - 1) * factor), 1) + 1
