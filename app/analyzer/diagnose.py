@@ -18,14 +18,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from app.analyzer.trace import Built
 from app.domain.leading import leading
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown, reusable_blocks
 from app.domain.replay.pool import PoolObserver
 from app.domain.replay.run import ReplayWatch, ServerShape, Setup, replay
 from app.domain.replay.trace import TraceRequest, padded_keys, request_keys
-
-from app.analyzer.trace import Built
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,10 @@ class Lines:
             del buffer[start:]
             raise
         end = len(buffer)
-        if end > start and np.frombuffer(buffer, dtype=np.int32, count=end - start, offset=4 * start).min() < 0:
+        if (
+            end > start
+            and np.frombuffer(buffer, dtype=np.int32, count=end - start, offset=4 * start).min() < 0
+        ):
             del buffer[start:]
             raise ValueError("negative token id")
         if pad := -end % self.align:
@@ -150,4 +153,3 @@ def arrival(item: dict[str, Any]) -> float | None:
     if isinstance(stamp, int | float) and not isinstance(stamp, bool):
         return float(stamp)
     raise BadLine(Skip.BAD_FIELD)
-

@@ -132,7 +132,9 @@ def _causes(diagnoses: Sequence[Diagnosis | Unknown]) -> list[CauseRow]:
     return [CauseRow(name, requests[name], tokens[name]) for name in names]
 
 
-def _rows(built: Built, diagnoses: Sequence[Diagnosis | Unknown], replayed: Sequence[int]) -> list[RequestRow]:
+def _rows(
+    built: Built, diagnoses: Sequence[Diagnosis | Unknown], replayed: Sequence[int]
+) -> list[RequestRow]:
     rows = []
     for request, diagnosis, reused in zip(built.requests, diagnoses, replayed, strict=True):
         group = group_of(request, built.block_size)

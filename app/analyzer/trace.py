@@ -73,7 +73,9 @@ def _given(line: Line, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...
     return (), ()
 
 
-def _chains(lines: Lines, chosen: list[int], block_size: int) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+def _chains(
+    lines: Lines, chosen: list[int], block_size: int
+) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
     """The salted and salt-neutral chains of the chosen lines (neutral only where salted)."""
     if not chosen:
         return {}
