@@ -31,7 +31,7 @@ def sniff(first: dict[str, Any]) -> str:
     """The format of a trace whose first line decodes to `first`."""
     if isinstance(first.get("request"), dict) and isinstance(first.get("response"), dict):
         return "openai-log"
-    if "arrived" in first and ("block_hashes" in first or "token_ids" in first):
+    if "arrived" in first and "prompt_tokens" in first:
         return "prefixscope"
     if "token_ids" in first:
         return "prefixlens"

@@ -109,7 +109,8 @@ class _Replay:
         self.setup = setup
         self.watch = watch
         self.servers = [
-            _Server(shape, setup.block_size, watch.observer(index)) for index, shape in enumerate(setup.servers)
+            _Server(shape, setup.block_size, watch.observer(index))
+            for index, shape in enumerate(setup.servers)
         ]
         self.router = Router(setup.routing, [s.name for s in setup.servers], setup.seed, setup.load_cap)
         self.reused = [0] * len(trace)
