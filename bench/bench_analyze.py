@@ -72,5 +72,6 @@ def main(argv: Sequence[str]) -> None:
         ):
             print(f"{size:>5}  {name:<24} {measured.wall:7.2f} {measured.cpu:7.2f} {measured.peak_mb:9,.0f}")
         print(f"       ratio prefixlens/prefixscope: wall {theirs.wall / ours.wall:.2f}"
-              f" ({theirs.wall / bare.wall:.2f} without the curve), peak {ours.peak_mb / theirs.peak_mb:.2f} of theirs")  # fmt: skip
+              f" ({theirs.wall / bare.wall:.2f} without the curve),"
+              f" peak {ours.peak_mb / theirs.peak_mb:.2f} of theirs")  # fmt: skip
     print("target: wall ratio >= 10, peak at most 0.5 of prefixlens'")

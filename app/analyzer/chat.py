@@ -46,10 +46,10 @@ def read_kvlint_line(lines: Lines, item: dict[str, Any], number: int) -> Iterato
     if turns is not None:
         yield from _sharegpt(lines, turns, text(item.get("id"), f"conv-{number}"))
         return
-    prompt = item.get("prompt")
-    if not isinstance(prompt, str):
+    plain = item.get("prompt")
+    if not isinstance(plain, str):
         raise BadLine(Skip.NO_PROMPT)
-    yield _text_line(lines, prompt, request_id=request_id, session=session, arrived=arrived)
+    yield _text_line(lines, plain, request_id=request_id, session=session, arrived=arrived)
 
 
 def _sharegpt(lines: Lines, turns: list[Any], conversation: str) -> Iterator[Line]:
@@ -110,9 +110,9 @@ def read_log_line(lines: Lines, item: dict[str, Any], number: int) -> Line:
 def _response_token_ids(response: dict[str, Any], body: dict[str, Any]) -> object:
     """The prompt's token ids where the log has them, else None."""
     choices = response.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-        if (found := choices[0].get("prompt_token_ids")) is not None:
-            return found
+    first = choices[0] if isinstance(choices, list) and choices else None
+    if isinstance(first, dict) and (found := first.get("prompt_token_ids")) is not None:
+        return found
     if (found := response.get("prompt_token_ids")) is not None:
         return found
     prompt = body.get("prompt")

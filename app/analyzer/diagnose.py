@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any, cast
 
 from app.analyzer.trace import Built
 from app.domain.leading import leading
@@ -57,10 +58,15 @@ def _prompt(built: Built, index: int, server: int, cached: int) -> RequestPrompt
     request = built.requests[index]
     return RequestPrompt(
         server=server, arrived_at=_at(request.arrived), block_size=built.block_size,
-        prompt_tokens=request.prompt_tokens, cached_tokens=cached, block_hashes=request.block_hashes,
-        salt=request.salt, neutral_hashes=request.unsalted_hashes, family=request.template or None,
+        prompt_tokens=request.prompt_tokens, cached_tokens=cached, block_hashes=_ints(request.block_hashes),
+        salt=request.salt, neutral_hashes=_ints(request.unsalted_hashes), family=request.template or None,
         token_ids=built.token_ids[index], key=index,
     )  # fmt: skip
+
+
+def _ints(keys: Sequence[Hashable]) -> Sequence[int]:
+    """A chain's keys: the analyzer's are ints (chains.py, or the engine's hashes)."""
+    return cast(Sequence[int], keys)
 
 
 def _at(seconds: float) -> datetime:
@@ -90,7 +96,7 @@ def _unlimited(built: Built, servers: dict[str, int]) -> Diagnosed:
         stored = [key for key in keys[: request.prompt_tokens // size] if key not in held]
         if stored:
             held.update(stored)
-            history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, stored)
+            history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, _ints(stored))
     return Diagnosed(diagnoses, replayed, max((len(held) for held in resident), default=0) + 1)
 
 
@@ -100,7 +106,8 @@ class _EventLog(ReplayWatch):
 
     def __init__(self, built: Built) -> None:
         self.built = built
-        self.log: list[tuple[int, int, object]] = []  # (kind, server, payload): payload an index or a key
+        # (kind, server, payload): an arrival's request index, a store's (index, start, end), a removed key
+        self.log: list[tuple[int, int, Any]] = []
         self.stored_most = 0
 
     def observer(self, server: int) -> PoolObserver:
@@ -112,25 +119,23 @@ class _EventLog(ReplayWatch):
     def diagnosed(self, reused: list[int], chosen: list[int], servers: int) -> Diagnosed:
         history = _history(servers)
         diagnoses: list[Diagnosis | Unknown | None] = [None] * len(self.built.requests)
-        requests, size = self.built.requests, self.built.block_size
+        requests = self.built.requests
         now = _at(requests[0].arrived) if requests else _at(0)
         stored: set[Hashable] = set()
         for kind, server, payload in self.log:
             if kind == 0:
                 index = payload
-                assert isinstance(index, int)
                 request = requests[index]
                 now = _at(request.arrived)
                 cached = request.cached_tokens if request.cached_tokens is not None else reused[index]
                 diagnoses[index] = history.diagnose(_prompt(self.built, index, server, cached))
             elif kind == EventKind.STORED:
-                index, start, end = payload  # type: ignore[misc]
-                keys = requests[index].block_hashes[start:end]  # the prompt's known blocks among them
+                index, start, end = payload
+                keys = _ints(requests[index].block_hashes[start:end])  # the prompt's known blocks among them
                 stored.update(keys)
                 history.apply_blocks(server, 0, 0, now, EventKind.STORED, keys)
             else:
-                history.apply_blocks(server, 0, 0, now, EventKind.REMOVED, [payload])  # type: ignore[list-item]
-        del size, chosen
+                history.apply_blocks(server, 0, 0, now, EventKind.REMOVED, [payload])
         found = [d if d is not None else Unknown.NO_PROMPT for d in diagnoses]
         return Diagnosed(found, reused, len(stored) + 1)
 
@@ -139,7 +144,7 @@ class _Observer(PoolObserver):
     """One server's pool events into the log; blocks of unknown content (padding, output) left
     out: no other request can hit them, and the diagnosis knows only the prompts' chains."""
 
-    def __init__(self, log: list[tuple[int, int, object]], server: int) -> None:
+    def __init__(self, log: list[tuple[int, int, Any]], server: int) -> None:
         self.log = log
         self.server = server
 

@@ -70,7 +70,8 @@ def read_line(lines: Lines, item: dict[str, Any], number: int) -> Line:
         prompt_tokens=prompt_tokens, server=text(item.get("server")), group=text(item.get("group")),
         salt=text(item.get("salt")), tenant=text(item.get("tenant")), template=text(item.get("template")),
         session=text(item.get("session")), output_tokens=natural(item.get("output_tokens"), 0) or 0,
-        held_seconds=_seconds(item.get("held_seconds")), cached_tokens=natural(item.get("cached_tokens"), None),
+        held_seconds=_seconds(item.get("held_seconds")),
+        cached_tokens=natural(item.get("cached_tokens"), None),
         block_size=natural(item.get("block_size"), 0) or 0, block_hashes=signed,
         unsalted_hashes=unsalted_signed, tokens=span,
     )  # fmt: skip

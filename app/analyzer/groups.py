@@ -69,7 +69,8 @@ def group_of(request: TraceRequest, block_size: int) -> Group | None:
     blocks = min(FAMILY_BLOCKS, len(chain), request.prompt_tokens // block_size)
     if not blocks:
         return None
-    return Group("family", f"{request.group or 'prefix'}-{chain[blocks - 1] & 0xFFFFFFFF:08x}")
+    key = int(chain[blocks - 1])  # type: ignore[call-overload]  # the analyzer's keys are ints
+    return Group("family", f"{request.group or 'prefix'}-{key & 0xFFFFFFFF:08x}")
 
 
 def group_rows(built: Built, diagnoses: Sequence[Diagnosis | Unknown]) -> list[GroupRow]:

@@ -57,7 +57,7 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lin
             if lines is None:
                 if format is None and not isinstance(item, dict):
                     continue  # sniffed from the first object line; this one is counted below
-                lines = Lines(format or sniff(item), align)  # type: ignore[arg-type]
+                lines = Lines(format or sniff(item) if isinstance(item, dict) else format or "", align)
             _add(lines, item, number, raw)
     return lines or Lines(format or "prefixlens", align)
 
@@ -99,7 +99,7 @@ def _prefixlens(lines: Lines, item: dict[str, Any], number: int) -> Line:
     return Line(
         request_id=text(item.get("request_id"), f"line-{number}"),
         arrived=arrival(item),
-        prompt_tokens=natural(item.get("prompt_tokens"), span[1] - span[0]),
+        prompt_tokens=natural(item.get("prompt_tokens"), None) or span[1] - span[0],
         server=text(item.get("server")),
         group=text(item.get("model")),
         tenant=text(item.get("tenant")),

@@ -22,7 +22,8 @@ def _percent(rate: float | None) -> str:
 def terminal_summary(report: Report) -> str:
     """A few screens of plain text: the figures, causes, killers, groups and curve."""
     out = [
-        f"{report.source} ({report.format}): {report.requests:,} requests, {report.prompt_tokens:,} prompt tokens,"
+        f"{report.source} ({report.format}): {report.requests:,} requests,"
+        f" {report.prompt_tokens:,} prompt tokens,"
         f" {len(report.servers)} server(s), block size {report.block_size},"
         f" {'unlimited KV blocks' if report.blocks is None else f'{report.blocks:,} KV blocks per server'}",
     ]
@@ -40,13 +41,15 @@ def terminal_summary(report: Report) -> str:
     out += ["", "cache killers"]
     out += [
         f"  {k.group.name} at token {k.killer.position_token if k.killer.position_token is not None else '?'}"
-        f" (block {k.killer.position_block}): {k.killer.klass.value}, {k.killer.requests_affected:,} requests,"
+        f" (block {k.killer.position_block}): {k.killer.klass.value},"
+        f" {k.killer.requests_affected:,} requests,"
         f" {k.killer.tokens_lost:,} tokens lost. {k.killer.suggestion}"
         for k in report.killers[:TOP]
     ] or ["  none found"]
     out += ["", "templates and prefix families     requests  hit rate  main cause"]
     out += [
-        f"  {row.group.kind[0]} {row.group.name[:30]:<30} {row.requests:>8,}  {_percent(row.hit_rate):>8}  {_label(row.main_cause)}"
+        f"  {row.group.kind[0]} {row.group.name[:30]:<30} {row.requests:>8,}"
+        f"  {_percent(row.hit_rate):>8}  {_label(row.main_cause)}"
         for row in report.groups[:TOP]
     ]
     if len(report.groups) > TOP:

@@ -13,6 +13,7 @@ from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows, tra
 from app.analyzer.lines import Lines
 from app.analyzer.trace import Built, build_requests
 from app.domain.misses import Diagnosis, Unknown
+from app.domain.replay.trace import TraceRequest
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -101,11 +102,16 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
         notes=notes, servers=server_names(requests), block_size=size, blocks=options.blocks,
         prompt_tokens=prompt, reported_tokens=sum(reported) if reported else None,
         reported_requests=len(reported), replayed_tokens=replayed,
-        reported_hit_rate=_rate(sum(reported), sum(r.prompt_tokens for r in requests if r.cached_tokens is not None)),
+        reported_hit_rate=_rate(sum(reported), _reporting_prompts(requests)),
         replayed_hit_rate=_rate(replayed, prompt), causes=_causes(diagnosed.diagnoses),
         groups=group_rows(built, diagnosed.diagnoses), killers=trace_killers(built),
         curve=curve, curve_base=base, rows=_rows(built, diagnosed.diagnoses, diagnosed.replayed),
     )  # fmt: skip
+
+
+def _reporting_prompts(requests: Sequence[TraceRequest]) -> int:
+    """The prompt tokens of the requests that say what they reused."""
+    return sum(r.prompt_tokens for r in requests if r.cached_tokens is not None)
 
 
 def _hashes_block_size(lines: Lines) -> int | None:
@@ -142,7 +148,7 @@ def _rows(
         rows.append(RequestRow(
             request_id=request.request_id, server=request.server, group=group.name if group else "",
             prompt_tokens=request.prompt_tokens,
-            cached_tokens=diagnosis.funnel.reused if isinstance(diagnosis, Diagnosis) else request.cached_tokens,
+            cached_tokens=diagnosis.funnel.reused if known else request.cached_tokens,  # type: ignore[union-attr]
             replayed_tokens=reused,
             cause=(diagnosis.cause.value if diagnosis.cause else "") if isinstance(diagnosis, Diagnosis)
             else diagnosis.value,

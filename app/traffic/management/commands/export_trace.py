@@ -11,7 +11,7 @@ their servers and templates); without it, every record. Logs counts, never promp
 
 import logging
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -33,7 +33,7 @@ def _moment(value: str) -> datetime:
     parsed = parse_datetime(value)
     if parsed is None:
         raise CommandError(f"not an ISO 8601 time: {value!r}")
-    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, timezone.UTC)
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, UTC)
 
 
 class Command(BaseCommand):
@@ -72,7 +72,8 @@ def _write(records: Any, out: Any) -> int:
         line = ExportLine(
             request_id=record.request_id, arrived=record.arrived_at.timestamp(),
             prompt_tokens=record.prompt_tokens or 0, server=record.server.name, group=record.model,
-            salt=record.salt_hash, tenant=record.tenant, template=record.template.name if record.template else "",
+            salt=record.salt_hash, tenant=record.tenant,
+            template=record.template.name if record.template else "",
             output_tokens=record.completion_tokens or 0, block_size=record.server.block_size or 0,
             block_hashes=wire_hashes(record.block_hashes),
             unsalted_hashes=wire_hashes(record.neutral_hashes) if record.salt_hash else [],
