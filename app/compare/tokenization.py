@@ -339,19 +339,5 @@ class Detokenizer:
 
 def bundled_text(token_ids: Sequence[int]) -> str:
     """The text of ``token_ids`` by the bundled GPT-2 tokenizer, ``⟨id⟩`` for each id outside its
-    vocabulary (another model's tokens, when no server detokenizes and no tokenizer is configured):
-    a sample marked as such rather than no sample, or a search stopped."""
-    size = bundled.vocab_size()
-    parts: list[str] = []
-    run: list[int] = []
-    for token_id in token_ids:
-        if 0 <= token_id < size:
-            run.append(token_id)
-            continue
-        if run:
-            parts.append(bundled.decode(run))
-            run = []
-        parts.append(f"⟨{token_id}⟩")
-    if run:
-        parts.append(bundled.decode(run))
-    return "".join(parts)
+    vocabulary (app.domain.gpt2.text_of)."""
+    return bundled.text_of(token_ids)

@@ -79,6 +79,26 @@ def decode(token_ids: Sequence[int]) -> str:
     return str(_tokenizer().decode(list(token_ids), skip_special_tokens=False))
 
 
+def text_of(token_ids: Sequence[int]) -> str:
+    """The text of ``token_ids``, ``⟨id⟩`` for each id outside the vocabulary (another model's
+    tokens, when nothing else can decode them): a sample marked as such rather than no sample, or
+    a search stopped. What the killers' samples are decoded with when no server detokenizes."""
+    size = vocab_size()
+    parts: list[str] = []
+    run: list[int] = []
+    for token_id in token_ids:
+        if 0 <= token_id < size:
+            run.append(int(token_id))
+            continue
+        if run:
+            parts.append(decode(run))
+            run = []
+        parts.append(f"⟨{token_id}⟩")
+    if run:
+        parts.append(decode(run))
+    return "".join(parts)
+
+
 def token_strs(token_ids: Sequence[int]) -> list[str]:
     """Return each id's vocabulary string (byte-level, e.g. ``"Ġthe"``), as ``/tokenize``'s
     ``token_strs`` does. Raises ValueError for an id outside the vocabulary."""

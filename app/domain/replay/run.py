@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from app.domain.replay.pool import BlockPool, OutOfBlocks
+from app.domain.replay.pool import SILENT, BlockPool, OutOfBlocks, PoolObserver
 from app.domain.replay.routing import DEFAULT_LOAD_CAP, Router, Routing, ServerView
 from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
 
@@ -81,16 +81,28 @@ class ReplayResult:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
-def replay(trace: Sequence[TraceRequest], setup: Setup) -> ReplayResult:
+class ReplayWatch:
+    """What a caller may watch of a replay (the offline analyzer joins its diagnosis to it): each
+    server's pool events, and each request as it arrives, before it is admitted. Watches nothing."""
+
+    def observer(self, server: int) -> PoolObserver:
+        """The observer of server `server`'s pool (request ids are the requests' indices in the trace)."""
+        return SILENT
+
+    def arriving(self, index: int, server: int) -> None:
+        """Request `index` arrives, routed to `server`: every event before it was reported."""
+
+
+def replay(trace: Sequence[TraceRequest], setup: Setup, *, watch: ReplayWatch | None = None) -> ReplayResult:
     """Replay `trace` (in any order: it is taken by arrival) under `setup`."""
-    return _Replay(trace, setup).run()
+    return _Replay(trace, setup, watch or ReplayWatch()).run()
 
 
 class _Server(ServerView):
     __slots__ = ("pool", "waiting")
 
-    def __init__(self, shape: ServerShape, block_size: int) -> None:
-        self.pool = BlockPool(block_size, shape.num_blocks)
+    def __init__(self, shape: ServerShape, block_size: int, observer: PoolObserver) -> None:
+        self.pool = BlockPool(block_size, shape.num_blocks, observer=observer)
         self.waiting: deque[int] = deque()
 
     def load(self) -> int:
@@ -103,10 +115,14 @@ class _Server(ServerView):
 class _Replay:
     """The state of one replay: servers, router, requests running and waiting."""
 
-    def __init__(self, trace: Sequence[TraceRequest], setup: Setup) -> None:
+    def __init__(self, trace: Sequence[TraceRequest], setup: Setup, watch: ReplayWatch) -> None:
         self.trace = trace
         self.setup = setup
-        self.servers = [_Server(shape, setup.block_size) for shape in setup.servers]
+        self.watch = watch
+        self.servers = [
+            _Server(shape, setup.block_size, watch.observer(index))
+            for index, shape in enumerate(setup.servers)
+        ]
         self.router = Router(setup.routing, [s.name for s in setup.servers], setup.seed, setup.load_cap)
         self.reused = [0] * len(trace)
         self.chosen = [-1] * len(trace)
@@ -130,6 +146,7 @@ class _Replay:
             keys = self._keys(index, request)
             server = self.router.choose(request, keys, self.servers)
             self.chosen[index] = server
+            self.watch.arriving(index, server)
             self._arrive(index, server, request.arrived)
         self._finish_until(float("inf"))
         prompt_tokens = sum(request.prompt_tokens for request in self.trace)

@@ -1,0 +1,74 @@
+"""`prefixscope analyze TRACE`: the offline analyzer's command line. No database, no Django.
+
+    prefixscope analyze TRACE [--format F] [--block-size B] [--blocks N] [--no-curve]
+                              [--json | --html FILE]
+
+Exit status 0 with a report, 2 for a usage error or a file that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from app.analyzer.readers import FORMATS, read_trace
+from app.analyzer.render import html_page, terminal_summary
+from app.analyzer.report import Options, analyze
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefixscope", description="Explains the prefix-cache misses of a trace."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    command = commands.add_parser("analyze", help="Analyze a JSON-lines request trace, offline.")
+    command.add_argument("trace", type=Path, help="a JSON-lines trace")
+    command.add_argument(
+        "--format", choices=FORMATS, help="the trace's format (default: sniffed from its first line)"
+    )
+    command.add_argument(
+        "--block-size", type=_positive, help="tokens per KV block (default: the trace's hashes', else 16)"
+    )
+    command.add_argument("--blocks", type=_positive, help="KV blocks per server (default: unlimited)")
+    command.add_argument("--no-curve", action="store_true", help="leave the what-if curve of capacity out")
+    output = command.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    output.add_argument("--html", type=Path, metavar="FILE", help="write the report as a static HTML page")
+    return parser
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return number
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; its exit status."""
+    args = _parser().parse_args(argv)
+    align = args.block_size if args.block_size else 64  # a buffer padded to 64 serves 16, 32 and 64 as is
+    try:
+        lines = read_trace(args.trace, format=args.format, align=align)
+    except OSError as error:
+        print(f"prefixscope: cannot read {args.trace}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    options = Options(block_size=args.block_size, blocks=args.blocks, curve=not args.no_curve)
+    report = analyze(lines, source=args.trace.name, options=options)
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(report), indent=1) + b"\n")
+    elif args.html:
+        args.html.write_text(html_page(report), encoding="utf-8")
+        print(f"wrote {args.html}")
+    else:
+        print(terminal_summary(report))
+    return 0
+
+
+def run() -> None:
+    """The console script's entry point."""
+    sys.exit(main())

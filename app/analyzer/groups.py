@@ -1,0 +1,131 @@
+"""Templates, prefix families and their cache killers in a trace, as the server finds them.
+
+A request's template is what the trace names; one without is in the prefix family of its first
+FAMILY_BLOCKS full blocks (their salt-neutral key, per model), as the server's ingest files it
+(app/traffic/services/families.py). Killers are searched as the server's task does
+(app/compare/killers.py): per template, per salt and model, on its most recent KILLER_MAX_REQUESTS
+requests in arrival order, token mode where every one has its token ids, the killers' text decoded
+with the bundled GPT-2 tokenizer. Prefix families are searched the same way (the server searches
+templates only).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.analyzer.trace import Built
+from app.domain import gpt2
+from app.domain.killers import Killer, Prompt, find_killers
+from app.domain.misses import Diagnosis, Unknown
+from app.domain.replay.trace import TraceRequest
+
+FAMILY_BLOCKS = 4  # the server's PREFIXSCOPE_FAMILY_BLOCKS default
+KILLER_MAX_REQUESTS = 2000  # the server's PREFIXSCOPE_KILLER_MAX_REQUESTS default
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A template, or a prefix family of requests without one."""
+
+    kind: str  # "template" or "family"
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """What a template or family's requests reused and lost."""
+
+    group: Group
+    requests: int
+    prompt_tokens: int
+    reused_tokens: int
+    main_cause: str  # the cause that lost it the most tokens ("" when none lost any)
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+@dataclass(frozen=True, slots=True)
+class FoundKiller:
+    """A killer of one group's requests (one salt and model)."""
+
+    group: Group
+    salt: str
+    model: str
+    killer: Killer
+    sample_request_ids: tuple[str, ...]
+
+
+def group_of(request: TraceRequest, block_size: int) -> Group | None:
+    """The request's template, else its prefix family; None without either (no full block known)."""
+    if request.template:
+        return Group("template", request.template)
+    chain = request.unsalted_hashes if request.salt else request.block_hashes
+    blocks = min(FAMILY_BLOCKS, len(chain), request.prompt_tokens // block_size)
+    if not blocks:
+        return None
+    key = int(chain[blocks - 1])  # type: ignore[call-overload]  # the analyzer's keys are ints
+    return Group("family", f"{request.group or 'prefix'}-{key & 0xFFFFFFFF:08x}")
+
+
+def group_rows(built: Built, diagnoses: Sequence[Diagnosis | Unknown]) -> list[GroupRow]:
+    """Every group's totals, most prompt tokens first."""
+    totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0, 0])
+    lost: dict[Group, Counter[str]] = defaultdict(Counter)
+    for request, diagnosis in zip(built.requests, diagnoses, strict=True):
+        group = group_of(request, built.block_size)
+        if group is None:
+            continue
+        total = totals[group]
+        total[0] += 1
+        total[1] += request.prompt_tokens
+        if isinstance(diagnosis, Diagnosis):
+            total[2] += diagnosis.funnel.reused
+            for cause, tokens in diagnosis.tokens_by_cause().items():
+                lost[group][cause.value] += tokens
+    rows = [
+        GroupRow(group, requests, prompt, reused, _main(lost[group]))
+        for group, (requests, prompt, reused) in totals.items()
+    ]
+    return sorted(rows, key=lambda row: (-row.prompt_tokens, row.group.name))
+
+
+def _main(lost: Counter[str]) -> str:
+    found = lost.most_common(1)
+    return found[0][0] if found and found[0][1] else ""
+
+
+def trace_killers(built: Built, *, families: bool = True) -> list[FoundKiller]:
+    """The killers of every template (and prefix family), costliest first."""
+    grouped: dict[tuple[Group, str, str], list[int]] = defaultdict(list)
+    for index, request in enumerate(built.requests):
+        group = group_of(request, built.block_size)
+        if group is not None and (families or group.kind == "template"):
+            grouped[(group, request.salt, request.group)].append(index)
+    found: list[FoundKiller] = []
+    for (group, salt, model), indices in sorted(grouped.items(), key=lambda item: repr(item[0])):
+        recent = [i for i in indices if built.requests[i].block_hashes][-KILLER_MAX_REQUESTS:]
+        for killer in _search(built, recent):
+            ids = tuple(built.requests[recent[i]].request_id for i in killer.sample_requests)
+            found.append(FoundKiller(group, salt, model, killer, ids))
+    return sorted(found, key=lambda k: (-k.killer.tokens_lost, k.group.name, k.killer.position_block))
+
+
+def _search(built: Built, indices: list[int]) -> tuple[Killer, ...]:
+    token_mode = all(built.token_ids[i] is not None for i in indices)
+    prompts = [
+        Prompt(
+            block_hashes=np.asarray(built.requests[i].block_hashes, dtype=np.int64),
+            token_ids=built.token_ids[i] if token_mode else None,
+            tenant=built.requests[i].tenant or None,
+        )
+        for i in indices
+    ]
+    if not prompts:
+        return ()
+    return find_killers(prompts, built.block_size, decode=gpt2.text_of if token_mode else None)

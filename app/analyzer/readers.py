@@ -1,0 +1,111 @@
+"""JSON-lines traces into `Lines`: the formats the offline analyzer reads, sniffed from the first line.
+
+- `prefixlens` (prefixlens 0.1.0's corpus): `token_ids`, optional `request_id`, `tenant`, `route`,
+  `model`, `tags` (a `template` tag names the template). Lines that also say `arrived_at` (ISO
+  8601) or `timestamp` (seconds), `server`, `prompt_tokens` and `cached_tokens` (what the engine
+  reused, as bench/analysis_trace.py writes them) give them to the analysis.
+- `kvlint` (kvlint 0.1.1's `openai`, `sharegpt` and `plain` inputs): a request body's `messages`
+  (and `tools`), a ShareGPT `conversations` list (one request per user turn, each carrying the
+  history), or a plain `prompt` text; see chat.py for how text becomes tokens.
+- `openai-log`: a request log, `{"request": body, "response": body}` per line (see chat.py).
+- `prefixscope`: Prefixscope's own export (export_format.py).
+
+A line that cannot be read is skipped and counted under a `Skip` reason; the file goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from app.analyzer import chat, export_format
+from app.analyzer.lines import BadLine, Line, Lines, Skip, add_token_ids, arrival, natural, text
+
+FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope")
+
+
+def sniff(first: dict[str, Any]) -> str:
+    """The format of a trace whose first line decodes to `first`."""
+    if isinstance(first.get("request"), dict) and isinstance(first.get("response"), dict):
+        return "openai-log"
+    if "arrived" in first and "prompt_tokens" in first:
+        return "prefixscope"
+    if "token_ids" in first:
+        return "prefixlens"
+    return "kvlint"
+
+
+def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lines:
+    """Read `path` (format sniffed from its first object line unless given). Token ids are padded
+    to multiples of `align` in the buffer. Raises ValueError for an unknown format and OSError for
+    a file that cannot be read."""
+    decode = msgspec.json.Decoder().decode
+    lines: Lines | None = None
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
+    with path.open("rb") as raw_lines:
+        for number, raw in enumerate(raw_lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                item = decode(raw)
+            except msgspec.DecodeError:
+                item = None
+            if lines is None:
+                if format is None and not isinstance(item, dict):
+                    continue  # sniffed from the first object line; this one is counted below
+                lines = Lines(format or sniff(item) if isinstance(item, dict) else format or "", align)
+            _add(lines, item, number, raw)
+    return lines or Lines(format or "prefixlens", align)
+
+
+def _add(lines: Lines, item: object, number: int, raw: bytes) -> None:
+    if item is None:
+        lines.skip(Skip.INVALID_JSON)
+        return
+    if not isinstance(item, dict):
+        lines.skip(Skip.NOT_AN_OBJECT)
+        return
+    try:
+        for line in _read(lines, item, number):
+            lines.lines.append(line)
+    except BadLine as bad:
+        lines.skip(bad.reason)
+
+
+def _read(lines: Lines, item: dict[str, Any], number: int) -> Iterator[Line]:
+    match lines.format:
+        case "prefixlens":
+            yield _prefixlens(lines, item, number)
+        case "prefixscope":
+            yield export_format.read_line(lines, item, number)
+        case "openai-log":
+            yield chat.read_log_line(lines, item, number)
+        case _:
+            yield from chat.read_kvlint_line(lines, item, number)
+
+
+def _prefixlens(lines: Lines, item: dict[str, Any], number: int) -> Line:
+    token_ids = item.get("token_ids")
+    if token_ids is None:
+        raise BadLine(Skip.NO_PROMPT)
+    span = add_token_ids(lines, token_ids)
+    tags = item.get("tags") or {}
+    if not isinstance(tags, dict):
+        raise BadLine(Skip.BAD_FIELD)
+    return Line(
+        request_id=text(item.get("request_id"), f"line-{number}"),
+        arrived=arrival(item),
+        prompt_tokens=natural(item.get("prompt_tokens"), None) or span[1] - span[0],
+        server=text(item.get("server")),
+        group=text(item.get("model")),
+        tenant=text(item.get("tenant")),
+        template=text(tags.get("template", item.get("template", item.get("route")))),
+        session=text(item.get("session_id")),
+        cached_tokens=natural(item.get("cached_tokens"), None),
+        output_tokens=natural(item.get("output_tokens", item.get("completion_tokens")), 0) or 0,
+        tokens=span,
+    )

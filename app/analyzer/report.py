@@ -1,0 +1,172 @@
+"""The offline analyzer's report of a trace: hit rate, miss causes per request, cache killers,
+templates and prefix families, and the what-if curve of capacity."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.analyzer.capacity import MULTIPLIERS, UNLIMITED_FRACTIONS, CurvePoint, capacity_curve
+from app.analyzer.diagnose import diagnose_trace, server_names
+from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows, trace_killers
+from app.analyzer.lines import Lines
+from app.analyzer.trace import Built, build_requests
+from app.domain.misses import Diagnosis, Unknown
+from app.domain.replay.trace import TraceRequest
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What to analyze with: `block_size` None takes the trace's hashes' (else 16); `blocks` per
+    server, None for an unlimited cache; `curve` False leaves the what-if curve out."""
+
+    block_size: int | None = None
+    blocks: int | None = None
+    curve: bool = True
+    multipliers: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CauseRow:
+    """A miss cause: the requests it is the main cause of, and the tokens it lost over all."""
+
+    cause: str
+    requests: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One request's answer. `cached_tokens`: what it reused (reported, else replayed); `cause`:
+    its main cause, "" when nothing reusable was lost, or why it has no diagnosis."""
+
+    request_id: str
+    server: str
+    group: str
+    prompt_tokens: int
+    cached_tokens: int | None
+    replayed_tokens: int
+    cause: str
+    diverged_at: int | None
+    lost: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The whole report (see the module's docstring); hit rates are of all prompt tokens."""
+
+    source: str
+    format: str
+    requests: int
+    skipped: dict[str, int]
+    notes: list[str]
+    servers: list[str]
+    block_size: int
+    blocks: int | None  # per server; None: unlimited
+    prompt_tokens: int
+    reported_tokens: int | None  # reused as the trace reports it; None when no request says
+    reported_requests: int
+    replayed_tokens: int
+    reported_hit_rate: float | None
+    replayed_hit_rate: float | None
+    causes: list[CauseRow]
+    groups: list[GroupRow]
+    killers: list[FoundKiller]
+    curve: list[CurvePoint]
+    curve_base: str
+    rows: list[RequestRow]
+
+
+def analyze(lines: Lines, *, source: str, options: Options) -> Report:
+    """The report of a trace as read (readers.read_trace)."""
+    size = options.block_size or _hashes_block_size(lines) or DEFAULT_BLOCK_SIZE
+    built = build_requests(lines, size)
+    notes = [*lines.notes, *built.notes]
+    if lines.tokenized:
+        from app.analyzer.chat import TOKENIZED_NOTE
+
+        notes.append(TOKENIZED_NOTE.format(count=lines.tokenized))
+    if options.blocks is None:
+        notes.append("No KV capacity given (--blocks): the cache is taken as unlimited, nothing evicted.")
+    diagnosed = diagnose_trace(built, blocks=options.blocks)
+    requests = built.requests
+    prompt = sum(r.prompt_tokens for r in requests)
+    reported = [r.cached_tokens for r in requests if r.cached_tokens is not None]
+    replayed = sum(diagnosed.replayed)
+    curve, base = _curve(built, options, diagnosed.footprint) if options.curve else ([], "")
+    return Report(
+        source=source, format=lines.format, requests=len(requests), skipped=dict(lines.skipped),
+        notes=notes, servers=server_names(requests), block_size=size, blocks=options.blocks,
+        prompt_tokens=prompt, reported_tokens=sum(reported) if reported else None,
+        reported_requests=len(reported), replayed_tokens=replayed,
+        reported_hit_rate=_rate(sum(reported), _reporting_prompts(requests)),
+        replayed_hit_rate=_rate(replayed, prompt), causes=_causes(diagnosed.diagnoses),
+        groups=group_rows(built, diagnosed.diagnoses), killers=trace_killers(built),
+        curve=curve, curve_base=base, rows=_rows(built, diagnosed.diagnoses, diagnosed.replayed),
+    )  # fmt: skip
+
+
+def _reporting_prompts(requests: Sequence[TraceRequest]) -> int:
+    """The prompt tokens of the requests that say what they reused."""
+    return sum(r.prompt_tokens for r in requests if r.cached_tokens is not None)
+
+
+def _hashes_block_size(lines: Lines) -> int | None:
+    return next((line.block_size for line in lines.lines if line.block_hashes and line.block_size), None)
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def _causes(diagnoses: Sequence[Diagnosis | Unknown]) -> list[CauseRow]:
+    """Each cause's requests (as their main cause) and tokens lost; "reused" for requests that
+    lost nothing reusable, and the reasons requests could not be diagnosed."""
+    requests: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    for diagnosis in diagnoses:
+        if isinstance(diagnosis, Unknown):
+            requests[diagnosis.value] += 1
+            continue
+        requests[diagnosis.cause.value if diagnosis.cause else "reused"] += 1
+        for cause, lost in diagnosis.tokens_by_cause().items():
+            tokens[cause.value] += lost
+    names = sorted(set(requests) | set(tokens), key=lambda name: (-tokens[name], -requests[name], name))
+    return [CauseRow(name, requests[name], tokens[name]) for name in names]
+
+
+def _rows(
+    built: Built, diagnoses: Sequence[Diagnosis | Unknown], replayed: Sequence[int]
+) -> list[RequestRow]:
+    rows = []
+    for request, diagnosis, reused in zip(built.requests, diagnoses, replayed, strict=True):
+        group = group_of(request, built.block_size)
+        known = isinstance(diagnosis, Diagnosis)
+        rows.append(RequestRow(
+            request_id=request.request_id, server=request.server, group=group.name if group else "",
+            prompt_tokens=request.prompt_tokens,
+            cached_tokens=diagnosis.funnel.reused if known else request.cached_tokens,  # type: ignore[union-attr]
+            replayed_tokens=reused,
+            cause=(diagnosis.cause.value if diagnosis.cause else "") if isinstance(diagnosis, Diagnosis)
+            else diagnosis.value,
+            diverged_at=diagnosis.diverged_at if isinstance(diagnosis, Diagnosis) else None,
+            lost={c.value: t for c, t in diagnosis.tokens_by_cause().items()} if known else {},  # type: ignore[union-attr]
+        ))  # fmt: skip
+    return rows
+
+
+def _curve(built: Built, options: Options, footprint: int) -> tuple[list[CurvePoint], str]:
+    if options.blocks is not None:
+        base, multipliers = options.blocks, options.multipliers or MULTIPLIERS
+        said = f"{options.blocks:,} blocks per server (--blocks)"
+    else:
+        base, multipliers = footprint, options.multipliers or UNLIMITED_FRACTIONS
+        said = f"{footprint:,} blocks per server: what holds the whole trace (no capacity given)"
+    points = capacity_curve(
+        built.requests, servers=server_names(built.requests), block_size=built.block_size,
+        base_blocks=base, multipliers=multipliers,
+    )  # fmt: skip
+    return points, said
