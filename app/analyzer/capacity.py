@@ -1,8 +1,8 @@
 """The what-if curve of the report: the trace's hit rate at multiples of its servers' KV blocks.
 
-One replay (app/domain/replay/run.py) per point, routing as recorded. The domain's one-pass
-capacity curve, when it lands, computes the same points in one pass: this function is the one
-place to call it from.
+Every point from one pass over the trace (app/domain/replay/curve.py, the stack distances of
+vLLM's LRU), each request on the server it was recorded on, as one replay per point would give for
+requests one at a time (tests/domain/test_replay_whatif.py checks the two agree).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.domain.replay.run import ServerShape, Setup, replay
+from app.domain.replay.curve import capacity_curve as one_pass_curve
 from app.domain.replay.trace import TraceRequest
 
 MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -36,9 +36,9 @@ def capacity_curve(
     multipliers: Sequence[float],
 ) -> list[CurvePoint]:
     """The hit rate at each multiplier of `base_blocks` per server (at least 2 blocks each)."""
+    curve = one_pass_curve(requests, block_size=block_size)
     points = []
     for multiplier in multipliers:
         blocks = max(2, round(base_blocks * multiplier))
-        setup = Setup(servers=tuple(ServerShape(name, blocks) for name in servers), block_size=block_size)
-        points.append(CurvePoint(multiplier, blocks, replay(requests, setup).hit_rate))
+        points.append(CurvePoint(multiplier, blocks, curve.hit_rate_at(dict.fromkeys(servers, blocks))))
     return points

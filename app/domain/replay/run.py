@@ -213,9 +213,10 @@ class _Replay:
             _, server, num_blocks = self.restarts.popleft()
             self.running = [(at, index) for at, index in self.running if self.chosen[index] != server]
             heapq.heapify(self.running)
-            self.servers[server] = _Server(
-                ServerShape(self.setup.servers[server].name, num_blocks), self.setup.block_size
-            )
+            observer = self.watch.observer(server)
+            observer.cleared()  # a watcher's history of the server's blocks starts empty too
+            shape = ServerShape(self.setup.servers[server].name, num_blocks)
+            self.servers[server] = _Server(shape, self.setup.block_size, observer)
 
     def _admit_waiting(self, server: int, now: float) -> None:
         waiting = self.servers[server].waiting
