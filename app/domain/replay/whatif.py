@@ -209,7 +209,7 @@ class _Asking:
         )
 
     def capacity(self, factor: float) -> Answer:
-        servers = tuple(replace(s, num_blocks=_scaled(s.num_blocks, factor)) for s in self.base.servers)
+        servers = tuple(replace(s, num_blocks=scaled_blocks(s.num_blocks, factor)) for s in self.base.servers)
         label = "today's KV blocks" if factor == 1 else f"{factor:g}x KV blocks"
         return self.answer(Kind.CAPACITY, label, self.run(replace(self.base, servers=servers)), factor)
 
@@ -284,9 +284,9 @@ class _Asking:
         return (self.answer(Kind.RESTORE, label, self.run(replace(self.base, servers=servers))),)
 
     def _blocks(self, factor: float) -> dict[str, int]:
-        return {s.name: _scaled(s.num_blocks, factor) for s in self.base.servers}
+        return {s.name: scaled_blocks(s.num_blocks, factor) for s in self.base.servers}
 
 
-def _scaled(num_blocks: int, factor: float) -> int:
+def scaled_blocks(num_blocks: int, factor: float) -> int:
     """`factor` times a pool's usable blocks, plus vLLM's null block (at least one usable)."""
     return max(round((num_blocks - 1) * factor), 1) + 1
