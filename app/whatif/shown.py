@@ -69,7 +69,7 @@ class Shown:
     capacity: list[Row]
     restored: list[Row]
     routing: list[Row]
-    families: list[tuple[str, str, list[Row], str]]  # id, title, rows, why empty
+    families: list[tuple[str, str, str, list[Row], str]]  # id, title, first column, rows, why empty
     curve: dict[str, Any]
     bars: dict[str, Any]
     curve_error: str
@@ -85,11 +85,11 @@ def shown(answers: WhatIf) -> Shown:
         restored=[_row(a, answers, today) for a in answers.restored],
         routing=[_row(a, answers, today) for a in answers.routing],
         families=[
-            (key, title, [_row(a, answers, today) for a in getattr(answers, key)], EMPTY[key])
-            for key, title in (
-                ("server_counts", "Server counts"),
-                ("block_sizes", "Block sizes"),
-                ("salts", "Salts"),
+            (key, title, column, [_row(a, answers, today) for a in getattr(answers, key)], EMPTY[key])
+            for key, title, column in (
+                ("server_counts", "Server counts, in the same KV memory", "Servers"),
+                ("block_sizes", "Block sizes, in the same KV memory", "Block size"),
+                ("salts", "Salts", "Salts"),
             )
         ],
         curve=curve_chart(answers),
@@ -118,7 +118,7 @@ def curve_chart(answers: WhatIf) -> dict[str, Any]:
                        "values": [restored.hit_rate] * len(xs)})  # fmt: skip
     return {"kind": "xy", "unit": "ratio", "xs": xs, "series": series, "x_unit": "factor", "log": 2,
             "x_label": "KV blocks per server, as a multiple of today's (log scale)",
-            "y_label": "Hit rate (prompt tokens reused)"}  # fmt: skip
+            "y_label": "Hit rate"}  # fmt: skip
 
 
 def routing_chart(answers: WhatIf) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def routing_chart(answers: WhatIf) -> dict[str, Any]:
     rates = [a.hit_rate for a in answers.routing]
     return {"kind": "bars", "unit": "ratio", "categories": names, "marked": marked,
             "series": [{"name": "hit_rate", "label": "hit rate", "values": rates}],
-            "x_label": "Routing policy", "y_label": "Hit rate (prompt tokens reused)"}  # fmt: skip
+            "x_label": "Routing policy", "y_label": "Hit rate"}  # fmt: skip
 
 
 def as_csv(answers: WhatIf, table: str) -> str | None:
@@ -200,8 +200,10 @@ def _blocks(answer: Answer, answers: WhatIf) -> str:
 
 
 def _money(value: float) -> str:
+    """Signed dollars: to the cent from a dollar up, else to a hundredth of a cent (a demo's or a
+    small scope's figures are fractions of a cent an hour)."""
     sign = "-" if value < 0 else "+"
-    return f"{sign}${abs(value):,.2f}"
+    return f"{sign}${abs(value):,.2f}" if abs(value) >= 1 or value == 0 else f"{sign}${abs(value):.4f}"
 
 
 def _policy(answer: Answer) -> str:

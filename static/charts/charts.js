@@ -155,7 +155,7 @@
     const count = data.series.length;
     return {
       width: width,
-      height: 200,
+      height: data.x_label ? 240 : 200,
       scales: {
         x: { time: false, range: () => [-0.5, names.length - 0.5] },
         y: { range: (u, lo, hi) => [Math.min(0, lo * 1.15), Math.max(0, hi * 1.15) || 1] },
@@ -167,7 +167,7 @@
       legend: { live: true },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
       series: [
-        { label: "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
+        { label: data.x_label || "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
         ...data.series.map((s, i) => ({
           label: s.label || s.name,
           stroke: cssVar("--series-" + ((i % 8) + 1)),
@@ -194,7 +194,8 @@
       height: 280,
       scales: {
         x: data.log ? { time: false, distr: 3, log: data.log } : { time: false },
-        y: data.unit === "ratio" ? { range: [0, 1] } : { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] },
+        // A curve's differences are a few points: its rates to the nearest tenths around them.
+        y: data.unit === "ratio" ? { range: (u, lo, hi) => [Math.max(0, Math.floor((lo - 0.02) * 10) / 10), Math.min(1, Math.ceil((hi + 0.02) * 10) / 10)] } : { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] },
       },
       axes: [
         { ...axis, label: data.x_label, labelSize: 24, values: (u, ticks) => ticks.map(x) },
