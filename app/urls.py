@@ -24,5 +24,6 @@ urlpatterns = [
     path("templates/", include("app.prompts.urls")),
     path("regressions/", include("app.regressions.urls")),
     path("setup/", include("app.setup.urls")),
+    path("whatif/", include("app.whatif.urls")),
     path("", include("app.dashboard.urls")),
 ]

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from app.core.formats import percent as percent  # the pages' own, from here
 from app.domain.misses import CAUSE_LABELS
 from app.rollups import series as traffic_series
 from app.rollups.series import Series
@@ -48,11 +49,6 @@ class Chart:
         return [
             (at, [_shown(s.values[i], self.unit) for s in self.series]) for i, at in enumerate(self.times)
         ]
-
-
-def percent(ratio: float | None) -> str:
-    """A ratio in per cent to a tenth, as every table and panel writes one; "—" for none."""
-    return "—" if ratio is None else f"{100 * ratio:.1f} %"
 
 
 def _shown(value: float | None, unit: str) -> str:

@@ -155,19 +155,19 @@
     const count = data.series.length;
     return {
       width: width,
-      height: 200,
+      height: data.x_label ? 240 : 200,
       scales: {
         x: { time: false, range: () => [-0.5, names.length - 0.5] },
         y: { range: (u, lo, hi) => [Math.min(0, lo * 1.15), Math.max(0, hi * 1.15) || 1] },
       },
       axes: [
-        { ...axis, grid: { show: false }, splits: () => names.map((_, i) => i), values: () => names, font: "12px ui-monospace, monospace" },
-        { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) },
+        { ...axis, grid: { show: false }, splits: () => names.map((_, i) => i), values: () => names, font: "12px ui-monospace, monospace", label: data.x_label, labelSize: data.x_label ? 24 : 0 },
+        { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(data.unit, v)), label: data.y_label, labelSize: data.y_label ? 24 : 0 },
       ],
       legend: { live: true },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
       series: [
-        { label: "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
+        { label: data.x_label || "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
         ...data.series.map((s, i) => ({
           label: s.label || s.name,
           stroke: cssVar("--series-" + ((i % 8) + 1)),
@@ -175,11 +175,56 @@
           width: 0,
           fillTo: 0,
           points: { show: false },
-          paths: uPlot.paths.bars({ size: [0.7 / count, 48], align: count === 1 ? 0 : i === 0 ? -1 : 1 }),
+          paths: uPlot.paths.bars({ size: [0.7 / count, 48], align: count === 1 ? 0 : i === 0 ? -1 : 1, disp: marked(data, i) }),
           value: (u, v) => format(data.unit, v),
         })),
       ],
     };
+  }
+
+  // Numbers against numbers (data.kind "xy": a what-if's capacity curve): x on a log scale when
+  // data.log says so (its base), each series drawn as its style says: a line, dots alone, or one
+  // larger dot (a mark such as today's); a reference is a dashed level, as on the time charts.
+  function xyOptions(data, width) {
+    const muted = cssVar("--muted"), line = cssVar("--line");
+    const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 } };
+    const x = (v) => (v == null ? "—" : (data.x_unit === "factor" ? +v.toFixed(2) + "×" : format(data.x_unit, v)));
+    return {
+      width: width,
+      height: 280,
+      scales: {
+        x: data.log ? { time: false, distr: 3, log: data.log } : { time: false },
+        // A curve's differences are a few points: its rates to the nearest tenths around them.
+        y: data.unit === "ratio" ? { range: (u, lo, hi) => [Math.max(0, Math.floor((lo - 0.02) * 10) / 10), Math.min(1, Math.ceil((hi + 0.02) * 10) / 10)] } : { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] },
+      },
+      axes: [
+        { ...axis, label: data.x_label, labelSize: 24, values: (u, ticks) => ticks.map(x) },
+        { ...axis, label: data.y_label, labelSize: 24, size: 56, values: (u, ticks) => ticks.map((v) => format(data.unit, v)) },
+      ],
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false } },
+      series: [
+        { label: data.x_label ? data.x_label.split(",")[0] : "x", value: (u, v) => x(v) },
+        ...data.series.map((s, i) => {
+          const colour = cssVar(s.reference ? "--muted" : "--series-" + ((i % 8) + 1));
+          const found = { label: s.label || s.name, stroke: colour, width: 2, spanGaps: true, value: (u, v) => format(data.unit, v) };
+          if (s.reference) return { ...found, width: 1.5, dash: [6 * devicePixelRatio, 4 * devicePixelRatio], points: { show: false } };
+          if (s.style === "points" || s.style === "mark") {
+            const size = s.style === "mark" ? 14 : 8;
+            return { ...found, paths: () => null, points: { show: true, size: size, width: 2, fill: colour, stroke: s.style === "mark" ? cssVar("--fg") : colour } };
+          }
+          return { ...found, points: { show: false } };
+        }),
+      ],
+    };
+  }
+
+  // The categories data.marked names (today's, say) in another colour than the rest of their series.
+  function marked(data, i) {
+    if (!data.marked || !data.marked.length) return undefined;
+    const colour = cssVar("--series-" + ((i % 8) + 1)), mark = cssVar("--series-2");
+    const fills = data.categories.map((_, at) => (data.marked.includes(at) ? mark : colour));
+    return { fill: { unit: 3, values: () => fills } };
   }
 
   function draw(figure, data) {
@@ -195,6 +240,11 @@
       return;
     }
     const width = target.clientWidth || (spark ? 120 : 600);
+    if (data.kind === "xy") {
+      figure._plot = new uPlot(xyOptions(data, width), [data.xs, ...data.series.map((s) => s.values)], target);
+      figure.dataset.drawn = "true";
+      return;
+    }
     if (data.kind === "bars") {
       const aligned = [data.categories.map((_, i) => i), ...data.series.map((s) => s.values)];
       figure._plot = new uPlot(barOptions(data, width), aligned, target);

@@ -250,6 +250,11 @@ PAGES = {
     "prompts:families": lambda f, own: [reverse("prompts:families")],
     "prompts:family": lambda f, own: [reverse("prompts:family", args=[_fam(f, own).pk])],
     "regressions:list": lambda f, own: [reverse("regressions:list") + "?state=all"],
+    # Another tenant's template is a 404 there (tests/whatif/test_page.py): the same path, skipped here.
+    "whatif:page": lambda f, own: [
+        reverse("whatif:page") + f"?scope=template&name={_tpl(f, own).name}"
+        "&since=2026-01-01T00:00:00Z&until=2026-01-01T00:10:00Z"
+    ],
     "regressions:detail": lambda f, own: [reverse("regressions:detail", args=[_reg(f, own).pk])],
     "api:list_requests": lambda f, own: ["/api/v1/requests"],
     "api:request_detail": lambda f, own: [

@@ -96,6 +96,14 @@ class WhatIf:
     leaves_out: str = LEAVES_OUT
 
     @property
+    def blocks_now(self) -> dict[str, int]:
+        """Each server's KV blocks as the window ended: its last restart's, else its first."""
+        found = {s.name: s.num_blocks for s in self.servers}
+        for restart in sorted(self.restarts, key=lambda r: r.at):
+            found[restart.server] = restart.num_blocks
+        return found
+
+    @property
     def trusted(self) -> bool:
         """False when the replay did not reproduce the fleet: the answers are then not to be read."""
         return self.calibration.trust in (Trust.GOOD, Trust.FAIR)
