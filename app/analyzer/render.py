@@ -36,8 +36,9 @@ def terminal_summary(report: Report) -> str:
     reported = _percent(report.reported_hit_rate)
     out.append(f"hit rate: {reported} reported ({report.reported_requests:,} requests say),"
                f" {_percent(report.replayed_hit_rate)} replayed")  # fmt: skip
-    out += ["", "miss causes            requests  tokens lost"]
-    out += [f"  {_label(row.cause):<20} {row.requests:>8,}  {row.tokens:>11,}" for row in report.causes]
+    width = max((len(_label(row.cause)) for row in report.causes), default=0)
+    out += ["", f"{'miss causes':<{width + 2}} {'requests':>8}  tokens lost"]
+    out += [f"  {_label(row.cause):<{width}} {row.requests:>8,}  {row.tokens:>11,}" for row in report.causes]
     out += ["", "cache killers"]
     out += [
         f"  {k.group.name} at token {k.killer.position_token if k.killer.position_token is not None else '?'}"
