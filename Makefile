@@ -20,7 +20,7 @@ fmt: $(VENV)/.installed
 
 # Pinned dependencies (requirements.lock, and package-lock.json for the browser's chart library,
 # uPlot, served from node_modules/ as static files), re-installed when they change.
-$(VENV)/.installed: requirements.lock pyproject.toml app/domain/_chain.c package-lock.json
+$(VENV)/.installed: requirements.lock pyproject.toml app/domain/_chain.c app/domain/_stack.c package-lock.json
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .

@@ -164,3 +164,19 @@ def test_a_server_cut_is_answered_with_what_restoring_its_blocks_wins_back() -> 
     assert restored.label == "restore s3 to 256 blocks"
     assert restored.reused_tokens == replay(trace, Setup(fleet(256), BS)).reused_tokens
     assert restored.saved_tokens_per_hour > 0
+
+
+def test_the_curves_stack_in_c_answers_as_the_python_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.domain.replay import curve as module
+
+    assert module.stack_in_c(), "app/domain/_stack.c was not built: make installs it"
+    trace = zipf_trace(800)
+    in_c = capacity_curve(trace, block_size=BS)
+    monkeypatch.setattr(module, "_NativeStack", None)
+
+    in_python = capacity_curve(trace, block_size=BS)
+
+    assert (
+        in_c.reusable_at == in_python.reusable_at
+        and sum(sum(c.values()) for c in in_c.reusable_at.values()) > 0
+    )

@@ -24,7 +24,19 @@ from dataclasses import dataclass
 
 from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
 
-UNSEEN = -1
+try:  # the stack in C, built from app/domain/_stack.c at install when a compiler was at hand
+    from app.domain._stack import Stack as _NativeStack
+except ImportError:  # pragma: no cover - the extension is optional
+    _NativeStack = None  # type: ignore[assignment, misc]
+
+
+def stack_in_c() -> bool:
+    """Whether the curve's stack is app/domain/_stack.c's (built at install), not the Python one."""
+    return _NativeStack is not None
+
+
+def _stack(releases: int) -> _StackDistances | _NativeStack:
+    return _StackDistances(releases) if _NativeStack is None else _NativeStack(releases)
 
 
 class _Fenwick:
@@ -61,12 +73,16 @@ class _StackDistances:
         self.time = 0
         self.live = 0
 
-    def distance(self, key: Hashable) -> int:
-        """How many cached blocks are as new as `key` or newer (itself included); UNSEEN if never."""
-        stamp = self.stamps.get(key)
-        if stamp is None:
-            return UNSEEN
-        return self.live - self.tree.count_to(stamp - 1)
+    def distances(self, keys: Sequence[Hashable], limit: int) -> list[int]:
+        """How many cached blocks are as new as each of the first `limit` keys or newer (itself
+        included), up to the first key never released."""
+        found = []
+        for key in keys[:limit]:
+            stamp = self.stamps.get(key)
+            if stamp is None:
+                break
+            found.append(self.live - self.tree.count_to(stamp - 1))
+        return found
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Put `keys` at the new end, the last one first (vLLM frees a request's blocks in reverse)."""
@@ -120,23 +136,20 @@ def capacity_curve(
     releases: Counter[str] = Counter()
     for request, keys in zip(order, chains, strict=True):
         releases[request.server] += len(keys) + request.output_tokens // block_size + 1
-    stacks = {server: _StackDistances(count) for server, count in releases.items()}
+    stacks = {server: _stack(count) for server, count in releases.items()}
     reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
     emptied = deque(sorted((at, server) for at, server in restarts if server in stacks))
     for request, keys in zip(order, chains, strict=True):
         while emptied and emptied[0][0] <= request.arrived:  # a new process: its cache empty
             server = emptied.popleft()[1]
-            stacks[server] = _StackDistances(releases[server])
+            stacks[server] = _stack(releases[server])
         stack, needed = stacks[request.server], reusable[request.server]
         if counted is not None and not counted(request):
             stack.release([*keys, *_output_keys(request, block_size)])
             continue
         # A prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
         worst = -(-request.prompt_tokens // block_size) - 1
-        for key in keys[: max(request.prompt_tokens - 1, 0) // block_size]:
-            distance = stack.distance(key)
-            if distance == UNSEEN:
-                break
+        for distance in stack.distances(keys, max(request.prompt_tokens - 1, 0) // block_size):
             worst = max(worst, distance)
             needed[worst] += block_size
         stack.release([*keys, *_output_keys(request, block_size)])
