@@ -180,3 +180,20 @@ def test_the_curves_stack_in_c_answers_as_the_python_one(monkeypatch: pytest.Mon
         in_c.reusable_at == in_python.reusable_at
         and sum(sum(c.values()) for c in in_c.reusable_at.values()) > 0
     )
+
+
+def test_each_salted_tenants_isolation_is_priced_apart() -> None:
+    prompt = tuple(range(100, 164))  # four blocks, one prompt for every tenant
+    trace = [
+        TraceRequest(f"r{n}", float(n), 64, tenant=tenant, salt=salt, token_ids=prompt, server="s0")
+        for n, (tenant, salt) in enumerate(
+            [("c", ""), ("a", "sa"), ("b", "sb"), ("a", "sa"), ("b", "sb"), ("c", "")]
+        )
+    ]
+
+    answers = what_if(trace, servers=fleet(64, 1), block_size=BS, window_seconds=6, price=Price(4000, 2.0))
+
+    by_label = {a.label: a.reused_tokens - answers.as_was.reused_tokens for a in answers.salts}
+    # As it ran, each tenant's second request reuses its first: 3 x 48. Salts off, every request after
+    # c's first reuses (5 x 48); one tenant's salt off, its first request reuses c's (+48).
+    assert by_label == {"every salt off": 96, "a's salt off": 48, "b's salt off": 48}

@@ -50,6 +50,7 @@ class Setup:
     routing: Routing = Routing.RECORDED
     restarts: tuple[Restart, ...] = ()
     salted: bool = True  # False: every request's salt dropped (what isolation costs)
+    unsalted_tenants: frozenset[str] = frozenset()  # these tenants' salts dropped, the others' kept
     seed: int = 0
     load_cap: float = DEFAULT_LOAD_CAP
 
@@ -154,7 +155,8 @@ class _Replay:
 
     def _keys(self, index: int, request: TraceRequest) -> tuple[Key, ...]:
         size = self.setup.block_size
-        keys = padded_keys(request, request_keys(request, size, salted=self.setup.salted), size)
+        salted = self.setup.salted and request.tenant not in self.setup.unsalted_tenants
+        keys = padded_keys(request, request_keys(request, size, salted=salted), size)
         self.keys[index] = keys
         return keys
 

@@ -78,7 +78,8 @@ def request_keys(request: TraceRequest, block_size: int, *, salted: bool = True)
             return request.unsalted_hashes
     if request.token_ids is None:
         return ()
-    scope = f"{request.group}\x1f{request.salt}" if salted else request.group
+    # An unsalted request and a salted one with its salt dropped share one scope: the group's.
+    scope = f"{request.group}\x1f{request.salt}" if salted and request.salt else request.group
     return token_chain(request.token_ids, block_size, scope=scope)
 
 

@@ -185,7 +185,7 @@ class _Asking:
         self.progress = progress
         self.baseline_tokens: int | None = None
         self.done = 0
-        self.total = 1 + len(CAPACITY_FACTORS) + len(Routing) + 3 + len(BLOCK_SIZES) + 2
+        self.total = 1 + len(CAPACITY_FACTORS) + len(Routing) + 3 + len(BLOCK_SIZES) + 3
 
     def run(self, setup: Setup) -> ReplayResult:
         result = replay(self.trace, setup)
@@ -289,10 +289,16 @@ class _Asking:
         return tuple(answers)
 
     def salts(self) -> tuple[Answer, ...]:
-        """Every salt dropped: the reuse tenants' isolation costs. Only where a request was salted."""
-        if not any(r.salt for r in self.trace):
+        """Every salt dropped, then each salted tenant's alone: the reuse their isolation costs. Only
+        where a request was salted."""
+        tenants = sorted({r.tenant for r in self.trace if r.salt})
+        if not tenants:
             return ()
-        return (self.answer(Kind.SALTS, "salts off", self.run(replace(self.base, salted=False))),)
+        answers = [self.answer(Kind.SALTS, "every salt off", self.run(replace(self.base, salted=False)))]
+        for tenant in tenants if len(tenants) > 1 else ():
+            setup = replace(self.base, unsalted_tenants=frozenset({tenant}))
+            answers.append(self.answer(Kind.SALTS, f"{tenant or 'untenanted'}'s salt off", self.run(setup)))
+        return tuple(answers)
 
     def restored(self, restore: Mapping[str, int]) -> tuple[Answer, ...]:
         """Servers given back the blocks they had (at the window's start and at each restart), one
