@@ -13,10 +13,9 @@ from app.fleet.models import Server
 from app.prompts.models import Template
 from app.whatif.models import WhatIfQuestion
 from app.whatif.questions import queue
-from app.whatif.services import Scope, ScopeKind
+from app.whatif.services import MAX_WINDOW, Scope, ScopeKind, window_problem
 
 DEFAULT_MINUTES = 10
-MAX_WINDOW = timedelta(days=1)  # a day of a fleet's requests replayed ~25 times is minutes of a worker
 
 
 class AskError(ValueError):
@@ -58,10 +57,9 @@ def asked(params: Mapping[str, str], *, now: datetime) -> tuple[Asking, bool]:
         minutes = _minutes(params.get("minutes", str(DEFAULT_MINUTES)))
         until = now.astimezone(UTC).replace(second=0, microsecond=0)
         since, stated = until - timedelta(minutes=minutes), False
-    if until <= since:
-        raise AskError("the window must end after it starts")
-    if until - since > MAX_WINDOW:
-        raise AskError(f"a window of at most {MAX_WINDOW.days * 24} hours, please")
+    problem = window_problem(since, until)
+    if problem is not None:
+        raise AskError(problem)
     found = Asking(scope, since, until)
     return found, stated and params.get("since") == _iso(since) and params.get("until") == _iso(until)
 

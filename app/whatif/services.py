@@ -141,12 +141,12 @@ def _restore(servers: list[Server], trace: WindowTrace, *, until: datetime) -> d
 
 
 MAX_WINDOW = timedelta(hours=24)
-"""The longest window asked (the API, the command): every request of it is held in memory and
-replayed some thirty times."""
+"""The longest window asked (the page, the API, the command): every request of it is held in memory
+and replayed some thirty times."""
 
 
 def window_problem(since: datetime, until: datetime) -> str | None:
-    """What is wrong with a window asked of the API or the command, None when nothing is."""
+    """What is wrong with a window asked (of the page, the API or the command), None when nothing is."""
     if until <= since:
         return "the window must end after it starts"
     if until - since > MAX_WINDOW:
