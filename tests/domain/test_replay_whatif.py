@@ -7,7 +7,7 @@ import pytest
 from app.domain.replay.calibration import Trust, calibrate
 from app.domain.replay.curve import capacity_curve
 from app.domain.replay.routing import Routing
-from app.domain.replay.run import ServerShape, Setup, replay
+from app.domain.replay.run import Restart, ServerShape, Setup, replay
 from app.domain.replay.trace import TraceRequest
 from app.domain.replay.whatif import CAPACITY_FACTORS, Kind, Price, what_if
 
@@ -197,3 +197,22 @@ def test_each_salted_tenants_isolation_is_priced_apart() -> None:
     # As it ran, each tenant's second request reuses its first: 3 x 48. Salts off, every request after
     # c's first reuses (5 x 48); one tenant's salt off, its first request reuses c's (+48).
     assert by_label == {"every salt off": 96, "a's salt off": 48, "b's salt off": 48}
+
+
+def test_the_one_pass_curve_gives_a_cut_server_its_own_capacity_after_the_cut() -> None:
+    trace = zipf_trace(2000)
+    cut = Restart(at=500.0, server="s3", num_blocks=40)  # half-way through: a restart with fewer blocks
+
+    answers = what_if(
+        trace, servers=fleet(128), block_size=BS, window_seconds=1000, price=Price(4000, 2.0), restarts=[cut]
+    )
+
+    today = next(a for a in answers.capacity if a.factor == 1)
+    assert today.reused_tokens == replay(trace, Setup(fleet(128), BS, restarts=(cut,))).reused_tokens
+    # Were the cut process given the first one's 128 blocks, the curve would miss by 4 points. Where
+    # every prompt fits (0.75x of the cut's 40 blocks and up) it is the point replays' to 0.1 point;
+    # below, prompts that fit no pool are left out of a replay and not of the one pass.
+    curve = {point.factor: point.hit_rate for point in answers.curve}
+    for point in answers.capacity:
+        if point.factor is not None and point.factor >= 0.75:
+            assert abs((curve[point.factor] or 0) - (point.hit_rate or 0)) < 0.001, point.factor

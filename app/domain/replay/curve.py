@@ -104,10 +104,11 @@ class CapacityCurve:
 
     block_size: int
     prompt_tokens: int
-    reusable_at: dict[str, Counter[int]]  # per server: tokens reused once it has this many blocks
+    reusable_at: dict[str, Counter[int]]  # per server process (epoch_name): tokens reused at this many blocks
 
     def reused_at(self, blocks: dict[str, int]) -> int:
-        """Tokens reused when each server has `blocks[server]` KV blocks (vLLM's num_gpu_blocks)."""
+        """Tokens reused when each server process has `blocks[epoch_name]` KV blocks (vLLM's
+        num_gpu_blocks)."""
         total = 0
         for server, needed in self.reusable_at.items():
             capacity = blocks.get(server, 0) - 2  # the null block, and the partial one left free
@@ -117,6 +118,12 @@ class CapacityCurve:
     def hit_rate_at(self, blocks: dict[str, int]) -> float | None:
         """Reused over prompt tokens at that capacity; None without prompt tokens."""
         return self.reused_at(blocks) / self.prompt_tokens if self.prompt_tokens else None
+
+
+def epoch_name(server: str, restarts: int) -> str:
+    """The curve's name of a server's process after `restarts` restarts: its own name first, then
+    `server#1`, `server#2`... (each process its own capacity: a cut restarts with fewer blocks)."""
+    return server if restarts == 0 else f"{server}#{restarts}"
 
 
 def capacity_curve(
@@ -129,21 +136,24 @@ def capacity_curve(
 ) -> CapacityCurve:
     """One pass over `trace` in arrival order, each request on the server it was recorded on; the
     reuse of the requests `counted` says (all by default), every request taking its room. At each
-    of `restarts` (time, server) the server's cache starts empty; a capacity it restarted with is
-    not modelled: the curve's capacity holds for the whole trace."""
+    of `restarts` (time, server) the server starts anew, its cache empty: its requests after it are
+    counted under `epoch_name(server, n)`, so that a capacity can be given to each process."""
     order = sorted(trace, key=lambda request: request.arrived)
     chains = [padded_keys(r, request_keys(r, block_size, salted=salted), block_size) for r in order]
     releases: Counter[str] = Counter()
     for request, keys in zip(order, chains, strict=True):
         releases[request.server] += len(keys) + request.output_tokens // block_size + 1
     stacks = {server: _stack(count) for server, count in releases.items()}
+    epochs = dict.fromkeys(releases, 0)
     reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
     emptied = deque(sorted((at, server) for at, server in restarts if server in stacks))
     for request, keys in zip(order, chains, strict=True):
         while emptied and emptied[0][0] <= request.arrived:  # a new process: its cache empty
             server = emptied.popleft()[1]
             stacks[server] = _stack(releases[server])
-        stack, needed = stacks[request.server], reusable[request.server]
+            epochs[server] += 1
+        stack = stacks[request.server]
+        needed = reusable.setdefault(epoch_name(request.server, epochs[request.server]), Counter())
         if counted is not None and not counted(request):
             stack.release([*keys, *_output_keys(request, block_size)])
             continue

@@ -18,7 +18,7 @@ from typing import Any
 
 from app.domain.cost import prefill_price
 from app.domain.replay.calibration import Calibration, Trust, calibrate
-from app.domain.replay.curve import capacity_curve
+from app.domain.replay.curve import capacity_curve, epoch_name
 from app.domain.replay.routing import ROUTING_LABELS, Routing
 from app.domain.replay.run import ReplayResult, Restart, ServerShape, Setup, replay
 from app.domain.replay.trace import TraceRequest
@@ -316,7 +316,15 @@ class _Asking:
         return (self.answer(Kind.RESTORE, label, self.run(setup)),)
 
     def _blocks(self, factor: float) -> dict[str, int]:
-        return {s.name: scaled_blocks(s.num_blocks, factor) for s in self.base.servers}
+        """Each server process's blocks at `factor` (its restarts' their own), as the curve names them."""
+        found = {s.name: scaled_blocks(s.num_blocks, factor) for s in self.base.servers}
+        restarted: dict[str, int] = {}
+        for restart in sorted(self.base.restarts, key=lambda r: r.at):
+            restarted[restart.server] = restarted.get(restart.server, 0) + 1
+            found[epoch_name(restart.server, restarted[restart.server])] = scaled_blocks(
+                restart.num_blocks, factor
+            )
+        return found
 
 
 def _resized_blocks(name: str, blocks: int, *, old: int, new: int) -> int:
