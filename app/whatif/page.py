@@ -12,7 +12,7 @@ from app.core.tenancy import Viewer
 from app.fleet.models import Server
 from app.prompts.models import Template
 from app.whatif.models import WhatIfQuestion
-from app.whatif.questions import queue
+from app.whatif.questions import answers_of, queue
 from app.whatif.services import MAX_WINDOW, Scope, ScopeKind, window_problem
 
 DEFAULT_MINUTES = 10
@@ -78,6 +78,9 @@ def question_for(asking: Asking, *, viewer: Viewer, asked_by_id: int | None) -> 
     asked (running, queued, or failed with its reason); else a new one, queued."""
     mine = _questions(asking, viewer)
     done = mine.filter(state=WhatIfQuestion.State.DONE).order_by("-finished_at").first()
+    if done is not None and answers_of(done) is None:  # kept by an older version: asked anew, once
+        newer = mine.filter(asked_at__gt=done.asked_at).order_by("-asked_at").first()
+        return newer or ask_again(asking, viewer=viewer, asked_by_id=asked_by_id)
     return (
         done
         or mine.order_by("-asked_at").first()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+import msgspec
 from celery import current_app
 from django.db import transaction
 from django.utils import timezone
@@ -87,8 +88,16 @@ def answer(*, question_id: int) -> None:
 
 
 def answers_of(question: WhatIfQuestion) -> WhatIf | None:
-    """The question's answers, None until it is done."""
-    return None if question.answers is None else from_json(question.answers)
+    """The question's answers, None until it is done (or when kept in a shape this version does not
+    read: the page asks again)."""
+    if question.answers is None:
+        return None
+    try:
+        return from_json(question.answers)
+    except msgspec.ValidationError:
+        # Kept by a version whose answers had another shape: not read, asked again where shown.
+        logger.warning("what-if %s: its kept answers are of an older shape", question.pk)
+        return None
 
 
 def scope_of(question: WhatIfQuestion) -> Scope:

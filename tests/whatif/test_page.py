@@ -177,3 +177,22 @@ def test_the_fleet_a_servers_group_and_a_template_link_to_their_what_if() -> Non
 
     for page, query in links.items():
         assert f'href="/whatif/?{query}" id="whatif-link"' in client.get(page).content.decode(), page
+
+
+def test_answers_kept_in_an_older_shape_are_asked_again_once(tmp_path: Path) -> None:
+    run = run_virtually(demo(60), tmp_path, scrape_every=15)
+    since, until = run.at(0).replace(microsecond=0), run.at(61).replace(microsecond=0)
+    stale = WhatIfQuestion.objects.create(
+        scope="fleet", since=since, until=until, state="done", progress=1.0, answers={"requests": 3},
+        finished_at=run.at(61),
+    )  # fmt: skip
+    client = _client(fleet_viewer("operator"))
+
+    first = client.get(_url(run, 0, 61))
+    again = client.get(_url(run, 0, 61))
+
+    assert first.status_code == again.status_code == 200
+    asked = WhatIfQuestion.objects.exclude(pk=stale.pk)
+    assert asked.count() == 1 and asked.get().state == WhatIfQuestion.State.DONE  # one new, answered
+    assert again.context["question"] == asked.get()
+    assert questions.answers_of(stale) is None
