@@ -23,12 +23,10 @@ from app.api.pages import Pages
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
-from app.fleet.models import Server
-from app.prompts.models import Template
 from app.whatif import questions, selectors
 from app.whatif.models import WhatIfQuestion
 from app.whatif.results import answers_out
-from app.whatif.services import MAX_WINDOW, Scope, ScopeKind, window_problem
+from app.whatif.services import MAX_WINDOW, Scope, ScopeKind, scope_visible, window_problem
 
 router = Router(tags=["whatif"])
 
@@ -186,7 +184,9 @@ def ask_whatif(request: HttpRequest, body: QuestionIn, response: HttpResponse) -
 )
 def get_whatif(request: HttpRequest, question_id: int) -> Any:
     question = selectors.questions(viewer=caller_viewer(request)).filter(pk=question_id).first()
-    return question if question is not None else error(404, "no such what-if question")
+    if question is None:
+        return error(404, "no such what-if question")
+    return questions.settled(question, now=timezone.now())
 
 
 @router.get(
@@ -228,11 +228,7 @@ def _scope_refused(body: QuestionIn, viewer: Viewer) -> Status[dict[str, Any]] |
                                                 fields={"name": ["must be empty for the fleet"]})  # fmt: skip
     if not body.name:
         return error(400, f"a {body.scope} needs its name", code="bad_scope", fields={"name": ["required"]})
-    if body.scope == "group":
-        known = viewer.servers(Server.objects.filter(group=body.name)).exists()
-    else:
-        known = viewer.templates(Template.objects.filter(name=body.name)).exists()
-    if known:
+    if scope_visible(Scope(ScopeKind(body.scope), body.name), viewer):
         return None
     message = f"no {body.scope} named {body.name!r}"
     return error(400, message, code="unknown_scope", fields={"name": [message]})

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
+from django.utils import timezone
+
 from app.core.tenancy import Viewer
-from app.fleet.models import Server
-from app.prompts.models import Template
 from app.whatif.models import WhatIfQuestion
-from app.whatif.questions import answers_of, queue
+from app.whatif.questions import answers_of, queue, settled
 from app.whatif.services import MAX_WINDOW, Scope, ScopeKind, window_problem
 
 DEFAULT_MINUTES = 10
@@ -64,15 +64,6 @@ def asked(params: Mapping[str, str], *, now: datetime) -> tuple[Asking, bool]:
     return found, stated and params.get("since") == _iso(since) and params.get("until") == _iso(until)
 
 
-def visible(scope: Scope, viewer: Viewer) -> bool:
-    """Whether the viewer sees the scope (else the page is a 404, as for one that does not exist)."""
-    if scope.kind is ScopeKind.GROUP:
-        return viewer.servers(Server.objects.filter(group=scope.name)).exists()
-    if scope.kind is ScopeKind.TEMPLATE:
-        return viewer.templates(Template.objects.filter(name=scope.name)).exists()
-    return True
-
-
 def question_for(asking: Asking, *, viewer: Viewer, asked_by_id: int | None) -> WhatIfQuestion:
     """The latest answered question of this scope, window and viewer's tenants; else the latest
     asked (running, queued, or failed with its reason); else a new one, queued."""
@@ -81,9 +72,10 @@ def question_for(asking: Asking, *, viewer: Viewer, asked_by_id: int | None) -> 
     if done is not None and answers_of(done) is None:  # kept by an older version: asked anew, once
         newer = mine.filter(asked_at__gt=done.asked_at).order_by("-asked_at").first()
         return newer or ask_again(asking, viewer=viewer, asked_by_id=asked_by_id)
+    latest = mine.order_by("-asked_at").first()
     return (
         done
-        or mine.order_by("-asked_at").first()
+        or (latest and settled(latest, now=timezone.now()))
         or ask_again(asking, viewer=viewer, asked_by_id=asked_by_id)
     )
 

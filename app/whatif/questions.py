@@ -4,7 +4,7 @@ read back. The page, the API and `manage.py whatif` all go through here."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 from celery import current_app
@@ -20,6 +20,8 @@ from app.whatif.services import NothingToReplay, Scope, ScopeKind, ask
 
 logger = logging.getLogger(__name__)
 ANSWER_TASK = "whatif.answer"  # app/whatif/tasks.py
+UNANSWERED_AFTER = timedelta(minutes=30)
+"""A question queued or running this long has lost its worker (a day's window replays in minutes)."""
 PROGRESS_STEP = 0.05  # the row is written when progress moved this much
 
 
@@ -85,6 +87,17 @@ def answer(*, question_id: int) -> None:
         finished_at=timezone.now(),
     )  # fmt: skip
     logger.info("what-if %s answered: %d requests", question.pk, asked.answers.requests)
+
+
+def settled(question: WhatIfQuestion, *, now: datetime) -> WhatIfQuestion:
+    """The question, failed with the reason when no worker has finished it within UNANSWERED_AFTER
+    (a worker stopped, or none runs): said, rather than polled for ever."""
+    waiting = question.state in (WhatIfQuestion.State.QUEUED, WhatIfQuestion.State.RUNNING)
+    if waiting and now - question.asked_at > UNANSWERED_AFTER:
+        minutes = int(UNANSWERED_AFTER.total_seconds() // 60)
+        error = f"no worker answered it within {minutes} minutes: is the Celery worker running?"
+        _set(question, state=WhatIfQuestion.State.FAILED, error=error, finished_at=now)
+    return question
 
 
 def answers_of(question: WhatIfQuestion) -> WhatIf | None:

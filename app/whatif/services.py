@@ -83,6 +83,16 @@ def ask(*, scope: Scope, since: datetime, until: datetime, viewer: Viewer = SEES
     return Asked(scope, since, until, answers, trace.unknown_prompt, trace.unsized)
 
 
+def scope_visible(scope: Scope, viewer: Viewer) -> bool:
+    """Whether the viewer sees the scope: the fleet always; a group of a server it sees; a template it
+    sees (another tenant's reads as a missing one: a 404 on the page, a 400 from the API)."""
+    if scope.kind is ScopeKind.GROUP:
+        return viewer.servers(Server.objects.filter(group=scope.name)).exists()
+    if scope.kind is ScopeKind.TEMPLATE:
+        return viewer.templates(Template.objects.filter(name=scope.name)).exists()
+    return True
+
+
 def _servers(scope: Scope, *, since: datetime, until: datetime, viewer: Viewer) -> list[Server]:
     """The servers whose requests are replayed: the fleet's, the group's, or those that served the
     template in the window (with every other request they served)."""

@@ -11,6 +11,7 @@ from app.core.tenancy import viewer_of
 from app.whatif import page
 from app.whatif.models import WhatIfQuestion
 from app.whatif.questions import answers_of
+from app.whatif.services import scope_visible
 from app.whatif.shown import as_csv, shown
 
 PAGE = "whatif/whatif.html"
@@ -27,7 +28,7 @@ def whatif(request: HtmxHttpRequest) -> HttpResponse:
         asking, stated = page.asked(request.GET, now=timezone.now())
     except page.AskError as exc:
         return render(request, PAGE, {"problem": str(exc)}, status=400)
-    if not page.visible(asking.scope, viewer):
+    if not scope_visible(asking.scope, viewer):
         raise Http404("no such scope")
     here = f"{reverse('whatif:page')}?{asking.query}"
     if not stated:

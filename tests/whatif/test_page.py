@@ -4,12 +4,14 @@ answers (calibration, capacity curve, routing, the other families) and their CSV
 import csv
 import io
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 import app.whatif.tasks  # noqa: F401 - registers the task a question queues (eager here)
 from app.core.models import Membership
@@ -196,3 +198,20 @@ def test_answers_kept_in_an_older_shape_are_asked_again_once(tmp_path: Path) -> 
     assert asked.count() == 1 and asked.get().state == WhatIfQuestion.State.DONE  # one new, answered
     assert again.context["question"] == asked.get()
     assert questions.answers_of(stale) is None
+
+
+def test_a_question_no_worker_finished_is_said_failed_not_polled_for_ever(tmp_path: Path) -> None:
+    run = run_virtually(demo(60), tmp_path, scrape_every=15)
+    since, until = run.at(0).replace(microsecond=0), run.at(61).replace(microsecond=0)
+    lost = WhatIfQuestion.objects.create(
+        scope="fleet", since=since, until=until, state="running", progress=0.3
+    )
+    WhatIfQuestion.objects.filter(pk=lost.pk).update(asked_at=timezone.now() - timedelta(minutes=31))
+    client = _client(fleet_viewer("operator"))
+
+    page = client.get(_url(run, 0, 61))
+
+    lost.refresh_from_db()
+    assert lost.state == WhatIfQuestion.State.FAILED and "Celery worker" in lost.error
+    assert page.context["question"] == lost and b"Ask again" in page.content
+    assert b'hx-trigger="every 1s"' not in page.content
