@@ -75,6 +75,18 @@ class ServerOut(Schema):
     num_blocks: int = Field(description="KV blocks, vLLM's null block counted (num_gpu_blocks)")
 
 
+class RestartOut(Schema):
+    at: Instant = Field(description="Where its KV events began a new epoch (a restart or a capacity cut)")
+    server: str
+    num_blocks: int = Field(description="The KV blocks it restarted with")
+
+
+class PriceOut(Schema):
+    tokens_per_second: float = Field(description="The prefill rate the answers are priced at")
+    gpu_hour_price: float
+    rate_source: str = Field(description="measured (the window's requests' TTFT) or configured")
+
+
 class CalibrationOut(Schema):
     requests: int = Field(description="The counted requests whose engine reported its cached tokens")
     prompt_tokens: int
@@ -114,7 +126,9 @@ class AnswersOut(Schema):
     prompt_tokens: int
     window_seconds: float
     block_size: int
-    servers: list[ServerOut]
+    servers: list[ServerOut] = Field(description="Each server as the window began")
+    restarts: list[RestartOut] = Field(description="Servers started anew in the window, as replayed")
+    price: PriceOut | None = Field(description="What priced the answers (null: kept before it was said)")
     trusted: bool = Field(description="False when the calibration is poor: do not read the answers")
     calibration: CalibrationOut
     as_was: AnswerOut

@@ -1,6 +1,7 @@
 """A what-if's answers as the JSON kept on its question, and back (msgspec: the domain's dataclasses),
 and as the API and `manage.py whatif --json` give them."""
 
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -32,4 +33,8 @@ def answers_out(answers: WhatIf) -> dict[str, Any]:
         "trust": calibration.trust.value,
     }
     found["trusted"] = answers.trusted
+    found["restarts"] = [
+        {"at": datetime.fromtimestamp(r.at, UTC).isoformat(), "server": r.server, "num_blocks": r.num_blocks}
+        for r in answers.restarts
+    ]
     return found

@@ -68,6 +68,11 @@ def test_a_question_is_accepted_then_polled_until_answered(client: Client, tmp_p
         [a["hit_rate"] for a in expected["capacity"]]
     )
     assert isinstance(answers["capacity"][0]["saved_tokens_per_hour"], float)
+    assert answers["price"] == expected["price"] and answers["price"]["rate_source"] in (
+        "measured",
+        "configured",
+    )
+    assert answers["restarts"] == []  # the demo's first three minutes: no cut, no restart
     assert {a["kind"] for a in answers["routing"]} == {"routing"} and len(answers["curve"]) > 8
     listed = client.get(URL, {"scope": "fleet"}, headers=admin).json()
     assert [q["id"] for q in listed["items"]] == [question["id"]] and "answers" not in listed["items"][0]

@@ -40,7 +40,7 @@ def test_the_answers_are_printed_calibration_first_then_the_tables(tmp_path: Pat
     assert lines[capacity + 5].split()[1] == f"{4 * 256:,}"  # today's: 4 servers of 256 blocks
     for title in ("Routing", "Server counts", "Block sizes", "Salts", "Restore"):
         assert title in lines
-    assert lines[-1] == LEAVES_OUT
+    assert lines[-1].startswith("Answers priced at ") and lines[-1].endswith(f"a GPU-hour. {LEAVES_OUT}")
 
     found = json.loads(whatif(*window, "--json"))
     expected = ask(scope=Scope(ScopeKind.FLEET), since=run.at(0), until=run.at(121)).answers

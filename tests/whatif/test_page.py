@@ -61,6 +61,7 @@ def test_a_running_question_shows_its_progress_then_its_answers(tmp_path: Path) 
     assert body.count('id="chart-capacity-data"') == body.count('id="chart-routing-data"') == 1
     assert 'id="block_sizes-table"' in body and 'id="salts-table"' in body  # token ids kept, acme salted
     assert "queueing" in body  # what the TTFT estimate leaves out
+    assert "priced at " in body and "prefill tokens a second" in body  # the rate the answers used
     assert (
         "3 \N{MULTIPLICATION SIGN} 256, 1 \N{MULTIPLICATION SIGN} 28" in body
     )  # today's blocks per server, told apart

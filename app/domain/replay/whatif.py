@@ -27,7 +27,7 @@ CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 CURVE_STEPS = 48  # one-pass curve points between the smallest and largest factor
 BLOCK_SIZES = (8, 16, 32, 64)
 LEAVES_OUT = (
-    "Time to first token saved is the prefill of the tokens reused, at the measured prefill rate; "
+    "Time to first token saved is the prefill of the tokens reused, at the prefill rate priced with; "
     "it leaves out queueing, which more reuse also shortens, and the decode that follows."
 )
 
@@ -49,6 +49,13 @@ class Price:
     tokens_per_second: float
     gpu_hour_price: float
     rate_source: str = "measured"
+
+    def __str__(self) -> str:
+        source = "measured on the window's requests" if self.rate_source == "measured" else "configured"
+        return (
+            f"priced at {self.tokens_per_second:,.0f} prefill tokens a second ({source}) and "
+            f"${self.gpu_hour_price:,.2f} a GPU-hour"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,7 @@ class WhatIf:
     salts: tuple[Answer, ...]  # empty unless a request was salted
     restored: tuple[Answer, ...] = ()  # servers given back the KV blocks they had before
     leaves_out: str = LEAVES_OUT
+    price: Price | None = None  # what priced the answers (None: kept by a version that did not say)
 
     @property
     def blocks_now(self) -> dict[str, int]:
@@ -155,6 +163,7 @@ def what_if(
         block_sizes=asked.block_sizes(),
         salts=asked.salts(),
         restored=asked.restored(restore or {}),
+        price=price,
     )
     if progress is not None:
         progress(1.0)

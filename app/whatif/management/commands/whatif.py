@@ -57,7 +57,8 @@ class Command(BaseCommand):
         self.stdout.write(_replayed_line(asked))
         for title, table in _tables(answers):
             self.stdout.write(f"\n{title}\n{table}")
-        self.stdout.write(f"\n{answers.leaves_out}")
+        priced = f"Answers {answers.price}. " if answers.price else ""
+        self.stdout.write(f"\n{priced}{answers.leaves_out}")
 
 
 def calibration_line(calibration: Calibration) -> str:
