@@ -19,15 +19,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from app.domain.misses import NOT_LOSSES
 from app.domain.prefill import PrefillSums, prefill_tokens_per_second
 
-NEVER_SERVABLE = ("cold", "below_block")  # no cache could have served them: never counted
+# No cache could have served them (never seen, or never reusable: app/domain/misses.py): never counted.
+NEVER_SERVABLE = ("cold", *sorted(NOT_LOSSES))
 TEMPLATE_ONLY = ("prompt_changed",)  # a template's own: counted in a template's scopes alone
 COUNTS = {
     True: "prompt tokens its requests lost to every miss a cache could have served "
-    "(all causes but cold and shorter than one block)",
+    "(all causes but cold and what is never reusable: new content, shorter than one block or the "
+    "provider's minimum)",
     False: "prompt tokens its requests lost to every miss a cache could have served, but to a prompt "
-    "changing, its templates' (all causes but cold, shorter than one block and prompt changed)",
+    "changing, its templates' (all causes but cold, what is never reusable and prompt changed)",
 }
 
 
@@ -155,7 +158,7 @@ def price_lost_tokens(
 def _reusable_prompt(lost: Mapping[str, int], reuse: Reuse, *, template_scope: bool) -> int:
     """The prompt tokens a scope's hit rate is measured over: a template's all its diagnosed ones;
     other scopes' without those no reuse of theirs could serve (app/regressions/series.py)."""
-    left_out = 0 if template_scope else sum(lost.get(cause, 0) for cause in ("prompt_changed", "below_block"))
+    left_out = 0 if template_scope else sum(lost.get(cause, 0) for cause in ("prompt_changed", *NOT_LOSSES))
     return max(reuse.prompt_tokens - left_out, 0)
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from app.domain.evictions import Eviction
-from app.domain.misses import Cause, Diagnosis, Loss
+from app.domain.misses import Cause, Diagnosis, Loss, is_loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,14 +38,17 @@ def evicted_while_waiting(diagnosis: Diagnosis, eviction: Eviction) -> Diagnosis
 
 
 def main_cause(losses: list[Loss], *, reusable: int) -> Cause | None:
-    """The cause that lost the most reusable tokens (the earlier of equal ones); below_block only
-    when not one block could be reused."""
+    """The cause that lost the most reusable tokens (the earlier of equal ones). A request that lost
+    none: new_content when its own tail was all it did not reuse, below_block when not one block
+    could be reused, else None."""
     lost: dict[Cause, int] = {}
     for loss in losses:
-        if loss.cause != Cause.BELOW_BLOCK:
+        if is_loss(loss.cause):
             lost[loss.cause] = lost.get(loss.cause, 0) + loss.tokens
     if lost:
         return max(lost, key=lambda cause: lost[cause])  # dicts keep order: max keeps the first of ties
+    if any(loss.cause == Cause.NEW_CONTENT for loss in losses):
+        return Cause.NEW_CONTENT
     return Cause.BELOW_BLOCK if losses and not reusable else None
 
 

@@ -20,6 +20,42 @@ class Cause(StrEnum):
     COLD = "cold"
     UNEXPLAINED = "unexplained"
     NO_KV_EVENTS = "no_kv_events"
+    # The request's own content past its family's usual fan-out point: never reusable, not a loss.
+    NEW_CONTENT = "new_content"
+    # Gone from GPU memory but still held by a lower tier (CPU, LMCache): reloadable, not gone.
+    DEMOTED = "demoted"
+    # Hosted APIs (app/diagnosis reads their usage): what the providers document.
+    BELOW_MINIMUM = "below_minimum"  # shorter than the provider's minimum cacheable prompt: not a loss
+    TTL_LAPSED = "ttl_lapsed"  # the identical prefix was last sent longer ago than the cache keeps it
+    BEYOND_LOOKBACK = "beyond_lookback"  # the cached prefix lies before the provider's lookback window
+    MARKER_ABSENT = "marker_absent"  # no cache marker (cache_control / cachePoint) reached the provider
+    CACHE_KEY_CHANGED = "cache_key_changed"  # the prompt_cache_key differs from the prefix's last one
+
+
+# Tokens no cache could ever have reused: counted apart from the losses (regressions, killers, the
+# lost-token rollups and costs read the losses only). One place says which; every reader asks it.
+NOT_LOSSES = frozenset({Cause.BELOW_BLOCK, Cause.NEW_CONTENT, Cause.BELOW_MINIMUM})
+
+
+def is_loss(cause: str) -> bool:
+    """Whether tokens of this cause (a Cause or its value) were reusable and lost."""
+    return cause not in NOT_LOSSES
+
+
+class RequestPart(StrEnum):
+    """The part of a request that changed where its prompt departs (prompt_changed): what the
+    chat template rendered there, compared with the request it departs from."""
+
+    SYSTEM = "system"
+    TOOLS = "tools"
+    TOOL_CHOICE = "tool_choice"
+    RESPONSE_FORMAT = "response_format"
+    REASONING_EFFORT = "reasoning_effort"
+    TEMPLATE_KWARGS = "template_kwargs"  # chat_template_kwargs other than reasoning effort
+    HISTORY = "history"  # earlier turns edited (compacted, summarized), not appended to
+    MESSAGES = "messages"  # the latest messages
+    MODEL = "model"
+    ADAPTER = "adapter"
 
 
 class Unknown(StrEnum):
@@ -42,6 +78,26 @@ CAUSE_LABELS: dict[Cause, str] = {
     Cause.COLD: "Cold (never seen)",
     Cause.UNEXPLAINED: "Unexplained (resident, still missed)",
     Cause.NO_KV_EVENTS: "No KV events from this server",
+    Cause.NEW_CONTENT: "New content (not a loss)",
+    Cause.DEMOTED: "Demoted to a lower tier (reloadable)",
+    Cause.BELOW_MINIMUM: "Below the provider's minimum (not a loss)",
+    Cause.TTL_LAPSED: "Cache time-to-live lapsed",
+    Cause.BEYOND_LOOKBACK: "Beyond the provider's lookback",
+    Cause.MARKER_ABSENT: "Cache marker absent",
+    Cause.CACHE_KEY_CHANGED: "Prompt cache key changed",
+}
+
+PART_LABELS: dict[RequestPart, str] = {
+    RequestPart.SYSTEM: "System message",
+    RequestPart.TOOLS: "Tools",
+    RequestPart.TOOL_CHOICE: "Tool choice",
+    RequestPart.RESPONSE_FORMAT: "Response format",
+    RequestPart.REASONING_EFFORT: "Reasoning effort",
+    RequestPart.TEMPLATE_KWARGS: "Chat-template arguments",
+    RequestPart.HISTORY: "Conversation history rewritten",
+    RequestPart.MESSAGES: "Latest messages",
+    RequestPart.MODEL: "Model",
+    RequestPart.ADAPTER: "LoRA adapter",
 }
 
 

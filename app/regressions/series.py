@@ -11,6 +11,7 @@ from django.db.models import Q, Sum
 
 from app.domain.changepoints import MinutePoint
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.domain.misses import NOT_LOSSES
 from app.traffic.models import LOST_COLUMNS, LossMinute, MinuteRollup
 
 ScopeKey = tuple[str, int | None, int | None, str]
@@ -78,7 +79,7 @@ def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeK
 
 NARROW_SCOPES = ("template_server", "template_tenant")
 TEMPLATE_SCOPES = ("template", *NARROW_SCOPES)
-_NEVER_THE_SCOPES = ("prompt_changed", "below_block")
+_NEVER_THE_SCOPES = ("prompt_changed", *NOT_LOSSES)
 
 
 def _reusable_only(minute: Minute) -> Minute:

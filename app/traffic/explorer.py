@@ -23,6 +23,7 @@ from django.db.models.fields.tuple_lookups import Tuple, TupleLessThan
 from app.core.retention import kept_token_ids_since
 from app.core.tenancy import SEES_ALL, Viewer
 from app.domain.keyset import Cursor, decode_cursor, encode_cursor, filters_fingerprint
+from app.domain.misses import is_loss
 from app.domain.retention import keeps_token_ids
 from app.fleet.models import Server
 from app.prompts.models import Template, TemplateVersion
@@ -272,7 +273,7 @@ def _diagnosis_of_row(filters: RequestFilters) -> QuerySet[RequestDiagnosis]:
     if filters.cause is not None:
         diagnoses = diagnoses.filter(cause=filters.cause)
     if filters.missed_only:
-        reusable = [column for cause, column in LOST_COLUMNS.items() if cause != "below_block"]
+        reusable = [column for cause, column in LOST_COLUMNS.items() if is_loss(cause)]
         diagnoses = diagnoses.filter(_any_lost(reusable))
     return diagnoses
 

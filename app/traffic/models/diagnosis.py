@@ -7,19 +7,17 @@ from django.db import models
 from psqlextra.models import PostgresPartitionedModel
 from psqlextra.types import PostgresPartitioningMethod
 
-from app.domain.misses import CAUSE_LABELS, UNKNOWN_LABELS, Loss
+from app.domain.misses import CAUSE_LABELS, PART_LABELS, UNKNOWN_LABELS, Loss, is_loss
 from app.domain.misses import Cause as _Cause
+from app.domain.misses import RequestPart as _Part
 from app.domain.misses import Unknown as _Unknown
 from collectors import records
 
-# The prompt tokens a diagnosis lost that a cache could have reused: every cause's but the tail below
-# one block. The recent misses are ordered by it and the index they walk (diagnosis_reusable_lost) is
-# built from it: one expression, so that PostgreSQL matches the two (tests/traffic/test_recent_misses.py
-# checks it lists every RequestDiagnosis.Cause but below_block).
-REUSABLE_LOST_COLUMNS = (
-    "prompt_changed_tokens", "evicted_tokens", "routed_elsewhere_tokens", "salt_tokens", "restarted_tokens",
-    "cold_tokens", "unexplained_tokens", "no_kv_events_tokens",
-)  # fmt: skip
+# The prompt tokens a diagnosis lost that a cache could have reused: every cause's that is a loss
+# (app/domain/misses.py NOT_LOSSES says which are not). The recent misses are ordered by it and the
+# index they walk (diagnosis_reusable_lost) is built from it: one expression, so that PostgreSQL
+# matches the two (tests/traffic/test_recent_misses.py checks it).
+REUSABLE_LOST_COLUMNS = tuple(f"{cause.value}_tokens" for cause in _Cause if is_loss(cause))
 REUSABLE_LOST = reduce(operator.add, [models.F(column) for column in REUSABLE_LOST_COLUMNS])
 
 
@@ -40,6 +38,25 @@ class RequestDiagnosis(PostgresPartitionedModel):
         COLD = _Cause.COLD.value, CAUSE_LABELS[_Cause.COLD]
         UNEXPLAINED = _Cause.UNEXPLAINED.value, CAUSE_LABELS[_Cause.UNEXPLAINED]
         NO_KV_EVENTS = _Cause.NO_KV_EVENTS.value, CAUSE_LABELS[_Cause.NO_KV_EVENTS]
+        NEW_CONTENT = _Cause.NEW_CONTENT.value, CAUSE_LABELS[_Cause.NEW_CONTENT]
+        DEMOTED = _Cause.DEMOTED.value, CAUSE_LABELS[_Cause.DEMOTED]
+        BELOW_MINIMUM = _Cause.BELOW_MINIMUM.value, CAUSE_LABELS[_Cause.BELOW_MINIMUM]
+        TTL_LAPSED = _Cause.TTL_LAPSED.value, CAUSE_LABELS[_Cause.TTL_LAPSED]
+        BEYOND_LOOKBACK = _Cause.BEYOND_LOOKBACK.value, CAUSE_LABELS[_Cause.BEYOND_LOOKBACK]
+        MARKER_ABSENT = _Cause.MARKER_ABSENT.value, CAUSE_LABELS[_Cause.MARKER_ABSENT]
+        CACHE_KEY_CHANGED = _Cause.CACHE_KEY_CHANGED.value, CAUSE_LABELS[_Cause.CACHE_KEY_CHANGED]
+
+    class Part(models.TextChoices):
+        SYSTEM = _Part.SYSTEM.value, PART_LABELS[_Part.SYSTEM]
+        TOOLS = _Part.TOOLS.value, PART_LABELS[_Part.TOOLS]
+        TOOL_CHOICE = _Part.TOOL_CHOICE.value, PART_LABELS[_Part.TOOL_CHOICE]
+        RESPONSE_FORMAT = _Part.RESPONSE_FORMAT.value, PART_LABELS[_Part.RESPONSE_FORMAT]
+        REASONING_EFFORT = _Part.REASONING_EFFORT.value, PART_LABELS[_Part.REASONING_EFFORT]
+        TEMPLATE_KWARGS = _Part.TEMPLATE_KWARGS.value, PART_LABELS[_Part.TEMPLATE_KWARGS]
+        HISTORY = _Part.HISTORY.value, PART_LABELS[_Part.HISTORY]
+        MESSAGES = _Part.MESSAGES.value, PART_LABELS[_Part.MESSAGES]
+        MODEL = _Part.MODEL.value, PART_LABELS[_Part.MODEL]
+        ADAPTER = _Part.ADAPTER.value, PART_LABELS[_Part.ADAPTER]
 
     class Unknown(models.TextChoices):
         NO_PROMPT = _Unknown.NO_PROMPT.value, UNKNOWN_LABELS[_Unknown.NO_PROMPT]
@@ -64,6 +81,9 @@ class RequestDiagnosis(PostgresPartitionedModel):
     cause = models.CharField(max_length=20, choices=Cause.choices, blank=True)
     unknown = models.CharField(max_length=20, choices=Unknown.choices, blank=True)
     diverged_at = models.PositiveIntegerField(null=True, blank=True, help_text="prompt_changed: first token")
+    changed_part = models.CharField(
+        max_length=20, choices=Part.choices, blank=True, help_text="prompt_changed: the request's part"
+    )
     unexpected_hit = models.BooleanField(default=False)
     # The funnel, in leading prompt tokens.
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -81,6 +101,13 @@ class RequestDiagnosis(PostgresPartitionedModel):
     cold_tokens = models.PositiveIntegerField(default=0)
     unexplained_tokens = models.PositiveIntegerField(default=0)
     no_kv_events_tokens = models.PositiveIntegerField(default=0)
+    new_content_tokens = models.PositiveIntegerField(default=0)
+    demoted_tokens = models.PositiveIntegerField(default=0)
+    below_minimum_tokens = models.PositiveIntegerField(default=0)
+    ttl_lapsed_tokens = models.PositiveIntegerField(default=0)
+    beyond_lookback_tokens = models.PositiveIntegerField(default=0)
+    marker_absent_tokens = models.PositiveIntegerField(default=0)
+    cache_key_changed_tokens = models.PositiveIntegerField(default=0)
     # Each run of blocks lost to one cause: first token, tokens, and where it applies the server,
     # the tokens that server held, when the block was stored and removed.
     losses = models.JSONField(default=list, blank=True)

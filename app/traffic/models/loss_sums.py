@@ -32,6 +32,13 @@ class LossTotals(models.Model):
     cold_tokens = models.BigIntegerField(default=0)
     unexplained_tokens = models.BigIntegerField(default=0)
     no_kv_events_tokens = models.BigIntegerField(default=0)
+    new_content_tokens = models.BigIntegerField(default=0)
+    demoted_tokens = models.BigIntegerField(default=0)
+    below_minimum_tokens = models.BigIntegerField(default=0)
+    ttl_lapsed_tokens = models.BigIntegerField(default=0)
+    beyond_lookback_tokens = models.BigIntegerField(default=0)
+    marker_absent_tokens = models.BigIntegerField(default=0)
+    cache_key_changed_tokens = models.BigIntegerField(default=0)
 
     class Meta:
         abstract = True
