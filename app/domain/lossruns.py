@@ -52,6 +52,38 @@ def main_cause(losses: list[Loss], *, reusable: int) -> Cause | None:
     return Cause.BELOW_BLOCK if losses and not reusable else None
 
 
+# Never seen before, so past the family's fan-out point the request's own content.
+_OWN_CONTENT = (Cause.PROMPT_CHANGED, Cause.COLD)
+
+
+def new_content_after(losses: list[Loss], point: int) -> list[Loss]:
+    """The losses with the never-seen tokens from `point` on (the family's usual fan-out point,
+    app/domain/fanout.py) as new_content: the request's own, never a loss. A run across the point
+    is split there."""
+    found: list[Loss] = []
+    for loss in losses:
+        if loss.cause not in _OWN_CONTENT or loss.end <= point:
+            found.append(loss)
+            continue
+        if loss.first_token < point:
+            found.append(replace(loss, tokens=point - loss.first_token))
+        start = max(loss.first_token, point)
+        found.append(Loss(Cause.NEW_CONTENT, first_token=start, tokens=loss.end - start))
+    return _merged(found)
+
+
+def _merged(losses: list[Loss]) -> list[Loss]:
+    """Adjacent new_content runs as one."""
+    merged: list[Loss] = []
+    for loss in losses:
+        last = merged[-1] if merged else None
+        if last and loss.cause == Cause.NEW_CONTENT == last.cause and last.end == loss.first_token:
+            merged[-1] = replace(last, tokens=last.tokens + loss.tokens)
+        else:
+            merged.append(loss)
+    return merged
+
+
 def loss_runs(causes: list[BlockCause], *, first_block: int, size: int) -> list[Loss]:
     """Consecutive blocks of one cause (and server) as one loss, with the first block's details; a
     block resident here after a broken one takes the cause before it (the first lost block resident

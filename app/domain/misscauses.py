@@ -46,10 +46,11 @@ from itertools import repeat
 
 from app.domain.blockhash import TokenIds
 from app.domain.evictions import Eviction, Evictions
+from app.domain.fanout import FanOutPoints
 from app.domain.followers import Followers
 from app.domain.generations import Generations
 from app.domain.leading import leading
-from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause
+from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown, reusable_blocks
 
 
@@ -130,6 +131,7 @@ class FleetHistory:
         self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
+        self._fan_out = FanOutPoints()  # where each family's prompts usually part
         # Requests whose first lost block was resident at arrival, until their first token: the
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
@@ -145,6 +147,7 @@ class FleetHistory:
         history kept between runs would otherwise grow with every new prompt for as long as it runs.
         A block older than that is then never seen (cold, or its prompt changed), not evicted."""
         self._seen.turn()
+        self._fan_out.turn()
         self._neutral_salts.turn()
         self._last_removed.turn()
         for evicted in self._evicted.values():
@@ -239,7 +242,7 @@ class FleetHistory:
         if diagnosis.losses and diagnosis.losses[0].cause == Cause.UNEXPLAINED and request.first_token_at:
             block = request.block_hashes[diagnosis.losses[0].first_token // request.block_size]
             self._waiting.setdefault((request.server, block), []).append((request, diagnosis))
-        self.remember(request)
+        self.remember(request, departure_learned=True)
         return diagnosis
 
     def _revise_waiting(self, server: int, block: int, eviction: Eviction) -> None:
@@ -261,6 +264,10 @@ class FleetHistory:
                          here=resident_here, reused=reused)  # fmt: skip
         causes = self._block_causes(request, chain, range(reused, reusable), size)
         losses = loss_runs(causes, first_block=reused, size=size)
+        # Where the family's earlier prompts part (none before its first departure), then this one.
+        if (point := self._fan_out.point(request.family)) is not None:
+            losses = new_content_after(losses, point)
+        self._learn_fan_out(request, reusable, seen_before)
         tail = prompt - max(reusable, reused) * size
         if tail > 0:
             losses.append(Loss(Cause.BELOW_BLOCK, first_token=prompt - tail, tokens=tail))
@@ -362,15 +369,25 @@ class FleetHistory:
             and self._groups.get(server, ("alone", server)) == group
         }
 
-    def remember(self, request: RequestPrompt) -> None:
+    def remember(self, request: RequestPrompt, *, departure_learned: bool = False) -> None:
         """Add a request's chain to what the fleet has seen, without diagnosing it (one diagnosed
-        before, replayed for the history it leaves)."""
+        before, replayed for the history it leaves), and where it departed, unless already learned."""
         chain = list(request.block_hashes)
+        if not departure_learned and request.block_size and request.prompt_tokens is not None:
+            reusable = min(reusable_blocks(request.prompt_tokens, request.block_size), len(chain))
+            self._learn_fan_out(request, reusable, self._seen.leading(chain[:reusable]))
         self._seen.write_all(chain, True)
         neutral = list(request.neutral_hashes) if request.salt else chain
         self._neutral_salts.setdefault_all(neutral, request.salt)
         family = self._families.setdefault((request.family, request.salt), Followers())
         family.remember(chain, request.token_ids, request.block_size or 0)
+
+    def _learn_fan_out(self, request: RequestPrompt, reusable: int, seen_before: int) -> None:
+        """Where the request departed from what was seen before under its salt (`seen_before` of its
+        `reusable` blocks), when it shared some leading full blocks and not all."""
+        if 0 < seen_before < reusable:
+            assert request.block_size is not None
+            self._fan_out.departed(request.family, seen_before * request.block_size)
 
 
 def _best(runs: dict[int, int]) -> tuple[int | None, int]:

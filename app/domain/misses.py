@@ -42,6 +42,20 @@ def is_loss(cause: str) -> bool:
     return cause not in NOT_LOSSES
 
 
+# The two hit rates every page states, each with its definition beside it.
+OF_PROMPT = "reused / all prompt tokens"
+OF_REUSABLE = (
+    "reused / reusable prompt tokens: all of them less what no cache could reuse (each request's own "
+    "new content past its template's usual fan-out point, and its tail below one block)"
+)
+
+
+def reusable_hit_rate(*, prompt_tokens: int, reused_tokens: int, by_cause: dict[str, int]) -> float | None:
+    """Reused over the prompt tokens a cache could have reused (OF_REUSABLE); None without any."""
+    reusable = prompt_tokens - sum(tokens for cause, tokens in by_cause.items() if not is_loss(cause))
+    return min(reused_tokens, reusable) / reusable if reusable > 0 else None
+
+
 class RequestPart(StrEnum):
     """The part of a request that changed where its prompt departs (prompt_changed): what the
     chat template rendered there, compared with the request it departs from."""

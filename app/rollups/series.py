@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connection
 
 from app.core.tenancy import SEES_ALL, Viewer
+from app.domain.misses import is_loss
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.rollups.catalog import table_rollup
@@ -236,8 +237,9 @@ def _set(query: SeriesQuery, source: str, found: list[Series]) -> SeriesSet:
 
 
 def _lost_tokens(query: SeriesQuery, table: str, where: str, params: dict[str, Any]) -> SeriesSet:
-    """Prompt tokens lost per cause per bucket; the causes that lost nothing in the window left out."""
-    causes = list(LOST_COLUMNS)
+    """Prompt tokens lost per cause per bucket; the causes that lost nothing in the window, and what
+    no cache could reuse (not a loss: app/domain/misses.py NOT_LOSSES), left out."""
+    causes = [cause for cause in LOST_COLUMNS if is_loss(cause)]
     rows = _bucketed(table, ", ".join(f"sum({LOST_COLUMNS[c]})" for c in causes), where, params, query)
     found = []
     for i, cause in enumerate(causes):

@@ -157,7 +157,12 @@ def test_a_changed_prompt_departs_at_the_exact_token_after_what_its_template_sha
     found = diagnosed(history, request(after, cached=2 * SIZE))
     assert found.cause == Cause.PROMPT_CHANGED and found.diverged_at == 37
     assert found.losses[0] == Loss(Cause.PROMPT_CHANGED, 32, 10 * SIZE)
-    hash_only = diagnosed(history, request(prompt(seed=3, changed_at=37), cached=2 * SIZE, hash_only=True))
+    # Again without token ids, in a history that knows only the first prompt (in this one, the
+    # change above taught the template that its prompts part at token 32: past it is new content).
+    blind = FleetHistory()
+    blind.diagnose(request(before, seconds=10))
+    stored(blind, 1, chain(before), 11)
+    hash_only = diagnosed(blind, request(prompt(seed=3, changed_at=37), cached=2 * SIZE, hash_only=True))
     assert hash_only.diverged_at == 32  # block-exact without token ids
 
 
@@ -168,6 +173,10 @@ def test_a_changed_prompt_departs_from_the_earlier_prompt_sharing_the_most_not_t
     for n, earlier in enumerate((older, newer)):
         history.diagnose(request(earlier, seconds=10 + n))
         stored(history, 1, chain(earlier), 10.5 + n)
+    # Longer prompts repeating the older one whole: the template's prompts part after its 12 blocks.
+    for seed in range(4, 14):
+        own = [random.Random(seed).randrange(50_000) for _ in range(40)]
+        history.diagnose(request([*older, *own], seconds=12 + seed / 100))
     later = [*older[:173], *prompt(seed=3)[173:]]  # 13 tokens of block 10 as the older one's
     found = diagnosed(history, request(later, cached=10 * SIZE))
     assert found.cause == Cause.PROMPT_CHANGED and found.diverged_at == 173
@@ -293,5 +302,6 @@ def test_a_kept_history_forgets_by_generations_what_was_not_seen_again() -> None
     again = history.diagnose(request(first, seconds=40))
     assert isinstance(again, Diagnosis)
     tail = [loss for loss in again.losses if loss.first_token >= len(SYSTEM)]
-    assert tail[0].cause == Cause.PROMPT_CHANGED and again.diverged_at == len(SYSTEM)
+    # Never seen again, as a prompt's own tail past where the template's prompts part: new content.
+    assert tail[0].cause == Cause.NEW_CONTENT and again.diverged_at is None
     assert history.generation_blocks == len(hashes)  # this generation: the chain just diagnosed

@@ -117,7 +117,8 @@ def test_each_request_gets_the_cause_of_what_happened_to_its_prefix(
     settings.PREFIXSCOPE_HASH_ONLY = hash_only  # no token ids kept: the causes hold, to the block
     expected = {
         fleet.send(0, prompt(1)): "cold",
-        fleet.send(0, prompt(2)): "prompt_changed",  # the system prompt reused; it departs at its question
+        # The system prompt reused; past it, its question: its own, never reusable, not a loss.
+        fleet.send(0, prompt(2)): "new_content",
         fleet.send(1, prompt(3)): "routed_elsewhere",  # server a holds the system prompt
         fleet.send(0, prompt(4, changed_at=70)): "prompt_changed",
         fleet.send(
@@ -131,13 +132,18 @@ def test_each_request_gets_the_cause_of_what_happened_to_its_prefix(
     assert diagnose_requests(now=timezone.now() + timedelta(minutes=1)) == fleet.sent
     found = {d.request_id: d for d in RequestDiagnosis.objects.all()}
     assert {request_id: found[request_id].cause for request_id in expected} == expected
-    question, changed = (found[r] for r, cause in expected.items() if cause == "prompt_changed")
-    assert (question.diverged_at, question.reused_tokens, question.prompt_changed_tokens) == (160, 160, 32)
+    question = found[next(r for r, cause in expected.items() if cause == "new_content")]
+    assert (question.diverged_at, question.reused_tokens, question.new_content_tokens) == (None, 160, 32)
+    assert question.prompt_changed_tokens == 0
+    # Changed in the system prompt: lost up to where the family's prompts part (token 160), its
+    # question's block after that is new content.
+    changed = found[next(r for r, cause in expected.items() if cause == "prompt_changed")]
     assert (changed.diverged_at, changed.reused_tokens, changed.prompt_changed_tokens) == (
         64 if hash_only else 70,
         64,
-        128,
+        96,
     )
+    assert changed.new_content_tokens == 32
     assert changed.below_block_tokens == 8
     routed = found[next(r for r, cause in expected.items() if cause == "routed_elsewhere")]
     assert routed.losses[0]["server_id"] == fleet.servers[0].pk and routed.resident_anywhere_tokens >= 160

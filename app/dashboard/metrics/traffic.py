@@ -210,7 +210,9 @@ def _dimension_families(
             family.add_metric(list(key), values[column])
         yield family
     lost = CounterMetricFamily(
-        f"{prefix}_lost_tokens", "Reusable prompt tokens not reused, by cause, since midnight UTC.",
+        f"{prefix}_lost_tokens",
+        "Prompt tokens not reused, by cause, since midnight UTC; new_content, below_block and "
+        "below_minimum were never reusable (not losses).",
         labels=[*names, "cause"],
     )  # fmt: skip
     for key, values in totals.items():

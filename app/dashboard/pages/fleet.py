@@ -30,7 +30,7 @@ from app.dashboard.reads.fleet import (
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiveness
-from app.domain.misses import cause_label
+from app.domain.misses import OF_PROMPT, OF_REUSABLE, cause_label, is_loss
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.rollups.merge import merge_server
@@ -130,6 +130,8 @@ def _fleet(
         "spark_count": len(times), "proposed": proposed,
         "resident": resident_shares(row.server for row in rows if row.state != "proposed"),
         "lost": sorted(((cause_label(c), t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
+        "never_reusable": [(cause_label(c), t) for c, t in sorted(head.never_reusable.items())],
+        "of_prompt": OF_PROMPT, "of_reusable": OF_REUSABLE,
         "misses": recent_misses(since=hour_ago, viewer=viewer),
         "by_template": _shown_groups(by_template[:10]),
         "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),
@@ -175,8 +177,9 @@ def _shown_groups(rows: list[LossRow]) -> list[dict[str, object]]:
             "requests": row.requests,
             "funnel": row.funnel,
             "shown_lost": sorted(
-                ((cause_label(c), t) for c, t in row.lost.items()), key=lambda pair: -pair[1]
+                ((cause_label(c), t) for c, t in row.lost.items() if is_loss(c)), key=lambda pair: -pair[1]
             ),
+            "new_content": row.lost.get("new_content", 0),
         }
         for row in rows
     ]

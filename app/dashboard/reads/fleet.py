@@ -18,6 +18,7 @@ from app.dashboard.reads.sums import (
     windows_totals,
 )
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
+from app.domain.misses import is_loss, reusable_hit_rate
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.traffic.models import LOST_COLUMNS, KVGap, KVStream
@@ -231,6 +232,8 @@ class Headline:
     day: HitRates
     saved_tokens: int  # cached prompt tokens of the recorded requests in the window: prefill skipped
     lost_tokens: dict[str, int]  # reusable prompt tokens of the diagnosed requests not reused, per cause
+    never_reusable: dict[str, int]  # their tokens no cache could reuse (new content ...), per cause
+    reusable_rate: float | None  # the diagnosed requests' hit rate of reusable tokens (OF_REUSABLE)
     open_regressions: int
     acknowledged_regressions: int  # acknowledged or muted: still there, someone is on it
 
@@ -240,6 +243,7 @@ class Headline:
 
 
 NOW_MINUTES = 5
+_PROMPT, _REUSED = "prompt_tokens_", "reused_tokens_"  # beside the causes' sums, apart from their names
 
 
 def fleet_headline(
@@ -266,6 +270,7 @@ def fleet_headline(
     ]
     saved = requests[-1]
     lost_sums: dict[str, Aggregate] = {cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
+    lost_sums |= {_PROMPT: Sum("diagnosed_prompt_tokens"), _REUSED: Sum("reused_tokens")}
     lost = window_sums(
         LOSS_ROLLUPS,
         servers,
@@ -275,13 +280,17 @@ def fleet_headline(
         sums=lost_sums,
         viewer=viewer,
     )[""]
+    prompt, reused = lost.pop(_PROMPT) or 0, lost.pop(_REUSED) or 0
+    by_cause = {cause: tokens for cause, tokens in lost.items() if tokens}
     regressions = viewer.regressions(
         Regression.objects.filter(Q(server__isnull=True) | Q(server__in=servers.values("pk")))
     )
     states = dict(regressions.values("state").annotate(n=Count("pk")).values_list("state", "n"))
     return Headline(
         rates[0], rates[1], rates[2], saved_tokens=saved["cached"] or 0,
-        lost_tokens={cause: tokens for cause, tokens in lost.items() if tokens},
+        lost_tokens={cause: tokens for cause, tokens in by_cause.items() if is_loss(cause)},
+        never_reusable={cause: tokens for cause, tokens in by_cause.items() if not is_loss(cause)},
+        reusable_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=reused, by_cause=by_cause),
         open_regressions=states.get(Regression.State.OPEN, 0),
         acknowledged_regressions=states.get(Regression.State.ACKNOWLEDGED, 0)
         + states.get(Regression.State.MUTED, 0),

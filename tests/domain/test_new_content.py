@@ -1,0 +1,97 @@
+"""New content is not a loss: past where a template's prompts usually part, a request's own tokens
+are `new_content`; `prompt_changed` only for a departure before that point (issue 27, section 0)."""
+
+import random
+from datetime import UTC, datetime, timedelta
+
+from app.domain.blockhash import signed_block_hashes
+from app.domain.fanout import RELEARNED_FROM, FanOutPoints
+from app.domain.lossruns import main_cause, new_content_after
+from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misses import Cause, Diagnosis, Loss, reusable_hit_rate
+
+SIZE = 16
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+SYSTEM = [random.Random(3).randrange(50_000) for _ in range(320)]  # 20 blocks every request shares
+
+
+def prompt(seed: int, *, volatile_at: int | None = None) -> list[int]:
+    own = random.Random(seed)
+    tokens = SYSTEM + [own.randrange(50_000) for _ in range(own.randrange(40, 200))]
+    if volatile_at is not None:  # a request id near the top
+        tokens[volatile_at : volatile_at + 4] = [own.randrange(50_000) for _ in range(4)]
+    return tokens
+
+
+def diagnose(history: FleetHistory, tokens: list[int], n: int, *, cached: int = 320) -> Diagnosis:
+    """The request diagnosed, having reused `cached` tokens (the system prompt, by default)."""
+    found = history.diagnose(
+        RequestPrompt(
+            server=1, arrived_at=T0 + timedelta(seconds=n), block_size=SIZE, prompt_tokens=len(tokens),
+            cached_tokens=cached, block_hashes=signed_block_hashes(tokens, SIZE), family="support",
+            token_ids=tokens, kv_events=False,
+        )
+    )  # fmt: skip
+    assert isinstance(found, Diagnosis)
+    return found
+
+
+def test_a_request_whose_stable_part_matched_loses_nothing_to_its_own_question() -> None:
+    history = FleetHistory()
+    diagnose(history, prompt(0), 0, cached=0)
+    first = diagnose(history, prompt(1), 1)  # nothing known yet of where the template's prompts part
+    assert first.cause == Cause.PROMPT_CHANGED and first.diverged_at == 320
+    found = diagnose(history, prompt(2), 2)
+    assert found.cause == Cause.NEW_CONTENT
+    assert [(loss.cause, loss.first_token) for loss in found.losses][:1] == [(Cause.NEW_CONTENT, 320)]
+    assert Cause.PROMPT_CHANGED not in found.tokens_by_cause() and found.diverged_at is None
+
+
+def test_a_volatile_token_in_the_stable_part_is_a_change_up_to_the_fan_out_point() -> None:
+    history = FleetHistory()
+    for n in range(RELEARNED_FROM + 1):
+        diagnose(history, prompt(n), n, cached=320 if n else 0)
+    found = diagnose(history, prompt(99, volatile_at=40), 99, cached=32)
+    assert found.cause == Cause.PROMPT_CHANGED and found.diverged_at == 40
+    lost = found.tokens_by_cause()
+    assert lost[Cause.PROMPT_CHANGED] == 320 - 32  # from the block holding token 40 to the stable end
+    assert lost[Cause.NEW_CONTENT] > 0
+
+
+def test_a_template_that_turns_volatile_reads_changed_for_the_rest_of_its_generation() -> None:
+    """Departures at the top after the change do not teach the point until the history turns."""
+    history = FleetHistory()
+    for n in range(RELEARNED_FROM + 1):
+        diagnose(history, prompt(n), n, cached=320 if n else 0)
+    changed = [diagnose(history, prompt(n, volatile_at=40), n, cached=32) for n in range(100, 200)]
+    assert all(found.cause == Cause.PROMPT_CHANGED for found in changed)
+    history.turn()  # the generation was mostly the new shape: it is the template's usual one now
+    assert diagnose(history, prompt(300, volatile_at=40), 300, cached=32).cause == Cause.NEW_CONTENT
+
+
+def test_the_point_is_a_low_quantile_of_departures_so_conversations_turns_stay_new_content() -> None:
+    points = FanOutPoints()
+    for turn in range(RELEARNED_FROM * 2):
+        points.departed("chat", 320 + 64 * (turn % 8))  # the system prompt, then deeper turns
+    points.departed("chat", 48)  # one tenant's branch of the template, once
+    assert points.point("chat") == 320 and points.point("other") is None
+
+
+def test_a_run_across_the_point_is_split_and_new_content_runs_merge() -> None:
+    losses = [Loss(Cause.PROMPT_CHANGED, 32, 96), Loss(Cause.COLD, 128, 64), Loss(Cause.BELOW_BLOCK, 192, 7)]
+    found = new_content_after(losses, 96)
+    assert found == [
+        Loss(Cause.PROMPT_CHANGED, 32, 64),
+        Loss(Cause.NEW_CONTENT, 96, 96),
+        Loss(Cause.BELOW_BLOCK, 192, 7),
+    ]
+    assert main_cause(found, reusable=12) == Cause.PROMPT_CHANGED
+    assert main_cause(new_content_after(losses, 0), reusable=12) == Cause.NEW_CONTENT
+    evicted = [Loss(Cause.EVICTED, 32, 96)]
+    assert new_content_after(evicted, 0) == evicted  # a repeated tail evicted is a real loss
+
+
+def test_the_reusable_hit_rate_leaves_out_what_no_cache_could_reuse() -> None:
+    by_cause = {"new_content": 300, "below_block": 100, "evicted": 100}
+    assert reusable_hit_rate(prompt_tokens=1000, reused_tokens=500, by_cause=by_cause) == 500 / 600
+    assert reusable_hit_rate(prompt_tokens=100, reused_tokens=0, by_cause={"new_content": 100}) is None
