@@ -1,6 +1,7 @@
 """The one error a collector's fetch raises (what failed, and whether trying again can help), and the
 fixed codes input is rejected under."""
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -45,8 +46,18 @@ class RejectReason(StrEnum):
     NOT_STORABLE = "not_storable"  # the database refused the rows (e.g. no partition)
     QUEUE_FULL = "queue_full"  # the gateway's writer queue was full: a record dropped
     SPILL_UNREADABLE = "spill_unreadable"  # a line of the gateway's spill file could not be read
+    SPILL_UNWRITABLE = "spill_unwritable"  # the gateway could neither store nor spill: records dropped
     OTHER = "other"  # a tally kept from before the codes, whose text matched none
 
 
 KV_DECODE_REASONS = frozenset(r for r in RejectReason if r.value.startswith("kv_"))
 """The codes of KV events that could not be decoded (KVEventsUndecodable alerts on any)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """One rejection: the code it is counted under, and the message that says what was wrong
+    (which field, what was expected; never the value, which may be prompt text)."""
+
+    code: RejectReason
+    detail: str

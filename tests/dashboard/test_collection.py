@@ -22,7 +22,8 @@ def test_the_collection_page_shows_lost_batches_and_refused_input_per_server(cli
     RejectedInput.objects.create(
         server=lossy,
         source="kv_events",
-        reason="BlockStored.block_hashes: expected a list of uint64",
+        reason="kv_field_invalid",
+        detail="BlockStored.block_hashes: expected a list of uint64",
         count=4,
         first_seen_at=now,
         last_seen_at=now,

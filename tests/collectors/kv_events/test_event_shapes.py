@@ -225,7 +225,7 @@ def sent_fields(shape: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(wire, dict):
         return wire.pop("type"), wire
     structs = {"BlockStored": StoredArray, "BlockRemoved": RemovedArray, "AllBlocksCleared": ClearedArray}
-    order = [f.name for f in msgspec.structs.fields(structs[wire[0]])]
+    order = [f.name for f in msgspec.structs.fields(structs[wire[0]])]  # type: ignore[arg-type]
     return wire[0], dict(zip(order, wire[1:], strict=False))
 
 

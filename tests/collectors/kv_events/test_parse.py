@@ -231,8 +231,10 @@ def test_unknown_keys_trailing_elements_and_newer_event_fields_are_ignored() -> 
         ]
     )
     arrays = payload(["BlockRemoved", [3], "GPU", 0, "future"])
+    first = plain.events[0]
+    assert isinstance(first, BlockStored)
     assert decode_batch(newer).events == (
-        dataclasses.replace(plain.events[0], session_id="s-1"),
+        dataclasses.replace(first, session_id="s-1"),
         plain.events[1],
     )
     assert decode_batch(arrays).events == plain.events[1:]
