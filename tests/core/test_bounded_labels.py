@@ -119,6 +119,6 @@ def test_every_label_value_of_metrics_comes_from_a_bounded_set(client: Client) -
     for name, seen in labels.items():
         assert name in BOUNDS, f"label {name!r} ({sorted(seen)[:3]}) has no bounded set in BOUNDS"
         bound = BOUNDS[name]
-        for family, value in seen:
+        for exported, value in seen:
             allowed = bound(value) if bound.__code__.co_argcount else value in bound()  # type: ignore[call-arg, operator]
-            assert allowed, f"{family}{{{name}={value!r}}} is outside its bounded set"
+            assert allowed, f"{exported}{{{name}={value!r}}} is outside its bounded set"
