@@ -14,6 +14,8 @@ from datetime import datetime
 
 import msgspec
 
+from collectors.errors import Rejection, RejectReason
+
 # The lengths of the request record's text columns (app/traffic/models.py reads them from here).
 REQUEST_ID_MAX = 255
 TRACE_ID_MAX = 32
@@ -96,31 +98,32 @@ _TEXT_LIMITS = (
 )  # fmt: skip
 
 
-def problem(facts: RequestFacts) -> str | None:
-    """Why `facts` cannot be stored, led by the field at fault; None when they can."""
+def problem(facts: RequestFacts) -> Rejection | None:
+    """Why `facts` cannot be stored: its code, and a detail led by the field at fault; None when
+    they can."""
     if not facts.request_id:
-        return "request_id: empty"
+        return Rejection(RejectReason.FIELD_INVALID, "request_id: empty")
     for name, limit in _TEXT_LIMITS:
         value = getattr(facts, name)
         if not value or (len(value) <= limit and value.isascii() and "\x00" not in value):
             continue  # the usual value, told apart here: a call per field cost more
         if fault := _text_fault(value, limit):
-            return f"{name}: {fault}"
+            return Rejection(fault[0], f"{name}: {fault[1]}")
     if facts.arrived_at.tzinfo is None:
-        return "arrived_at: no time zone"
+        return Rejection(RejectReason.NO_TIME_ZONE, "arrived_at: no time zone")
     prompt, cached = facts.prompt_tokens, facts.cached_tokens
     if prompt is not None and cached is not None and cached > prompt:
-        return "cached_tokens: more than prompt_tokens"
+        return Rejection(RejectReason.CACHED_OVER_PROMPT, "cached_tokens: more than prompt_tokens")
     return None
 
 
-def _text_fault(value: str, limit: int) -> str | None:
+def _text_fault(value: str, limit: int) -> tuple[RejectReason, str] | None:
     if len(value) > limit:
-        return f"longer than {limit} characters"
+        return RejectReason.TEXT_TOO_LONG, f"longer than {limit} characters"
     if "\x00" in value:
-        return "contains a NUL character"
+        return RejectReason.TEXT_INVALID, "contains a NUL character"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return "not valid Unicode (a lone surrogate)"
+        return RejectReason.TEXT_INVALID, "not valid Unicode (a lone surrogate)"
     return None

@@ -67,6 +67,7 @@ RUNBOOKS = {
     "vllm-server-below-peers": Runbook("VLLMServerBelowPeers", "warning", PLATFORM),
     "vllm-server-restarted": Runbook("VLLMServerRestarted", "info", PLATFORM),
     "collector-silent": Runbook("CollectorSilent", "critical", PREFIXSCOPE),
+    "kv-events-undecodable": Runbook("KVEventsUndecodable", "warning", PREFIXSCOPE),
     "kv-stream-unleased": Runbook("KVStreamUnleased", "critical", PREFIXSCOPE),
     "prefixscope-metrics-absent": Runbook("PrefixscopeMetricsAbsent", "critical", PREFIXSCOPE),
     "kv-event-batches-lost": Runbook("KVEventBatchesLost", "warning", PREFIXSCOPE),

@@ -27,6 +27,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from collectors.errors import Rejection, RejectReason
 from collectors.gateway.answer import AnswerFacts, StreamEditor, read_answer, strip_token_ids
 from collectors.gateway.plan import RECORDED_PATHS, Plan, plan_request, trace_id_from
 from collectors.records import RequestFacts, canonical_request_id
@@ -54,7 +55,7 @@ class Recorder(Protocol):
 
     def record(self, facts: RequestFacts) -> None: ...
 
-    def reject(self, reason: str) -> None: ...
+    def reject(self, why: Rejection) -> None: ...
 
 
 class Gateway:
@@ -113,13 +114,13 @@ class Gateway:
         ttft: float,
     ) -> None:
         if facts.malformed:
-            self.recorder.reject(facts.malformed)
+            self.recorder.reject(Rejection(RejectReason.BODY_INVALID, facts.malformed))
         if facts.error or facts.malformed:
             return
         try:
             usage = usage_from(facts.usage or {})
         except UsageError as exc:
-            self.recorder.reject(str(exc))
+            self.recorder.reject(Rejection(RejectReason.USAGE_INVALID, str(exc)))
             usage = Usage(None, None, None)
         headers = request.headers
         call = RequestFacts(

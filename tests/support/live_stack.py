@@ -151,7 +151,12 @@ def _store_collection(server: Server, now: datetime) -> None:
         server=server, epoch=1, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now
     )
     RejectedInput.objects.create(
-        server=server, source="kv_events", reason="not msgpack", count=3, first_seen_at=now, last_seen_at=now
+        server=server,
+        source="kv_events",
+        reason="kv_not_msgpack",
+        count=3,
+        first_seen_at=now,
+        last_seen_at=now,
     )
     report_collector_process(
         kind="gateway", name=server.name, process="gw:1", queue_depth=2, spill_bytes=4096, now=now

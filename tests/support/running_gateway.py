@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from collectors.errors import Rejection, RejectReason
 from collectors.gateway.proxy import Recorder, serve
 from collectors.records import RequestFacts
 from tests.support.ports import unused_ports
@@ -56,13 +57,15 @@ class KeptRecords:
 
     def __init__(self) -> None:
         self.records: list[RequestFacts] = []
-        self.rejected: list[str] = []
+        self.rejected: list[str] = []  # the details
+        self.codes: list[RejectReason] = []
 
     def record(self, observed: RequestFacts) -> None:
         self.records.append(observed)
 
-    def reject(self, reason: str) -> None:
-        self.rejected.append(reason)
+    def reject(self, why: Rejection) -> None:
+        self.rejected.append(why.detail)
+        self.codes.append(why.code)
 
 
 @contextmanager

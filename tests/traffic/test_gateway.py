@@ -165,7 +165,7 @@ def test_a_full_queue_drops_and_counts_records_and_never_holds_a_request_back(
     writer.start()
     writer.stop()
     assert set(RequestRecord.objects.values_list("request_id", flat=True)) == set(ids[:2])
-    rejected = RejectedInput.objects.get(source="gateway", reason=QUEUE_FULL)
+    rejected = RejectedInput.objects.get(source="gateway", reason=QUEUE_FULL.code)
     assert rejected.count == 3 and rejected.server == server and writer.dropped == 3
 
 
@@ -264,7 +264,9 @@ def test_a_line_torn_by_a_crash_costs_that_line_only(server: Server, spill: Path
     wait_for(lambda: not spill.exists())
     writer.stop()
     assert set(RequestRecord.objects.values_list("request_id", flat=True)) == {"1", "2"}
-    assert RejectedInput.objects.get(reason="spill file: unreadable line").count == 1
+    assert (
+        RejectedInput.objects.get(reason="spill_unreadable", detail="spill file: unreadable line").count == 1
+    )
 
 
 def test_the_command_refuses_an_unknown_server_and_a_bad_address() -> None:

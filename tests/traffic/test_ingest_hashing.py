@@ -66,7 +66,10 @@ def test_each_record_of_a_batch_is_stored_with_its_own_prompts_chains(server: Se
         assert record.block_hashes == (chain(list(ids), item.cache_salt) if hashed else [])  # type: ignore[arg-type]
         assert record.neutral_hashes == (chain(list(ids)) if hashed and item.cache_salt else [])  # type: ignore[arg-type]
     unhashed = sum(1 for item in batch if item.prompt_token_ids is not None and item.model == "typo")
-    assert RejectedInput.objects.get(server=server, reason=UNKNOWN_MODEL_REASON).count == unhashed
+    assert (
+        RejectedInput.objects.get(server=server, reason="unknown_model", detail=UNKNOWN_MODEL_REASON).count
+        == unhashed
+    )
 
 
 @pytest.mark.django_db
@@ -94,4 +97,9 @@ def test_the_gateway_writer_rejects_alone_a_record_whose_hashing_fails(
     assert writer.stored == RECORDS - 1 and not writer.spilled
     stored = set(RequestRecord.objects.values_list("request_id", flat=True))
     assert stored == {item.request_id for item in batch} - {f"r-{BAD}"}
-    assert RejectedInput.objects.get(server=server, reason="not storable: DataError").count == 1
+    assert (
+        RejectedInput.objects.get(
+            server=server, reason="not_storable", detail="not storable: DataError"
+        ).count
+        == 1
+    )

@@ -10,7 +10,7 @@ from django.db import connection
 
 from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector, event_rows
-from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
+from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock, UndecodableSample
 from app.traffic.services.kv_events import KVEventRow
 from collectors.kv_events.parse import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, decode_batch
 from tests.support.fake_vllm_kv import FakeKVServer, captured_payloads, retime
@@ -221,7 +221,12 @@ def test_malformed_frames_are_counted_and_the_good_ones_around_them_kept(context
 
     assert set(KVEvent.objects.values_list("seq", flat=True)) == {0, 1}
     reasons = dict(RejectedInput.objects.filter(server=server).values_list("reason", "count"))
-    assert len(reasons) == 2 and sum(reasons.values()) == 2, reasons
+    assert reasons == {"kv_not_msgpack": 1, "kv_field_invalid": 1}, reasons
+    samples = UndecodableSample.objects.filter(server=server)
+    assert {(s.reason, bytes(s.head)[:3]) for s in samples} == {
+        ("kv_not_msgpack", b"\xc1 n"),
+        ("kv_field_invalid", b"\x82\xa4t"),
+    }
     collector.close()
 
 
@@ -271,7 +276,11 @@ def test_a_flush_the_database_refuses_is_counted_and_collecting_goes_on(context,
 
     assert KVEvent.objects.filter(seq=0).count() == 0 and KVEvent.objects.filter(seq=1).exists()
     refused = RejectedInput.objects.get(server=server)
-    assert (refused.reason, refused.count) == ("refused by the database: IntegrityError", 5)
+    assert (refused.reason, refused.detail, refused.count) == (
+        "not_storable",
+        "refused by the database: IntegrityError",
+        5,
+    )
     collector.close()
 
 
@@ -286,7 +295,8 @@ def test_an_event_with_a_value_too_big_to_store_is_rejected_alone(context, serve
     good_blocks = sum(len(event["block_hashes"]) for event in batch[1][1:])
     assert KVEvent.objects.filter(seq=0).count() == good_blocks > 0
     refused = RejectedInput.objects.get(server=server)
-    assert (refused.reason, refused.count) == (
+    assert (refused.reason, refused.detail, refused.count) == (
+        "kv_field_invalid",
         "BlockStored.block_size: expected a positive int up to 32767",
         1,
     )

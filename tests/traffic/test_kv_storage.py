@@ -12,6 +12,7 @@ from app.fleet.models import Server
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput, ResidentBlock
 from app.traffic.services.kv_events import GapRecord, KVEventRow, StreamPosition, store_kv_events
 from app.traffic.services.rejections import count_rejected_input
+from collectors.errors import RejectReason
 from tests.support.captures import load_json
 
 pytestmark = pytest.mark.django_db
@@ -108,6 +109,9 @@ def test_clearing_empties_the_block_index_of_that_rank_only(server: Server) -> N
     assert list(ResidentBlock.objects.values_list("dp_rank", "block_hash")) == [(1, 2**64 - 1)]
 
 
+NOT_MSGPACK = RejectReason.KV_NOT_MSGPACK
+
+
 def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> None:
     now = datetime(2026, 11, 29, 12, tzinfo=UTC)
     gap = GapRecord(server.pk, 0, 0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)
@@ -116,8 +120,12 @@ def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> No
     assert list(KVGap.objects.values_list("first_seq", "last_seq", "lost")) == [(5, 9, 2)]
 
     for _ in range(2):
-        count_rejected_input(server_id=server.pk, source="kv_events", reason="not msgpack", count=3, now=now)
-    count_rejected_input(server_id=None, source="kv_events", reason="not msgpack", count=1, now=now)
+        count_rejected_input(
+            server_id=server.pk, source="kv_events", code=NOT_MSGPACK, detail="batch: x", count=3, now=now
+        )
+    count_rejected_input(
+        server_id=None, source="kv_events", code=NOT_MSGPACK, detail="batch: x", count=1, now=now
+    )
     counts = dict(RejectedInput.objects.values_list("server_id", "count"))
     assert counts == {server.pk: 6, None: 1}
 

@@ -47,4 +47,4 @@ def test_an_adapters_request_is_hashed_with_its_name_and_path(server: Server) ->
 def test_a_model_the_server_does_not_serve_is_stored_without_a_chain_and_counted(server: Server) -> None:
     record = stored(server, "typo-lora")
     assert record.block_hashes == [] and record.token_ids == PROMPT  # the rest of the record is kept
-    assert RejectedInput.objects.get(server=server, source="rest").reason == UNKNOWN_MODEL_REASON
+    assert RejectedInput.objects.get(server=server, source="rest").detail == UNKNOWN_MODEL_REASON

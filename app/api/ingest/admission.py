@@ -14,7 +14,7 @@ a whole Retry-After. Past the wait the batch is answered 429, with Retry-After, 
 stored: its sender tries again (OTLP exporters retry 429 and honour Retry-After; REST clients are
 told to). So is a batch the database did not take in time (lock or statement timeout, deadlock).
 Refusals are counted in memory and added to the tally of rejected input
-(`prefixscope_rejected_inputs_total{reason=~"refused.*"}` in /metrics) after the next batch that is
+(`prefixscope_rejected_inputs_total{reason=~"busy|database_busy"}` in /metrics) after the next batch that is
 admitted: writing them while refusing would load a database already behind.
 """
 
@@ -38,15 +38,18 @@ from app.api.services import authenticate_ingest_token
 from app.core.middleware import RETRY_AFTER_SECONDS as UNAVAILABLE_RETRY_AFTER_SECONDS
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, Malformed, ingest_request_records
+from collectors.errors import Rejection, RejectReason
 from collectors.records import RequestFacts
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 RETRY_AFTER_SECONDS = 1
-BUSY = "refused (429): the process was ingesting as many batches as it may"
-DATABASE_BUSY = "refused (429): the database did not take the batch in time"
-_refused: Counter[tuple[str, str]] = Counter()  # (source, reason) -> refusals not yet in the database
+BUSY = Rejection(RejectReason.BUSY, "refused (429): the process was ingesting as many batches as it may")
+DATABASE_BUSY = Rejection(
+    RejectReason.DATABASE_BUSY, "refused (429): the database did not take the batch in time"
+)
+_refused: Counter[tuple[str, Rejection]] = Counter()  # (source, why) -> refusals not yet in the database
 _refused_lock = threading.Lock()
 
 
@@ -170,7 +173,7 @@ def database_busy(exc: BaseException) -> bool:
     return isinstance(exc.__cause__, LockNotAvailable | QueryCanceled | DeadlockDetected)
 
 
-def note_refusal(source: str, reason: str) -> None:
+def note_refusal(source: str, reason: Rejection) -> None:
     with _refused_lock:
         _refused[(source, reason)] += 1
 
@@ -197,10 +200,11 @@ def record_refusals() -> None:
         return
     try:
         with transaction.atomic():
-            for (source, reason), count in counts.items():
+            for (source, why), count in counts.items():
                 count_rejected_input(
-                    server_id=None, source=source, reason=reason, count=count, now=timezone.now()
-                )
+                    server_id=None, source=source, code=why.code, detail=why.detail, count=count,
+                    now=timezone.now(),
+                )  # fmt: skip
     except DatabaseError as exc:
         logger.warning("ingest refusals not recorded yet: %s", exc)
         with _refused_lock:

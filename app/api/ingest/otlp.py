@@ -33,6 +33,7 @@ from app.api.ingest.admission import (
 )
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
+from collectors.errors import RejectReason
 from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, Span, decode_export, span_request
 from collectors.records import RequestFacts
 from collectors.usage.parse import UsageError
@@ -85,7 +86,7 @@ def _ingest(request: HttpRequest, *, default_server: str) -> HttpResponse:
         )
     except NotStored as exc:
         return retry_later(exc.status, None, retry_after=exc.retry_after)
-    rejected = [f"span {name}: {m.reason}" for name, m in malformed] + [e for _, e in outcome.rejected]
+    rejected = [f"span {name}: {m.detail}" for name, m in malformed] + [e.detail for _, e in outcome.rejected]
     return _answer(content_type, rejected)
 
 
@@ -101,7 +102,12 @@ def _records(
         except UsageError as exc:
             server = span.attributes.get("prefixscope.server")
             server = server if isinstance(server, str) and server else default_server
-            rejected.append((span.name, Malformed(source=SOURCE, reason=str(exc), server=server)))
+            rejected.append(
+                (
+                    span.name,
+                    Malformed(source=SOURCE, code=RejectReason.USAGE_INVALID, detail=str(exc), server=server),
+                )
+            )
             continue
         if found is not None:
             records.append(found)

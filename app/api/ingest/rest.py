@@ -32,6 +32,7 @@ from app.api.schemas import INTEGER_MAX, IngestAnswer, RequestRecordIn, request_
 from app.domain.blockhash import TokenIds
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
+from collectors.errors import RejectReason
 from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
 from collectors.usage.parse import UsageError, usage_from
 
@@ -102,14 +103,15 @@ def _ingest(request: HttpRequest) -> Any:
     if len(records) + len(rejected) > MAX_RECORDS:
         return error(413, f"at most {MAX_RECORDS} records per request; send smaller batches")
     malformed = [
-        Malformed(source=SOURCE, reason=_INDEX.sub("[]", bad.reason), server=bad.server) for bad in rejected
+        Malformed(source=SOURCE, code=bad.code, detail=_INDEX.sub("[]", bad.reason), server=bad.server)
+        for bad in rejected
     ]
     try:
         outcome = store_batch([record for _, record in records], source=SOURCE, malformed=malformed)
     except NotStored as exc:
         return retry_later(exc.status, exc.reason, retry_after=exc.retry_after)
     answered = [(bad.position, bad.reason) for bad in rejected] + [
-        (records[i][0], e) for i, e in outcome.rejected
+        (records[i][0], e.detail) for i, e in outcome.rejected
     ]
     answer = {"stored": outcome.stored, "rejected": [{"index": i, "error": e} for i, e in sorted(answered)]}
     return Status(400 if answered else 200, answer)
@@ -119,6 +121,7 @@ class Rejected(NamedTuple):
     """A bad record: its position in the batch, the field at fault, and the server it names."""
 
     position: int
+    code: RejectReason
     reason: str
     server: str  # "" when it names none
 
@@ -233,9 +236,11 @@ def _validated(items: list[Any]) -> Decoded:
         try:
             records.append((index, _record_of(item)))
         except msgspec.ValidationError as exc:
-            rejected.append(Rejected(index, field_error(exc), _server_named(item)))
+            rejected.append(
+                Rejected(index, RejectReason.FIELD_INVALID, field_error(exc), _server_named(item))
+            )
         except msgspec.DecodeError:
-            rejected.append(Rejected(index, NOT_JSON, ""))
+            rejected.append(Rejected(index, RejectReason.BODY_INVALID, NOT_JSON, ""))
     return _validated_records(records, rejected)
 
 
@@ -267,7 +272,7 @@ def _validated_records(
             ids = record.prompt_token_ids if token_ids is None else token_ids[position]
             requests.append((index, to_facts(record, ids)))
         except UsageError as exc:
-            rejected.append(Rejected(index, str(exc), record.server))
+            rejected.append(Rejected(index, RejectReason.USAGE_INVALID, str(exc), record.server))
     return Decoded(requests, rejected)
 
 

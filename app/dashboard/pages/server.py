@@ -16,6 +16,7 @@ from django.utils import timezone
 from app.core.http import HtmxHttpRequest
 from app.core.tenancy import SEES_ALL, Viewer, viewer_of
 from app.dashboard.charts import Chart
+from app.dashboard.reads.collection import server_collection
 from app.dashboard.windows import WINDOWS, Window, picked_window
 from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
 from app.domain.misses import cause_label
@@ -43,6 +44,7 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
                "lost": _lost(found, window, viewer),
                "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until,
                                        viewer=viewer),
+               "collection": server_collection(found, with_samples=request.user.is_staff),
                "query": urlencode(window.params())}  # fmt: skip
     return render(request, "dashboard/server.html", context)
 

@@ -43,6 +43,7 @@ from app.traffic.collection.processes import forget_collector_process, report_co
 from app.traffic.models import CollectorProcess, RequestRecord
 from app.traffic.services.rejections import count_rejected_input
 from app.traffic.services.requests import IngestOutcome, ingest_request_records
+from collectors.errors import Rejection, RejectReason
 from collectors.records import RequestFacts
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,8 @@ logger = logging.getLogger(__name__)
 SOURCE = RequestRecord.Source.GATEWAY.value
 # The writer threads' connections, as pg_stat_activity shows them: the gateway's host and process id.
 APPLICATION_NAME = f"prefixscope-gateway:{socket.gethostname()[:24]}:{os.getpid()}"
-QUEUE_FULL = "queue full: record dropped"
+QUEUE_FULL = Rejection(RejectReason.QUEUE_FULL, "queue full: record dropped")
+SPILL_UNWRITABLE = Rejection(RejectReason.SPILL_UNWRITABLE, "spill file not writable: record dropped")
 REPORT_SECONDS = 10.0
 Store = Callable[..., IngestOutcome]  # ingest_request_records(facts, *, source, now, default_server)
 # A spill line is RequestFacts as JSON: msgspec writes and checks the struct (times in RFC 3339).
@@ -83,7 +85,7 @@ class GatewayWriter:
         self.spilled = 0
         self.dropped = 0  # since start; the database counts them too, as rejected input "queue full"
         self._queue: deque[RequestFacts] = deque()
-        self._rejected: Counter[str] = Counter()
+        self._rejected: Counter[Rejection] = Counter()
         self._lock = threading.Lock()
         self._retry_at = 0.0  # monotonic time before which this server's records are not tried again
         self._reported_at = 0.0  # monotonic time of the last report of queue and spill file
@@ -102,9 +104,9 @@ class GatewayWriter:
             self.dropped += 1
             self._rejected[QUEUE_FULL] += 1
 
-    def reject(self, reason: str) -> None:
+    def reject(self, why: Rejection) -> None:
         with self._lock:
-            self._rejected[reason] += 1
+            self._rejected[why] += 1
 
     # --- the writer thread -----------------------------------------------------------------
 
@@ -225,15 +227,15 @@ class GatewayWriter:
             except (OperationalError, InterfaceError):
                 raise
             except DatabaseError as exc:
-                self.reject(f"not storable: {exc.__class__.__name__}")
+                self.reject(Rejection(RejectReason.NOT_STORABLE, f"not storable: {exc.__class__.__name__}"))
 
     def _stored(self, items: Sequence[RequestFacts]) -> IngestOutcome:
         return self.store(items, source=SOURCE, default_server=self.server, now=timezone.now())
 
     def _count(self, outcome: IngestOutcome) -> None:
         self.stored += outcome.stored
-        for _, reason in outcome.rejected:
-            self.reject(reason)
+        for _, why in outcome.rejected:
+            self.reject(why)
 
     def _flush_rejected(self) -> None:
         with self._lock:
@@ -244,11 +246,12 @@ class GatewayWriter:
             logger.warning("%d request records dropped: the writer's queue was full", counts[QUEUE_FULL])
         server = servers_named([self.server], propose_unknown=False)[self.server]
         try:
-            for reason, count in counts.items():
+            for why, count in counts.items():
                 count_rejected_input(
                     server_id=server.pk if server else None,
                     source=SOURCE,
-                    reason=reason,
+                    code=why.code,
+                    detail=why.detail,
                     count=count,
                     now=timezone.now(),
                 )
@@ -274,7 +277,7 @@ class GatewayWriter:
         except OSError as exc:
             logger.error("request records lost, the spill file %s is not writable: %s", self.spill_path, exc)
             with self._lock:
-                self._rejected["spill file not writable: record dropped"] += len(items)
+                self._rejected[SPILL_UNWRITABLE] += len(items)
             return
         self.spilled += len(items)
 
@@ -286,7 +289,7 @@ class GatewayWriter:
         self._store(items)
         self.spill_path.unlink()
         for _ in range(unreadable):
-            self.reject("spill file: unreadable line")
+            self.reject(Rejection(RejectReason.SPILL_UNREADABLE, "spill file: unreadable line"))
         logger.info("replayed %d spilled request records from %s", len(items), self.spill_path)
 
 

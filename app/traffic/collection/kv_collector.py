@@ -28,7 +28,8 @@ from app.traffic.services.kv_events import (
     StreamPosition,
     store_kv_events,
 )
-from app.traffic.services.rejections import count_rejected_input
+from app.traffic.services.rejections import Sample, count_rejected_input, keep_undecodable_samples
+from collectors.errors import Rejection, RejectReason
 from collectors.kv_events.client import KVTransportError, fetch_replay, open_subscriber
 from collectors.kv_events.parse import (
     BlockRemoved,
@@ -52,7 +53,8 @@ class Pending:
     rows: list[KVEventRow] = field(default_factory=list)
     positions: dict[tuple[int, int], StreamPosition] = field(default_factory=dict)
     gaps: list[GapRecord] = field(default_factory=list)
-    rejected: dict[tuple[int, str], int] = field(default_factory=dict)  # (server id, reason) -> count
+    rejected: dict[tuple[int, Rejection], int] = field(default_factory=dict)  # (server id, why) -> count
+    samples: list[Sample] = field(default_factory=list)  # the first bytes of undecodable input
     # (server id, rank) -> [blocks stored, removed, stored again soon after removal]
     counts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
 
@@ -189,7 +191,7 @@ class KVEventCollector:
         try:
             message = decode_sub_message(frames)
         except KVDecodeError as exc:
-            self._reject(server, str(exc.reason), 1)
+            self._reject(server, Rejection(exc.code, exc.reason), 1, head=exc.head)
             return
         key = (server.pk, message.batch.dp_rank or 0)
         first_sight = key not in self.streams
@@ -219,7 +221,7 @@ class KVEventCollector:
         if previous is None or (position.epoch, position.last_seq) > (previous.epoch, previous.last_seq):
             self.pending.positions[(server.pk, rank)] = position
         for rejected in batch.rejected:
-            self._reject(server, rejected.reason, 1)
+            self._reject(server, Rejection(rejected.code, rejected.reason), 1, head=rejected.head)
 
     def _count_blocks(self, key: tuple[int, int], batch: EventBatch) -> None:
         """Tally stored and removed blocks, and blocks stored again soon after their removal."""
@@ -283,10 +285,13 @@ class KVEventCollector:
                     break
         return []
 
-    def _reject(self, server: Server, reason: str, count: int) -> None:
-        logger.warning("rejected KV input from %s: %s", server.name, reason)
-        key = (server.pk, reason)
+    def _reject(self, server: Server, why: Rejection, count: int, *, head: bytes = b"") -> None:
+        # The detail names frames and fields, never values; the head may hold token ids: not logged.
+        logger.warning("rejected KV input from %s: %s (%s)", server.name, why.code, why.detail)
+        key = (server.pk, why)
         self.pending.rejected[key] = self.pending.rejected.get(key, 0) + count
+        if head:
+            self.pending.samples.append(Sample(server.pk, why.code, head, self.now()))
 
     def flush(self) -> int:
         """Write the buffered rows, positions and gaps in one transaction; returns new rows.
@@ -306,16 +311,17 @@ class KVEventCollector:
                 counts=[StreamCounts(*key, *tally) for key, tally in pending.counts.items()],
             )
             self._count_rejections(pending.rejected)
+            keep_undecodable_samples(pending.samples, now=self.now())
         except (OperationalError, InterfaceError) as exc:  # PostgreSQL away: keep the buffer, retry
             logger.warning("cannot store %d KV event rows yet: %s", len(pending.rows), exc)
             return 0
         except DatabaseError as exc:  # the data itself is refused (e.g. no partition for its time)
             logger.error("refused %d KV event rows: %s", len(pending.rows), exc)
             refused = dict(pending.rejected)
-            reason = f"refused by the database: {exc.__class__.__name__}"
+            why = Rejection(RejectReason.NOT_STORABLE, f"refused by the database: {exc.__class__.__name__}")
             for row in pending.rows:
-                refused[(row.server_id, reason)] = refused.get((row.server_id, reason), 0) + 1
-            self.pending = Pending(rejected=refused)
+                refused[(row.server_id, why)] = refused.get((row.server_id, why), 0) + 1
+            self.pending = Pending(rejected=refused, samples=pending.samples)
             return 0
         self.pending = Pending()
         self._prune_removals()
@@ -330,10 +336,15 @@ class KVEventCollector:
         for removals in self.removals.values():
             removals.prune(now)
 
-    def _count_rejections(self, rejected: dict[tuple[int, str], int]) -> None:
-        for (server_id, reason), count in rejected.items():
+    def _count_rejections(self, rejected: dict[tuple[int, Rejection], int]) -> None:
+        for (server_id, why), count in rejected.items():
             count_rejected_input(
-                server_id=server_id, source=SOURCE, reason=reason, count=count, now=self.now()
+                server_id=server_id,
+                source=SOURCE,
+                code=why.code,
+                detail=why.detail,
+                count=count,
+                now=self.now(),
             )
 
     def close(self) -> None:

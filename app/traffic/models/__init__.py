@@ -1,7 +1,14 @@
 """Traffic's tables, by stage: raw rows as collected, the collectors' state, the diagnoses and
 the sum tables. Imported from here: `from app.traffic.models import RequestRecord`."""
 
-from app.traffic.models.collection import CollectorProcess, KVGap, KVStream, RejectedInput, ResidentBlock
+from app.traffic.models.collection import (
+    CollectorProcess,
+    KVGap,
+    KVStream,
+    RejectedInput,
+    ResidentBlock,
+    UndecodableSample,
+)
 from app.traffic.models.diagnosis import (
     FUNNEL_COLUMNS,
     LOST_COLUMNS,
@@ -77,6 +84,7 @@ __all__ = [
     "TemplateLossHour",
     "TemplateRequestHour",
     "TenantSalt",
+    "UndecodableSample",
     "UnsaltedPrefixHour",
     "UnsaltedPrefixMinute",
     "UnsaltedPrefixTotals",

@@ -110,11 +110,19 @@ class ResidentBlock(models.Model):
 
 
 class RejectedInput(models.Model):
-    """Malformed input, counted per server, source and reason; the good data around it is kept."""
+    """Malformed input, counted per server, source and reason code; the good data around it is kept.
+
+    `reason` is one of a fixed set of codes (collectors/errors.py RejectReason): it is a label of
+    /metrics, and free text there is a series per message. `detail` is the latest rejection's own
+    message (which field, what was expected), for the pages only."""
 
     server = models.ForeignKey("fleet.Server", null=True, blank=True, on_delete=models.CASCADE)
     source = models.CharField(max_length=20, help_text="kv_events, metrics, otlp, rest, gateway")
-    reason = models.CharField(max_length=300)
+    # No choices: a new code needs no migration; the writer takes RejectReason members only.
+    reason = models.CharField(max_length=40, help_text="A RejectReason code (collectors/errors.py)")
+    detail = models.CharField(
+        max_length=300, blank=True, default="", help_text="The latest rejection's message"
+    )
     count = models.PositiveBigIntegerField(default=0)
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
@@ -128,3 +136,21 @@ class RejectedInput(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source}: {self.reason} x{self.count}"
+
+
+class UndecodableSample(models.Model):
+    """The first bytes of a KV payload or event that could not be decoded: the newest few per server
+    and reason, for a person to see what the engine sent. Raw bytes can hold token ids (prompt
+    text): kept only while token ids are (app/core/retention.py), shown to staff and the server's
+    owners only, never logged."""
+
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    reason = models.CharField(max_length=40, help_text="A RejectReason code (collectors/errors.py)")
+    seen_at = models.DateTimeField()
+    head = models.BinaryField(help_text="Up to the first 64 bytes of what was refused")
+
+    class Meta:
+        indexes = [models.Index(fields=["server", "reason", "-seen_at"], name="undecodable_sample_newest")]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.reason} @ {self.seen_at}"

@@ -42,6 +42,7 @@ from app.traffic.services.families import record_families
 from app.traffic.services.partitions import day_of, ensure_day_partitions, forget_partition_ranges
 from app.traffic.services.record_rows import RecordRow, deduplicated, record_row, store_records
 from app.traffic.services.rejections import count_rejected_input
+from collectors.errors import Rejection, RejectReason
 from collectors.records import SERVER_MAX, RequestFacts, problem
 
 logger = logging.getLogger(__name__)
@@ -52,14 +53,15 @@ class Malformed:
     """Input a source sent that could not become a record: counted with the ingested batch."""
 
     source: str
-    reason: str  # bounded: which field and what is wrong with it, no values
+    code: RejectReason  # the tally's reason
+    detail: str  # which field and what is wrong with it, no values
     server: str = ""  # the server the input names (name or base URL), "" when it names none
 
 
 @dataclass(slots=True)
 class IngestOutcome:
     stored: int = 0
-    rejected: list[tuple[int, str]] = field(default_factory=list)  # (index in the batch, reason)
+    rejected: list[tuple[int, Rejection]] = field(default_factory=list)  # (index in the batch, why)
 
 
 def ingest_request_records(
@@ -80,7 +82,7 @@ def ingest_request_records(
     PREFIXSCOPE_INGEST_LOCK_TIMEOUT_SECONDS for a lock (its cause then LockNotAvailable).
     """
     items, rejected = _checked(facts, default_server=default_server, now=now)
-    refused = [*malformed, *(Malformed(source, reason, server) for _, reason, server in rejected)]
+    refused = [*malformed, *(Malformed(source, why.code, why.detail, server) for _, why, server in rejected)]
     merge = False
     for retry in (False, True):
         ensure_day_partitions(RequestRecord, [item.arrived_at for item in items])
@@ -103,8 +105,8 @@ def ingest_request_records(
 
 def _checked(
     facts: Sequence[RequestFacts], *, default_server: str, now: datetime
-) -> tuple[list[RequestFacts], list[tuple[int, str, str]]]:
-    """The facts that can be stored (their server filled in), and the others: (index, reason, server)."""
+) -> tuple[list[RequestFacts], list[tuple[int, Rejection, str]]]:
+    """The facts that can be stored (their server filled in), and the others: (index, why, server)."""
     oldest = now - timedelta(days=settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS)
     newest = day_of(now) + timedelta(days=settings.PREFIXSCOPE_PARTITIONS_AHEAD_DAYS + 1)
     items, rejected = [], []
@@ -119,12 +121,16 @@ def _checked(
     return items, rejected
 
 
-def _outside_retention(arrived_at: datetime, *, oldest: datetime, newest: datetime) -> str | None:
+def _outside_retention(arrived_at: datetime, *, oldest: datetime, newest: datetime) -> Rejection | None:
     if arrived_at < oldest:
         days = settings.PREFIXSCOPE_REQUEST_RETENTION_DAYS
-        return f"arrived_at: older than the request records' retention ({days} days)"
+        return Rejection(
+            RejectReason.TOO_OLD, f"arrived_at: older than the request records' retention ({days} days)"
+        )
     if arrived_at >= newest:
-        return "arrived_at: further ahead than the request records' partitions"
+        return Rejection(
+            RejectReason.TOO_FAR_AHEAD, "arrived_at: further ahead than the request records' partitions"
+        )
     return None
 
 
@@ -159,7 +165,9 @@ def _ingest(
             def rows() -> Iterator[RecordRow]:
                 for (server, item), family, (ids, chains) in zip(located, families, prompts, strict=True):
                     if chains is None:  # stored without block hashes, rather than with a chain matching none
-                        unhashed.append(Malformed(source, UNKNOWN_MODEL_REASON, item.server))
+                        unhashed.append(
+                            Malformed(source, RejectReason.UNKNOWN_MODEL, UNKNOWN_MODEL_REASON, item.server)
+                        )
                     template, version = templates[item.template, item.template_version]
                     family_id, bound = family or (None, None)
                     yield record_row(
@@ -250,11 +258,13 @@ def _templates(
 def _count_malformed(
     malformed: Sequence[Malformed], servers: dict[str, Server | None], *, now: datetime
 ) -> None:
-    tally = Counter((servers.get(m.server), m.source, m.reason) for m in malformed)
-    for (server, source, reason), count in tally.items():
+    tally = Counter((servers.get(m.server), m.source, m.code) for m in malformed)
+    details = {(servers.get(m.server), m.source, m.code): m.detail for m in malformed}  # the last one's
+    for (server, source, code), count in tally.items():
         count_rejected_input(
-            server_id=server.pk if server else None, source=source, reason=reason, count=count, now=now
-        )
+            server_id=server.pk if server else None, source=source, code=code,
+            detail=details[server, source, code], count=count, now=now,
+        )  # fmt: skip
 
 
 # The server each reference (name or base URL) names, remembered by a process for this long: a

@@ -94,9 +94,10 @@ _DROP_JOINED_SQL = f"""DELETE FROM traffic_requestrecord p WHERE p.server_id = %
   AND EXISTS (SELECT FROM traffic_requestrecord r WHERE {_SAME_REQUEST})"""
 _MOVE_SQL = "UPDATE traffic_requestrecord SET server_id = %(into)s WHERE server_id = %(proposed)s"
 _MOVE_REJECTIONS_SQL = """INSERT INTO traffic_rejectedinput AS r
-  (server_id, source, reason, count, first_seen_at, last_seen_at)
-SELECT %(into)s, source, reason, count, first_seen_at, last_seen_at
+  (server_id, source, reason, detail, count, first_seen_at, last_seen_at)
+SELECT %(into)s, source, reason, detail, count, first_seen_at, last_seen_at
 FROM traffic_rejectedinput WHERE server_id = %(proposed)s
 ON CONFLICT ON CONSTRAINT rejected_input_identity DO UPDATE SET count = r.count + EXCLUDED.count,
+  detail = CASE WHEN EXCLUDED.last_seen_at > r.last_seen_at THEN EXCLUDED.detail ELSE r.detail END,
   first_seen_at = LEAST(r.first_seen_at, EXCLUDED.first_seen_at),
   last_seen_at = GREATEST(r.last_seen_at, EXCLUDED.last_seen_at)"""

@@ -9,8 +9,10 @@ import msgspec
 import pytest
 
 from app.domain.blockhash import hash_block, to_wire
+from collectors.errors import KV_DECODE_REASONS, RejectReason
 from collectors.kv_events.parse import (
     END_SEQ,
+    HEAD_BYTES,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -28,7 +30,7 @@ LIVE = live_frames()
 DECODED = decoded_messages()
 REPLAY = replay_frames()
 
-# What the dataclasses keep of each event type; the capture also has "type" and "kv_cache_spec_kind".
+# What the dataclasses keep of each event type; the capture also has "type".
 KEPT = {
     "BlockStored": {f.name for f in dataclasses.fields(BlockStored)},
     "BlockRemoved": {f.name for f in dataclasses.fields(BlockRemoved)},
@@ -45,7 +47,8 @@ def as_captured(event: KVEvent) -> dict[str, Any]:
 
 
 def kept(captured: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in captured.items() if k in KEPT[captured["type"]]}
+    """The captured event as the dataclass keeps it: vLLM omits defaulted fields that are None."""
+    return {k: captured.get(k) for k in KEPT[captured["type"]]}
 
 
 def stored(**changes: Any) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def test_every_captured_sub_message_decodes_to_the_captured_values() -> None:
 def test_captured_events_carry_only_fields_we_keep_or_knowingly_drop() -> None:
     for message in DECODED:
         for event in message["batch"][1]:
-            assert set(event) - KEPT[event["type"]] <= {"type", "kv_cache_spec_kind"}
+            assert set(event) - KEPT[event["type"]] == {"type"}
 
 
 def test_captured_stream_has_uint64_hashes_token_runs_and_salt_keys() -> None:
@@ -188,7 +191,9 @@ def test_vllm_array_form_decodes_like_the_captured_map_form() -> None:
 def test_llm_d_array_form_decodes_with_parent_zero_as_no_parent() -> None:
     for frames, message in zip(LIVE, DECODED, strict=True):
         expected = [
-            dataclasses.replace(e, group_idx=None) if isinstance(e, BlockStored) else e
+            dataclasses.replace(e, group_idx=None, kv_cache_spec_kind=None)
+            if isinstance(e, BlockStored)
+            else e
             for e in decode_batch(frames[2]).events
         ]
         assert list(decode_batch(rewrite(message, to_llm_d_array)).events) == expected
@@ -226,7 +231,12 @@ def test_unknown_keys_trailing_elements_and_newer_event_fields_are_ignored() -> 
         ]
     )
     arrays = payload(["BlockRemoved", [3], "GPU", 0, "future"])
-    assert decode_batch(newer) == plain
+    first = plain.events[0]
+    assert isinstance(first, BlockStored)
+    assert decode_batch(newer).events == (
+        dataclasses.replace(first, session_id="s-1"),
+        plain.events[1],
+    )
     assert decode_batch(arrays).events == plain.events[1:]
 
 
@@ -341,6 +351,32 @@ def test_malformed_event_is_rejected_alone_with_a_reason_naming_the_field(
     batch = decode_batch(payload(removed(1), bad_event, stored()))
     assert [type(e).__name__ for e in batch.events] == ["BlockRemoved", "BlockStored"]
     assert [(r.index, r.reason) for r in batch.rejected] == [(1, reason)]
+
+
+@pytest.mark.parametrize(
+    ("bad_event", "code"),
+    [
+        (stored(block_hashes=[-5]), RejectReason.KV_FIELD_INVALID),
+        (stored(kv_cache_spec_kind=7), RejectReason.KV_FIELD_INVALID),
+        ({k: v for k, v in stored().items() if k != "token_ids"}, RejectReason.KV_FIELD_MISSING),
+        ({"type": "BlockMoved"}, RejectReason.KV_UNKNOWN_TYPE),
+        ({"block_hashes": [1]}, RejectReason.KV_EVENT_SHAPE),
+        (42, RejectReason.KV_EVENT_SHAPE),
+    ],
+)
+def test_a_rejected_event_carries_its_code_and_its_first_bytes(bad_event: Any, code: RejectReason) -> None:
+    raw = msgspec.msgpack.encode(bad_event)
+    [rejected] = decode_batch(payload(bad_event)).rejected
+    assert (rejected.code, rejected.head) == (code, raw[:HEAD_BYTES])
+    assert "head" not in repr(rejected)
+
+
+def test_an_undecodable_batch_carries_its_code_and_at_most_its_first_64_bytes() -> None:
+    data = payload(*[removed(1)] * 20)[:-1]
+    with pytest.raises(KVDecodeError) as raised:
+        decode_batch(data)
+    assert (raised.value.code, raised.value.head) == (RejectReason.KV_NOT_MSGPACK, data[:64])
+    assert raised.value.code in KV_DECODE_REASONS and data[:64].hex() not in str(raised.value)
 
 
 def test_rejection_reasons_never_quote_token_ids() -> None:
