@@ -64,7 +64,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('fleet', '0001_initial'),
-        ('traffic', '0001_initial'),
+        ('traffic', '0002_causes_new_content_tiers_hosted_parts'),
     ]
 
     operations = [
