@@ -299,6 +299,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
      diagnosed, span_only) = row  # fmt: skip
+    hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
@@ -309,6 +310,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         token_ids=sent_integers(token_ids), kv_events=kv_events,
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
+        effective_block=hit.effective if hit else None, drops_last_block=bool(hit and hit.drops_last),
     )  # fmt: skip
     key = (server_id, request_id, arrived_at)
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)

