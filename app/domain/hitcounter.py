@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 MIN_EACH = 5  # repeats and first sightings needed before their TTFTs are compared
 FASTER = 0.5  # repeats' median TTFT at most this share of first sightings' says "reused"
+MIN_SAVED_SECONDS = 0.05  # ... and this much sooner: a few milliseconds either way are the network's
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +33,11 @@ class CounterEvidence:
 def counter_not_wired(evidence: CounterEvidence) -> bool:
     """True when the engine reported no hit while its repeats were much faster: at least MIN_EACH
     repeats and first sightings, no cached token reported, and the repeats' median TTFT at most
-    FASTER of the first sightings'. Too few requests of either kind say nothing (False)."""
+    FASTER of the first sightings' and MIN_SAVED_SECONDS sooner (a server answering in milliseconds
+    either way shows no reuse, only noise). Too few requests of either kind say nothing (False)."""
     if evidence.cached_tokens or evidence.repeats < MIN_EACH or evidence.firsts < MIN_EACH:
         return False
     if evidence.repeat_ttft is None or evidence.first_ttft is None or evidence.first_ttft <= 0:
         return False
-    return evidence.repeat_ttft <= FASTER * evidence.first_ttft
+    saved = evidence.first_ttft - evidence.repeat_ttft
+    return evidence.repeat_ttft <= FASTER * evidence.first_ttft and saved >= MIN_SAVED_SECONDS
