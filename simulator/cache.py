@@ -53,10 +53,18 @@ class PrefixCache:
     the domain's ``BlockPool`` over sha256_cbor block hashes, reporting in vLLM's KV events."""
 
     def __init__(
-        self, block_size: int, num_blocks: int, *, block_metrics: BlockMetrics | None = None
+        self,
+        block_size: int,
+        num_blocks: int,
+        *,
+        block_metrics: BlockMetrics | None = None,
+        hit_block: int | None = None,
+        drops_last: bool = False,
     ) -> None:
         """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``;
         ``block_metrics`` is told of allocations, prefix hits and evictions (``--kv-cache-metrics``).
+        ``hit_block`` (a multiple of ``block_size``): hits are whole multiples of it, as on a hybrid
+        model whose Mamba group has that block size; ``drops_last``: EAGLE/MTP's dropped last block.
 
         Raises ValueError when block_size < 1 or num_blocks < 2 (no usable block).
         """
@@ -65,7 +73,12 @@ class PrefixCache:
         self._lora_ids: dict[str, int] = {}
         self._counters = CacheCounters(requests=0, queries=0, hits=0)
         self._block_metrics = block_metrics
-        self._pool = BlockPool(block_size, num_blocks, observer=_Events(self))
+        if hit_block is not None and (hit_block < block_size or hit_block % block_size):
+            raise ValueError(f"hit_block {hit_block} is not a multiple of block_size {block_size}")
+        unit = hit_block // block_size if hit_block else 1
+        self._pool = BlockPool(
+            block_size, num_blocks, observer=_Events(self), hit_unit=unit, drops_last=drops_last
+        )
         self.block_size = block_size
         self.num_blocks = num_blocks
 

@@ -13,12 +13,13 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 
 import zmq.asyncio
 
 from app.domain.blockhash import LoraKey
-from simulator.scenario import ScenarioError, load_scenario, resolve_scenario
+from simulator.scenario import Quirk, ScenarioError, load_scenario, resolve_scenario
 from simulator.server import ServerConfig, SimulatedServer
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(str(exc))
         servers = scenario.servers
         shape = (servers.count, scenario.model, servers.block_size, servers.num_blocks)
+        args.quirks = servers.quirks
     for name, default in zip(SCENARIO_FLAGS, shape, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -152,13 +154,25 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
         seed=args.seed,
         lora_adapters=tuple(args.lora_modules),
     )
-    return fleet_configs(
+    configs = fleet_configs(
         args.servers,
         base_port=args.base_port,
         kv_base_port=args.kv_base_port,
         replay_base_port=args.replay_base_port,
         template=template,
     )
+    return with_quirks(configs, getattr(args, "quirks", ()))
+
+
+def with_quirks(configs: list[ServerConfig], quirks: Iterable[Quirk]) -> list[ServerConfig]:
+    """The servers, each made as its scenario quirk says (numbered from 0 in `configs`' order)."""
+    by_server = {quirk.server: quirk for quirk in quirks}
+    return [
+        replace(config, hybrid_block=quirk.hybrid_block, speculative=quirk.speculative,
+                hit_counter_wired=quirk.hit_counter_wired)
+        if (quirk := by_server.get(index)) else config
+        for index, config in enumerate(configs)
+    ]  # fmt: skip
 
 
 async def _run(configs: list[ServerConfig]) -> None:

@@ -80,6 +80,8 @@ class CacheInfo:
     block_size: int
     num_gpu_blocks: int
     hash_algo: str = "sha256_cbor"
+    mamba_block_size: int | None = None  # a hybrid model's Mamba group: hits align to it
+    speculative: bool = False  # EAGLE/MTP on: vLLM registers its vllm:spec_decode_* counters
 
 
 class ServerMetrics:
@@ -149,21 +151,30 @@ class ServerMetrics:
             [
                 "block_size",
                 "cache_dtype",
+                "cache_hit_alignment_tokens",
                 "enable_prefix_caching",
                 "engine",
+                "mamba_block_size",
                 "num_gpu_blocks",
                 "prefix_caching_hash_algo",
             ],
             registry=self.registry,
         )
+        # As vLLM 0.32 spells an unset field: "None". A hybrid model's hit alignment is the LCM of its
+        # groups' blocks: the Mamba block, a multiple of the attention one here.
+        mamba = str(cache.mamba_block_size) if cache.mamba_block_size else "None"
         info.labels(
             block_size=str(cache.block_size),
             cache_dtype="auto",
+            cache_hit_alignment_tokens=mamba,
             enable_prefix_caching="True",
             engine="0",
+            mamba_block_size=mamba,
             num_gpu_blocks=str(cache.num_gpu_blocks),
             prefix_caching_hash_algo=cache.hash_algo,
         ).set(1)
+        if cache.speculative:
+            self.spec_decode_drafts = self._counter("vllm:spec_decode_num_drafts", "Speculative drafts.")
 
     def _histogram(self, name: str, doc: str, buckets: tuple[float, ...] | list[float]) -> Histogram:
         histogram = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)

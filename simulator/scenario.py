@@ -52,6 +52,24 @@ class Servers:
     count: int
     block_size: int
     num_blocks: int
+    quirks: tuple[Quirk, ...] = ()
+
+    def quirk(self, server: int) -> Quirk | None:
+        """What server `server` (numbered from 0) does differently from a plain vLLM; None: nothing."""
+        return next((quirk for quirk in self.quirks if quirk.server == server), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Quirk:
+    """One server that is not a plain vLLM: a hybrid model whose hits align to a Mamba group's
+    ``hybrid_block`` tokens, speculative decoding by EAGLE (``speculative``: the last matched block is
+    dropped), a hit counter that is not wired (``hit_counter_wired`` False: usage and counters say 0
+    cached tokens while TTFT shows the reuse)."""
+
+    server: int
+    hybrid_block: int | None = None
+    speculative: bool = False
+    hit_counter_wired: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,11 +253,36 @@ _TOP_FIELDS = (
 
 
 def _parse_servers(data: object) -> Servers:
-    fields = Fields(data, "servers", ("count", "block_size", "num_blocks"))
-    return Servers(
-        count=fields.integer("count", minimum=1),
-        block_size=fields.integer("block_size", minimum=1),
-        num_blocks=fields.integer("num_blocks", minimum=MIN_BLOCKS),
+    fields = Fields(data, "servers", ("count", "block_size", "num_blocks", "quirks"))
+    count, block_size = fields.integer("count", minimum=1), fields.integer("block_size", minimum=1)
+    quirks = tuple(
+        _parse_quirk(item, f"servers.quirks[{index}]", count, block_size)
+        for index, item in enumerate(fields.items("quirks", [], allow_empty=True))
+    )
+    check_unique([str(quirk.server) for quirk in quirks], "servers.quirks")
+    return Servers(count, block_size, fields.integer("num_blocks", minimum=MIN_BLOCKS), quirks)
+
+
+def _parse_quirk(data: object, where: str, count: int, block_size: int) -> Quirk:
+    fields = Fields(data, where, ("server", "hybrid_block", "speculative", "hit_counter"))
+    server = fields.integer("server", minimum=0)
+    if server >= count:
+        raise ScenarioError(fields.path("server"), f"there are {count} servers, numbered from 0")
+    hybrid = None
+    if fields.get("hybrid_block", None) is not None:
+        hybrid = fields.integer("hybrid_block", minimum=block_size)
+        if hybrid % block_size:
+            raise ScenarioError(fields.path("hybrid_block"), f"must be a multiple of block_size {block_size}")
+    speculative = fields.get("speculative", False)
+    if not isinstance(speculative, bool):
+        raise ScenarioError(
+            fields.path("speculative"), f"expected true or false, got {describe(speculative)}"
+        )
+    return Quirk(
+        server=server,
+        hybrid_block=hybrid,
+        speculative=speculative,
+        hit_counter_wired=fields.choice("hit_counter", ("wired", "not_wired"), "wired") == "wired",
     )
 
 

@@ -64,6 +64,13 @@ class ServerConfig:
     # Served like vLLM's --lora-modules name=path: request one by its name as the `model`; vLLM
     # hashes the name and the path (verbatim) into its blocks and lists the path in /v1/models.
     lora_adapters: tuple[LoraKey, ...] = ()
+    # Quirks of real engines (simulator/scenario.py `quirks`): a hybrid model whose hits align to a
+    # Mamba group's block of `hybrid_block` tokens; speculative decoding by EAGLE (the last matched
+    # block is dropped); a hit counter that is not wired (usage and counters say 0 cached tokens,
+    # while TTFT still shows the reuse).
+    hybrid_block: int | None = None
+    speculative: bool = False
+    hit_counter_wired: bool = True
 
     @property
     def base_url(self) -> str:
@@ -115,7 +122,10 @@ class Engine:
     def restart(self, config: ServerConfig) -> None:
         """A fresh process: empty cache, counters at zero, event sequence from 0."""
         self.config = config
-        info = CacheInfo(block_size=config.block_size, num_gpu_blocks=config.num_blocks)
+        info = CacheInfo(
+            block_size=config.block_size, num_gpu_blocks=config.num_blocks,
+            mamba_block_size=config.hybrid_block, speculative=config.speculative,
+        )  # fmt: skip
         self.metrics = ServerMetrics(
             config.model, info, max_model_len=config.max_model_len, kv_cache_metrics=config.kv_cache_metrics
         )
@@ -124,7 +134,10 @@ class Engine:
                          clock=time.time, seed=config.seed)
             if config.kv_cache_metrics else None
         )  # fmt: skip
-        self.cache = PrefixCache(config.block_size, config.num_blocks, block_metrics=block_metrics)
+        self.cache = PrefixCache(
+            config.block_size, config.num_blocks, block_metrics=block_metrics,
+            hit_block=config.hybrid_block, drops_last=config.speculative,
+        )  # fmt: skip
         self.publisher.restart()
         self.busy_until = 0.0
         self.random = random.Random(config.seed)
@@ -169,7 +182,9 @@ class Engine:
             )
             await self.publish_events()
             timing = self._timing(arrival, len(prompt_ids), cached, len(output))
-            self.metrics.observe_request(timing)
+            if not self.config.hit_counter_wired:  # the reuse shows in TTFT only
+                cached = 0
+            self.metrics.observe_request(replace(timing, cached_tokens=cached))
             if self.config.sleep:  # answered at once, it has finished when the client hears of it
                 start = arrival + timing.queue_seconds
                 self.running.append(

@@ -55,6 +55,7 @@ RUNBOOKS = {
     "kv-events-stalled": Runbook("KVEventsStalled", "warning", SERVER_GROUP),
     "server-scrapes-failing": Runbook("ServerScrapesFailing", "warning", SERVER_GROUP),
     "server-restarted": Runbook("ServerRestarted", "info", SERVER_GROUP),
+    "hit-counter-not-wired": Runbook("HitCounterNotWired", "warning", SERVER_GROUP),
     "reuse-expected-none-delivered": Runbook("ReuseExpectedNoneDelivered", "critical", PLATFORM),
     "tenant-hit-rate-dropped": Runbook("TenantHitRateDropped", "warning", PLATFORM),
     "salt-rotated": Runbook("SaltRotated", "info", PLATFORM),

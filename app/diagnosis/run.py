@@ -10,8 +10,9 @@ before the last run and received after it are not replayed (the delay is there t
 A record is written once (ON CONFLICT DO NOTHING): a redelivered task diagnoses it the same and
 stores it once. Runs at once in several workers split the fleet by compatibility group (an advisory
 lock each): a request is diagnosed by one of them. Records that arrive later than the lookback are left
-undiagnosed. The minutes of the arrivals diagnosed are then summed again into traffic.LossMinute,
-for the dashboards.
+undiagnosed. A server whose hit counter is not wired over the lookback (app/diagnosis/counters.py)
+has its requests diagnosed as that, not as misses. The minutes of the arrivals diagnosed are then
+summed again into traffic.LossMinute, for the dashboards.
 
 Servers are compared within compatibility groups (model, block size, hash algorithm): a block of
 one is never "resident elsewhere" on another model's server. A server whose KV events are not
@@ -35,6 +36,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from app.diagnosis.counters import unwired_counters
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
 from app.fleet.models import Server
@@ -199,7 +201,9 @@ def _diagnose(
     found = _advance(replay, until=until, servers=servers, streaming=streaming, only=only)
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
-    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now) for r, diagnosis in found])
+    unwired = unwired_counters(since=until - lookback, until=until, only=only) if found else set()
+    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now, unwired=unwired)
+                     for r, diagnosis in found])  # fmt: skip
     history.forget_settled(until)
     replay.turn_when_due(lookback=lookback)
     for other in [other for other in _kept if other & key]:  # a group is kept in one replay, the latest
@@ -299,6 +303,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
      diagnosed, span_only) = row  # fmt: skip
+    hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
@@ -309,6 +314,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         token_ids=sent_integers(token_ids), kv_events=kv_events,
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
+        effective_block=hit.effective if hit else None, drops_last_block=bool(hit and hit.drops_last),
     )  # fmt: skip
     key = (server_id, request_id, arrived_at)
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)
@@ -320,8 +326,11 @@ def _hashes(sent: bytes | None) -> list[int]:
     return found.tolist() if found is not None else []
 
 
-def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> dict[str, Any]:
-    """The RequestDiagnosis row, by column (a model instance per row cost more than its diagnosis)."""
+def _stored(
+    record: _Record, found: Diagnosis | Unknown, *, now: datetime, unwired: set[int]
+) -> dict[str, Any]:
+    """The RequestDiagnosis row, by column (a model instance per row cost more than its diagnosis).
+    A request of a server whose hit counter is not wired (`unwired`) is that, not a miss."""
     server_id, request_id, arrived_at = record.key
     row = _DEFAULTS | {
         "server_id": server_id, "request_id": request_id, "arrived_at": arrived_at, "diagnosed_at": now,
@@ -333,6 +342,9 @@ def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> di
         return row
     if isinstance(found, Unknown):
         row["unknown"] = found.value
+        return row
+    if record.prompt.server in unwired:
+        row["unknown"] = RequestDiagnosis.Unknown.COUNTER_NOT_WIRED.value
         return row
     funnel = found.funnel
     row |= {

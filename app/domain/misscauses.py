@@ -6,8 +6,10 @@ it was at its arrival, then adds its own chain to what the fleet has seen. Pure:
 events and records from wherever they are kept and feeds them in order of time.
 
 vLLM reuses a request's longest run of resident leading full blocks, never its last prompt token, so
-of `prompt_tokens` at most `(prompt_tokens - 1) // block_size` blocks can be reused; the tokens past
-them are `below_block`. Each block that was not reused has its cause (a prompt can be evicted up to
+of `prompt_tokens` at most `(prompt_tokens - 1) // block_size` blocks can be reused; on a server whose
+effective block is larger (a hybrid model's KV-cache groups, EAGLE/MTP dropping the last matched
+block: app/domain/hitblock.py) only whole effective blocks of those. The tokens past them are
+`below_block`. Each block that was not reused has its cause (a prompt can be evicted up to
 token 512 and changed from there on), except that one still resident here was lost only because the
 chain broke before it: it takes the cause of the block before it. The request's cause is the one that
 lost it the most reusable tokens, the earlier of equal ones: a timestamp at the top whose first block
@@ -49,9 +51,10 @@ from app.domain.evictions import Eviction, Evictions
 from app.domain.fanout import FanOutPoints
 from app.domain.followers import Followers
 from app.domain.generations import Generations
+from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
-from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown, reusable_blocks
+from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
 
 
 class EventKind(IntEnum):
@@ -91,6 +94,14 @@ class RequestPrompt:
     kv_events: bool = True  # whether the server's KV events are collected
     first_token_at: datetime | None = None  # a block removed after arrival but before it was evicted
     key: Hashable = None  # the caller's name for the request, as `revised` gives it back
+    effective_block: int | None = (
+        None  # hits are multiples of it (a multiple of block_size); None: block_size
+    )
+    drops_last_block: bool = False  # speculative decoding by EAGLE/MTP: the last matched block is not reused
+
+    def hit_block(self, size: int) -> HitBlock:
+        """How the server rounds this request's hit (`size`: its block size)."""
+        return HitBlock(size, self.effective_block or size, self.drops_last_block)
 
 
 def _funnel(
@@ -255,7 +266,7 @@ class FleetHistory:
 
     def _diagnosed(self, request: RequestPrompt, size: int, prompt: int, cached: int) -> Diagnosis:
         chain = list(request.block_hashes)
-        reusable = min(reusable_blocks(prompt, size), len(chain))
+        reusable = min(request.hit_block(size).reusable_blocks(prompt), len(chain))
         reused = min(cached // size, reusable)
         runs = self._runs(request, chain[:reusable])  # its own server's among them
         resident_here = runs.get(request.server, 0)
@@ -374,7 +385,9 @@ class FleetHistory:
         before, replayed for the history it leaves), and where it departed, unless already learned."""
         chain = list(request.block_hashes)
         if not departure_learned and request.block_size and request.prompt_tokens is not None:
-            reusable = min(reusable_blocks(request.prompt_tokens, request.block_size), len(chain))
+            reusable = min(
+                request.hit_block(request.block_size).reusable_blocks(request.prompt_tokens), len(chain)
+            )
             self._learn_fan_out(request, reusable, self._seen.leading(chain[:reusable]))
         self._seen.write_all(chain, True)
         neutral = list(request.neutral_hashes) if request.salt else chain

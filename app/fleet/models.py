@@ -2,6 +2,8 @@ from datetime import timedelta
 
 from django.db import models
 
+from app.domain.hitblock import HitBlock, effective_block
+
 
 class Server(models.Model):
     """One vLLM endpoint; block size and hash algorithm are discovered from its /metrics."""
@@ -26,6 +28,18 @@ class Server(models.Model):
         help_text="KV blocks of one engine, vLLM's null block included (cache_config_info)",
     )
     hash_algo = models.CharField(max_length=50, blank=True)
+    # The granularity of a hit where it is coarser than block_size (app/domain/hitblock.py): what
+    # cache_config_info states (its alignment, else its attention and Mamba block sizes), and the
+    # KV-cache groups its events name.
+    stated_hit_block = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Hit granularity per cache_config_info, in tokens; blank: not stated"
+    )
+    kv_cache_groups = models.JSONField(
+        default=dict, blank=True, help_text="KV-cache groups its events name, {group: {kind, block_size}}"
+    )
+    drops_last_block = models.BooleanField(
+        default=False, help_text="Speculative decoding (EAGLE/MTP) on: vLLM drops the last matched block"
+    )
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Tenant whose users may see it; blank: all"
     )
@@ -65,6 +79,15 @@ class Server(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def hit_block(self) -> HitBlock | None:
+        """How its prefix cache rounds a hit; None while its block size is unknown."""
+        if not self.block_size:
+            return None
+        groups = [g.get("block_size") or 0 for g in self.kv_cache_groups.values() if isinstance(g, dict)]
+        size = effective_block(self.block_size, stated=self.stated_hit_block, groups=groups)
+        return HitBlock(self.block_size, size, self.drops_last_block)
 
     @property
     def scrape_interval_timedelta(self) -> timedelta:

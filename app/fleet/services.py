@@ -3,6 +3,7 @@
 import logging
 from collections.abc import Iterable
 from datetime import datetime
+from math import lcm
 from urllib.parse import urlsplit
 
 from django.db import IntegrityError, transaction
@@ -24,7 +25,7 @@ def record_scrape_outcome(
     """Note a pull: a failure marks the server down; a success marks it active with what it exposed.
 
     Block size, KV blocks and hash algorithm come from `vllm:cache_config_info`; values the page lacks
-    are kept.
+    are kept. The hit granularity it states and whether speculative decoding runs are as it says now.
     """
     changes: dict[str, object] = {"last_scraped_at": at}
     if not ok:
@@ -35,6 +36,8 @@ def record_scrape_outcome(
             changes.update(block_size=config.block_size or server.block_size, discovered_at=at)
             changes["num_gpu_blocks"] = config.num_gpu_blocks or server.num_gpu_blocks
             changes["hash_algo"] = config.hash_algo or server.hash_algo
+            changes["stated_hit_block"] = stated_hit_block(config)
+            changes["drops_last_block"] = config.speculative
         if model:
             changes["model"] = model
     if server.state != changes["state"]:
@@ -42,6 +45,26 @@ def record_scrape_outcome(
     Server.objects.filter(pk=server.pk).update(**changes)
     for field, value in changes.items():
         setattr(server, field, value)
+
+
+def stated_hit_block(config: CacheConfig) -> int | None:
+    """The hit granularity cache_config_info states: vLLM's alignment when it gives one, else the
+    LCM of the attention and Mamba block sizes it names; None when it names neither (a plain model,
+    an older vLLM)."""
+    if config.hit_alignment:
+        return config.hit_alignment
+    sizes = [size for size in (config.attention_block_size, config.mamba_block_size) if size]
+    return lcm(*sizes) if sizes else None
+
+
+KVCacheGroups = dict[str, dict[str, str | int]]  # group index -> {"kind": ..., "block_size": ...}
+
+
+def record_kv_cache_groups(*, server_id: int, groups: KVCacheGroups) -> None:
+    """Store the KV-cache groups a server's events named, {group index: {kind, block_size}}: all of
+    them, replacing what was stored."""
+    if Server.objects.filter(pk=server_id).exclude(kv_cache_groups=groups).update(kv_cache_groups=groups):
+        logger.info("server %s has KV-cache groups %s", server_id, groups)
 
 
 def record_served_models(*, server: Server, served: ServedModels, at: datetime) -> None:

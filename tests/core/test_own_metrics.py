@@ -258,7 +258,7 @@ def test_every_family_is_read_with_one_query_whatever_the_fleet_size(
     for template in templates:
         for server in fleet:
             loss_hour(server, template, f"tenant-{template.pk % 7}", reused_tokens=10)
-    with django_assert_max_num_queries(17):  # one a family (or set of families from one table)
+    with django_assert_max_num_queries(19):  # one a family (or set of families from one table)
         client.get("/metrics")
 
 
@@ -368,3 +368,18 @@ def test_each_kv_stream_says_whether_a_subscriber_leases_it_and_each_server_its_
         values[(config, (("block_size", ""), ("hash_algo", ""), ("model", "llama"), ("server", "vllm-1")))]
         == 1
     )
+
+
+def test_each_server_has_its_effective_block_and_one_hit_counter_state(
+    client: Client, fleet: tuple[Server, Server]
+) -> None:
+    Server.objects.filter(pk=fleet[0].pk).update(block_size=16, stated_hit_block=3584)
+    text = client.get("/metrics").content.decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    effective = {
+        s.labels["server"]: s.value for s in families["prefixscope_server_effective_block_tokens"].samples
+    }
+    assert effective[fleet[0].name] == 3584
+    states = [s for s in families["prefixscope_server_hit_counter_state"].samples if s.value == 1]
+    assert sorted(s.labels["server"] for s in states) == sorted(s.name for s in fleet)
+    assert {s.labels["state"] for s in states} == {"no_evidence"}  # no requests: nothing to say

@@ -172,3 +172,13 @@ def test_the_real_server_after_its_traffic_reads_0_usage_with_its_prefix_cache_f
     assert f"{resident} blocks resident</strong> of 47 ({100 * resident / 47:.1f} %)" in detail
     minute = now.replace(second=0, microsecond=0) - timedelta(minutes=1)
     assert chart_csv(signed_in, f"/servers/{server.pk}/", "kv-usage")[minute] == ["0.0"]
+
+
+def test_a_hybrid_servers_page_states_its_effective_block_and_a_plain_ones_does_not(
+    signed_in: Client,
+) -> None:
+    server, _ = a_served_server()
+    assert 'id="effective-block"' not in signed_in.get(f"/servers/{server.pk}/").content.decode()
+    Server.objects.filter(pk=server.pk).update(block_size=16, stated_hit_block=3584)
+    page = signed_in.get(f"/servers/{server.pk}/").content.decode()
+    assert "Effective block 3,584 tokens: prompts below 3,585 tokens never hit." in page

@@ -305,3 +305,25 @@ def test_a_kept_history_forgets_by_generations_what_was_not_seen_again() -> None
     # Never seen again, as a prompt's own tail past where the template's prompts part: new content.
     assert tail[0].cause == Cause.NEW_CONTENT and again.diverged_at is None
     assert history.generation_blocks == len(hashes)  # this generation: the chain just diagnosed
+
+
+def test_on_a_hybrid_server_the_tail_below_its_effective_block_is_below_block_not_a_miss() -> None:
+    # 200 tokens, all resident and none reused: on a plain server the engine lost 192 tokens it had
+    # (unexplained); where a hit is a multiple of 256 tokens, none of it could ever hit.
+    history = FleetHistory()
+    tokens = prompt(tail=40)
+    stored(history, 1, chain(tokens), 10)
+    plain = diagnosed(history, request(tokens))
+    assert plain.cause == Cause.UNEXPLAINED
+    hybrid = diagnosed(history, replace(request(tokens), effective_block=256))
+    assert hybrid.cause == Cause.BELOW_BLOCK
+    assert hybrid.losses == (Loss(Cause.BELOW_BLOCK, 0, 200),)
+
+
+def test_with_eagle_the_dropped_last_block_is_below_block() -> None:
+    history = FleetHistory()
+    tokens = prompt(tail=32)  # 192 tokens: 11 blocks reusable, 10 with the last one dropped
+    stored(history, 1, chain(tokens), 10)
+    found = diagnosed(history, replace(request(tokens, cached=160), drops_last_block=True))
+    assert found.cause is None
+    assert found.losses == (Loss(Cause.BELOW_BLOCK, 160, 32),)

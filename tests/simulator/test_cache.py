@@ -458,3 +458,18 @@ def test_unsampled_blocks_are_never_observed() -> None:
     assert evictions == [] and metrics.blocks == {}
     with pytest.raises(ValueError, match="sample rate"):
         BlockMetrics(evictions.append, sample=0, clock=lambda: 0.0)
+
+
+def test_a_hybrid_cache_hits_whole_effective_blocks_and_eagle_drops_the_last() -> None:
+    prompt = tokens(0, 5 * BS + 1)  # 5 full blocks resident after the first run
+    plain, hybrid, eagle = (
+        PrefixCache(BS, 16),
+        PrefixCache(BS, 16, hit_block=2 * BS),
+        PrefixCache(BS, 16, drops_last=True),
+    )
+    assert [run(cache, "a", prompt) for cache in (plain, hybrid, eagle)] == [0, 0, 0]
+    assert run(plain, "b", prompt) == 5 * BS
+    assert run(hybrid, "b", prompt) == 4 * BS  # two whole blocks of 2 * BS
+    assert run(eagle, "b", prompt) == 4 * BS  # the last matched block dropped
+    with pytest.raises(ValueError, match="multiple"):
+        PrefixCache(BS, 16, hit_block=BS + 1)

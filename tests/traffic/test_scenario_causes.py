@@ -31,6 +31,7 @@ from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
+from simulator.server import ServerConfig
 from simulator.template_repo import create_repo
 from tests.support.ports import unused_ports
 from tests.support.processes import Command, database_url_for_tests, wait_until
@@ -99,8 +100,14 @@ class Ran:
     cut_at: datetime | None  # when the capacity cut was made
 
 
-def run_scenario(definition: dict[str, Any], tmp_path: Path) -> Ran:
-    """Serve, send, collect and diagnose one scenario; its requests in arrival order."""
+def run_scenario(
+    definition: dict[str, Any],
+    tmp_path: Path,
+    *,
+    configure: Callable[[list[ServerConfig]], list[ServerConfig]] = lambda configs: configs,
+) -> Ran:
+    """Serve, send, collect and diagnose one scenario; its requests in arrival order. `configure`
+    makes the servers as a test needs them (their quirks)."""
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(definition))
     loaded = load_scenario(path)
@@ -111,6 +118,7 @@ def run_scenario(definition: dict[str, Any], tmp_path: Path) -> Ran:
         )
         for i in range(shape.count)
     ]
+    configs = configure(configs)
     with running_fleet(configs):
         for config in configs:
             server = register_server(**{k: str(v) for k, v in describe(config).items()})

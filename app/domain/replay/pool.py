@@ -80,14 +80,27 @@ class _Request:
 class BlockPool:
     """The block pool and prefix cache of one vLLM engine (one KV-cache group, full attention)."""
 
-    def __init__(self, block_size: int, num_blocks: int, *, observer: PoolObserver = SILENT) -> None:
-        """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``.
+    def __init__(
+        self,
+        block_size: int,
+        num_blocks: int,
+        *,
+        observer: PoolObserver = SILENT,
+        hit_unit: int = 1,
+        drops_last: bool = False,
+    ) -> None:
+        """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``. A hit is a
+        multiple of ``hit_unit`` blocks (a hybrid model's effective block, app/domain/hitblock.py),
+        after the last matched block is dropped when ``drops_last`` (EAGLE/MTP).
 
-        Raises ValueError when block_size < 1 or num_blocks < 2 (no usable block).
+        Raises ValueError when block_size < 1, num_blocks < 2 (no usable block) or hit_unit < 1.
         """
-        if block_size < 1 or num_blocks < 2:
-            raise ValueError(f"need block_size >= 1 and num_blocks >= 2, got {block_size}, {num_blocks}")
+        if block_size < 1 or num_blocks < 2 or hit_unit < 1:
+            raise ValueError(f"need block_size >= 1, num_blocks >= 2, hit_unit >= 1, got {block_size}, "
+                             f"{num_blocks}, {hit_unit}")  # fmt: skip
         self.block_size = block_size
+        self.hit_unit = hit_unit
+        self.drops_last = drops_last
         self.num_blocks = num_blocks
         self.observer = observer
         # Block 0 is the null block vLLM pops first and never hands out.
@@ -211,7 +224,9 @@ class BlockPool:
                 break
             # With duplicates, vLLM takes the copy cached first.
             hit.append(next(iter(copies.values())))
-        return hit
+        if self.drops_last and hit:
+            hit.pop()
+        return hit[: len(hit) // self.hit_unit * self.hit_unit]
 
     def _touch(self, blocks: list[_Block]) -> None:
         for block in blocks:

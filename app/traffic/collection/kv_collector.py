@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError
 
 from app.domain.thrash import RecentRemovals
 from app.fleet.models import Server
+from app.fleet.services import KVCacheGroups, record_kv_cache_groups
 from app.traffic.models import KVEvent, KVStream
 from app.traffic.services.kv_events import (
     GapRecord,
@@ -57,9 +58,10 @@ class Pending:
     samples: list[Sample] = field(default_factory=list)  # the first bytes of undecodable input
     # (server id, rank) -> [blocks stored, removed, stored again soon after removal]
     counts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    groups: dict[int, KVCacheGroups] = field(default_factory=dict)  # server id -> its groups, when changed
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.positions or self.gaps or self.rejected)
+        return bool(self.rows or self.positions or self.gaps or self.rejected or self.groups)
 
 
 def event_rows(
@@ -116,6 +118,7 @@ class KVEventCollector:
         self.last_flush = time.monotonic()
         self.removals: dict[tuple[int, int], RecentRemovals] = {}
         self.pruned_at = time.time()
+        self.groups: dict[int, KVCacheGroups] = {}  # server id -> the KV-cache groups its events named
 
     def subscribe(self, servers: Iterable[Server]) -> None:
         """Connect to servers not yet subscribed, then catch up on what they published meanwhile."""
@@ -129,6 +132,7 @@ class KVEventCollector:
                 logger.warning("cannot subscribe to %s: %s", server.name, exc)
                 continue
             self.servers[socket] = server
+            self.groups[server.pk] = dict(server.kv_cache_groups)
             self.poller.register(socket, zmq.POLLIN)
             self._resume(server)
 
@@ -231,12 +235,25 @@ class KVEventCollector:
         counts = self.pending.counts.setdefault(key, [0, 0, 0])
         for event in batch.events:
             if isinstance(event, BlockStored):
+                self._note_group(key[0], event)
                 counts[0] += len(event.block_hashes)
                 counts[2] += sum(removals.stored(h, batch.ts) for h in event.block_hashes)
             elif isinstance(event, BlockRemoved):
                 counts[1] += len(event.block_hashes)
                 for block_hash in event.block_hashes:
                     removals.removed(block_hash, batch.ts)
+
+    def _note_group(self, server_id: int, event: BlockStored) -> None:
+        """Remember the KV-cache group of a GPU BlockStored (its kind and block size): a hybrid
+        model's groups set its effective block (app/domain/hitblock.py). Written when one changes."""
+        if event.medium not in (None, "GPU"):
+            return  # an offload tier's events: not a group of the engine's own cache
+        known = self.groups.setdefault(server_id, {})
+        group = str(event.group_idx or 0)
+        seen: dict[str, str | int] = {"kind": event.kv_cache_spec_kind or "", "block_size": event.block_size}
+        if known.get(group) != seen:
+            known[group] = seen
+            self.pending.groups[server_id] = dict(known)
 
     def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> int:
         """Buffer batches first..last from the replay endpoint and record what it lacked as lost;
@@ -312,6 +329,8 @@ class KVEventCollector:
             )
             self._count_rejections(pending.rejected)
             keep_undecodable_samples(pending.samples, now=self.now())
+            for server_id, groups in pending.groups.items():
+                record_kv_cache_groups(server_id=server_id, groups=groups)
         except (OperationalError, InterfaceError) as exc:  # PostgreSQL away: keep the buffer, retry
             logger.warning("cannot store %d KV event rows yet: %s", len(pending.rows), exc)
             return 0

@@ -64,6 +64,9 @@ class RequestDiagnosis(PostgresPartitionedModel):
         NO_BLOCK_SIZE = _Unknown.NO_BLOCK_SIZE.value, UNKNOWN_LABELS[_Unknown.NO_BLOCK_SIZE]
         # Not the domain's: the record is not one a diagnosis reads (app/diagnosis/run.py).
         SPAN_ONLY = "span_only", "Seen in vLLM's span alone: not counted as a request"
+        # Its server reported no hit while repeats got much faster (app/domain/hitcounter.py): its
+        # cached tokens say nothing, so its tokens are not called lost.
+        COUNTER_NOT_WIRED = "counter_not_wired", "Hit counter not wired: repeats got faster, no hit reported"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)

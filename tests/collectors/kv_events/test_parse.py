@@ -188,6 +188,16 @@ def test_vllm_array_form_decodes_like_the_captured_map_form() -> None:
         assert decode_batch(rewrite(message, to_vllm_array)) == decode_batch(frames[2])
 
 
+def test_the_captured_events_keep_their_kv_cache_group_kind() -> None:
+    kinds = {
+        (e.group_idx, e.kv_cache_spec_kind, e.block_size)
+        for frames in LIVE
+        for e in decode_batch(frames[2]).events
+        if isinstance(e, BlockStored)
+    }
+    assert kinds == {(0, "full_attention", 32)}
+
+
 def test_llm_d_array_form_decodes_with_parent_zero_as_no_parent() -> None:
     for frames, message in zip(LIVE, DECODED, strict=True):
         expected = [

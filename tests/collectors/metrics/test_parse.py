@@ -36,9 +36,19 @@ def test_every_sample_of_the_real_page_is_kept_as_exposed() -> None:
 def test_the_cache_configuration_is_discovered() -> None:
     config = cache_config(parse_metrics(page("metrics-after.txt")))
     assert config == CacheConfig(
-        block_size=32, hash_algo="sha256_cbor", num_gpu_blocks=48, prefix_caching=True, model_name=None
-    )
+        block_size=32, hash_algo="sha256_cbor", num_gpu_blocks=48, prefix_caching=True, model_name=None,
+        hit_alignment=None, attention_block_size=32, mamba_block_size=None, speculative=False,
+    )  # fmt: skip
     assert model_name(parse_metrics(page("metrics-after.txt"))) == "tiny"
+
+
+def test_a_hybrid_models_block_sizes_and_speculative_decoding_are_read() -> None:
+    text = page("metrics-after.txt").replace('mamba_block_size="None"', 'mamba_block_size="3584"')
+    text = text.replace('cache_hit_alignment_tokens="None"', 'cache_hit_alignment_tokens="3584"')
+    text += '# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{engine="0"} 3.0\n'
+    config = cache_config(parse_metrics(text))
+    assert config is not None
+    assert (config.hit_alignment, config.mamba_block_size, config.speculative) == (3584, 3584, True)
 
 
 @pytest.mark.parametrize(

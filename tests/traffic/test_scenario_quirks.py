@@ -1,0 +1,70 @@
+"""The engine quirks of simulator/scenarios/effective-block.yaml through the real path (the fleet
+behind `manage.py gateway`, its KV events collected, its /metrics scraped), then diagnosed: a hybrid
+server's prompts below its effective block are below_block, not misses; a server whose hit counter is
+not wired has its requests in that state, not as misses; the plain server keeps its causes.
+
+What each request was injected with is read from the scenario and the token ids, not from the
+diagnosis: the confusion table (injected -> found) is printed."""
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.fleet.models import Server
+from simulator.fleet import with_quirks
+from simulator.scenario import load_scenario, resolve_scenario
+from simulator.server import ServerConfig
+from tests.traffic.test_scenario_causes import ACCURACY, Request, run_scenario
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HYBRID, UNWIRED = "sim-0", "sim-1"
+
+
+def quirky(configs: list[ServerConfig]) -> list[ServerConfig]:
+    """The scenario's quirks; the unwired server models its TTFT for real (prefill at 4,000 tokens/s,
+    no decode time), so the gateway sees what reuse saves."""
+    loaded = load_scenario(resolve_scenario("effective-block"))
+    made = with_quirks(configs, loaded.servers.quirks)
+    return [
+        replace(c, sleep=True, prefill_tokens_per_second=4000.0, decode_seconds_per_token=0.0)
+        if not c.hit_counter_wired
+        else c
+        for c in made
+    ]
+
+
+def injected(requests: list[Request]) -> dict[str, str]:
+    """Per request of a quirky server: on the unwired one, every request; on the hybrid one, a
+    request whose leading blocks an earlier prompt of its salt on that server shared (a plain server
+    would have hit) and whose prompt is below the effective block (it could not)."""
+    found: dict[str, str] = {}
+    for index, r in enumerate(requests):
+        if r.server == UNWIRED:
+            found[r.request_id] = "counter_not_wired"
+        elif r.server == HYBRID and len(r.token_ids) <= 512:
+            earlier = [e for e in requests[:index] if e.server == HYBRID and e.salt == r.salt]
+            if any(e.token_ids[:16] == r.token_ids[:16] for e in earlier):
+                found[r.request_id] = "below_block"
+    return found
+
+
+def test_quirky_servers_requests_are_not_called_misses(tmp_path: Path) -> None:
+    with resolve_scenario("effective-block").open() as file:
+        definition: dict[str, Any] = yaml.safe_load(file)
+    ran = run_scenario(definition, tmp_path, configure=quirky)
+    hybrid = Server.objects.get(name=HYBRID)
+    assert hybrid.hit_block is not None and hybrid.hit_block.effective == 512
+    expected = injected(ran.requests)
+    found = {r.request_id: r.cause for r in ran.requests}
+    table = Counter((cause, found[request_id]) for request_id, cause in expected.items())
+    plain = Counter(r.cause for r in ran.requests if r.server not in (HYBRID, UNWIRED))
+    print(f"\ninjected -> found: {dict(table)}; plain server: {dict(plain)}")  # noqa: T201
+    for cause in ("below_block", "counter_not_wired"):
+        hit = sum(n for (c, _), n in table.items() if c == cause)
+        right = table[(cause, cause)]
+        assert hit >= 3 and right / hit >= ACCURACY, (cause, dict(table))
+    assert "counter_not_wired" not in plain and "unexplained" not in plain
