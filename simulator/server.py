@@ -27,9 +27,9 @@ from app.domain.replay.pool import OutOfBlocks
 from simulator import openai_requests
 from simulator.block_metrics import BlockMetrics
 from simulator.cache import PrefixCache
-from simulator.offload import CpuTier
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
+from simulator.offload import CpuTier
 from simulator.openai_answers import ChatShape, CompletionShape
 from simulator.openai_requests import Refused
 from simulator.spans import SpanExporter

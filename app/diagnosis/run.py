@@ -64,16 +64,16 @@ ORDER BY r.arrived_at, r.server_id, r.request_id
 # cost the most, its timestamp parsed each time; psycopg's text arrays, a Python step per block.
 # One row per tier (medium) of a batch: a CPU copy is never a GPU block (app/domain/tiers.py). Only
 # the attention group's events (ATTENTION_GROUP, or none named): another group's are not its blocks.
-_EVENTS_SQL = """
+_EVENTS_SQL = f"""
 SELECT emitted_at, server_id, dp_rank, epoch, medium,
        array_send(array_agg(kind::int4 ORDER BY event_index, block_index)),
        array_send(array_agg(COALESCE(block_hash, 0) ORDER BY event_index, block_index))
 FROM traffic_kvevent
 WHERE emitted_at >= %s AND emitted_at < %s AND (%s::int8[] IS NULL OR server_id = ANY(%s))
-  AND COALESCE(group_idx, {group}) = {group}
+  AND COALESCE(group_idx, {ATTENTION_GROUP}) = {ATTENTION_GROUP}
 GROUP BY server_id, dp_rank, epoch, seq, emitted_at, medium
 ORDER BY emitted_at, server_id, dp_rank, epoch, seq, min(event_index)
-""".format(group=ATTENTION_GROUP)
+"""
 _FETCH = 2000
 
 

@@ -99,9 +99,9 @@ class Ran:
     cut_at: datetime | None  # when the capacity cut was made
 
 
-def run_scenario(definition: dict[str, Any], tmp_path: Path, **server: object) -> Ran:
-    """Serve, send, collect and diagnose one scenario; its requests in arrival order. `server`:
-    more ServerConfig fields of every server (a CPU tier ...)."""
+def run_scenario(definition: dict[str, Any], tmp_path: Path, **fields: object) -> Ran:
+    """Serve, send, collect and diagnose one scenario; its requests in arrival order.
+    `fields`: more ServerConfig fields of every server (a CPU tier ...)."""
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(definition))
     loaded = load_scenario(path)
@@ -112,7 +112,7 @@ def run_scenario(definition: dict[str, Any], tmp_path: Path, **server: object) -
             block_size=shape.block_size,
             num_blocks=shape.num_blocks,
             model=loaded.model,
-            **server,
+            **fields,
         )
         for i in range(shape.count)
     ]
