@@ -18,6 +18,7 @@ from app.domain.blockhash import BlockHash, LoraKey, block_extra_keys, block_has
 from app.domain.replay.pool import BlockPool, OutOfBlocks, PoolObserver
 from simulator.block_metrics import BlockMetrics
 from simulator.kv_events import KVEventData, all_blocks_cleared, block_removed, block_stored
+from simulator.offload import CpuTier
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class CacheCounters:
     requests: int
     queries: int
     hits: int
+    external_hits: int = 0  # tokens loaded from a lower tier (vllm:external_prefix_cache_hits)
 
 
 @dataclass(slots=True)
@@ -60,11 +62,13 @@ class PrefixCache:
         block_metrics: BlockMetrics | None = None,
         hit_block: int | None = None,
         drops_last: bool = False,
+        lower: CpuTier | None = None,
     ) -> None:
         """``num_blocks`` counts vLLM's null block, like ``--num-gpu-blocks-override``;
         ``block_metrics`` is told of allocations, prefix hits and evictions (``--kv-cache-metrics``).
         ``hit_block`` (a multiple of ``block_size``): hits are whole multiples of it, as on a hybrid
-        model whose Mamba group has that block size; ``drops_last``: EAGLE/MTP's dropped last block.
+        model whose Mamba group has that block size; ``drops_last``: EAGLE/MTP's dropped last block;
+        ``lower``: a CPU tier evicted blocks are offloaded to and loaded back from.
 
         Raises ValueError when block_size < 1 or num_blocks < 2 (no usable block).
         """
@@ -76,6 +80,7 @@ class PrefixCache:
         if hit_block is not None and (hit_block < block_size or hit_block % block_size):
             raise ValueError(f"hit_block {hit_block} is not a multiple of block_size {block_size}")
         unit = hit_block // block_size if hit_block else 1
+        self.lower = lower
         self._pool = BlockPool(
             block_size, num_blocks, observer=_Events(self), hit_unit=unit, drops_last=drops_last
         )
@@ -128,6 +133,7 @@ class PrefixCache:
         tokens = list(prompt_ids)
         chain = block_hash_chain(tokens, self.block_size, cache_salt=cache_salt, lora=lora)
         self._requests[request_id] = _Request(tokens, cache_salt, lora)
+        loaded = self._loadable(chain, len(tokens))
         try:
             hit = self._pool.admit(request_id, chain, len(tokens), report_hits=report_hits)
         except (ValueError, OutOfBlocks):
@@ -135,9 +141,18 @@ class PrefixCache:
             raise
         c = self._counters
         self._counters = CacheCounters(
-            c.requests + 1, c.queries + len(tokens), c.hits + hit * self.block_size
-        )
-        return Admission(cached_tokens=hit * self.block_size, prompt_tokens=len(tokens))
+            c.requests + 1, c.queries + len(tokens), c.hits + hit * self.block_size,
+            c.external_hits + loaded * self.block_size,
+        )  # fmt: skip
+        return Admission(cached_tokens=(hit + loaded) * self.block_size, prompt_tokens=len(tokens))
+
+    def _loadable(self, chain: Sequence[BlockHash], prompt_tokens: int) -> int:
+        """The blocks past the GPU hit that the lower tier loads back (vLLM counts them cached;
+        the pool then stores them in GPU memory as computed blocks)."""
+        if self.lower is None:
+            return 0
+        reusable = chain[: max(prompt_tokens - 1, 0) // self.block_size]
+        return self.lower.load(reusable[self._pool.resident(reusable) :])
 
     def append_output(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Add generated tokens, one decode step each, in order.
@@ -220,6 +235,8 @@ class _Events(PoolObserver):
 
     def removed(self, key: Hashable) -> None:
         self.cache._events.append(block_removed(key.wire))  # type: ignore[attr-defined]
+        if self.cache.lower is not None:  # offloaded as it leaves GPU memory
+            self.cache._events.extend(self.cache.lower.offload(key))
 
     def cleared(self) -> None:
         self.cache._events.append(all_blocks_cleared())

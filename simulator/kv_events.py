@@ -89,6 +89,21 @@ def block_removed(block_hash: int) -> KVEventData:
     return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": MEDIUM_GPU, "group_idx": 0}
 
 
+def offloaded_stored(block_hash: int, *, medium: str) -> KVEventData:
+    """Return the BlockStored vLLM 0.32's OffloadingConnector publishes for a block copied to a lower
+    tier: a placeholder of one hash, no parent, no tokens, block size 0, the tier's medium
+    (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py, _placeholder_stored)."""
+    return {
+        "type": "BlockStored", "block_hashes": [block_hash], "parent_block_hash": None, "token_ids": [],
+        "block_size": 0, "lora_id": None, "medium": medium, "lora_name": None, "group_idx": 0,
+    }  # fmt: skip
+
+
+def offloaded_removed(block_hash: int, *, medium: str) -> KVEventData:
+    """Return the BlockRemoved of a lower tier's copy dropped (the same connector's shape)."""
+    return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": medium, "group_idx": 0}
+
+
 def all_blocks_cleared() -> KVEventData:
     """Return the AllBlocksCleared event of a prefix-cache reset."""
     return {"type": "AllBlocksCleared"}

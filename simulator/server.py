@@ -29,6 +29,7 @@ from simulator.block_metrics import BlockMetrics
 from simulator.cache import PrefixCache
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
+from simulator.offload import CpuTier
 from simulator.openai_answers import ChatShape, CompletionShape
 from simulator.openai_requests import Refused
 from simulator.spans import SpanExporter
@@ -50,6 +51,8 @@ class ServerConfig:
     model: str = "tiny"
     block_size: int = 32
     num_blocks: int = 48  # counts vLLM's null block, like --num-gpu-blocks-override
+    cpu_blocks: int = 0  # a CPU offload tier of this many blocks behind the GPU's (0: none)
+    cpu_reload: bool = True  # False: the tier's lookups fail, its blocks are recomputed (demoted)
     max_model_len: int = 512
     prefill_tokens_per_second: float = 8000.0
     decode_seconds_per_token: float = 0.004
@@ -134,9 +137,10 @@ class Engine:
                          clock=time.time, seed=config.seed)
             if config.kv_cache_metrics else None
         )  # fmt: skip
+        lower = CpuTier(config.cpu_blocks, reload=config.cpu_reload) if config.cpu_blocks else None
         self.cache = PrefixCache(
             config.block_size, config.num_blocks, block_metrics=block_metrics,
-            hit_block=config.hybrid_block, drops_last=config.speculative,
+            hit_block=config.hybrid_block, drops_last=config.speculative, lower=lower,
         )  # fmt: skip
         self.publisher.restart()
         self.busy_until = 0.0

@@ -48,11 +48,11 @@ class FanOutPoints:
     def turn(self) -> None:
         """Learn each family's point again from this generation's departures (one with too few keeps
         the point it had); a family that did not depart this generation is forgotten."""
-        points = {}
+        points: dict[Hashable, int] = {}
         for family, learning in self._learning.items():
             held = self._points.get(family)
-            enough = learning.total() >= RELEARNED_FROM or held is None
-            points[family] = _low_quantile(learning) if enough else held
+            relearn = held is None or learning.total() >= RELEARNED_FROM
+            points[family] = _low_quantile(learning) if relearn or held is None else held
         self._points, self._learning = points, {}
 
 

@@ -21,9 +21,10 @@ class BlockCause:
     removed_at: datetime | None = None
 
     @classmethod
-    def evicted(cls, eviction: Eviction) -> BlockCause:
+    def evicted(cls, eviction: Eviction, cause: Cause = Cause.EVICTED) -> BlockCause:
+        """A block removed from GPU memory: `cause` evicted (gone), or demoted (a lower tier kept it)."""
         server, stored_at, removed_at = eviction
-        return cls(Cause.EVICTED, server=server, stored_at=stored_at, removed_at=removed_at)
+        return cls(cause, server=server, stored_at=stored_at, removed_at=removed_at)
 
 
 def evicted_while_waiting(diagnosis: Diagnosis, eviction: Eviction) -> Diagnosis:

@@ -20,8 +20,11 @@ A block that was not reused is, in this order of checks:
   not reuse it (event lag, engine behaviour); counted on its own, never folded into another cause;
 - `no_kv_events`: the server's KV events are not collected, so eviction, routing and residency cannot
   be told apart (only what needs no events is said: salt, prompt changed, cold);
-- `evicted`: stored on this server in its current epoch and removed before the request (when, and
-  how long it had lived);
+- `demoted`: removed from this server's GPU memory, but a lower tier of it (CPU, disk, LMCache: a
+  KV event with another `medium`) still held it: reloadable, and not reused (a block the engine
+  reloaded from there was reused: vLLM counts the tokens its connector loads as cached);
+- `evicted`: stored on this server in its current epoch and removed before the request from every
+  tier (when, and how long it had lived);
 - `routed_elsewhere`: resident at that moment on another server of the same compatibility group
   (which one, and how many of the prompt's leading tokens it held);
 - `restarted`: held by this server in an earlier epoch (a restart emptied it);
@@ -32,6 +35,10 @@ A block that was not reused is, in this order of checks:
   prompt without one: earlier prompts without one): the prompt departs from their longest prefix at
   token `diverged_at`; a prompt without a template that shares not even its first token is cold;
 - `cold`: never seen anywhere, the first of its kind.
+Residency is the GPU tier (medium "GPU" or none) of KV-cache group 0, the attention group: hybrid
+models send one event per group with the same hashes, and a sliding-window or Mamba group's removals
+say nothing of the attention blocks a prefix is reused from. Other groups' events are left out.
+
 An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
 had resident on its server (salts are known to be dropped on some cache paths), and than earlier
 requests under its salt had sent: a request just before it on its server, whose blocks were stored
@@ -55,6 +62,7 @@ from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
+from app.domain.tiers import ATTENTION_GROUP, LowerTiers, is_gpu
 
 
 class EventKind(IntEnum):
@@ -75,6 +83,8 @@ class BlockEvent:
     at: datetime
     kind: EventKind
     block_hash: int | None
+    medium: str = ""  # the tier: "" or "GPU" for the engine's own cache, else a lower tier's name
+    group: int | None = None  # the KV-cache group (None: the only one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +144,7 @@ class FleetHistory:
         self._groups = dict(groups or {})
         self._resident: dict[int, dict[int, datetime]] = {}  # server -> block -> stored at
         self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
+        self._lower = LowerTiers()  # what lower tiers (CPU, LMCache ...) hold, apart from GPU memory
         self._epochs: dict[tuple[int, int], int] = {}
         # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
         self._evicted: dict[int, Evictions] = {}  # server -> block -> last eviction
@@ -186,23 +197,42 @@ class FleetHistory:
     def apply(self, event: BlockEvent) -> None:
         """One block of a KV event. A new epoch of a (server, rank) empties what it held."""
         hashes = (event.block_hash,) if event.block_hash is not None else ()
-        self.apply_blocks(event.server, event.rank, event.epoch, event.at, event.kind, hashes)
+        self.apply_blocks(event.server, event.rank, event.epoch, event.at, event.kind, hashes,
+                          medium=event.medium, group=event.group)  # fmt: skip
 
     def apply_blocks(
-        self, server: int, rank: int, epoch: int, at: datetime, kind: EventKind, hashes: Sequence[int]
-    ) -> None:
+        self, server: int, rank: int, epoch: int, at: datetime, kind: EventKind, hashes: Sequence[int],
+        *, medium: str = "", group: int | None = None,
+    ) -> None:  # fmt: skip
         """The blocks of one KV event at once (as `apply` each, in order): an event stores or
-        removes dozens, and a call per block cost more than what it does."""
+        removes dozens, and a call per block cost more than what it does. A lower tier's (`medium`
+        not GPU) are kept apart from GPU memory; another KV-cache group's than the attention group
+        are left out (ATTENTION_GROUP)."""
         stream = (server, rank)
         if epoch != self._epochs.setdefault(stream, epoch):
             self._epochs[stream] = epoch
             self._restart(server, rank)
-        if kind == EventKind.CLEARED:
+        if group is not None and group != ATTENTION_GROUP:
+            return
+        if not is_gpu(medium):
+            self._apply_lower(server, rank, medium, kind, hashes)
+        elif kind == EventKind.CLEARED:
             self._remove(server, rank, list(self._held(server, rank)), at=at)
         elif kind == EventKind.STORED:
             self._store(server, rank, hashes, at=at)
         else:
             self._remove(server, rank, hashes, at=at)
+
+    def _apply_lower(
+        self, server: int, rank: int, medium: str, kind: EventKind, hashes: Sequence[int]
+    ) -> None:
+        if kind == EventKind.STORED:
+            self._lower.store(server, rank, medium, hashes)
+            self._seen.write_all(hashes, True)
+        elif kind == EventKind.REMOVED:
+            self._lower.remove(server, rank, medium, hashes)
+        else:
+            self._lower.clear(server, rank, medium)
 
     def _held(self, server: int, rank: int) -> set[int]:
         return self._ranks.setdefault(server, {}).setdefault(rank, set())
@@ -232,6 +262,7 @@ class FleetHistory:
 
     def _restart(self, server: int, rank: int) -> None:
         """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
+        self._lower.restart(server, rank)
         earlier = self._earlier_epochs.setdefault(server, Generations())
         earlier.write_all(self._evicted.pop(server, Evictions(server)).blocks(), True)
         resident = self._resident.get(server, {})
@@ -328,7 +359,14 @@ class FleetHistory:
             return self._never_seen(request, chain, index, size)
         if not request.kv_events:
             return BlockCause(Cause.NO_KV_EVENTS)
-        if (here := self._evicted.get(server)) is not None and (evicted := here.get(block)):
+        evicted = here.get(block) if (here := self._evicted.get(server)) is not None else None
+        if self._lower.holder(server, block) is not None:
+            return (
+                BlockCause.evicted(evicted, Cause.DEMOTED)
+                if evicted
+                else BlockCause(Cause.DEMOTED, server=server)
+            )
+        if evicted:
             return BlockCause.evicted(evicted)
         other, held = self._best_server(request, chain, exclude=server)
         if other is not None and held > index:

@@ -15,6 +15,7 @@ from django.db import connection
 
 from app.domain.histogram import histogram_quantile
 from app.domain.hitrate import counter_increase
+from app.domain.tiers import ATTENTION_GROUP, GPU
 from app.fleet.models import Server
 from app.traffic.models import KVEvent
 
@@ -48,18 +49,26 @@ class Residency:
     engine: dict[str, Spread | None]  # vLLM's histograms over the page's window; None: not exposed
 
 
+# GPU memory's blocks of the attention group only (app/domain/tiers.py is_residency): a CPU copy or
+# another KV-cache group's block of the same hash has a lifetime of its own.
+def gpu_attention_sql(alias: str) -> str:
+    """The SQL condition that a traffic_kvevent row (as `alias`) is a GPU block of the attention group."""
+    return (f"upper({alias}.medium) IN ('', '{GPU}')"
+            f" AND COALESCE({alias}.group_idx, {ATTENTION_GROUP}) = {ATTENTION_GROUP}")  # fmt: skip
+
+
 _LIFETIME_SQL = f"""
 WITH removed AS (
-    SELECT dp_rank, epoch, block_hash, emitted_at FROM traffic_kvevent
+    SELECT dp_rank, epoch, block_hash, emitted_at FROM traffic_kvevent k
     WHERE server_id = %(server)s AND kind = {int(KVEvent.Kind.REMOVED)}
-      AND emitted_at >= %(since)s AND emitted_at < %(until)s
+      AND emitted_at >= %(since)s AND emitted_at < %(until)s AND {gpu_attention_sql("k")}
     ORDER BY emitted_at DESC LIMIT {MAX_REMOVALS}
 ), lived AS (
     SELECT extract(epoch FROM r.emitted_at - s.stored_at) AS seconds
     FROM removed r, LATERAL (
         SELECT max(e.emitted_at) AS stored_at FROM traffic_kvevent e
         WHERE e.server_id = %(server)s AND e.block_hash = r.block_hash AND e.kind = {int(KVEvent.Kind.STORED)}
-          AND e.dp_rank = r.dp_rank AND e.epoch = r.epoch
+          AND e.dp_rank = r.dp_rank AND e.epoch = r.epoch AND {gpu_attention_sql("e")}
           AND e.emitted_at <= r.emitted_at AND e.emitted_at >= %(stored_since)s
     ) s
     WHERE s.stored_at IS NOT NULL

@@ -63,7 +63,8 @@ class BlockStored:
     ``parent_block_hash`` is the hash of the block before the first one here; None at the start of a
     chain. ``token_ids`` holds every token of these blocks (prompt text: kept out of ``repr``).
     ``extra_keys`` has one entry per block as vLLM sent it (None or a tuple; a salted request's first
-    block carries the salt itself, so it is kept out of ``repr`` too).
+    block carries the salt itself, so it is kept out of ``repr`` too). ``block_size`` is 0 when the
+    event does not say it (a lower tier's copy: ``medium`` "CPU" from vLLM's offloading connector).
     """
 
     block_hashes: tuple[int, ...]
@@ -162,7 +163,10 @@ class _StoredFields(msgspec.Struct, frozen=True, gc=False):
     block_hashes: tuple[_WireHash, ...]
     parent_block_hash: _WireHash | None
     token_ids: tuple[int, ...]
-    block_size: Annotated[int, msgspec.Meta(ge=1, le=_SMALL)]
+    # 0 or absent on a lower tier's events: vLLM's offloading connector sends 0 in the placeholder
+    # BlockStored it publishes for a CPU copy (offloading/events.py), and #36644 dropped the field
+    # from offload events. The GPU's events always carry it.
+    block_size: Annotated[int, msgspec.Meta(ge=0, le=_SMALL)] = 0
     lora_id: int | None = None
     medium: _Medium | None = None
     lora_name: _LoraName | None = None
@@ -247,7 +251,7 @@ _EXPECTED = {
     "block_hashes": "a list of uint64 (or digest bytes)",
     "parent_block_hash": "a uint64, digest bytes or nil",
     "token_ids": "a list of int",
-    "block_size": f"a positive int up to {_SMALL}",
+    "block_size": f"an int from 0 to {_SMALL}",
     "lora_id": "an int or nil",
     "medium": "a string of up to 20 characters, or nil",
     "lora_name": "a string of up to 255 characters, or nil",

@@ -182,3 +182,20 @@ def test_a_hybrid_servers_page_states_its_effective_block_and_a_plain_ones_does_
     Server.objects.filter(pk=server.pk).update(block_size=16, stated_hit_block=3584)
     page = signed_in.get(f"/servers/{server.pk}/").content.decode()
     assert "Effective block 3,584 tokens: prompts below 3,585 tokens never hit." in page
+
+
+def test_hits_by_storage_tier_come_from_the_offloading_counters(signed_in: Client) -> None:
+    server = Server.objects.create(name="offloading", base_url="http://127.0.0.1:1")
+    now = timezone.now()
+    pull = 'vllm:kv_offload_tiering_chunk_{}_total{{engine="0",tier="0:primary"}} {}\n'
+    for minutes, (queries, hits) in enumerate([(10, 5), (50, 25)]):
+        text = pull.format("queries", queries) + pull.format("hits", hits)
+        record_scrape(server=server, scraped_at=now - timedelta(minutes=10 - minutes),
+                      samples=parse_metrics(text), duration_seconds=0.1)  # fmt: skip
+    html = signed_in.get(f"/servers/{server.pk}/").content.decode()
+    row = html[html.index('id="tier-hits"') :]
+    row = row[row.index("<tbody>") :]
+    row = row[: row.index("</tr>")]
+    assert "cpu" in row and "20 blocks" in row and ">40<" in row and "50 %" in row
+    other = Server.objects.create(name="plain", base_url="http://127.0.0.1:2")
+    assert "No lower tier reported" in signed_in.get(f"/servers/{other.pk}/").content.decode()

@@ -327,3 +327,71 @@ def test_with_eagle_the_dropped_last_block_is_below_block() -> None:
     found = diagnosed(history, replace(request(tokens, cached=160), drops_last_block=True))
     assert found.cause is None
     assert found.losses == (Loss(Cause.BELOW_BLOCK, 160, 32),)
+
+
+# -- tiers and KV-cache groups -------------------------------------------------------------------
+
+
+def tier_event(history: FleetHistory, kind: EventKind, hashes: list[int], seconds: float, *,
+               medium: str = "GPU", group: int | None = 0) -> None:  # fmt: skip
+    history.apply_blocks(1, 0, 0, at(seconds), kind, hashes, medium=medium, group=group)
+
+
+def test_blocks_removed_from_gpu_that_the_cpu_tier_still_holds_are_demoted_not_evicted() -> None:
+    history = FleetHistory()
+    tokens = prompt()
+    hashes = chain(tokens)
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.STORED, hashes[4:8], 11, medium="CPU")  # the offloading connector's copy
+    tier_event(history, EventKind.REMOVED, hashes[4:], 50)
+    found = diagnosed(history, request(tokens, cached=4 * SIZE))
+    assert found.losses[0] == Loss(Cause.DEMOTED, 64, 4 * SIZE, server=1, stored_at=at(10), removed_at=at(50))
+    assert found.losses[1] == Loss(
+        Cause.EVICTED, 128, 4 * SIZE, server=1, stored_at=at(10), removed_at=at(50)
+    )
+    assert found.cause == Cause.DEMOTED  # the earlier of equal losses
+
+
+def test_a_block_the_lower_tier_dropped_too_is_evicted() -> None:
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.STORED, hashes, 11, medium="CPU")
+    tier_event(history, EventKind.REMOVED, hashes, 50)
+    tier_event(history, EventKind.REMOVED, hashes, 60, medium="CPU")
+    assert diagnosed(history, request(tokens)).cause == Cause.EVICTED
+
+
+def test_a_cpu_copy_is_never_taken_for_gpu_residency() -> None:
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 11, medium="CPU")  # only the CPU tier holds them
+    found = diagnosed(history, request(tokens))
+    assert found.funnel.resident_here == 0 and found.cause == Cause.DEMOTED
+    tier_event(history, EventKind.CLEARED, [], 20, medium="CPU")  # the CPU tier reset; GPU untouched
+    assert diagnosed(history, request(tokens, seconds=30)).cause != Cause.DEMOTED
+
+
+def test_blocks_reloaded_from_the_cpu_tier_count_as_reused() -> None:
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.STORED, hashes, 11, medium="CPU")
+    tier_event(history, EventKind.REMOVED, hashes, 50)
+    found = diagnosed(history, request(tokens, cached=12 * SIZE))  # vLLM's cached tokens include loads
+    assert found.cause is None and not found.unexpected_hit
+
+
+def test_another_kv_cache_groups_events_never_move_the_attention_groups_residency() -> None:
+    """Hybrid models send one event per group with the same hashes: a sliding-window group's
+    removal is not the attention blocks' (AIBrix #2285's false matches, the other way round)."""
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10, group=0)
+    tier_event(history, EventKind.STORED, hashes, 10, group=1)
+    tier_event(history, EventKind.REMOVED, hashes, 50, group=1)  # the window moved on
+    tier_event(history, EventKind.STORED, chain(prompt(seed=9, changed_at=0)), 60, group=1)
+    found = diagnosed(history, request(tokens, cached=0))
+    assert found.funnel.resident_here == 12 * SIZE and found.cause == Cause.UNEXPLAINED
+    other = prompt(seed=9, changed_at=0)
+    assert diagnosed(history, request(other, seconds=101)).funnel.resident_here == 0  # group 1's only

@@ -112,6 +112,22 @@ def test_clearing_empties_the_block_index_of_that_rank_only(server: Server) -> N
 NOT_MSGPACK = RejectReason.KV_NOT_MSGPACK
 
 
+def test_a_lower_tier_or_another_groups_copy_never_moves_the_gpu_block_index(server: Server) -> None:
+    now = timezone.now()
+    stored = KVEventRow(server.pk, 0, 0, 1, 0, 0, now, now, 1, 77, None, 32, "GPU", "", 0)
+    cpu_copy = stored._replace(seq=2, medium="CPU", token_count=0)  # the offloading connector's copy
+    other_group = stored._replace(seq=2, event_index=1, group_idx=1, block_hash=78)
+    store_kv_events(rows=[stored, cpu_copy, other_group], positions=[])
+    assert list(ResidentBlock.objects.values_list("block_hash", flat=True)) == [77]
+    removed_there = [
+        cpu_copy._replace(seq=3, kind=2),
+        stored._replace(seq=3, event_index=1, kind=2, group_idx=1),
+    ]
+    cleared_there = stored._replace(seq=4, kind=3, block_hash=None, medium="CPU", group_idx=None)
+    store_kv_events(rows=[*removed_there, cleared_there], positions=[])
+    assert list(ResidentBlock.objects.values_list("block_hash", flat=True)) == [77]
+
+
 def test_gaps_and_rejections_are_recorded_once_and_counted(server: Server) -> None:
     now = datetime(2026, 11, 29, 12, tzinfo=UTC)
     gap = GapRecord(server.pk, 0, 0, first_seq=5, last_seq=9, recovered=3, lost=2, detected_at=now)

@@ -114,7 +114,10 @@ def run_scenario(
     shape = loaded.servers
     configs = [
         local_config(
-            name=f"sim-{i}", block_size=shape.block_size, num_blocks=shape.num_blocks, model=loaded.model
+            name=f"sim-{i}",
+            block_size=shape.block_size,
+            num_blocks=shape.num_blocks,
+            model=loaded.model,
         )
         for i in range(shape.count)
     ]

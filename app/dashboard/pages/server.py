@@ -24,6 +24,7 @@ from app.fleet.models import Server
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery, is_key
 from app.traffic.residency import Spread, block_residency, resident_shares
+from app.traffic.tier_hits import tier_hits
 
 
 @login_required
@@ -42,6 +43,7 @@ def server_detail(request: HtmxHttpRequest, server: str) -> HttpResponse:
     context = {"server": found, "window": window, "windows": [*WINDOWS, "custom"], "charts": charts,
                "residency": _residency_rows(found, window), "resident": resident_shares([found])[found.pk],
                "lost": _lost(found, window, viewer),
+               "tiers": tier_hits(server_id=found.pk, since=window.since, until=window.until),
                "funnel": server_funnel(server_id=found.pk, since=window.since, until=window.until,
                                        viewer=viewer),
                "collection": server_collection(found, with_samples=request.user.is_staff),

@@ -13,6 +13,7 @@ from psycopg.errors import UniqueViolation
 
 from app.domain.blockhash import wire_to_signed
 from app.domain.residency import Change, NetResidency, net_residency_of_columns, net_residency_of_epoch
+from app.domain.tiers import is_residency
 from app.traffic.models import KVEvent
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ def _apply_residency(
         stream = streams.get((server_id, dp_rank), [])
         if stream and stream[0].epoch != epoch:  # restarted within these rows: the old process is gone
             stream = [row for row in stream if row.epoch == epoch]
+        stream = _gpu_attention_rows(stream)
         net = net_residency_of_columns(
             list(map(_KIND_CHANGES.__getitem__, map(itemgetter(8), stream))),
             list(map(itemgetter(9), stream)),
@@ -228,6 +230,19 @@ def _apply_residency(
             cursor, server_id, dp_rank, net, stored_at=stored_at
         )
     return changed
+
+
+def _gpu_attention_rows(stream: list[KVEventRow]) -> list[KVEventRow]:
+    """The rows that move the block index: the GPU tier of the attention group. A lower tier's copy
+    (medium CPU, ...) or another KV-cache group's block of the same hash is not a resident prefix
+    block, and its removal does not take one away (app/domain/tiers.py)."""
+    kinds = set(map(_TIER_OF, stream))  # almost always one: checked at C speed, filtered if not
+    if all(is_residency(medium, group) for medium, group in kinds):
+        return stream
+    return [row for row in stream if is_residency(row.medium, row.group_idx)]
+
+
+_TIER_OF = itemgetter(KVEventRow._fields.index("medium"), KVEventRow._fields.index("group_idx"))
 
 
 def _committed_epochs(cursor: Any, server_ids: set[int]) -> dict[tuple[int, int], int]:

@@ -330,8 +330,8 @@ PARENT = "parent_block_hash: expected a uint64, digest bytes or nil"
         (stored(block_hashes=7), f"BlockStored.{HASHES}"),
         (stored(parent_block_hash="p"), f"BlockStored.{PARENT}"),
         (stored(token_ids=[1, "a"]), "BlockStored.token_ids: expected a list of int"),
-        (stored(block_size=0), "BlockStored.block_size: expected a positive int up to 32767"),
-        (stored(block_size=2**15), "BlockStored.block_size: expected a positive int up to 32767"),
+        (stored(block_size=-1), "BlockStored.block_size: expected an int from 0 to 32767"),
+        (stored(block_size=2**15), "BlockStored.block_size: expected an int from 0 to 32767"),
         (stored(medium=3), "BlockStored.medium: expected a string of up to 20 characters, or nil"),
         (stored(medium="G" * 21), "BlockStored.medium: expected a string of up to 20 characters, or nil"),
         (
@@ -427,3 +427,22 @@ def test_malformed_replay_reply_raises(frames: list[bytes], reason_start: str) -
 
 def test_batch_with_no_events_is_empty_not_an_error() -> None:
     assert decode_batch(payload()) == EventBatch(ts=1795988020.5, dp_rank=0, events=(), rejected=())
+
+
+def test_the_offloading_connectors_cpu_events_decode_with_their_medium_and_group() -> None:
+    """vLLM's OffloadingConnector publishes a placeholder BlockStored per CPU copy: one hash, no
+    parent, no tokens, block_size 0, medium "CPU" (vllm/distributed/kv_transfer/kv_connector/v1/
+    offloading/events.py, vLLM 0.32), plus fields Prefixscope does not keep (locality, ownership)."""
+    placeholder = stored(token_ids=[], block_size=0, medium="CPU", group_idx=1, locality=None, ownership=None)
+    without_size = {k: v for k, v in stored(medium="CPU").items() if k != "block_size"}
+    cpu_removed = {**removed(2**64 - 1), "medium": "CPU", "group_idx": 1, "locality": None}
+    batch = decode_batch(payload(placeholder, without_size, cpu_removed))
+    assert not batch.rejected
+    first, second, third = batch.events
+    assert isinstance(first, BlockStored) and (first.medium, first.group_idx, first.block_size) == (
+        "CPU",
+        1,
+        0,
+    )
+    assert isinstance(second, BlockStored) and second.block_size == 0
+    assert isinstance(third, BlockRemoved) and (third.medium, third.group_idx) == ("CPU", 1)

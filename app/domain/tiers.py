@@ -1,0 +1,73 @@
+"""Where a server's cached blocks live besides GPU memory: its lower tiers (CPU, disk, LMCache ...).
+
+vLLM's prefix cache is the GPU tier; its offloading connector publishes the blocks it copies to a
+lower tier on the same KV-event stream with another `medium` ("CPU", "STORAGE"), and LMCache or
+SGLang's hierarchical cache do the same with their own names. A block removed from GPU memory that a
+lower tier still holds is demoted (reloadable), not gone. Each (data-parallel rank, medium) is a
+space of its own: one tier's removal never touches another's copy of the same hash.
+
+Pure: fed in time order by app/domain/misscauses.py FleetHistory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ATTENTION_GROUP = 0
+"""The KV-cache group whose GPU blocks a request's prefix is reused from (None on the wire: the
+only one). Hybrid models send one event per group with the same hashes; a sliding-window or Mamba
+group's removals say nothing of the attention blocks, so other groups' events are kept apart."""
+
+GPU = "GPU"
+"""The medium of the engine's own prefix cache; KV events without one are the GPU's too."""
+
+
+def is_gpu(medium: str | None) -> bool:
+    """Whether blocks of this KV-event medium are the engine's own prefix cache (GPU memory, or
+    the device's on a CPU build): vLLM sends "GPU" there, older versions and simulators nothing."""
+    return not medium or medium.upper() == GPU
+
+
+def is_residency(medium: str | None, group: int | None) -> bool:
+    """Whether a KV event of this medium and group moves the blocks a request's prefix is reused
+    from: the GPU tier of the attention group."""
+    return is_gpu(medium) and (group is None or group == ATTENTION_GROUP)
+
+
+class LowerTiers:
+    """The blocks each server's lower tiers hold, per (rank, medium). Set operations per event."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held: dict[int, dict[tuple[int, str], set[int]]] = {}  # server -> (rank, medium) -> blocks
+
+    def _space(self, server: int, rank: int, medium: str) -> set[int]:
+        return self._held.setdefault(server, {}).setdefault((rank, medium), set())
+
+    def store(self, server: int, rank: int, medium: str, blocks: Iterable[int]) -> None:
+        self._space(server, rank, medium).update(blocks)
+
+    def remove(self, server: int, rank: int, medium: str, blocks: Iterable[int]) -> None:
+        self._space(server, rank, medium).difference_update(blocks)
+
+    def clear(self, server: int, rank: int, medium: str) -> None:
+        self._space(server, rank, medium).clear()
+
+    def restart(self, server: int, rank: int) -> None:
+        """A new process of the rank: what its tiers held in memory went with the old one."""
+        for (held_rank, _), blocks in self._held.get(server, {}).items():
+            if held_rank == rank:
+                blocks.clear()
+
+    def holder(self, server: int, block: int) -> str | None:
+        """The medium of a lower tier of the server that holds the block (the first one named, in
+        the order seen), None when none does."""
+        for (_, medium), blocks in self._held.get(server, {}).items():
+            if block in blocks:
+                return medium
+        return None
+
+    def blocks(self, server: int) -> int:
+        """How many blocks the server's lower tiers hold (a block held by two counts twice)."""
+        return sum(len(blocks) for blocks in self._held.get(server, {}).values())
