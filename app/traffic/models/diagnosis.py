@@ -64,6 +64,9 @@ class RequestDiagnosis(PostgresPartitionedModel):
         NO_BLOCK_SIZE = _Unknown.NO_BLOCK_SIZE.value, UNKNOWN_LABELS[_Unknown.NO_BLOCK_SIZE]
         # Not the domain's: the record is not one a diagnosis reads (app/diagnosis/run.py).
         SPAN_ONLY = "span_only", "Seen in vLLM's span alone: not counted as a request"
+        # Answered by a gateway's response (semantic) cache: the model never saw it, so no prefix
+        # was reused or missed; counted apart, never as reuse (collectors.usage.parse.gateway_cache_hit).
+        GATEWAY_CACHE = "gateway_cache", "Answered by a gateway's semantic cache: no prefix reuse"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)
