@@ -96,6 +96,6 @@ def test_each_injected_hosted_cause_is_found(client: Client) -> None:
         (injected[d.request_id.removeprefix("chatcmpl-")], found_cause(d))
         for d in RequestDiagnosis.objects.all()
     )
-    print("\n" + confusion(rows))
+    print("\n" + confusion(rows))  # noqa: T201
     assert sum(rows.values()) == len(requests)
     assert {pair: n for pair, n in rows.items() if pair[0] != pair[1]} == {}
