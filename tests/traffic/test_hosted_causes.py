@@ -9,15 +9,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db.models import Sum
 from django.test import Client, override_settings
 from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.services import create_ingest_token
 from app.diagnosis.run import diagnose_requests, forget_kept_replay
-from app.traffic.models import RequestDiagnosis, RequestRecord
+from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
 from simulator.hosted import HIT, HostedRequest, hosted_traffic
 
 pytestmark = pytest.mark.django_db
@@ -99,3 +101,20 @@ def test_each_injected_hosted_cause_is_found(client: Client) -> None:
     print("\n" + confusion(rows))  # noqa: T201
     assert sum(rows.values()) == len(requests)
     assert {pair: n for pair, n in rows.items() if pair[0] != pair[1]} == {}
+
+
+def test_semantic_cache_answers_are_counted_apart_never_as_reuse(client: Client) -> None:
+    now = timezone.now()
+    requests = hosted_traffic(start=now - timedelta(hours=1), sessions=1)
+    send(client, create_ingest_token(name="hosted-apps"), requests)
+    forget_kept_replay()
+    with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=180):
+        diagnose_requests(now=now)
+    answered = sum(request.injected == "gateway_cache" for request in requests)
+    assert LossMinute.objects.aggregate(n=Sum("gateway_cache_hits"))["n"] == answered
+    gateway = RequestDiagnosis.objects.filter(unknown="gateway_cache")
+    assert gateway.count() == answered and not gateway.filter(reused_tokens__gt=0).exists()
+    families = text_string_to_metric_families(client.get("/metrics").content.decode())
+    served = {s.labels["server"]: s.value for f in families for s in f.samples
+              if s.name == "prefixscope_server_gateway_cache_answers_total"}  # fmt: skip
+    assert served.get("openai-api") == answered
