@@ -25,6 +25,12 @@ TEMPLATE_MAX = 200
 TEMPLATE_VERSION_MAX = 40
 SERVER_MAX = 500  # a registered server's name, or its base URL
 SALT_MAX = 1024  # vLLM's own bound on cache_salt
+PROMPT_BLOCKS_MAX = 4096  # content blocks of one hosted request's prompt (Anthropic allows 4 markers)
+DIGEST_MAX = 128  # one content block's digest, as the client wrote it (hex sha-512 at most)
+
+# Hosted APIs whose usage Prefixscope diagnoses by their documented rules (app/domain/hosted.py).
+# "" is a self-hosted engine (vLLM), whose KV events and block hashes tell more.
+HOSTED_PROVIDERS = ("openai", "anthropic", "bedrock", "gemini")
 
 
 class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +61,17 @@ class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int | None = None
     cache_salt: str | None = None  # hashed by the ingest; the salt itself is never stored
     prompt_token_ids: Sequence[int] | None = None
+    # Hosted APIs (a provider of HOSTED_PROVIDERS): what their caches are told and answer.
+    provider: str = ""
+    cache_write_tokens: int | None = None  # written to the provider's cache; None: not reported
+    prompt_cache_key: str | None = None  # OpenAI's prompt_cache_key; hashed by the ingest, never stored
+    # The prompt's content blocks (tools, system, messages' parts) in order, each as a digest the
+    # client computed (never the text), and which of them carry a cache marker (cache_control,
+    # cachePoint): the prefix a hosted cache keys on, and where its lookback starts.
+    prompt_blocks: Sequence[str] | None = None
+    cache_breakpoints: Sequence[int] | None = None
+    # Answered by a gateway's response cache (semantic or exact): the model never saw it.
+    gateway_cache_hit: bool | None = None
 
 
 # vLLM 0.32 (vllm/entrypoints/openai/*/serving.py) names a request after the client's X-Request-Id
@@ -95,6 +112,7 @@ _TEXT_LIMITS = (
     ("request_id", REQUEST_ID_MAX), ("server", SERVER_MAX), ("trace_id", TRACE_ID_MAX),
     ("model", MODEL_MAX), ("tenant", TENANT_MAX), ("template", TEMPLATE_MAX),
     ("template_version", TEMPLATE_VERSION_MAX), ("cache_salt", SALT_MAX),
+    ("prompt_cache_key", SALT_MAX),
 )  # fmt: skip
 
 
@@ -114,6 +132,25 @@ def problem(facts: RequestFacts) -> Rejection | None:
     prompt, cached = facts.prompt_tokens, facts.cached_tokens
     if prompt is not None and cached is not None and cached > prompt:
         return Rejection(RejectReason.CACHED_OVER_PROMPT, "cached_tokens: more than prompt_tokens")
+    return _hosted_problem(facts)
+
+
+def _hosted_problem(facts: RequestFacts) -> Rejection | None:
+    if facts.provider and facts.provider not in HOSTED_PROVIDERS:
+        return Rejection(RejectReason.FIELD_INVALID, f"provider: not one of {', '.join(HOSTED_PROVIDERS)}")
+    prompt, cached, written = facts.prompt_tokens, facts.cached_tokens, facts.cache_write_tokens
+    if prompt is not None and written is not None and (cached or 0) + written > prompt:
+        return Rejection(
+            RejectReason.CACHED_OVER_PROMPT, "cache_write_tokens: with cached_tokens, more than prompt_tokens"
+        )
+    blocks = facts.prompt_blocks or ()
+    if len(blocks) > PROMPT_BLOCKS_MAX:
+        return Rejection(RejectReason.FIELD_INVALID, f"prompt_blocks: more than {PROMPT_BLOCKS_MAX}")
+    if any(not digest or len(digest) > DIGEST_MAX or not digest.isascii() for digest in blocks):
+        detail = f"prompt_blocks: a digest is empty, not ASCII or longer than {DIGEST_MAX} characters"
+        return Rejection(RejectReason.FIELD_INVALID, detail)
+    if any(not 0 <= index < len(blocks) for index in facts.cache_breakpoints or ()):
+        return Rejection(RejectReason.FIELD_INVALID, "cache_breakpoints: an index outside prompt_blocks")
     return None
 
 

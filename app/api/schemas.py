@@ -89,6 +89,35 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
     prompt_token_ids: (
         Annotated[list[TokenId], Meta(description="Kept under the token retention setting")] | None
     ) = None
+    # Hosted APIs (app/domain/hosted.py): the provider's documented cache rules apply to them.
+    provider: Annotated[
+        str, Meta(max_length=20, description=f"Hosted API: one of {', '.join(records.HOSTED_PROVIDERS)}")
+    ] = ""
+    cache_write_tokens: Count = None
+    prompt_cache_key: (
+        Annotated[str, Meta(max_length=records.SALT_MAX, description="Hashed on arrival, never stored")]
+        | None
+    ) = None
+    prompt_blocks: (
+        Annotated[
+            list[str],
+            Meta(description="A digest of each content block of the prompt, in order (never its text)"),
+        ]
+        | None
+    ) = None
+    cache_breakpoints: (
+        Annotated[list[int], Meta(description="Indexes in prompt_blocks of the blocks with a cache marker")]
+        | None
+    ) = None
+    semantic_cache_hit: (
+        Annotated[bool, Meta(description="Answered by a gateway's response cache: never prefix reuse")] | None
+    ) = None
+    response_headers: (
+        Annotated[
+            dict[str, str], Meta(description="The answer's headers; only cache-status headers are read")
+        ]
+        | None
+    ) = None
 
 
 def request_record_json_schema() -> dict[str, Any]:

@@ -27,7 +27,7 @@ import zlib
 from collections import Counter
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from app.diagnosis.counters import unwired_counters
+from app.domain.hosted import HostedHistory, HostedPrompt
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
 from app.domain.tiers import ATTENTION_GROUP
@@ -53,7 +54,9 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        r.prompt_tokens, r.cached_tokens, r.salt_hash,
        array_send(r.block_hashes), array_send(r.neutral_hashes), array_send(r.token_ids),
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
-       (d.request_id IS NOT NULL) AS diagnosed, {span_only}
+       (d.request_id IS NOT NULL) AS diagnosed, {span_only},
+       r.provider, r.model, r.cache_write_tokens, r.cache_key_hash, r.cache_breakpoints,
+       COALESCE(r.gateway_cache_hit, false)
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
@@ -88,6 +91,8 @@ class _Record:
     prompt: RequestPrompt
     diagnosed: bool
     span_only: bool  # seen in vLLM's span alone: stored as such, out of the loss sums (span_only_sql)
+    hosted: HostedPrompt | None = None  # a hosted API's: diagnosed by its provider's rules
+    gateway_cache: bool = False  # answered by a gateway's response cache: no prefix reused or missed
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ class _Replay:
     through: datetime
     servers: frozenset[int]  # the fleet it was built for: a server added, merged or removed rebuilds it
     turned_at: datetime  # when its history last began a generation
+    hosted: HostedHistory = field(default_factory=HostedHistory)  # the hosted APIs' records
 
     def turn_when_due(self, *, lookback: timedelta) -> None:
         """A generation every half lookback (so a block is seen before for one to two halves of
@@ -105,6 +111,7 @@ class _Replay:
         full = self.history.generation_blocks > settings.PREFIXSCOPE_DIAGNOSIS_MEMORY_BLOCKS
         if full or self.through - self.turned_at >= lookback / 2:
             self.history.turn()
+            self.hosted.turn()
             self.turned_at = self.through
 
 
@@ -241,7 +248,15 @@ def _advance(
         while pending is not None and pending[0] <= record.prompt.arrived_at:
             _apply(history, pending)
             pending = next(events, None)
-        if record.diagnosed:
+        if record.gateway_cache:
+            if not record.diagnosed:  # the model never saw it: nothing to remember or diagnose
+                found.append((record, Unknown.NO_PROMPT))
+        elif record.hosted is not None:
+            if record.diagnosed:
+                replay.hosted.remember(record.hosted)
+            else:
+                found.append((record, replay.hosted.diagnose(record.hosted)))
+        elif record.diagnosed:
             history.remember(record.prompt)
         else:
             found.append((record, history.diagnose(record.prompt)))
@@ -307,7 +322,7 @@ def _records(
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
-     diagnosed, span_only) = row  # fmt: skip
+     diagnosed, span_only, provider, model, written, cache_key, breakpoints, gateway_cache) = row  # fmt: skip
     hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
@@ -322,7 +337,14 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         effective_block=hit.effective if hit else None, drops_last_block=bool(hit and hit.drops_last),
     )  # fmt: skip
     key = (server_id, request_id, arrived_at)
-    return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)
+    hosted = None
+    if provider:
+        hosted = HostedPrompt(
+            provider=provider, model=model, arrived_at=arrived_at, prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens, cache_write_tokens=written, chain=prompt.block_hashes,
+            breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
+        )  # fmt: skip
+    return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only, hosted, gateway_cache)
 
 
 def _hashes(sent: bytes | None) -> list[int]:
@@ -344,6 +366,9 @@ def _stored(
     }  # fmt: skip
     if record.span_only:
         row["unknown"] = RequestDiagnosis.Unknown.SPAN_ONLY.value
+        return row
+    if record.gateway_cache:
+        row["unknown"] = RequestDiagnosis.Unknown.GATEWAY_CACHE.value
         return row
     if isinstance(found, Unknown):
         row["unknown"] = found.value

@@ -128,13 +128,15 @@ _SUMMED = (*FUNNEL_COLUMNS, *LOST_COLUMNS.values())
 # As _REFRESH_SQL: whole minutes recomputed from the diagnoses, so a rerun converges. Records only
 # vLLM's spans saw are no requests: out of the sums (the tenant audit's among them).
 _SPAN_ONLY = RequestDiagnosis.Unknown.SPAN_ONLY.value
+_GATEWAY_CACHE = RequestDiagnosis.Unknown.GATEWAY_CACHE.value
 _LOSS_SQL = f"""
 INSERT INTO traffic_lossminute AS m (
     server_id, template_id, template_version_id, tenant, minute, requests, diagnosed, unexpected_hits,
-    diagnosed_prompt_tokens, {", ".join(_SUMMED)}
+    gateway_cache_hits, diagnosed_prompt_tokens, {", ".join(_SUMMED)}
 )
 SELECT d.server_id, d.template_id, d.template_version_id, d.tenant, date_trunc('minute', d.arrived_at),
        count(*), count(*) FILTER (WHERE d.unknown = ''), count(*) FILTER (WHERE d.unexpected_hit),
+       count(*) FILTER (WHERE d.unknown = '{_GATEWAY_CACHE}'),
        COALESCE(sum(d.prompt_tokens) FILTER (WHERE d.unknown = ''), 0),
        {", ".join(f"sum(d.{column})" for column in _SUMMED)}
 FROM traffic_requestdiagnosis d
@@ -142,6 +144,7 @@ WHERE d.arrived_at >= %(since)s AND d.arrived_at < %(until)s AND d.unknown <> '{
 GROUP BY 1, 2, 3, 4, 5
 ON CONFLICT ON CONSTRAINT loss_minute_identity DO UPDATE SET
     requests = EXCLUDED.requests, diagnosed = EXCLUDED.diagnosed, unexpected_hits = EXCLUDED.unexpected_hits,
+    gateway_cache_hits = EXCLUDED.gateway_cache_hits,
     diagnosed_prompt_tokens = EXCLUDED.diagnosed_prompt_tokens,
     {", ".join(f"{column} = EXCLUDED.{column}" for column in _SUMMED)}
 """

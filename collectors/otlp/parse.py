@@ -38,9 +38,21 @@ REQUEST_ATTRIBUTES = (
     "gen_ai.request.model", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
     "gen_ai.latency.time_in_model_prefill", "gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens",
     "gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens",
-    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.provider.name", "gen_ai.system", "server.address",
     "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
+    "prefixscope.prompt_cache_key", "prefixscope.prompt_blocks", "prefixscope.cache_breakpoints",
+    "prefixscope.semantic_cache_hit",
 )  # fmt: skip
+# GenAI `gen_ai.provider.name` (formerly `gen_ai.system`) values of hosted APIs. "openai" is also
+# what OpenAI's client instrumentation says of any server it calls (vLLM included): it is hosted only
+# when the span's `server.address` is OpenAI's own (or Azure's).
+_HOSTED_NAMES = {
+    "anthropic": "anthropic", "aws.bedrock": "bedrock", "gcp.gemini": "gemini",
+    "gcp.vertex_ai": "gemini", "gcp.gen_ai": "gemini", "azure.ai.openai": "openai",
+}  # fmt: skip
+_OPENAI_HOSTS = ("api.openai.com",)
+_AZURE_OPENAI_SUFFIX = ".openai.azure.com"
 
 
 class OTLPDecodeError(ValueError):
@@ -111,8 +123,51 @@ def span_request(span: Span) -> RequestFacts | None:
         queue_seconds=_seconds(a, "gen_ai.latency.time_in_queue"),
         prefill_seconds=_seconds(a, "gen_ai.latency.time_in_model_prefill"),
         prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-        completion_tokens=usage.completion_tokens,
+        completion_tokens=usage.completion_tokens, cache_write_tokens=usage.cache_write_tokens,
+        provider=span_provider(a), prompt_cache_key=_text(a, "prefixscope.prompt_cache_key") or None,
+        prompt_blocks=_strings(a, "prefixscope.prompt_blocks"),
+        cache_breakpoints=_integers(a, "prefixscope.cache_breakpoints"),
+        gateway_cache_hit=_flag(a, "prefixscope.semantic_cache_hit"),
     )  # fmt: skip
+
+
+def span_provider(attributes: Mapping[str, Any]) -> str:
+    """The hosted API a GenAI span called (collectors.records.HOSTED_PROVIDERS), "" for none or a
+    self-hosted server."""
+    name = _text(attributes, "gen_ai.provider.name") or _text(attributes, "gen_ai.system")
+    if name in _HOSTED_NAMES:
+        return _HOSTED_NAMES[name]
+    host = _text(attributes, "server.address").lower()
+    if name == "openai" and (host in _OPENAI_HOSTS or host.endswith(_AZURE_OPENAI_SUFFIX)):
+        return "openai"
+    return ""
+
+
+def _strings(attributes: Mapping[str, Any], key: str) -> list[str] | None:
+    value = attributes.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise UsageError(f"{key}: expected an array of strings")
+    return value
+
+
+def _integers(attributes: Mapping[str, Any], key: str) -> list[int] | None:
+    value = attributes.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(item) is int for item in value):
+        raise UsageError(f"{key}: expected an array of integers")
+    return value
+
+
+def _flag(attributes: Mapping[str, Any], key: str) -> bool | None:
+    value = attributes.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise UsageError(f"{key}: expected a boolean")
+    return value
 
 
 def _attributes(attributes: Mapping[str, AnyValue], keys: Collection[str] | None) -> dict[str, Any]:

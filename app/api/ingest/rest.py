@@ -34,7 +34,7 @@ from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
 from collectors.errors import RejectReason
 from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
-from collectors.usage.parse import UsageError, usage_from
+from collectors.usage.parse import UsageError, gateway_cache_hit, usage_from
 
 router = Router(tags=["ingest"])
 
@@ -302,11 +302,17 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFact
     `token_ids`: its prompt token ids, a list or numpy int64 (what the ingest converts a list to
     anyway, app.domain.blockhash.int64_ids)."""
     prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
+    written, provider = record.cache_write_tokens, record.provider
     if record.usage:
         usage = usage_from(record.usage)
         prompt = prompt if prompt is not None else usage.prompt_tokens
         cached = cached if cached is not None else usage.cached_tokens
         completion = completion if completion is not None else usage.completion_tokens
+        written = written if written is not None else usage.cache_write_tokens
+        provider = provider or usage.provider
+    gateway_hit = record.semantic_cache_hit
+    if gateway_hit is None and record.response_headers:
+        gateway_hit = gateway_cache_hit(record.response_headers)
     client_ttft = (
         record.client_ttft_seconds if record.client_ttft_seconds is not None else record.ttft_seconds
     )
@@ -328,4 +334,10 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFact
         completion_tokens=completion,
         cache_salt=record.cache_salt,
         prompt_token_ids=token_ids,  # type: ignore[arg-type]  # RequestFacts from REST are never encoded
+        provider=provider,
+        cache_write_tokens=written,
+        prompt_cache_key=record.prompt_cache_key,
+        prompt_blocks=record.prompt_blocks,
+        cache_breakpoints=record.cache_breakpoints,
+        gateway_cache_hit=gateway_hit,
     )

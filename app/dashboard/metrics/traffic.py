@@ -30,9 +30,13 @@ DIMENSIONS: dict[str, tuple[str, ...]] = {
     "server": ("server", "model"),
     "tenant": ("tenant",),
 }
-_SUMMED = ["requests", "diagnosed_prompt_tokens", "seen_before_tokens", "reused_tokens"] + [
-    f"{cause}_tokens" for cause in CAUSES
-]
+_SUMMED = [
+    "requests",
+    "gateway_cache_hits",
+    "diagnosed_prompt_tokens",
+    "seen_before_tokens",
+    "reused_tokens",
+] + [f"{cause}_tokens" for cause in CAUSES]
 assert all(hasattr(LossTotals, column) for column in _SUMMED)
 
 _LOSS_SQL = f"""
@@ -202,7 +206,14 @@ def _dimension_families(
         "shared_prefix_tokens": (
             "seen_before_tokens", "Leading prompt tokens seen before under the same salt (reusable).",
         ),
-        "reused_tokens": ("reused_tokens", "Prompt tokens the engine delivered from its prefix cache."),
+        "reused_tokens": (
+            "reused_tokens",
+            "Prompt tokens the engine delivered from its prefix cache (a hosted API: its cache read "
+            "tokens). Hit rate = reused / prompt tokens; for a hosted API: cache read / input tokens.",
+        ),
+        "gateway_cache_answers": (
+            "gateway_cache_hits", "Requests a gateway answered from its semantic cache: never prefix reuse.",
+        ),
     }  # fmt: skip
     for suffix, (column, help_text) in plain.items():
         family = CounterMetricFamily(f"{prefix}_{suffix}", help_text, labels=names)

@@ -67,6 +67,9 @@ class RequestDiagnosis(PostgresPartitionedModel):
         # Its server reported no hit while repeats got much faster (app/domain/hitcounter.py): its
         # cached tokens say nothing, so its tokens are not called lost.
         COUNTER_NOT_WIRED = "counter_not_wired", "Hit counter not wired: repeats got faster, no hit reported"
+        # Answered by a gateway's response (semantic) cache: the model never saw it, so no prefix
+        # was reused or missed; counted apart, never as reuse (collectors.usage.parse.gateway_cache_hit).
+        GATEWAY_CACHE = "gateway_cache", "Answered by a gateway's semantic cache: no prefix reuse"
 
     pk = models.CompositePrimaryKey("server", "request_id", "arrived_at")
     server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -15,6 +15,9 @@ class LossTotals(models.Model):
     requests = models.PositiveIntegerField()
     diagnosed = models.PositiveIntegerField(help_text="Requests with a diagnosis (the rest: unknown)")
     unexpected_hits = models.PositiveIntegerField(default=0)
+    # Answered by a gateway's response (semantic) cache: the model never saw them. Counted apart,
+    # never as reuse, and in neither `diagnosed` nor the hit rates.
+    gateway_cache_hits = models.PositiveIntegerField(default=0, db_default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     # Of the diagnosed requests alone: their hit rate is reused_tokens / diagnosed_prompt_tokens (a
     # request without a diagnosis, its cached tokens unknown, reused nothing that is known).

@@ -188,6 +188,24 @@ class RequestRecord(PostgresPartitionedModel):
     )
     # Prompt text in token form: null once PREFIXSCOPE_TOKEN_RETENTION_DAYS has passed or in hash-only mode.
     token_ids = ArrayField(models.IntegerField(), null=True, blank=True)
+    # Hosted APIs (app/domain/hosted.py). Their records have no token ids: `block_hashes` then holds
+    # the chain of the prompt's content-block digests (app.domain.hosted.content_chain), one entry a
+    # block. Database defaults: a writer of the version before names none of these columns.
+    provider = models.CharField(
+        max_length=20, blank=True, db_default="", default="", help_text="Hosted API; blank: self-hosted"
+    )
+    cache_write_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Written to a hosted provider's cache (Anthropic, Bedrock)"
+    )
+    cache_key_hash = models.CharField(
+        max_length=64, blank=True, db_default="", default="", help_text="sha256 of prompt_cache_key, hex"
+    )
+    cache_breakpoints = ArrayField(
+        models.IntegerField(), null=True, blank=True, help_text="Content blocks with a cache marker"
+    )
+    gateway_cache_hit = models.BooleanField(
+        null=True, blank=True, help_text="Answered by a gateway's response (semantic) cache"
+    )
 
     class PartitioningMeta:
         method = PostgresPartitioningMethod.RANGE

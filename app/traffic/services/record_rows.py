@@ -46,6 +46,11 @@ class RecordRow(NamedTuple):
     neutral_hashes: list[int]  # the chain without the salt; [] when unsalted (the same chain)
     token_ids: TokenIds | None  # numpy int64 from the ingest (its token id lists converted once)
     family_id: int | None = None  # the prefix family of a record without template metadata
+    provider: str = ""  # a hosted API (collectors.records.HOSTED_PROVIDERS); "" self-hosted
+    cache_write_tokens: int | None = None
+    cache_key_hash: str = ""
+    cache_breakpoints: list[int] | None = None
+    gateway_cache_hit: bool | None = None
 
 
 # Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
@@ -59,8 +64,11 @@ _STAGED_TYPES = {
     "queue_seconds": "float8", "prefill_seconds": "float8", "prompt_tokens": "int8",
     "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
     "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]", "family_id": "int8",
+    "provider": "varchar", "cache_write_tokens": "int8", "cache_key_hash": "varchar",
+    "cache_breakpoints": "int8[]", "gateway_cache_hit": "bool",
 }  # fmt: skip
-_INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
+_INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]",
+         "cache_write_tokens": "int4", "cache_breakpoints": "int4[]"}  # fmt: skip
 _COLUMNS = RecordRow._fields
 _TYPES = tuple(_STAGED_TYPES[column] for column in _COLUMNS)
 TABLE_TYPES = tuple(_INT4.get(column, _STAGED_TYPES[column]) for column in _COLUMNS)
@@ -74,7 +82,7 @@ _KEY = ("server_id", "request_id", "arrived_at")
 _CHAINS = ("block_hashes", "neutral_hashes")  # a later source's chain replaces one only when it has one
 _MERGE = ", ".join(
     f"{c} = COALESCE(NULLIF(EXCLUDED.{c}, ''), r.{c})"
-    if c in ("trace_id", "model", "tenant", "salt_hash")
+    if c in ("trace_id", "model", "tenant", "salt_hash", "provider", "cache_key_hash")
     else f"{c} = COALESCE(EXCLUDED.{c}, r.{c})"
     for c in _COLUMNS
     if c not in _KEY and c not in (*_CHAINS, "source", "template_id", "family_id")
@@ -154,7 +162,16 @@ def record_row(
         neutral_hashes=chains[1],
         token_ids=token_ids if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
         family_id=family_id,
+        provider=item.provider,
+        cache_write_tokens=item.cache_write_tokens,
+        cache_key_hash=_hashed(item.prompt_cache_key),
+        cache_breakpoints=list(item.cache_breakpoints) if item.cache_breakpoints is not None else None,
+        gateway_cache_hit=item.gateway_cache_hit,
     )
+
+
+def _hashed(secret: str | None) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest() if secret else ""
 
 
 def deduplicated(located: list[tuple[Server, RequestFacts]]) -> list[tuple[Server, RequestFacts]]:

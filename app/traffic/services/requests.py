@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 from psycopg.errors import CheckViolation, ForeignKeyViolation, NumericValueOutOfRange, UniqueViolation
 
 from app.domain.blockhash import int64_ids, signed_block_hashes
+from app.domain.hosted import content_chain
 from app.domain.retention import token_ids_cutoff
 from app.fleet.models import Server
 from app.fleet.selectors import UNKNOWN_MODEL_REASON, UnknownModel, request_lora
@@ -311,6 +312,8 @@ def _chains(
     gone, a salt's misses can still be told from cold ones), as signed bigints. Both [] without
     token ids (`ids`, the prompt's as int64) or a known block size; None when the server serves no
     model of the request's name."""
+    if item.prompt_blocks:  # a hosted prompt: its content blocks' chain (it has no token ids)
+        return content_chain(item.prompt_blocks), []
     if ids is None or not len(ids) or not server.block_size:
         return [], []
     try:

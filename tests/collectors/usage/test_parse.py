@@ -2,7 +2,7 @@
 
 import pytest
 
-from collectors.usage.parse import Usage, UsageError, usage_from, usage_from_span
+from collectors.usage.parse import Usage, UsageError, gateway_cache_hit, usage_from, usage_from_span
 from tests.support.captures import load_json
 
 
@@ -29,7 +29,9 @@ def test_anthropic_prompt_is_the_sum_of_uncached_read_and_created() -> None:
         "cache_creation_input_tokens": 120,
         "output_tokens": 9,
     }
-    assert usage_from(usage) == Usage(prompt_tokens=1941, cached_tokens=1800, completion_tokens=9)
+    assert usage_from(usage) == Usage(
+        prompt_tokens=1941, cached_tokens=1800, completion_tokens=9, cache_write_tokens=120
+    )
 
 
 def test_genai_span_attributes_and_vllms_names() -> None:
@@ -60,3 +62,66 @@ def test_genai_span_attributes_and_vllms_names() -> None:
 def test_a_bad_count_names_its_field(payload: dict[str, object], field: str) -> None:
     with pytest.raises(UsageError, match=field.replace(".", r"\.")):
         usage_from(payload)
+
+
+def test_anthropic_keeps_its_cache_writes() -> None:
+    usage = usage_from(
+        {"input_tokens": 21, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 1900}
+    )
+    assert (usage.cache_write_tokens, usage.cached_tokens, usage.provider) == (1900, 0, "")
+
+
+def test_bedrock_converse_counts_reads_and_writes_apart_from_input() -> None:
+    usage = {
+        "inputTokens": 12, "outputTokens": 40, "totalTokens": 2252, "cacheReadInputTokens": 2200,
+        "cacheWriteInputTokens": 0, "cacheDetails": [{"ttl": "5m", "inputTokens": 2200}],
+    }  # fmt: skip
+    assert usage_from(usage) == Usage(2212, 2200, 40, cache_write_tokens=0, provider="bedrock")
+
+
+def test_gemini_prompt_count_already_holds_the_cached_tokens() -> None:
+    metadata = {"promptTokenCount": 5000, "cachedContentTokenCount": 4096, "candidatesTokenCount": 30}
+    expected = Usage(5000, 4096, 30, provider="gemini")
+    assert usage_from(metadata) == expected
+    assert usage_from({"usageMetadata": metadata}) == expected
+    # Gemini leaves cachedContentTokenCount out when nothing was read: a miss, not unknown.
+    assert usage_from({"promptTokenCount": 900}).cached_tokens == 0
+
+
+def test_gemini_interactions_usage() -> None:
+    usage = {"total_input_tokens": 6000, "total_cached_tokens": 4100, "total_output_tokens": 12}
+    assert usage_from(usage) == Usage(6000, 4100, 12, provider="gemini")
+
+
+def test_span_cache_creation_attribute_is_the_write_count() -> None:
+    attributes = {"gen_ai.usage.input_tokens": 3000, "gen_ai.usage.cache_read.input_tokens": 0,
+                  "gen_ai.usage.cache_creation.input_tokens": 2900}  # fmt: skip
+    assert usage_from_span(attributes).cache_write_tokens == 2900
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"inputTokens": "12"}, "usage.inputTokens"),
+        ({"inputTokens": 1, "cacheWriteInputTokens": -3}, "usage.cacheWriteInputTokens"),
+        ({"usageMetadata": [1]}, "usage.usageMetadata"),
+        ({"usageMetadata": {"promptTokenCount": 1.5}}, "usage.usageMetadata.promptTokenCount"),
+        ({"total_input_tokens": 3, "total_cached_tokens": False}, "usage.total_cached_tokens"),
+    ],
+)
+def test_a_bad_hosted_count_names_its_field(payload: dict[str, object], field: str) -> None:
+    with pytest.raises(UsageError, match=field.replace(".", r"\.")):
+        usage_from(payload)
+
+
+@pytest.mark.parametrize(
+    ("headers", "hit"),
+    [
+        ({"x-portkey-cache-status": "SEMANTIC HIT"}, True),
+        ({"X-Portkey-Cache-Status": "hit"}, True),
+        ({"x-portkey-cache-status": "SEMANTIC MISS"}, False),
+        ({"content-type": "application/json"}, None),
+    ],
+)
+def test_a_gateway_cache_answer_is_read_from_its_header(headers: dict[str, str], hit: bool | None) -> None:
+    assert gateway_cache_hit(headers) is hit

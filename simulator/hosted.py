@@ -1,0 +1,163 @@
+"""Hosted-API traffic with each hosted miss cause injected: request records as an application would
+report them (a provider's usage shape, its prompt's content-block digests and cache markers), each
+with the cause it was built to show. Pure; the ground truth of app/domain/hosted.py's diagnosis
+(tests/traffic/test_hosted_causes.py sends them through the real REST and OTLP ingest).
+
+Every session has a tenant of its own (a provider's cache is never shared across tenants), so the
+causes do not mix. What each session does, in virtual seconds from `start`:
+- `cold` then `hit`: a prefix sent for the first time, then again within its TTL and read;
+- `below_minimum`: prompts shorter than the provider's minimum for the model;
+- `ttl_lapsed`: the same prefix again after longer than the provider's TTL;
+- `marker_absent`: Claude on Bedrock through a gateway that strips `cachePoint`: nothing is written
+  or read, however often the prefix repeats;
+- `cache_key_changed`: OpenAI, the same prefix under a new `prompt_cache_key`;
+- `beyond_lookback`: an agent's conversation grows by more than 20 content blocks between two calls
+  whose marker is on the last block;
+- `prompt_changed`: a block before the marker edited;
+- `gateway_cache`: answered by the gateway's semantic cache (Portkey's `x-portkey-cache-status`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+HIT = "hit"  # the expected outcome of a request served from the cache: no cause but its new content
+
+
+@dataclass(frozen=True, slots=True)
+class HostedRequest:
+    """One record to send, and what it was built to show."""
+
+    injected: str  # a Cause value, HIT, or "gateway_cache"
+    record: dict[str, Any]  # a REST ingest record (app/api/schemas.py RequestRecordIn)
+    over_otlp: bool = False  # sent as an OTLP GenAI span instead
+
+
+@dataclass(slots=True)
+class _Session:
+    provider: str
+    model: str
+    tenant: str
+    start: datetime
+    rng: random.Random
+    made: list[HostedRequest] = field(default_factory=list)
+
+    def digests(self, blocks: int, *, salt: str = "") -> list[str]:
+        return [
+            hashlib.sha256(f"{self.tenant}/{salt if i else ''}{i}".encode()).hexdigest()
+            for i in range(blocks)
+        ]
+
+    def send(self, injected: str, at: float, usage: dict[str, Any], **fields: Any) -> None:
+        record = {
+            "server": f"{self.provider}-api", "request_id": f"{self.tenant}-{len(self.made)}",
+            "arrived_at": (self.start + timedelta(seconds=at)).isoformat(), "model": self.model,
+            "tenant": self.tenant, "provider": self.provider, "usage": usage, **fields,
+        }  # fmt: skip
+        self.made.append(HostedRequest(injected, record, over_otlp=self.provider == "openai"))
+
+
+def _anthropic(uncached: int, read: int, written: int) -> dict[str, int]:
+    return {"input_tokens": uncached, "cache_read_input_tokens": read, "cache_creation_input_tokens": written,
+            "output_tokens": 40}  # fmt: skip
+
+
+def _bedrock(uncached: int, read: int, written: int) -> dict[str, int]:
+    return {"inputTokens": uncached, "cacheReadInputTokens": read, "cacheWriteInputTokens": written,
+            "outputTokens": 40}  # fmt: skip
+
+
+def _openai(prompt: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": 40,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _warm(s: _Session) -> None:
+    blocks = s.digests(5)
+    s.send("cold", 0, _anthropic(300, 0, 5000), prompt_blocks=blocks, cache_breakpoints=[3])
+    for i in range(1, 4):
+        tail = [*blocks[:4], f"{blocks[4]}-{i}"]
+        s.send(HIT, 60 * i, _anthropic(300, 5000, 0), prompt_blocks=tail, cache_breakpoints=[3])
+
+
+def _below_minimum(s: _Session) -> None:
+    for i in range(3):
+        s.send("below_minimum", 30 * i, _anthropic(3000 + s.rng.randrange(1000), 0, 0),
+               prompt_blocks=s.digests(3), cache_breakpoints=[1])  # fmt: skip
+
+
+def _ttl_lapsed(s: _Session) -> None:
+    blocks = s.digests(4)
+    s.send("cold", 0, _anthropic(200, 0, 4000), prompt_blocks=blocks, cache_breakpoints=[2])
+    s.send("ttl_lapsed", 301 + s.rng.randrange(600), _anthropic(200, 0, 4000), prompt_blocks=blocks,
+           cache_breakpoints=[2])  # fmt: skip
+
+
+def _marker_absent(s: _Session) -> None:
+    blocks = s.digests(4)
+    s.send("cold", 0, _bedrock(6000, 0, 0), prompt_blocks=blocks, cache_breakpoints=[2])
+    for i in range(1, 4):
+        s.send("marker_absent", 20 * i, _bedrock(6000, 0, 0), prompt_blocks=blocks, cache_breakpoints=[2])
+
+
+def _cache_key_changed(s: _Session) -> None:
+    blocks = s.digests(3)
+    s.send("cold", 0, _openai(5000, 0), prompt_blocks=blocks, prompt_cache_key="user-1")
+    s.send(HIT, 30, _openai(5000, 4864), prompt_blocks=blocks, prompt_cache_key="user-1")
+    s.send("cache_key_changed", 60, _openai(5000, 0), prompt_blocks=blocks, prompt_cache_key="user-2")
+
+
+def _beyond_lookback(s: _Session) -> None:
+    early, grown = s.digests(6), s.digests(6 + 21 + s.rng.randrange(10))
+    s.send("cold", 0, _anthropic(50, 0, 8000), prompt_blocks=early, cache_breakpoints=[5])
+    s.send("beyond_lookback", 60, _anthropic(50, 0, 20000), prompt_blocks=grown,
+           cache_breakpoints=[len(grown) - 1])  # fmt: skip
+
+
+def _prompt_changed(s: _Session) -> None:
+    blocks = s.digests(4)
+    s.send("cold", 0, _bedrock(100, 0, 5000), prompt_blocks=blocks, cache_breakpoints=[2])
+    edited = [blocks[0], s.digests(4, salt="v2")[1], *blocks[2:]]
+    s.send("prompt_changed", 60, _bedrock(100, 0, 5000), prompt_blocks=edited, cache_breakpoints=[2])
+
+
+def _gateway_cache(s: _Session) -> None:
+    blocks = s.digests(3)
+    s.send("cold", 0, _openai(3000, 0), prompt_blocks=blocks)
+    for i in range(1, 3):
+        s.send("gateway_cache", 10 * i, _openai(3000, 0), prompt_blocks=blocks,
+               response_headers={"x-portkey-cache-status": "SEMANTIC HIT"})  # fmt: skip
+
+
+_CLAUDE_ON_BEDROCK = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+_KINDS: dict[str, tuple[str, str, Callable[[_Session], None]]] = {
+    "warm": ("anthropic", "claude-sonnet-4-5", _warm),
+    "below_minimum": ("anthropic", "claude-opus-4-6", _below_minimum),
+    "ttl_lapsed": ("anthropic", "claude-sonnet-4-5", _ttl_lapsed),
+    "marker_absent": ("bedrock", _CLAUDE_ON_BEDROCK, _marker_absent),
+    "cache_key_changed": ("openai", "gpt-5.6", _cache_key_changed),
+    "beyond_lookback": ("anthropic", "claude-sonnet-4-5", _beyond_lookback),
+    "prompt_changed": ("bedrock", _CLAUDE_ON_BEDROCK, _prompt_changed),
+    "gateway_cache": ("openai", "gpt-5.6", _gateway_cache),
+}
+
+
+def hosted_traffic(*, start: datetime, sessions: int = 4, seed: int = 7) -> list[HostedRequest]:
+    """`sessions` sessions of each kind, their requests in time order."""
+    rng = random.Random(seed)
+    made: list[HostedRequest] = []
+    for n in range(sessions):
+        for kind in _KINDS:
+            provider, model, play = _KINDS[kind]
+            session = _Session(provider, model, tenant=f"{kind}-{n}", start=start, rng=rng)
+            play(session)
+            made += session.made
+    return sorted(made, key=lambda request: request.record["arrived_at"])
