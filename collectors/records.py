@@ -14,6 +14,8 @@ from datetime import datetime
 
 import msgspec
 
+from collectors.parts import PartDigests
+
 # The lengths of the request record's text columns (app/traffic/models.py reads them from here).
 REQUEST_ID_MAX = 255
 TRACE_ID_MAX = 32
@@ -53,6 +55,7 @@ class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int | None = None
     cache_salt: str | None = None  # hashed by the ingest; the salt itself is never stored
     prompt_token_ids: Sequence[int] | None = None
+    parts: PartDigests | None = None  # the gateway's digests of a chat request's parts (collectors/parts.py)
 
 
 # vLLM 0.32 (vllm/entrypoints/openai/*/serving.py) names a request after the client's X-Request-Id

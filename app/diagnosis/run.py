@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
+from app.domain.requestparts import Parts
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql
@@ -50,7 +51,7 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        r.prompt_tokens, r.cached_tokens, r.salt_hash,
        array_send(r.block_hashes), array_send(r.neutral_hashes), array_send(r.token_ids),
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
-       (d.request_id IS NOT NULL) AS diagnosed, {span_only}
+       (d.request_id IS NOT NULL) AS diagnosed, {span_only}, r.model, r.part_digests
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
@@ -298,7 +299,7 @@ def _records(
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
-     diagnosed, span_only) = row  # fmt: skip
+     diagnosed, span_only, model, part_digests) = row  # fmt: skip
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
         cached_tokens=cached_tokens, block_hashes=_hashes(block_hashes), salt=salt_hash,
@@ -308,10 +309,19 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         neutral_hashes=_hashes(neutral), family=template_id,
         token_ids=sent_integers(token_ids), kv_events=kv_events,
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
-        key=(server_id, request_id, arrived_at),
+        key=(server_id, request_id, arrived_at), parts=_parts(part_digests, model, server),
     )  # fmt: skip
     key = (server_id, request_id, arrived_at)
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)
+
+
+def _parts(stored: dict[str, Any] | None, model: str, server: Server) -> Parts | None:
+    """The record's part digests with its model as its server resolves it: an adapter by its name,
+    the base model (named or not) as the server's model."""
+    if stored is None:
+        return None
+    adapter = model in server.lora_adapters
+    return Parts.from_json(stored, model=model if adapter else server.model or model, adapter=adapter)
 
 
 def _hashes(sent: bytes | None) -> list[int]:
@@ -340,10 +350,17 @@ def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> di
         "unexpected_hit": found.unexpected_hit, "seen_before_tokens": funnel.seen_before,
         "resident_anywhere_tokens": funnel.resident_anywhere, "resident_here_tokens": funnel.resident_here,
         "reused_tokens": funnel.reused, "losses": [loss.to_json() for loss in found.losses],
+        "changed_part": found.changed_part.value if found.changed_part else "", "part_detail": found.part_detail,
+        "compared_with": _request_id_of(found.compared_with),
     }  # fmt: skip
     for cause, tokens in found.tokens_by_cause().items():
         row[f"{cause.value}_tokens"] = tokens
     return row
+
+
+def _request_id_of(key: Hashable) -> str:
+    """The request id of a record's key (server, request id, arrival); "" for none."""
+    return str(key[1]) if isinstance(key, tuple) else ""
 
 
 def _store(rows: list[dict[str, Any]]) -> int:

@@ -84,6 +84,15 @@ class RequestDiagnosis(PostgresPartitionedModel):
     changed_part = models.CharField(
         max_length=20, choices=Part.choices, blank=True, help_text="prompt_changed: the request's part"
     )
+    part_detail = models.CharField(
+        max_length=20,
+        blank=True,
+        help_text="changed_part tools: added, removed, edited, reordered, re-serialized",
+    )
+    compared_with = models.CharField(
+        max_length=records.REQUEST_ID_MAX, blank=True,
+        help_text="prompt_changed: the request id of the earlier request its parts were compared with",
+    )  # fmt: skip
     unexpected_hit = models.BooleanField(default=False)
     # The funnel, in leading prompt tokens.
     prompt_tokens = models.PositiveIntegerField(default=0)

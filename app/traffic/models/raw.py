@@ -188,6 +188,9 @@ class RequestRecord(PostgresPartitionedModel):
     )
     # Prompt text in token form: null once PREFIXSCOPE_TOKEN_RETENTION_DAYS has passed or in hash-only mode.
     token_ids = ArrayField(models.IntegerField(), null=True, blank=True)
+    # The gateway's keyed digests of a chat request's parts (collectors/parts.py PartDigests), never
+    # their text: what the diagnosis compares to say which part of a changed prompt changed.
+    part_digests = models.JSONField(null=True, blank=True)
 
     class PartitioningMeta:
         method = PostgresPartitioningMethod.RANGE

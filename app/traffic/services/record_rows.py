@@ -46,6 +46,7 @@ class RecordRow(NamedTuple):
     neutral_hashes: list[int]  # the chain without the salt; [] when unsalted (the same chain)
     token_ids: TokenIds | None  # numpy int64 from the ingest (its token id lists converted once)
     family_id: int | None = None  # the prefix family of a record without template metadata
+    part_digests: dict[str, Any] | None = None  # PartDigests as JSON (collectors/parts.py), as stored
 
 
 # Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
@@ -59,6 +60,7 @@ _STAGED_TYPES = {
     "queue_seconds": "float8", "prefill_seconds": "float8", "prompt_tokens": "int8",
     "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
     "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]", "family_id": "int8",
+    "part_digests": "jsonb",
 }  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]"}
 _COLUMNS = RecordRow._fields
@@ -154,6 +156,7 @@ def record_row(
         neutral_hashes=chains[1],
         token_ids=token_ids if keeps_token_ids(item.arrived_at, token_ids_cutoff) else None,
         family_id=family_id,
+        part_digests=msgspec.to_builtins(item.parts) if item.parts is not None else None,
     )
 
 
