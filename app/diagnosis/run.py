@@ -350,7 +350,8 @@ def _stored(record: _Record, found: Diagnosis | Unknown, *, now: datetime) -> di
         "unexpected_hit": found.unexpected_hit, "seen_before_tokens": funnel.seen_before,
         "resident_anywhere_tokens": funnel.resident_anywhere, "resident_here_tokens": funnel.resident_here,
         "reused_tokens": funnel.reused, "losses": [loss.to_json() for loss in found.losses],
-        "changed_part": found.changed_part.value if found.changed_part else "", "part_detail": found.part_detail,
+        "changed_part": found.changed_part.value if found.changed_part else "",
+        "part_detail": found.part_detail,
         "compared_with": _request_id_of(found.compared_with),
     }  # fmt: skip
     for cause, tokens in found.tokens_by_cause().items():

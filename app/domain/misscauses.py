@@ -53,7 +53,6 @@ from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, ma
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown, reusable_blocks
 from app.domain.requestparts import Parts, RecentParts, changed_part
 
-
 # Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
 # changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
 PARTS_MEMORY_BLOCKS = 16_384

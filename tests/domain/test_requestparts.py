@@ -32,7 +32,7 @@ BEFORE = Parts(
          PartChange(RequestPart.TEMPLATE_KWARGS, kwarg="enable_thinking")),
         (replace(BEFORE, messages=("summary", "u3"), latest=2), PartChange(RequestPart.HISTORY)),
         (replace(BEFORE, messages=("u1", "a1-edited", "u2"), latest=1), PartChange(RequestPart.HISTORY)),
-        (replace(BEFORE, messages=("u1", "a1", "u2", "a2", "u3"), latest=1), PartChange(RequestPart.MESSAGES)),
+        (replace(BEFORE, messages=("u1", "a1", "u2", "a2", "u3")), PartChange(RequestPart.MESSAGES)),
         (replace(BEFORE, messages=("u1", "a1", "u2-edited"), latest=1), PartChange(RequestPart.MESSAGES)),
         (BEFORE, None),
     ],

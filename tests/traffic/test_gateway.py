@@ -149,7 +149,8 @@ def test_a_chat_request_is_stored_with_its_parts_digests_and_never_their_text(
     writer.start()
     tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
     body = {
-        "model": "tiny", "max_tokens": 2, "tools": [tool], "chat_template_kwargs": {"reasoning_effort": "high"},
+        "model": "tiny", "max_tokens": 2, "tools": [tool],
+        "chat_template_kwargs": {"reasoning_effort": "high"},
         "messages": [{"role": "system", "content": "Support desk rules."}, {"role": "user", "content": "Hi"}],
     }  # fmt: skip
     with running_gateway(upstream.base_url, writer) as gateway:
