@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
@@ -315,13 +316,15 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only)
 
 
-def _parts(stored: dict[str, Any] | None, model: str, server: Server) -> Parts | None:
-    """The record's part digests with its model as its server resolves it: an adapter by its name,
-    the base model (named or not) as the server's model."""
+def _parts(stored: str | None, model: str, server: Server) -> Parts | None:
+    """The record's part digests (jsonb, which Django's connection reads as text) with its model
+    as its server resolves it: an adapter by its name, the base model (named or not) as the
+    server's model."""
     if stored is None:
         return None
     adapter = model in server.lora_adapters
-    return Parts.from_json(stored, model=model if adapter else server.model or model, adapter=adapter)
+    model = model if adapter else server.model or model
+    return Parts.from_json(msgspec.json.decode(stored), model=model, adapter=adapter)
 
 
 def _hashes(sent: bytes | None) -> list[int]:

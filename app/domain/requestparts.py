@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from app.domain.misses import RequestPart
+from app.domain.misses import PART_LABELS, RequestPart
 
 
 class PartDetail(StrEnum):
@@ -38,6 +38,20 @@ DETAIL_LABELS: dict[PartDetail, str] = {
     PartDetail.REORDERED: "reordered",
     PartDetail.RESERIALIZED: "re-serialized",
 }
+
+
+def change_text(part: str, detail: str) -> str:
+    """How pages say a changed part (values as stored): "tools reordered", "chat-template argument
+    enable_thinking", "system message"; "" for none."""
+    if not part:
+        return ""
+    label = PART_LABELS.get(RequestPart(part), part) if part in _PART_VALUES else part
+    if part == RequestPart.TEMPLATE_KWARGS and detail:
+        return f"chat-template argument {detail}"
+    return f"{label.lower()} {detail}" if detail else label.lower()
+
+
+_PART_VALUES = frozenset(RequestPart)
 
 
 @dataclass(frozen=True, slots=True)

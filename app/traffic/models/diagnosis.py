@@ -11,6 +11,7 @@ from app.domain.misses import CAUSE_LABELS, PART_LABELS, UNKNOWN_LABELS, Loss, i
 from app.domain.misses import Cause as _Cause
 from app.domain.misses import RequestPart as _Part
 from app.domain.misses import Unknown as _Unknown
+from app.domain.requestparts import change_text
 from collectors import records
 
 # The prompt tokens a diagnosis lost that a cache could have reused: every cause's that is a loss
@@ -142,6 +143,11 @@ class RequestDiagnosis(PostgresPartitionedModel):
 
     def __str__(self) -> str:
         return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"
+
+    @property
+    def change_text(self) -> str:
+        """The changed part as pages say it ("tools reordered"); "" when not known."""
+        return change_text(self.changed_part, self.part_detail)
 
     @property
     def changed_from(self) -> int | None:
