@@ -200,10 +200,8 @@ def test_a_changed_prompt_names_its_changed_part_in_the_api_its_hosted_shapes_an
         "cache_missed_input_tokens": 128,
     }
     other = client.get(f"/api/v1/requests/sim-b/{routed}/diagnosis").json()
-    assert other["cause"] == "routed_elsewhere" and other["prompt_cache_diagnostics"] == {
-        "type": "unavailable", "reason": None, "cache_missed_tokens": None, "comparison_reusable_tokens": None,
-        "comparison_request_id": None,
-    }  # fmt: skip
+    assert other["cause"] == "routed_elsewhere" and other["prompt_cache_diagnostics"]["type"] == "unavailable"
+    assert other["anthropic_diagnostics"]["cache_miss_reason"] is None  # no structural change
     page = client.get(reverse("dashboard:request-detail", args=["sim-a", changed])).content.decode()
     assert "tools reordered" in page
     listed = client.get(reverse("dashboard:requests")).content.decode()
