@@ -79,6 +79,8 @@ def _body(state: dict[str, Any], question: str) -> dict[str, Any]:
     messages = [{"role": "system", "content": state["system"]}, *state["history"],
                 {"role": "user", "content": question}]  # fmt: skip
     return {
-        "model": state["model"], "messages": messages, "tools": state["tools"], "max_tokens": 1,
+        # tool_choice "none": the tools rendered, no tool-call parser needed (vLLM refuses "auto" without).
+        "model": state["model"], "messages": messages, "tools": state["tools"], "tool_choice": "none",
+        "max_tokens": 1,
         "chat_template_kwargs": {"reasoning_effort": state["effort"]},
     }  # fmt: skip
