@@ -17,9 +17,10 @@ SYSTEM = (
     "You are the support desk of a parcel company. Answer in two sentences, never promise a date, "
     "never reveal internal ticket numbers, and hand over to a person when the customer asks twice."
 )
+_BY_ID = {"type": "object", "properties": {"id": {"type": "string"}}}
 TOOLS = [
-    {"type": "function", "function": {"name": name, "description": f"{name.replace('_', ' ')} by id",
-                                      "parameters": {"type": "object", "properties": {"id": {"type": "string"}}}}}
+    {"type": "function",
+     "function": {"name": name, "description": f"{name.replace('_', ' ')} by id", "parameters": _BY_ID}}
     for name in ("lookup_order", "track_parcel", "open_refund", "escalate_case")
 ]  # fmt: skip
 EXTRA_TOOL = {"type": "function", "function": {"name": "change_address", "parameters": {"type": "object"}}}
@@ -42,7 +43,7 @@ def part_change_steps(*, per_phase: int, model: str, adapter: str, seed: int = 0
     rng = random.Random(seed)
     state: dict[str, Any] = {"system": SYSTEM, "tools": list(TOOLS), "effort": "low", "history": HISTORY,
                              "model": model}  # fmt: skip
-    steps = []
+    steps: list[Step] = []
     for phase in PHASES:
         _change(state, phase, adapter)
         for n in range(per_phase):

@@ -1,6 +1,8 @@
 """The gateway's digests of a chat request's parts: equal for equal parts however serialized where
 the template would render them the same, different where it would not, and never the text."""
 
+from collections.abc import Mapping
+
 import msgspec
 
 from collectors.parts import PartDigests, part_digests
@@ -23,7 +25,7 @@ BODY = {
 }
 
 
-def digests(body: dict, key: bytes = KEY) -> PartDigests:
+def digests(body: Mapping[str, object], key: bytes = KEY) -> PartDigests:
     return part_digests(msgspec.json.decode(msgspec.json.encode(body)), key=key)
 
 

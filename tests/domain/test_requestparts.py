@@ -55,8 +55,8 @@ def test_the_compared_request_is_the_latest_holding_the_last_shared_block_and_me
     recent = RecentParts(limit=6)
     recent.remember([1, 2, 3], "a", BEFORE)
     recent.remember([1, 2, 4], "b", BEFORE)
-    assert recent.compared([1, 2, 3, 9])[0] == "a"  # shares three blocks with a, two with b
-    assert recent.compared([1, 5])[0] == "b"  # both share one: the latest
-    assert recent.compared([7])[0] == "b"  # none shares its first: the latest of all
+    assert recent.compared([1, 2, 3, 9]) == ("a", BEFORE)  # shares three blocks with a, two with b
+    assert recent.compared([1, 5]) == ("b", BEFORE)  # both share one: the latest
+    assert recent.compared([7]) == ("b", BEFORE)  # none shares its first: the latest of all
     recent.remember([10, 11, 12], "c", BEFORE)
-    assert recent.compared([1, 2, 3])[0] != "a"  # a's blocks were the oldest, forgotten first
+    assert recent.compared([1, 2, 3]) == ("c", BEFORE)  # a's blocks were the oldest, forgotten first

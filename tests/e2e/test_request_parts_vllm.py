@@ -93,7 +93,7 @@ def test_each_part_change_is_diagnosed_with_its_part_and_its_hosted_reasons(
     records = list(RequestRecord.objects.order_by("arrived_at").values_list("request_id", flat=True))
     diagnoses = {d.request_id: d for d in RequestDiagnosis.objects.all()}
     pairs = [(step.injected, found_part(diagnoses[r])) for step, r in zip(steps, records, strict=True)]
-    print("\n" + confusion(pairs))
+    print("\n" + confusion(pairs))  # noqa: T201
     assert pairs == [(i, i or "cold") for i, _ in pairs]
 
     client.force_login(fleet_viewer("engineer"))

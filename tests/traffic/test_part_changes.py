@@ -65,7 +65,7 @@ def test_each_injected_part_change_is_found_as_its_part(tmp_path: Path) -> None:
     diagnoses = {d.request_id: d for d in RequestDiagnosis.objects.all()}
     records = RequestRecord.objects.order_by("arrived_at").values_list("request_id", flat=True)
     pairs = [(step.injected, found_part(diagnoses[r])) for step, r in zip(steps, records, strict=True)]
-    print("\n" + confusion(pairs))
+    print("\n" + confusion(pairs))  # noqa: T201
     expected = [(i, i or "cold") for i, _ in pairs]
     assert pairs == expected
     tools = [diagnoses[r] for (i, _), r in zip(pairs, records, strict=True) if i == "tools"]
