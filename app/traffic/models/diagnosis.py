@@ -83,15 +83,22 @@ class RequestDiagnosis(PostgresPartitionedModel):
     unknown = models.CharField(max_length=20, choices=Unknown.choices, blank=True)
     diverged_at = models.PositiveIntegerField(null=True, blank=True, help_text="prompt_changed: first token")
     changed_part = models.CharField(
-        max_length=20, choices=Part.choices, blank=True, help_text="prompt_changed: the request's part"
+        max_length=20,
+        choices=Part.choices,
+        blank=True,
+        help_text="prompt_changed: the request's part",
+        default="",
+        db_default="",  # writers that name no such column (an older process, a bulk INSERT) store ""
     )
     part_detail = models.CharField(
         max_length=20,
         blank=True,
+        default="",
+        db_default="",
         help_text="changed_part tools: added, removed, edited, reordered, re-serialized",
     )
     compared_with = models.CharField(
-        max_length=records.REQUEST_ID_MAX, blank=True,
+        max_length=records.REQUEST_ID_MAX, blank=True, default="", db_default="",
         help_text="prompt_changed: the request id of the earlier request its parts were compared with",
     )  # fmt: skip
     unexpected_hit = models.BooleanField(default=False)
