@@ -15,6 +15,7 @@ from datetime import datetime
 import msgspec
 
 from collectors.errors import Rejection, RejectReason
+from collectors.parts import PartDigests
 
 # The lengths of the request record's text columns (app/traffic/models.py reads them from here).
 REQUEST_ID_MAX = 255
@@ -72,6 +73,7 @@ class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
     cache_breakpoints: Sequence[int] | None = None
     # Answered by a gateway's response cache (semantic or exact): the model never saw it.
     gateway_cache_hit: bool | None = None
+    parts: PartDigests | None = None  # the gateway's digests of a chat request's parts (collectors/parts.py)
 
 
 # vLLM 0.32 (vllm/entrypoints/openai/*/serving.py) names a request after the client's X-Request-Id

@@ -60,7 +60,11 @@ def prompt_ids(body: dict[str, Any]) -> list[int]:
 
 
 def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
-    """The messages of a /v1/chat/completions request, rendered with the chat template and tokenized."""
+    """The messages of a /v1/chat/completions request, rendered with the chat template and tokenized:
+    `gpt2.PARTS_CHAT_TEMPLATE`, which renders the request's tools and chat-template arguments (its
+    `reasoning_effort` among them, top-level or not) before the messages, as a real server started
+    with `--chat-template` of it does (the tools as sent: vLLM re-dumps their outer keys in its own
+    order, which only matters when they come in another)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise Refused("messages: expected a list of messages", param="messages")
@@ -68,7 +72,14 @@ def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
         message = "Cannot apply chat template to an empty conversation. Provide at least one message."
         raise Refused(message, param=None)
     try:
-        return gpt2.encode(gpt2.render_chat(messages))
+        tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+        if isinstance(body.get("reasoning_effort"), str):
+            kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
+        rendered = gpt2.render_chat_parts(
+            messages, tools=tools if isinstance(tools, list) else None, template_kwargs=kwargs
+        )
+        return gpt2.encode(rendered)
     except ValueError as exc:
         raise Refused(f"messages: {exc}", param="messages") from None
 

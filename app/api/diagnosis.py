@@ -13,6 +13,13 @@ from pydantic import field_serializer
 
 from app.api.auth import READERS
 from app.api.errors import ApiError, error
+from app.api.hosted_shapes import (
+    AnthropicCacheDiagnostics,
+    OpenAIPromptCacheDiagnostics,
+    anthropic_diagnostics,
+    openai_diagnostics,
+    outcome_of,
+)
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
@@ -127,6 +134,23 @@ class Diagnosed(Schema):
         "salt; it may lie in a block lost to another cause (a salted request's first block another salt "
         "had), the prompt_changed loss then starting at a later block"
     )
+    changed_part: str | None = Field(
+        None,
+        description="prompt_changed: the request part that changed from the request it was compared with "
+        "(system, tools, tool_choice, response_format, reasoning_effort, template_kwargs, history, "
+        "messages, model, adapter), by the gateway's digests of both; null when not known",
+    )
+    part_detail: str | None = Field(
+        None,
+        description="tools: added, removed, edited, reordered or re-serialized; template_kwargs: the name",
+    )
+    compared_with: str | None = Field(None, description="the request id of the request it was compared with")
+    prompt_cache_diagnostics: OpenAIPromptCacheDiagnostics = Field(
+        description="the same answer in OpenAI's shape (Responses API, gpt-5.6+)"
+    )
+    anthropic_diagnostics: AnthropicCacheDiagnostics = Field(
+        description="the same answer in Anthropic's shape"
+    )
     unexpected_hit: bool
     funnel: Funnel | None
     lost_tokens: dict[str, int] = Field(description="by cause; causes that lost nothing left out")
@@ -166,6 +190,7 @@ def diagnosed_answer(found: AddressedRequest) -> Diagnosed:
     others = [
         OtherRequest(arrived_at=at, url=f"{path}?{urlencode({'at': at.isoformat()})}") for at in found.others
     ]
+    outcome = outcome_of(record, diagnosis)
     return Diagnosed(
         server=record.server.name,
         request_id=record.request_id,
@@ -177,6 +202,11 @@ def diagnosed_answer(found: AddressedRequest) -> Diagnosed:
         cause=(diagnosis.cause or None) if diagnosis else None,
         unknown=(diagnosis.unknown or None) if diagnosis else None,
         diverged_at=diagnosis.diverged_at if diagnosis else None,
+        changed_part=(diagnosis.changed_part or None) if diagnosis else None,
+        part_detail=(diagnosis.part_detail or None) if diagnosis else None,
+        compared_with=(diagnosis.compared_with or None) if diagnosis else None,
+        prompt_cache_diagnostics=openai_diagnostics(outcome),
+        anthropic_diagnostics=anthropic_diagnostics(outcome),
         unexpected_hit=diagnosis.unexpected_hit if diagnosis else False,
         funnel=Funnel.of(diagnosis) if diagnosis else None,
         lost_tokens=found.request.lost_tokens(),

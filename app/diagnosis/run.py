@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
@@ -40,6 +41,7 @@ from app.diagnosis.counters import unwired_counters
 from app.domain.hosted import HostedHistory, HostedPrompt
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
+from app.domain.requestparts import Parts
 from app.domain.tiers import ATTENTION_GROUP
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
@@ -56,7 +58,7 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed, {span_only},
        r.provider, r.model, r.cache_write_tokens, r.cache_key_hash, r.cache_breakpoints,
-       COALESCE(r.gateway_cache_hit, false)
+       COALESCE(r.gateway_cache_hit, false), r.part_digests
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
@@ -322,7 +324,8 @@ def _records(
 def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record:
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
-     diagnosed, span_only, provider, model, written, cache_key, breakpoints, gateway_cache) = row  # fmt: skip
+     diagnosed, span_only, provider, model, written, cache_key, breakpoints, gateway_cache,
+     part_digests) = row  # fmt: skip
     hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
@@ -335,6 +338,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
         first_token_at=arrived_at + timedelta(seconds=ttft) if ttft is not None else None,
         key=(server_id, request_id, arrived_at),
         effective_block=hit.effective if hit else None, drops_last_block=bool(hit and hit.drops_last),
+        parts=_parts(part_digests, model, server),
     )  # fmt: skip
     key = (server_id, request_id, arrived_at)
     hosted = None
@@ -345,6 +349,17 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
             breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
         )  # fmt: skip
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only, hosted, gateway_cache)
+
+
+def _parts(stored: str | None, model: str, server: Server) -> Parts | None:
+    """The record's part digests (jsonb, which Django's connection reads as text) with its model
+    as its server resolves it: an adapter by its name, the base model (named or not) as the
+    server's model."""
+    if stored is None:
+        return None
+    adapter = model in server.lora_adapters
+    model = model if adapter else server.model or model
+    return Parts.from_json(msgspec.json.decode(stored), model=model, adapter=adapter)
 
 
 def _hashes(sent: bytes | None) -> list[int]:
@@ -382,10 +397,18 @@ def _stored(
         "unexpected_hit": found.unexpected_hit, "seen_before_tokens": funnel.seen_before,
         "resident_anywhere_tokens": funnel.resident_anywhere, "resident_here_tokens": funnel.resident_here,
         "reused_tokens": funnel.reused, "losses": [loss.to_json() for loss in found.losses],
+        "changed_part": found.changed_part.value if found.changed_part else "",
+        "part_detail": found.part_detail,
+        "compared_with": _request_id_of(found.compared_with),
     }  # fmt: skip
     for cause, tokens in found.tokens_by_cause().items():
         row[f"{cause.value}_tokens"] = tokens
     return row
+
+
+def _request_id_of(key: Hashable) -> str:
+    """The request id of a record's key (server, request id, arrival); "" for none."""
+    return str(key[1]) if isinstance(key, tuple) else ""
 
 
 def _store(rows: list[dict[str, Any]]) -> int:

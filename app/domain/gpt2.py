@@ -13,6 +13,7 @@ does.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from functools import cache
@@ -38,6 +39,19 @@ CHAT_TEMPLATE: Final = (
 """ChatML: one ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then the
 assistant's header when a generation prompt is asked for. GPT-2's vocabulary has no ChatML
 tokens, so the markers tokenize as ordinary text."""
+
+PARTS_CHAT_TEMPLATE: Final = (
+    "{% if tools or reasoning_effort %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{% if reasoning_effort %}{{ 'Reasoning effort: ' + reasoning_effort + '\\n' }}{% endif %}"
+    "{% for tool in tools or [] %}{{ 'Tool: ' + tool | tojson + '\\n' }}{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endif %}" + CHAT_TEMPLATE
+)
+"""ChatML after a header, as real models' templates render the request's parameters near the top
+(a public report: `reasoning_effort` rendered so gave 0 % hits): the reasoning effort (a chat-template
+argument) and each tool as JSON with its keys as sent (Hugging Face's `tojson`), in a system block
+before the messages. A request with neither renders as ``CHAT_TEMPLATE`` does."""
 
 
 @cache
@@ -124,13 +138,38 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+def _tojson(value: object) -> str:
+    # Hugging Face's own filter: the keys in their order, not sorted as Jinja's built-in does.
+    return json.dumps(value, ensure_ascii=False)
+
+
 @cache
-def _chat_template() -> Template:
+def _chat_template(source: str = CHAT_TEMPLATE) -> Template:
     # The environment Hugging Face's apply_chat_template builds (trim_blocks, lstrip_blocks,
     # sandboxed), so the same template string renders the same text here as in vLLM.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
-    return env.from_string(CHAT_TEMPLATE)
+    env.filters["tojson"] = _tojson
+    return env.from_string(source)
+
+
+def render_chat_parts(
+    messages: Sequence[Mapping[str, str]],
+    *,
+    tools: Sequence[object] | None = None,
+    template_kwargs: Mapping[str, object] | None = None,
+) -> str:
+    """Render a conversation with ``PARTS_CHAT_TEMPLATE``: its tools and chat-template arguments
+    (``reasoning_effort`` among them) as vLLM passes them to a template. ValueError as render_chat."""
+    render_chat(messages)  # its checks of the messages
+    return _chat_template(PARTS_CHAT_TEMPLATE).render(
+        **dict(template_kwargs or {}),
+        messages=[dict(message) for message in messages],
+        tools=list(tools) if tools else None,
+        add_generation_prompt=True,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+    )
 
 
 def render_chat(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:

@@ -61,8 +61,13 @@ from app.domain.generations import Generations
 from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
-from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
+from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
+from app.domain.requestparts import Parts, RecentParts, changed_part
 from app.domain.tiers import ATTENTION_GROUP, LowerTiers, is_gpu
+
+# Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
+# changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
+PARTS_MEMORY_BLOCKS = 16_384
 
 
 class EventKind(IntEnum):
@@ -113,6 +118,8 @@ class RequestPrompt:
         """How the server rounds this request's hit (`size`: its block size)."""
         return HitBlock(size, self.effective_block or size, self.drops_last_block)
 
+    parts: Parts | None = None  # its parts' digests (a gateway's chat request), to say which changed
+
 
 def _funnel(
     prompt: int, cached: int, size: int, *, seen_before: int, anywhere: int, here: int, reused: int
@@ -154,6 +161,7 @@ class FleetHistory:
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
         self._fan_out = FanOutPoints()  # where each family's prompts usually part
+        self._parts: dict[tuple[Hashable, str], RecentParts] = {}  # next to the families' Followers
         # Requests whose first lost block was resident at arrival, until their first token: the
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
@@ -323,13 +331,31 @@ class FleetHistory:
                 losses = [replace(loss, cause=Cause.COLD) if loss.cause == Cause.PROMPT_CHANGED else loss
                           for loss in losses]  # fmt: skip
                 diverged = None
-        return Diagnosis(
+        found = Diagnosis(
             cause=main_cause(losses, reusable=reusable),
             diverged_at=diverged,
             losses=tuple(losses),
             funnel=funnel,
             unexpected_hit=request.kv_events and reused > max(resident_here, seen_before),
         )
+        return self._with_part(request, chain, found) if diverged is not None else found
+
+    def _with_part(self, request: RequestPrompt, chain: list[int], found: Diagnosis) -> Diagnosis:
+        """The part that changed, compared with the earlier request of its family it departs from,
+        when both have part digests. A model or adapter changes every block's hash: the prompt then
+        departs at its first token, whatever tokens it shares."""
+        memory = self._parts.get((request.family, request.salt))
+        compared = memory.compared(chain) if memory is not None and request.parts is not None else None
+        if compared is None:
+            return found
+        assert request.parts is not None
+        change = changed_part(request.parts, compared[1])
+        if change is None:
+            return replace(found, compared_with=compared[0])
+        detail = change.detail.value if change.detail else change.kwarg
+        diverged = 0 if change.part in (RequestPart.MODEL, RequestPart.ADAPTER) else found.diverged_at
+        return replace(found, diverged_at=diverged, changed_part=change.part, part_detail=detail,
+                       compared_with=compared[0])  # fmt: skip
 
     def _block_causes(
         self, request: RequestPrompt, chain: list[int], lost: range, size: int
@@ -432,6 +458,9 @@ class FleetHistory:
         self._neutral_salts.setdefault_all(neutral, request.salt)
         family = self._families.setdefault((request.family, request.salt), Followers())
         family.remember(chain, request.token_ids, request.block_size or 0)
+        if request.parts is not None:
+            parts = self._parts.setdefault((request.family, request.salt), RecentParts(PARTS_MEMORY_BLOCKS))
+            parts.remember(chain, request.key, request.parts)
 
     def _learn_fan_out(self, request: RequestPrompt, reusable: int, seen_before: int) -> None:
         """Where the request departed from what was seen before under its salt (`seen_before` of its

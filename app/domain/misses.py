@@ -4,6 +4,7 @@ The replay that finds them is app/domain/misscauses.py."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -209,6 +210,11 @@ class Diagnosis:
     losses: tuple[Loss, ...]
     funnel: Funnel
     unexpected_hit: bool
+    # prompt_changed, where the request's part digests are known (app/domain/requestparts.py): the
+    # part that changed from the earlier request it departs from, how (tools), and that request's key.
+    changed_part: RequestPart | None = None
+    part_detail: str = ""
+    compared_with: Hashable = None
 
     def tokens_by_cause(self) -> dict[Cause, int]:
         found: dict[Cause, int] = {}

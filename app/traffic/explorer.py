@@ -293,7 +293,17 @@ def _diagnoses(found: list[RequestRecord]) -> dict[tuple[int, str, datetime], Re
         pk__in=keys,
         arrived_at__gte=min(r.arrived_at for r in found),
         arrived_at__lte=max(r.arrived_at for r in found),
-    ).only("server_id", "request_id", "arrived_at", "cause", "unknown", "diverged_at", "losses")
+    ).only(
+        "server_id",
+        "request_id",
+        "arrived_at",
+        "cause",
+        "unknown",
+        "diverged_at",
+        "losses",
+        "changed_part",
+        "part_detail",
+    )
     return {(d.server_id, d.request_id, d.arrived_at): d for d in diagnoses}
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from collectors.parts import PartDigests, part_digests
+
 RECORDED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
@@ -30,14 +32,16 @@ class Plan:
     model: str = ""
     cache_salt: str | None = None
     samples: int = 1  # n, the choices asked for each prompt
+    parts: PartDigests | None = None  # a chat request's parts, digested with the gateway's key
 
     @property
     def edits_answer(self) -> bool:
         return self.added_token_ids or self.added_usage
 
 
-def plan_request(path: str, body: bytes) -> Plan | None:
-    """The upstream body of a completion request; None when `body` is not a JSON object.
+def plan_request(path: str, body: bytes, *, digest_key: bytes = b"") -> Plan | None:
+    """The upstream body of a completion request; None when `body` is not a JSON object. A chat
+    request's parts are digested with `digest_key` (collectors/parts.py), before anything is added.
 
     The body is re-encoded only when something is added; otherwise it goes upstream byte for byte.
     """
@@ -47,6 +51,8 @@ def plan_request(path: str, body: bytes) -> Plan | None:
         return None
     if not isinstance(payload, dict):
         return None
+    chat = path == "/v1/chat/completions"
+    parts = part_digests(payload, key=digest_key) if chat else None
     add_ids = _unset(payload.get("return_token_ids")) and _unset(payload.get("echo"))
     add_usage = payload.get("stream") is True and _may_add_usage(payload.get("stream_options"))
     if add_ids:
@@ -56,12 +62,13 @@ def plan_request(path: str, body: bytes) -> Plan | None:
     model, salt, samples = payload.get("model"), payload.get("cache_salt"), payload.get("n")
     return Plan(
         body=msgspec.json.encode(payload) if add_ids or add_usage else body,
-        chat=path == "/v1/chat/completions",
+        chat=chat,
         added_token_ids=add_ids,
         added_usage=add_usage,
         model=model if isinstance(model, str) else "",
         cache_salt=salt if isinstance(salt, str) and salt else None,
         samples=samples if type(samples) is int and samples > 0 else 1,
+        parts=parts,
     )
 
 

@@ -59,12 +59,16 @@ class Recorder(Protocol):
 
 
 class Gateway:
-    """Forwards to `upstream` (a base URL) over `session`, hands each completion to `recorder`."""
+    """Forwards to `upstream` (a base URL) over `session`, hands each completion to `recorder`;
+    a chat request's parts are digested with `digest_key` (collectors/parts.py)."""
 
-    def __init__(self, upstream: str, recorder: Recorder, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, upstream: str, recorder: Recorder, session: aiohttp.ClientSession, *, digest_key: bytes = b""
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.recorder = recorder
         self.session = session
+        self.digest_key = digest_key
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -78,7 +82,7 @@ class Gateway:
         data: bytes | aiohttp.StreamReader | None = request.content if request.body_exists else None
         if _recorded(request):
             data = await request.read()
-            plan = plan_request(request.path, data)
+            plan = plan_request(request.path, data, digest_key=self.digest_key)
             data = plan.body if plan else data
         try:
             upstream = await self.session.request(
@@ -137,6 +141,7 @@ class Gateway:
             completion_tokens=usage.completion_tokens,
             cache_salt=plan.cache_salt,
             prompt_token_ids=facts.token_ids,
+            parts=plan.parts,
         )
         if not facts.several_prompts:
             self.recorder.record(call)
@@ -157,10 +162,13 @@ class Gateway:
             )
 
 
-async def serve(host: str, port: int, upstream: str, recorder: Recorder, stop: asyncio.Event) -> None:
+async def serve(
+    host: str, port: int, upstream: str, recorder: Recorder, stop: asyncio.Event, *, digest_key: bytes = b""
+) -> None:
     """Proxy `host:port` to `upstream` until `stop` is set; requests in flight then get to finish."""
     async with upstream_session() as session:
-        runner = web.AppRunner(Gateway(upstream, recorder, session).application(), access_log=None)
+        gateway = Gateway(upstream, recorder, session, digest_key=digest_key)
+        runner = web.AppRunner(gateway.application(), access_log=None)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.domain.blockhash import signed_block_hashes
+from app.domain.blockhash import LoraKey, signed_block_hashes
 from app.domain.misscauses import BlockEvent, EventKind, FleetHistory, RequestPrompt
-from app.domain.misses import Cause, Diagnosis, Loss, Unknown, reusable_blocks
+from app.domain.misses import Cause, Diagnosis, Loss, RequestPart, Unknown, reusable_blocks
+from app.domain.requestparts import Parts
 from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 
@@ -395,3 +396,31 @@ def test_another_kv_cache_groups_events_never_move_the_attention_groups_residenc
     assert found.funnel.resident_here == 12 * SIZE and found.cause == Cause.UNEXPLAINED
     other = prompt(seed=9, changed_at=0)
     assert diagnosed(history, request(other, seconds=101)).funnel.resident_here == 0  # group 1's only
+
+
+def test_a_changed_prompt_names_the_part_that_changed_from_the_request_it_departs_from() -> None:
+    history = FleetHistory()
+    parts = Parts(model="tiny", tools=("t1", "t2"), messages=("u1",), latest=1)
+    older, newer = prompt(seed=1), [*prompt(seed=1)[:162], *prompt(seed=2)[162:]]
+    for n, (earlier, its) in enumerate(((older, parts), (newer, replace(parts, system="s2")))):
+        history.diagnose(replace(request(earlier, seconds=10 + n), key=f"r{n}", parts=its))
+        stored(history, 1, chain(earlier), 10.5 + n)
+    later = [*older[:180], *prompt(seed=3)[180:]]  # shares block 10 with the older one, not the newer
+    reordered = replace(parts, tools=("t2", "t1"), messages=("u9",))
+    found = diagnosed(history, replace(request(later, cached=11 * SIZE), key="r2", parts=reordered))
+    assert found.diverged_at == 180 and found.compared_with == "r0"
+    assert (found.changed_part, found.part_detail) == (RequestPart.TOOLS, "reordered")
+    without = diagnosed(history, request(prompt(seed=4, changed_at=37), cached=2 * SIZE))
+    assert without.cause == Cause.PROMPT_CHANGED and without.changed_part is None  # no digests: no part
+
+
+def test_an_adapter_swap_departs_at_the_first_token_whatever_tokens_it_shares() -> None:
+    history = FleetHistory()
+    parts = Parts(model="tiny", messages=("u1",), latest=1)
+    tokens = prompt(seed=1)
+    history.diagnose(replace(request(tokens, seconds=10), key="base", parts=parts))
+    swapped = replace(request(tokens), block_hashes=signed_block_hashes(tokens, SIZE, lora=LoraKey("a", "p")),
+                      key="lora", parts=replace(parts, model="a", adapter=True))  # fmt: skip
+    found = diagnosed(history, swapped)
+    assert found.cause == Cause.PROMPT_CHANGED and found.changed_part == RequestPart.ADAPTER
+    assert found.diverged_at == 0 and found.compared_with == "base"

@@ -22,6 +22,7 @@ from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, LossMinute, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
 from app.traffic.tasks import scrape_server
+from collectors.parts import PartDigests
 from collectors.records import RequestFacts
 from simulator.fleet import describe
 from tests.support.simulated_fleet import local_config, running_fleet
@@ -56,6 +57,7 @@ class Fleet:
         salt: str | None = None,
         template: str = "support",
         tenant: str = "",
+        parts: PartDigests | None = None,
     ) -> str:
         target = self.servers[server]
         body: dict[str, object] = {"model": target.model, "prompt": tokens, "max_tokens": 2}
@@ -78,6 +80,7 @@ class Fleet:
                     cache_salt=salt,
                     prompt_token_ids=tokens,
                     tenant=tenant,
+                    parts=parts,
                 )
             ],
             source="gateway",
@@ -176,6 +179,39 @@ def test_a_requests_diagnosis_reads_the_same_in_the_api_and_on_its_page(fleet: F
         and "Routed elsewhere" in fleet_page
         and reverse("dashboard:request-detail", args=["sim-b", routed]) in fleet_page
     )
+
+
+def test_a_changed_prompt_names_its_changed_part_in_the_api_its_hosted_shapes_and_its_page(
+    fleet: Fleet, client: Client
+) -> None:
+    parts = PartDigests(system="5157", tools=["a1", "b2"], tools_sent="c3", messages=["d4"], latest=1)
+    first = fleet.send(0, prompt(1), parts=parts)
+    reordered = PartDigests(system="5157", tools=["b2", "a1"], tools_sent="e5", messages=["f6"], latest=1)
+    changed = fleet.send(0, prompt(2, changed_at=70), parts=reordered)
+    routed = fleet.send(1, prompt(2, changed_at=70), parts=reordered)
+    diagnose_requests(now=timezone.now() + timedelta(minutes=1))
+    client.force_login(fleet_viewer("engineer"))
+
+    found = client.get(f"/api/v1/requests/sim-a/{changed}/diagnosis").json()
+    assert (found["cause"], found["diverged_at"], found["changed_part"], found["part_detail"]) == (
+        "prompt_changed", 70, "tools", "reordered",
+    )  # fmt: skip
+    assert found["compared_with"] == first
+    assert found["prompt_cache_diagnostics"] == {
+        "type": "cache_miss", "reason": "tools_changed", "cache_missed_tokens": 128,
+        "comparison_reusable_tokens": 64, "comparison_request_id": first,
+    }  # fmt: skip
+    assert found["anthropic_diagnostics"] == {
+        "cache_miss_reason": "tools_changed",
+        "cache_missed_input_tokens": 128,
+    }
+    other = client.get(f"/api/v1/requests/sim-b/{routed}/diagnosis").json()
+    assert other["cause"] == "routed_elsewhere" and other["prompt_cache_diagnostics"]["type"] == "unavailable"
+    assert other["anthropic_diagnostics"]["cache_miss_reason"] is None  # no structural change
+    page = client.get(reverse("dashboard:request-detail", args=["sim-a", changed])).content.decode()
+    assert "tools reordered" in page
+    listed = client.get(reverse("dashboard:requests")).content.decode()
+    assert "at 70: tools reordered" in listed
 
 
 def test_losses_roll_up_per_minute_into_routing_effectiveness_and_the_tenant_audit(

@@ -142,6 +142,28 @@ def test_the_headers_name_tenant_template_version_and_trace(
     )
 
 
+def test_a_chat_request_is_stored_with_its_parts_digests_and_never_their_text(
+    upstream: ServerConfig, server: Server, spill: Path
+) -> None:
+    writer = writer_for("sim-0", spill)
+    writer.start()
+    tool = {"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}
+    body = {
+        "model": "tiny", "max_tokens": 2, "tools": [tool],
+        "chat_template_kwargs": {"reasoning_effort": "high"},
+        "messages": [{"role": "system", "content": "Support desk rules."}, {"role": "user", "content": "Hi"}],
+    }  # fmt: skip
+    with running_gateway(upstream.base_url, writer) as gateway:
+        chat = complete(gateway, body)
+        text = complete(gateway, {"model": "tiny", "prompt": "Support desk rules.", "max_tokens": 2})
+    writer.stop()
+    stored = RequestRecord.objects.get(request_id=chat["request_id"]).part_digests
+    assert stored is not None and set(stored) >= {"system", "tools", "tools_sent", "reasoning_effort"}
+    assert stored["latest"] == 1 and len(stored["messages"]) == 1
+    assert not any(word in json.dumps(stored) for word in ("Support", "lookup_order", "high", "Hi"))
+    assert RequestRecord.objects.get(request_id=text["request_id"]).part_digests is None
+
+
 def test_an_unregistered_upstream_is_proposed_as_a_server(upstream: ServerConfig, spill: Path) -> None:
     writer = writer_for(upstream.base_url, spill)
     writer.start()

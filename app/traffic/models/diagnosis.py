@@ -11,6 +11,7 @@ from app.domain.misses import CAUSE_LABELS, PART_LABELS, UNKNOWN_LABELS, Loss, i
 from app.domain.misses import Cause as _Cause
 from app.domain.misses import RequestPart as _Part
 from app.domain.misses import Unknown as _Unknown
+from app.domain.requestparts import change_text
 from collectors import records
 
 # The prompt tokens a diagnosis lost that a cache could have reused: every cause's that is a loss
@@ -88,8 +89,24 @@ class RequestDiagnosis(PostgresPartitionedModel):
     unknown = models.CharField(max_length=20, choices=Unknown.choices, blank=True)
     diverged_at = models.PositiveIntegerField(null=True, blank=True, help_text="prompt_changed: first token")
     changed_part = models.CharField(
-        max_length=20, choices=Part.choices, blank=True, help_text="prompt_changed: the request's part"
+        max_length=20,
+        choices=Part.choices,
+        blank=True,
+        help_text="prompt_changed: the request's part",
+        default="",
+        db_default="",  # writers that name no such column (an older process, a bulk INSERT) store ""
     )
+    part_detail = models.CharField(
+        max_length=20,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="changed_part tools: added, removed, edited, reordered, re-serialized",
+    )
+    compared_with = models.CharField(
+        max_length=records.REQUEST_ID_MAX, blank=True, default="", db_default="",
+        help_text="prompt_changed: the request id of the earlier request its parts were compared with",
+    )  # fmt: skip
     unexpected_hit = models.BooleanField(default=False)
     # The funnel, in leading prompt tokens.
     prompt_tokens = models.PositiveIntegerField(default=0)
@@ -139,6 +156,11 @@ class RequestDiagnosis(PostgresPartitionedModel):
 
     def __str__(self) -> str:
         return f"{self.request_id} on {self.server_id}: {self.cause or self.unknown or 'reused'}"
+
+    @property
+    def change_text(self) -> str:
+        """The changed part as pages say it ("tools reordered"); "" when not known."""
+        return change_text(self.changed_part, self.part_detail)
 
     @property
     def changed_from(self) -> int | None:

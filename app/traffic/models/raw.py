@@ -206,6 +206,9 @@ class RequestRecord(PostgresPartitionedModel):
     gateway_cache_hit = models.BooleanField(
         null=True, blank=True, help_text="Answered by a gateway's response (semantic) cache"
     )
+    # The gateway's keyed digests of a chat request's parts (collectors/parts.py PartDigests), never
+    # their text: what the diagnosis compares to say which part of a changed prompt changed.
+    part_digests = models.JSONField(null=True, blank=True)
 
     class PartitioningMeta:
         method = PostgresPartitioningMethod.RANGE

@@ -51,6 +51,7 @@ class RecordRow(NamedTuple):
     cache_key_hash: str = ""
     cache_breakpoints: list[int] | None = None
     gateway_cache_hit: bool | None = None
+    part_digests: dict[str, Any] | None = None  # PartDigests as JSON (collectors/parts.py), as stored
 
 
 # Each column's type for binary COPY, into the staging table (counts and token ids bigint there: a
@@ -66,6 +67,7 @@ _STAGED_TYPES = {
     "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]", "family_id": "int8",
     "provider": "varchar", "cache_write_tokens": "int8", "cache_key_hash": "varchar",
     "cache_breakpoints": "int8[]", "gateway_cache_hit": "bool",
+    "part_digests": "jsonb",
 }  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]",
          "cache_write_tokens": "int4", "cache_breakpoints": "int4[]"}  # fmt: skip
@@ -167,6 +169,7 @@ def record_row(
         cache_key_hash=_hashed(item.prompt_cache_key),
         cache_breakpoints=list(item.cache_breakpoints) if item.cache_breakpoints is not None else None,
         gateway_cache_hit=item.gateway_cache_hit,
+        part_digests=msgspec.to_builtins(item.parts) if item.parts is not None else None,
     )
 
 

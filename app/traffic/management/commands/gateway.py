@@ -30,6 +30,7 @@ drains the queue; SIGKILL loses the records still in memory (at most --queue-siz
 import argparse
 import asyncio
 import gc
+import hashlib
 import signal
 import sys
 from dataclasses import dataclass
@@ -160,9 +161,19 @@ async def _serve_until_signalled(routes: list[tuple[Route, GatewayWriter]]) -> N
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    key = part_digest_key()
     await asyncio.gather(
-        *(serve(route.host, route.port, route.upstream, writer, stop) for route, writer in routes)
+        *(
+            serve(route.host, route.port, route.upstream, writer, stop, digest_key=key)
+            for route, writer in routes
+        )
     )
+
+
+def part_digest_key() -> bytes:
+    """The key of the request parts' digests (collectors/parts.py): derived from the deployment's
+    secret, so digests compare across the gateway's processes and restarts, and only within it."""
+    return hashlib.sha256(b"prefixscope request parts\0" + settings.SECRET_KEY.encode()).digest()
 
 
 def _keep_pauses_short() -> None:

@@ -1,0 +1,183 @@
+"""Which part of a request changed, from the digests of its parts and of the request it departs
+from (the gateway's, collectors/parts.py, stored on the record as JSON).
+
+The rule order is the order in which a part, changed, explains a prompt change: the model or LoRA
+adapter (every block differs), then the tools, the system message, the request parameters the chat
+template renders (tool choice, response format, reasoning effort, the other template arguments),
+the history (an earlier message edited, removed or summarized: not appended to), and last the
+latest messages. The digests say which parts differ, not where each one starts in the rendered
+prompt (the gateway does not render the chat template): the first differing part in this order is
+named, so a request whose latest message and reasoning effort both changed is said to have changed
+its reasoning effort.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from app.domain.misses import PART_LABELS, RequestPart
+
+
+class PartDetail(StrEnum):
+    """How the tools changed."""
+
+    ADDED = "added"
+    REMOVED = "removed"
+    EDITED = "edited"  # a tool of the set changed, or tools were both added and removed
+    REORDERED = "reordered"
+    RESERIALIZED = "re-serialized"
+
+
+DETAIL_LABELS: dict[PartDetail, str] = {
+    PartDetail.ADDED: "added",
+    PartDetail.REMOVED: "removed",
+    PartDetail.EDITED: "edited",
+    PartDetail.REORDERED: "reordered",
+    PartDetail.RESERIALIZED: "re-serialized",
+}
+
+
+def change_text(part: str, detail: str) -> str:
+    """How pages say a changed part (values as stored): "tools reordered", "chat-template argument
+    enable_thinking", "system message"; "" for none."""
+    if not part:
+        return ""
+    label = PART_LABELS.get(RequestPart(part), part) if part in _PART_VALUES else part
+    if part == RequestPart.TEMPLATE_KWARGS and detail:
+        return f"chat-template argument {detail}"
+    return f"{label.lower()} {detail}" if detail else label.lower()
+
+
+_PART_VALUES = frozenset(RequestPart)
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """A request's parts as digests ("" for absent), and its model name as the record has it."""
+
+    model: str = ""
+    adapter: bool = False  # the model name is a LoRA adapter of its server, not the base model
+    system: str = ""
+    tools: tuple[str, ...] = ()
+    tools_sent: str = ""
+    tool_choice: str = ""
+    response_format: str = ""
+    reasoning_effort: str = ""
+    template_kwargs: Mapping[str, str] = field(default_factory=dict)
+    messages: tuple[str, ...] = ()
+    latest: int = 0
+
+    @classmethod
+    def from_json(cls, stored: Mapping[str, Any], *, model: str, adapter: bool) -> Parts:
+        """As stored on a record (PartDigests' JSON, its defaults left out); `model` and `adapter`
+        from the record and its server."""
+        return cls(
+            model=model,
+            adapter=adapter,
+            system=str(stored.get("system", "")),
+            tools=tuple(stored.get("tools", ())),
+            tools_sent=str(stored.get("tools_sent", "")),
+            tool_choice=str(stored.get("tool_choice", "")),
+            response_format=str(stored.get("response_format", "")),
+            reasoning_effort=str(stored.get("reasoning_effort", "")),
+            template_kwargs=dict(stored.get("template_kwargs", {})),
+            messages=tuple(stored.get("messages", ())),
+            latest=int(stored.get("latest", 0)),
+        )
+
+    @property
+    def history(self) -> int:
+        """How many leading messages are earlier turns (not the request's own)."""
+        return max(len(self.messages) - self.latest, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PartChange:
+    part: RequestPart
+    detail: PartDetail | None = None
+    kwarg: str = ""  # template_kwargs: the first argument (by name) that differs
+
+
+def changed_part(ours: Parts, theirs: Parts) -> PartChange | None:
+    """The part of `ours` that departs from `theirs` (the earlier request), by the rule order of
+    the module's docstring; None when no part differs (a completions request, or the same parts
+    rendered differently: a template change)."""
+    if ours.model != theirs.model:
+        adapter = ours.adapter or theirs.adapter
+        return PartChange(RequestPart.ADAPTER if adapter else RequestPart.MODEL)
+    if tools := _tools(ours, theirs):
+        return PartChange(RequestPart.TOOLS, tools)
+    if ours.system != theirs.system:
+        return PartChange(RequestPart.SYSTEM)
+    for part, name in _PARAMETERS:
+        if getattr(ours, name) != getattr(theirs, name):
+            return PartChange(part)
+    if ours.template_kwargs != theirs.template_kwargs:
+        names = sorted(set(ours.template_kwargs) | set(theirs.template_kwargs))
+        first = next(n for n in names if ours.template_kwargs.get(n) != theirs.template_kwargs.get(n))
+        return PartChange(RequestPart.TEMPLATE_KWARGS, kwarg=first)
+    if _history_rewritten(ours.messages, theirs):
+        return PartChange(RequestPart.HISTORY)
+    if ours.messages != theirs.messages:
+        return PartChange(RequestPart.MESSAGES)
+    return None
+
+
+_PARAMETERS = (
+    (RequestPart.TOOL_CHOICE, "tool_choice"),
+    (RequestPart.RESPONSE_FORMAT, "response_format"),
+    (RequestPart.REASONING_EFFORT, "reasoning_effort"),
+)
+
+
+def _tools(ours: Parts, theirs: Parts) -> PartDetail | None:
+    mine, before = set(ours.tools), set(theirs.tools)
+    if mine != before:
+        if mine > before:
+            return PartDetail.ADDED
+        return PartDetail.REMOVED if mine < before else PartDetail.EDITED
+    if ours.tools != theirs.tools:
+        return PartDetail.REORDERED
+    if ours.tools_sent != theirs.tools_sent:
+        return PartDetail.RESERIALIZED
+    return None
+
+
+def _history_rewritten(ours: Sequence[str], theirs: Parts) -> bool:
+    """Whether a message the earlier request had as history is not where it was: edited, removed
+    or summarized (a conversation appended to keeps every earlier message in its place)."""
+    kept = theirs.history
+    return any(i >= len(ours) or ours[i] != theirs.messages[i] for i in range(kept))
+
+
+@dataclass(slots=True)
+class RecentParts:
+    """The parts of a family's earlier requests, by the blocks of their chains: the request an
+    earlier prompt was departed from is the latest one holding its last shared block (all of its
+    blocks before cover the same tokens). Bounded: past `limit` blocks, the ones not seen for the
+    longest are forgotten first."""
+
+    limit: int
+    _by_block: dict[int | None, tuple[Hashable, Parts]] = field(default_factory=dict)
+
+    def remember(self, chain: Sequence[int], key: Hashable, parts: Parts) -> None:
+        by_block = self._by_block
+        entry = (key, parts)
+        for block in (None, *chain):  # popped first: a dict keeps the first insertion's place
+            by_block.pop(block, None)
+            by_block[block] = entry
+        while len(by_block) > self.limit:
+            del by_block[next(iter(by_block))]
+
+    def compared(self, chain: Sequence[int]) -> tuple[Hashable, Parts] | None:
+        """The latest earlier request sharing the most leading blocks with `chain` (the latest of
+        all when none shares its first)."""
+        found = self._by_block.get(None)
+        for block in chain:
+            if (entry := self._by_block.get(block)) is None:
+                break
+            found = entry
+        return found

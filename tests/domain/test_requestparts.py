@@ -1,0 +1,62 @@
+"""Which part of a request changed, by the rule order: model or adapter, tools, system, parameters,
+history, latest messages."""
+
+from dataclasses import replace
+
+import pytest
+
+from app.domain.misses import RequestPart
+from app.domain.requestparts import PartChange, PartDetail, Parts, RecentParts, changed_part
+
+BEFORE = Parts(
+    model="tiny", system="s1", tools=("t1", "t2"), tools_sent="sent", reasoning_effort="low",
+    template_kwargs={"enable_thinking": "yes"}, messages=("u1", "a1", "u2"), latest=1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("after", "expected"),
+    [
+        (replace(BEFORE, model="support-lora", adapter=True), PartChange(RequestPart.ADAPTER)),
+        (replace(BEFORE, model="other"), PartChange(RequestPart.MODEL)),
+        (replace(BEFORE, tools=("t1", "t2", "t3")), PartChange(RequestPart.TOOLS, PartDetail.ADDED)),
+        (replace(BEFORE, tools=("t1",)), PartChange(RequestPart.TOOLS, PartDetail.REMOVED)),
+        (replace(BEFORE, tools=("t1", "t9")), PartChange(RequestPart.TOOLS, PartDetail.EDITED)),
+        (replace(BEFORE, tools=("t2", "t1")), PartChange(RequestPart.TOOLS, PartDetail.REORDERED)),
+        (replace(BEFORE, tools_sent="other"), PartChange(RequestPart.TOOLS, PartDetail.RESERIALIZED)),
+        (replace(BEFORE, system="s2"), PartChange(RequestPart.SYSTEM)),
+        (replace(BEFORE, tool_choice="auto"), PartChange(RequestPart.TOOL_CHOICE)),
+        (replace(BEFORE, response_format="json"), PartChange(RequestPart.RESPONSE_FORMAT)),
+        (replace(BEFORE, reasoning_effort="high"), PartChange(RequestPart.REASONING_EFFORT)),
+        (replace(BEFORE, template_kwargs={"enable_thinking": "no"}),
+         PartChange(RequestPart.TEMPLATE_KWARGS, kwarg="enable_thinking")),
+        (replace(BEFORE, messages=("summary", "u3"), latest=2), PartChange(RequestPart.HISTORY)),
+        (replace(BEFORE, messages=("u1", "a1-edited", "u2"), latest=1), PartChange(RequestPart.HISTORY)),
+        (replace(BEFORE, messages=("u1", "a1", "u2", "a2", "u3")), PartChange(RequestPart.MESSAGES)),
+        (replace(BEFORE, messages=("u1", "a1", "u2-edited"), latest=1), PartChange(RequestPart.MESSAGES)),
+        (BEFORE, None),
+    ],
+)  # fmt: skip
+def test_the_first_changed_part_in_rule_order_is_named(after: Parts, expected: PartChange | None) -> None:
+    assert changed_part(after, BEFORE) == expected
+
+
+def test_the_tools_are_named_before_the_latest_messages_that_always_change() -> None:
+    after = replace(BEFORE, tools=("t2", "t1"), messages=("u1", "a1", "u2", "a2", "u3"))
+    assert changed_part(after, BEFORE) == PartChange(RequestPart.TOOLS, PartDetail.REORDERED)
+
+
+def test_parts_read_back_from_their_stored_json_with_defaults_left_out() -> None:
+    found = Parts.from_json({"system": "s1", "tools": ["t1"], "latest": 1}, model="tiny", adapter=False)
+    assert found == Parts(model="tiny", system="s1", tools=("t1",), latest=1)
+
+
+def test_the_compared_request_is_the_latest_holding_the_last_shared_block_and_memory_is_bounded() -> None:
+    recent = RecentParts(limit=6)
+    recent.remember([1, 2, 3], "a", BEFORE)
+    recent.remember([1, 2, 4], "b", BEFORE)
+    assert recent.compared([1, 2, 3, 9]) == ("a", BEFORE)  # shares three blocks with a, two with b
+    assert recent.compared([1, 5]) == ("b", BEFORE)  # both share one: the latest
+    assert recent.compared([7]) == ("b", BEFORE)  # none shares its first: the latest of all
+    recent.remember([10, 11, 12], "c", BEFORE)
+    assert recent.compared([1, 2, 3]) == ("c", BEFORE)  # a's blocks were the oldest, forgotten first
