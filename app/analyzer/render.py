@@ -9,7 +9,7 @@ from importlib.resources import files
 from jinja2 import Environment, select_autoescape
 
 from app.analyzer.report import Report
-from app.domain.misses import cause_label
+from app.domain.misses import OF_PROMPT, OF_REUSABLE, cause_label
 
 TOP = 10  # rows of each table in the summary
 PAGE_ROWS = 500  # requests listed on the page (the JSON has them all)
@@ -34,10 +34,11 @@ def terminal_summary(report: Report) -> str:
         )
     out += [f"note: {note}" for note in report.notes]
     reported = _percent(report.reported_hit_rate)
-    out.append(f"hit rate: {reported} reported ({report.reported_requests:,} requests say),"
+    out.append(f"hit rate ({OF_PROMPT}): {reported} reported ({report.reported_requests:,} requests say),"
                f" {_percent(report.replayed_hit_rate)} replayed")  # fmt: skip
+    out.append(f"hit rate of reusable tokens, replayed: {_percent(report.reusable_hit_rate)} ({OF_REUSABLE})")
     width = max((len(_label(row.cause)) for row in report.causes), default=0)
-    out += ["", f"{'miss causes':<{width + 2}} {'requests':>8}  tokens lost"]
+    out += ["", f"{'miss causes':<{width + 2}} {'requests':>8}  tokens not reused"]
     out += [f"  {_label(row.cause):<{width}} {row.requests:>8,}  {row.tokens:>11,}" for row in report.causes]
     out += ["", "cache killers"]
     out += [
@@ -89,7 +90,7 @@ def html_page(report: Report) -> str:
     template = environment.from_string((files("app.analyzer") / "report.html").read_text(encoding="utf-8"))
     return template.render(
         report=report, percent=_percent, label=_label, cause_bars=_cause_bars(report),
-        curve=_curve(report), rows=report.rows[:PAGE_ROWS],
+        curve=_curve(report), rows=report.rows[:PAGE_ROWS], of_prompt=OF_PROMPT, of_reusable=OF_REUSABLE,
     )  # fmt: skip
 
 

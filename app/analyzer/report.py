@@ -12,7 +12,7 @@ from app.analyzer.diagnose import diagnose_trace, server_names
 from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows, trace_killers
 from app.analyzer.lines import Lines
 from app.analyzer.trace import Built, build_requests
-from app.domain.misses import Diagnosis, Unknown
+from app.domain.misses import Diagnosis, Unknown, reusable_hit_rate
 from app.domain.replay.trace import TraceRequest
 
 DEFAULT_BLOCK_SIZE = 16
@@ -56,7 +56,8 @@ class RequestRow:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The whole report (see the module's docstring); hit rates are of all prompt tokens."""
+    """The whole report (see the module's docstring); hit rates are of all prompt tokens (OF_PROMPT),
+    but `reusable_hit_rate`: the replay's of the reusable ones (OF_REUSABLE)."""
 
     source: str
     format: str
@@ -72,6 +73,7 @@ class Report:
     replayed_tokens: int
     reported_hit_rate: float | None
     replayed_hit_rate: float | None
+    reusable_hit_rate: float | None
     causes: list[CauseRow]
     groups: list[GroupRow]
     killers: list[FoundKiller]
@@ -97,13 +99,17 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
     reported = [r.cached_tokens for r in requests if r.cached_tokens is not None]
     replayed = sum(diagnosed.replayed)
     curve, base = _curve(built, options, diagnosed.footprint) if options.curve else ([], "")
+    causes = _causes(diagnosed.diagnoses)
+    by_cause = {row.cause: row.tokens for row in causes}
     return Report(
         source=source, format=lines.format, requests=len(requests), skipped=dict(lines.skipped),
         notes=notes, servers=server_names(requests), block_size=size, blocks=options.blocks,
         prompt_tokens=prompt, reported_tokens=sum(reported) if reported else None,
         reported_requests=len(reported), replayed_tokens=replayed,
         reported_hit_rate=_rate(sum(reported), _reporting_prompts(requests)),
-        replayed_hit_rate=_rate(replayed, prompt), causes=_causes(diagnosed.diagnoses),
+        replayed_hit_rate=_rate(replayed, prompt),
+        reusable_hit_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=replayed, by_cause=by_cause),
+        causes=causes,
         groups=group_rows(built, diagnosed.diagnoses), killers=trace_killers(built),
         curve=curve, curve_base=base, rows=_rows(built, diagnosed.diagnoses, diagnosed.replayed),
     )  # fmt: skip

@@ -46,8 +46,8 @@ def is_loss(cause: str) -> bool:
 # The two hit rates every page states, each with its definition beside it.
 OF_PROMPT = "reused / all prompt tokens"
 OF_REUSABLE = (
-    "reused / reusable prompt tokens: all of them less what no cache could reuse (each request's own "
-    "new content past its template's usual fan-out point, and its tail below one block)"
+    "reused / reusable prompt tokens: all prompt tokens less each request's own new content past its "
+    "template's usual fan-out point and its tail below one block"
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from app.domain.misses import is_loss
 from app.domain.placement import share_stayed
 from app.prompts.models import DeployMarker, TemplateVersion
 from app.regressions.models import Regression
@@ -75,7 +76,8 @@ def _shares(minutes: Sequence[Minute]) -> dict[str, float]:
     lost: dict[str, int] = {}
     for minute in minutes:
         for cause, tokens in minute.lost.items():
-            lost[cause] = lost.get(cause, 0) + tokens
+            if is_loss(cause):  # a longer question is no regression's kind
+                lost[cause] = lost.get(cause, 0) + tokens
     return {cause: round(tokens / prompt, 4) for cause, tokens in sorted(lost.items())} if prompt else {}
 
 
