@@ -9,6 +9,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.dashboard.metrics.hit_blocks import STATES as HIT_COUNTER_STATES
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion
@@ -85,7 +86,7 @@ BOUNDS: dict[str, Callable[[], set[str]] | Callable[[str], bool]] = {
     "kind": choices(CollectorProcess.Kind, CacheKiller.Kind, Regression.Kind),
     "scope": choices(Regression.Scope),
     "metric": choices(Regression.Metric),
-    "state": choices(Regression.State),
+    "state": lambda: {*choices(Regression.State)(), *HIT_COUNTER_STATES},
     "expected": lambda: {"true", "false"},
     "event": lambda: {"taken", "lost", "released"},
     "rollup": lambda: {"requests", "diagnoses"},

@@ -23,6 +23,7 @@ from app.traffic.models import (
     LossHour,
     LossMinute,
     MinuteRollup,
+    RecordsReceived,
     RejectedInput,
     TenantSalt,
 )
@@ -157,6 +158,12 @@ def _store_collection(server: Server, now: datetime) -> None:
         count=3,
         first_seen_at=now,
         last_seen_at=now,
+    )
+    RejectedInput.objects.create(
+        server=server, source="otlp", reason="field_invalid", count=12, first_seen_at=now, last_seen_at=now
+    )
+    RecordsReceived.objects.create(
+        server=server, source="gateway", count=40, first_received_at=now, last_received_at=now
     )
     report_collector_process(
         kind="gateway", name=server.name, process="gw:1", queue_depth=2, spill_bytes=4096, now=now
