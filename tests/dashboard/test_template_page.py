@@ -308,3 +308,13 @@ def test_the_trends_are_of_the_viewers_tenants(client: Client, history: History)
     assert [v for v in values if v is not None] == [0.8] * 10 + [0.2] * 10
     assert f'id="trend-{history.billing.pk}"' not in html
     assert answer.splitlines()[0] == "time,support"
+
+
+def test_hits_by_tier_are_per_server_only_and_link_each_server_it_went_to(
+    signed_in: Client, history: History
+) -> None:
+    html = signed_in.get(f"/templates/{history.support.pk}/").content.decode()
+    note = html[html.index('id="tier-hits-note"') :]
+    note = note[: note.index("</p>")]
+    assert "Per server only" in note
+    assert f'href="/servers/{history.server.name}/?' in note and note.count("#tier-hits") == 1

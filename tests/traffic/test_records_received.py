@@ -8,9 +8,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from app.dashboard.metrics.arrivals import EXPECTED_FOR
 from app.fleet.models import Server
 from app.traffic.models import RecordsReceived, RequestRecord, ServerMinute
-from app.dashboard.metrics.arrivals import EXPECTED_FOR
 from app.traffic.services.arrivals import count_received_records
 from tests.core.test_own_metrics import samples
 from tests.support.factories import a_server, facts, ingested
