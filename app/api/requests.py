@@ -17,6 +17,7 @@ from app.api.ingest.rest import router as ingest_router
 from app.api.viewers import caller_viewer
 from app.compare.selectors import RecordKey, previous_request_key
 from app.domain.keyset import BadCursor
+from app.domain.misses import OF_REQUEST
 from app.prompts.killers import may_read_prompts
 from app.traffic.explorer import (
     MAX_PAGE_SIZE,
@@ -59,7 +60,7 @@ class RequestRow(Schema):
     tenant: str
     prompt_tokens: int | None
     cached_tokens: int | None
-    hit_rate: float | None = Field(description="cached / prompt tokens; null when either is unknown")
+    hit_rate: float | None = Field(description=f"{OF_REQUEST}; null when either is unknown")
     cause: str | None = Field(description="the diagnosis' main cause; null when none was lost or undiagnosed")
     diagnosed: bool
     client_ttft_seconds: float | None = Field(description="time to first token as the client saw it")
@@ -69,6 +70,7 @@ class RequestRow(Schema):
 
 class RequestList(Schema):
     items: list[RequestRow] = Field(description="newest first")
+    hit_rate_definition: str = Field(OF_REQUEST, description="what each item's hit_rate is the share of")
     cursor: str | None = Field(description="pass as `cursor` (with the same filters) for the next page")
     next: str | None = Field(
         description="the next page's URL, its window's end pinned; null on the last page"

@@ -15,6 +15,7 @@ from ninja import Field, Router, Schema
 from app.api.auth import READERS
 from app.api.errors import ApiError, error
 from app.api.viewers import caller_viewer
+from app.domain.misses import HOSTED_INCLUDED, OF_COUNTERS, OF_PROMPT, OF_RECORDED
 from app.prompts.selectors import find_template
 from app.rollups import series as traffic_series
 
@@ -36,6 +37,7 @@ class SeriesOut(Schema):
     ttft: str = Field(description="client: as the gateway or application saw it; server: vLLM's own")
     unit: str
     source: str = Field(description="the table the numbers were read from")
+    definition: str | None = Field(description="for a hit rate, what it is the share of; else null")
     times: list[datetime] = Field(description="the start of each bucket")
     series: list[OneSeries]
 
@@ -92,8 +94,19 @@ def series(
     return SeriesOut(
         metric=query.metric, scope=query.scope, id=query.id, since=query.since, until=query.until,
         bucket=query.bucket, ttft=query.ttft, unit=found.unit, source=found.source, times=found.times,
+        definition=hit_rate_definition(query.metric, query.scope),
         series=[OneSeries(name=s.name, values=s.values) for s in found.series],
     )  # fmt: skip
+
+
+def hit_rate_definition(metric: str, scope: str) -> str | None:
+    """The definition of a hit-rate series (app/domain/misses.py), None for any other metric: a
+    tenant's reads the diagnoses (reused / prompt tokens), every other scope's the records."""
+    if metric == "engine_hit_rate":
+        return OF_COUNTERS
+    if metric != "hit_rate":
+        return None
+    return f"{OF_PROMPT}, of the diagnosed requests; {HOSTED_INCLUDED}" if scope == "tenant" else OF_RECORDED
 
 
 def _csv(found: traffic_series.SeriesSet) -> HttpResponse:

@@ -23,6 +23,7 @@ from app.api.pages import Pages
 from app.api.schemas import Instant
 from app.api.viewers import caller_viewer
 from app.core.tenancy import Viewer
+from app.domain.misses import OF_REPLAYED
 from app.whatif import questions, selectors
 from app.whatif.models import WhatIfQuestion
 from app.whatif.results import answers_out
@@ -123,6 +124,11 @@ class CurvePointOut(Schema):
 
 class AnswersOut(Schema):
     requests: int = Field(description="The requests counted (the scope's, of the asker's tenants)")
+    hit_rate_definition: str = Field(
+        OF_REPLAYED,
+        description="What every answer's hit_rate is; the calibration's reported one: "
+        "cached / prompt tokens the engines reported for the same requests",
+    )
     prompt_tokens: int
     window_seconds: float
     block_size: int

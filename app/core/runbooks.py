@@ -79,6 +79,7 @@ RUNBOOKS = {
     "gateway-spilled": Runbook("GatewaySpilled", "warning", PREFIXSCOPE),
     "analysis-lagging": Runbook("AnalysisLagging", "warning", PREFIXSCOPE),
     "input-rejected": Runbook("InputRejected", "warning", PREFIXSCOPE),
+    "request-records-stopped": Runbook("RequestRecordsStopped", "warning", PREFIXSCOPE),
 }
 
 

@@ -51,6 +51,32 @@ OF_REUSABLE = (
 )
 
 
+# The other figures called a hit rate, each said where it is shown (pages, API answers): what it is
+# the share of, and of which requests. Hosted APIs report no reuse of their own but a cache read.
+OF_HOSTED = "a hosted API's requests: cache read / input tokens, as their provider reports them"
+HOSTED_INCLUDED = f"hosted-API requests included ({OF_HOSTED.partition(': ')[2]})"
+OF_RECORDED = (
+    f"cached / prompt tokens of the recorded requests that reported cached tokens; {HOSTED_INCLUDED}"
+)
+OF_COUNTERS = (
+    "the engine's own prefix-cache counters (vLLM /metrics): tokens hit / tokens queried, every request"
+)
+OF_REQUEST = "this request's cached / prompt tokens (a hosted API's: cache read / input tokens)"
+OF_REPLAYED = (
+    "reused / prompt tokens of the requests replayed through Prefixscope's model of the engine's cache"
+)
+GATEWAY_CACHE = "requests a gateway answered from its semantic cache: no engine saw them, never prefix reuse"
+# By the name the API answers carry (`hit_rate_definition` says which one a figure is).
+HIT_RATE_DEFINITIONS = {
+    "of_prompt": OF_PROMPT,
+    "of_reusable": OF_REUSABLE,
+    "recorded": OF_RECORDED,
+    "counters": OF_COUNTERS,
+    "request": OF_REQUEST,
+    "replayed": OF_REPLAYED,
+}
+
+
 def reusable_hit_rate(*, prompt_tokens: int, reused_tokens: int, by_cause: dict[str, int]) -> float | None:
     """Reused over the prompt tokens a cache could have reused (OF_REUSABLE); None without any."""
     reusable = prompt_tokens - sum(tokens for cause, tokens in by_cause.items() if not is_loss(cause))

@@ -73,3 +73,54 @@ def tier_hits(*, server_id: int, since: datetime, until: datetime) -> list[TierH
          for (source, tier), (hits, queries) in grown.items()),
         key=lambda found: (found.source, found.tier),
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TierCounter:
+    """A server's cumulative hits (and queries) of one lower tier by one source, as last scraped:
+    the engine's own counters summed over its series, so they reset when the engine restarts."""
+
+    server: str
+    model: str
+    tier: str  # one of collectors.metrics.names.TIERS
+    source: str  # "vllm offloading" or "lmcache"
+    hits: float
+    queries: float | None  # LMCache counts the tokens asked for across its levels, not per tier
+
+
+_NEWEST_SQL = """
+SELECT s.name, s.model, newest.name, newest.tier, newest.value FROM (
+    SELECT DISTINCT ON (ss.series_id) ss.server_id, m.name, m.labels->>'tier' AS tier, ss.value
+    FROM traffic_scrapesample ss JOIN traffic_metricseries m ON m.id = ss.series_id
+    WHERE m.name = ANY(%(names)s) AND ss.scraped_at >= %(since)s
+    ORDER BY ss.series_id, ss.scraped_at DESC
+) newest JOIN fleet_server s ON s.id = newest.server_id
+WHERE s.state <> 'disabled'
+"""
+
+
+def newest_tier_counters(*, since: datetime) -> list[TierCounter]:
+    """Every server's tier counters as scraped last since `since` (one query for the fleet), in
+    (server, source, tier) order; LMCache's requested tokens are each of its tiers' queries."""
+    with connection.cursor() as cursor:
+        cursor.execute(_NEWEST_SQL, {"names": _NAMES, "since": since})
+        rows = cursor.fetchall()
+    grown: dict[
+        tuple[str, str, str, str], list[float]
+    ] = {}  # (server, model, source, tier) -> [hits, queries]
+    requested: dict[str, float] = {}
+    for server, model, name, label, value in rows:
+        if name == LMCACHE_REQUESTED_TOKENS:
+            requested[server] = requested.get(server, 0.0) + value
+            continue
+        lmcache = name in LMCACHE_TIER_HIT_TOKENS
+        key = (server, model, "lmcache" if lmcache else "vllm offloading",
+               LMCACHE_TIER_HIT_TOKENS[name] if lmcache else offload_tier(label))  # fmt: skip
+        counts = grown.setdefault(key, [0.0, 0.0])
+        counts[0 if lmcache or name in OFFLOAD_TIER_HITS else 1] += value
+    return [
+        TierCounter(
+            server, model, tier, source, hits, requested.get(server) if source == "lmcache" else queries
+        )
+        for (server, model, source, tier), (hits, queries) in sorted(grown.items())
+    ]

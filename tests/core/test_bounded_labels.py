@@ -9,6 +9,8 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.dashboard.metrics.hit_blocks import STATES as HIT_COUNTER_STATES
+from app.dashboard.metrics.tiers import UNITS
 from app.domain.histogram import TTFT_BUCKETS_SECONDS
 from app.fleet.models import Server
 from app.prompts.models import CacheKiller, Template, TemplateRepository, TemplateVersion
@@ -16,6 +18,7 @@ from app.regressions.models import Regression
 from app.regressions.owners import DEFAULT_GROUP, PLATFORM, TEMPLATE, UNOWNED
 from app.traffic.models import CollectorProcess, LossHour, RejectedInput, RequestDiagnosis, RequestRecord
 from collectors.errors import RejectReason
+from collectors.metrics.names import TIERS
 from simulator.server import ServerConfig
 from tests.support.live_stack import store_every_family
 
@@ -85,7 +88,7 @@ BOUNDS: dict[str, Callable[[], set[str]] | Callable[[str], bool]] = {
     "kind": choices(CollectorProcess.Kind, CacheKiller.Kind, Regression.Kind),
     "scope": choices(Regression.Scope),
     "metric": choices(Regression.Metric),
-    "state": choices(Regression.State),
+    "state": lambda: {*choices(Regression.State)(), *HIT_COUNTER_STATES},
     "expected": lambda: {"true", "false"},
     "event": lambda: {"taken", "lost", "released"},
     "rollup": lambda: {"requests", "diagnoses"},
@@ -96,6 +99,8 @@ BOUNDS: dict[str, Callable[[], set[str]] | Callable[[str], bool]] = {
     "block": digits,
     "dp_rank": digits,
     "le": lambda: BUCKET_BOUNDS,
+    "tier": lambda: set(TIERS),
+    "unit": lambda: set(UNITS.values()),
 }
 
 

@@ -1,12 +1,15 @@
 import csv
 import io
+import re
 from datetime import datetime, timedelta
 
 import pytest
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
 from app.dashboard.reads.fleet import fleet_headline
+from app.domain.misses import GATEWAY_CACHE, OF_COUNTERS, OF_RECORDED, OF_REUSABLE
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
@@ -386,3 +389,29 @@ def test_a_long_window_is_chosen_in_the_url_and_read_from_the_hours(signed_in: C
     assert [float(v) for at, v in rows[1:] if v] == pytest.approx(
         [r.prefix_hits / r.prefix_queries for r in ServerHour.objects.filter(server=server).order_by("hour")]
     ) and any(datetime.fromisoformat(at) == hour for at, v in rows[1:] if v)
+
+
+def test_semantic_cache_answers_are_counted_apart_and_every_rate_says_its_definition(
+    signed_in: Client,
+) -> None:
+    server = a_server(name="vllm-cached")
+    now = timezone.now()
+    for i, unknown in enumerate([RequestDiagnosis.Unknown.GATEWAY_CACHE] * 2 + [""]):
+        RequestDiagnosis.objects.create(
+            server=server, request_id=f"g{i}", arrived_at=now - timedelta(minutes=5 + i), diagnosed_at=now,
+            prompt_tokens=0 if unknown else 500, unknown=unknown,
+        )  # fmt: skip
+    refresh_loss_minutes(since=now - timedelta(minutes=20), until=now)
+
+    head = fleet_headline(servers=Server.objects.all(), now=now, since=now - timedelta(hours=1), until=now)
+    html = signed_in.get("/").content.decode()
+
+    assert head.gateway_cache_answers == 2
+    card = html[html.index('id="gateway-cache"') :]
+    assert '<p class="figure">2</p>' in card[: card.index("</div>")]
+    assert GATEWAY_CACHE in card
+    definitions = re.findall(r'class="muted small hit-rate-definition">(.*?)</p>', html, re.S)
+    assert len(definitions) == 4  # now, last hour, last day, reusable
+    assert all(escape(OF_RECORDED) in text for text in definitions[:3])
+    assert escape(OF_REUSABLE) in definitions[3] and "hosted-API ones included" in definitions[3]
+    assert escape(OF_COUNTERS) in html[html.index('<table class="fleet">') :]

@@ -15,12 +15,15 @@ from django.contrib.auth.models import User
 from django.db.models import Sum
 from django.test import Client, override_settings
 from django.utils import timezone
+from django.utils.html import escape
 
 from app.core.models import Membership
 from app.domain.kvmemory import KvCacheShape
+from app.domain.misses import OF_RECORDED
 from app.prompts.models import Template
 from app.prompts.services import record_deploy
 from app.regressions.models import Regression
+from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import LOST_COLUMNS, HourRollup, MinuteRollup, RequestDiagnosis, RequestRecord
 from tests.support.template_traffic import History, a_template_history
 from tests.support.users import fleet_viewer
@@ -308,3 +311,32 @@ def test_the_trends_are_of_the_viewers_tenants(client: Client, history: History)
     assert [v for v in values if v is not None] == [0.8] * 10 + [0.2] * 10
     assert f'id="trend-{history.billing.pk}"' not in html
     assert answer.splitlines()[0] == "time,support"
+
+
+def test_hits_by_tier_are_per_server_only_and_link_each_server_it_went_to(
+    signed_in: Client, history: History
+) -> None:
+    html = signed_in.get(f"/templates/{history.support.pk}/").content.decode()
+    note = html[html.index('id="tier-hits-note"') :]
+    note = note[: note.index("</p>")]
+    assert "Per server only" in note
+    assert f'href="/servers/{history.server.name}/?' in note and note.count("#tier-hits") == 1
+
+
+def test_the_hit_rate_says_its_definition_and_semantic_cache_answers_are_counted(
+    signed_in: Client, history: History
+) -> None:
+    at = history.start + timedelta(minutes=3, seconds=30)
+    for i in range(3):
+        RequestDiagnosis.objects.create(
+            server=history.server, template=history.support, request_id=f"cached-{i}", arrived_at=at,
+            diagnosed_at=at, prompt_tokens=0, unknown=RequestDiagnosis.Unknown.GATEWAY_CACHE,
+        )  # fmt: skip
+    refresh_loss_minutes(since=history.start, until=timezone.now())
+    html = signed_in.get(f"/templates/{history.support.pk}/").content.decode()
+    answers = html[html.index('id="gateway-cache"') :]
+    assert "<dd>3</dd>" in answers[: answers.index("</div>")]
+    definition = html[html.index("hit-rate-definition") :]
+    assert escape(OF_RECORDED) in definition[: definition.index("</p>")]
+    chart = html[html.index('id="chart-hit-rate"') :]
+    assert escape(OF_RECORDED) in chart[: chart.index("</figcaption>")]

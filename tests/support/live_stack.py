@@ -23,9 +23,12 @@ from app.traffic.models import (
     LossHour,
     LossMinute,
     MinuteRollup,
+    RecordsReceived,
     RejectedInput,
     TenantSalt,
 )
+from app.traffic.services.scrapes import record_scrape
+from collectors.metrics.parse import parse_metrics
 from simulator.server import ServerConfig
 from tests.support.captures import captured_traffic
 
@@ -157,6 +160,16 @@ def _store_collection(server: Server, now: datetime) -> None:
         count=3,
         first_seen_at=now,
         last_seen_at=now,
+    )
+    RejectedInput.objects.create(
+        server=server, source="otlp", reason="field_invalid", count=12, first_seen_at=now, last_seen_at=now
+    )
+    # A lower tier of the offloading connector, under a backend name of its own: exported as a tier.
+    record_scrape(server=server, scraped_at=now, duration_seconds=0.1, samples=parse_metrics(
+        'vllm:kv_offload_tiering_chunk_hits_total{engine="0",tier="0:primary"} 7\n'
+        'vllm:kv_offload_tiering_chunk_queries_total{engine="0",tier="3:someones-store"} 9\n'))  # fmt: skip
+    RecordsReceived.objects.create(
+        server=server, source="gateway", count=40, first_received_at=now, last_received_at=now
     )
     report_collector_process(
         kind="gateway", name=server.name, process="gw:1", queue_depth=2, spill_bytes=4096, now=now

@@ -16,7 +16,9 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.dashboard.metrics.arrivals import arrival_families
 from app.dashboard.metrics.hit_blocks import hit_block_families
+from app.dashboard.metrics.tiers import tier_families
 from app.dashboard.metrics.traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
 from app.regressions.models import Regression
@@ -61,6 +63,8 @@ class PrefixscopeCollector(Collector):
         yield from ttft_families(now)
         yield from killer_families()
         yield from hit_block_families(now)
+        yield from arrival_families(now)
+        yield from tier_families(now)
 
     def _servers(self) -> Iterator[GaugeMetricFamily]:
         """Scrape health per server: up, when last pulled, and how often it should be; its cache

@@ -30,7 +30,15 @@ from app.dashboard.reads.fleet import (
 from app.dashboard.sparks import spark
 from app.dashboard.windows import WINDOWS, Window, bucket_starts, in_hours, picked_window
 from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiveness
-from app.domain.misses import OF_PROMPT, OF_REUSABLE, cause_label, is_loss
+from app.domain.misses import (
+    GATEWAY_CACHE,
+    OF_COUNTERS,
+    OF_PROMPT,
+    OF_RECORDED,
+    OF_REUSABLE,
+    cause_label,
+    is_loss,
+)
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
 from app.rollups.merge import merge_server
@@ -131,7 +139,8 @@ def _fleet(
         "resident": resident_shares(row.server for row in rows if row.state != "proposed"),
         "lost": sorted(((cause_label(c), t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "never_reusable": [(cause_label(c), t) for c, t in sorted(head.never_reusable.items())],
-        "of_prompt": OF_PROMPT, "of_reusable": OF_REUSABLE,
+        "of_prompt": OF_PROMPT, "of_reusable": OF_REUSABLE, "of_recorded": OF_RECORDED,
+        "of_counters": OF_COUNTERS, "gateway_cache": GATEWAY_CACHE,
         "misses": recent_misses(since=hour_ago, viewer=viewer),
         "by_template": _shown_groups(by_template[:10]),
         "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),

@@ -19,7 +19,7 @@ from app.dashboard.charts import Chart
 from app.dashboard.reads.collection import server_collection
 from app.dashboard.windows import WINDOWS, Window, picked_window
 from app.diagnosis.reads import lost_tokens_by_cause, server_funnel
-from app.domain.misses import cause_label
+from app.domain.misses import OF_COUNTERS, OF_RECORDED, cause_label
 from app.fleet.models import Server
 from app.rollups import series as traffic_series
 from app.rollups.series import Series, SeriesQuery, is_key
@@ -64,7 +64,7 @@ def server_charts(server: Server, window: Window, *, viewer: Viewer = SEES_ALL) 
     requests = read("requests")[0]
     recorded = Series("recorded_rate", [None if v is None else v / window.bucket for v in requests.values])
     ttft = "as clients saw it (gateway, application)" if window.ttft == "client" else "as vLLM measured it"
-    tokens_note = "Prompt tokens served from the prefix cache, weighted by tokens"
+    tokens_note = f"hit_rate: {OF_RECORDED}. engine_hit_rate: {OF_COUNTERS}"
     evictions_note = "Per bucket; blocks removed come from its KV events, which are kept for hours"
     charts = [
         ("hit-rate", "Hit rate", tokens_note, "ratio", read("hit_rate") + read("engine_hit_rate")),

@@ -37,7 +37,7 @@ from app.diagnosis.cost import scope_cost
 from app.domain.cost import Cost
 from app.domain.hitrate import RequestSums
 from app.domain.kvmemory import kv_bytes_for_tokens, kv_bytes_per_token
-from app.domain.misses import cause_label
+from app.domain.misses import GATEWAY_CACHE, OF_RECORDED, cause_label
 from app.domain.sketch import sketch_quantile
 from app.fleet.models import Server
 from app.prompts.killers import may_read_prompts, template_killers
@@ -206,7 +206,9 @@ def template_detail(request: HtmxHttpRequest, template_id: int) -> HttpResponse:
                 "lost_total": sum(lost_here.values()), "cost": cost, "memory": memory,
                 "families": list(selectors.families_of(template.pk, viewer=viewer)[:50]),
                 "regressions": list(selectors.regressions_of(template.pk, viewer=viewer)),
-                "checks": checks, "checks_chart": ChecksChart(checks),
+                "checks": checks, "checks_chart": ChecksChart(checks), "of_recorded": OF_RECORDED,
+                "gateway_cache": GATEWAY_CACHE, "gateway_answers": selectors.gateway_cache_answers(
+                    template_id=template.pk, since=window.since, until=window.until, viewer=viewer),
                 **_killers(request, template, now=now, viewer=viewer)}  # fmt: skip
     return render(request, "dashboard/template.html", context)
 
@@ -269,7 +271,7 @@ def template_charts(
     markers = tuple(_marker(v, template, query) for v in versions
                     if v.live_at is not None and window.since <= v.live_at < window.until)  # fmt: skip
     charts = [
-        ("hit-rate", "Hit rate", "Prompt tokens served from the prefix cache, weighted by tokens", "ratio",
+        ("hit-rate", "Hit rate", OF_RECORDED, "ratio",
          [Series("hit_rate", hit_rate)]),
         ("ttft", "Time to first token", f"p50, p90 and p99, {what}", "seconds",
          [ttft("ttft_p50", 0.5), ttft("ttft_p90", 0.9), ttft("ttft_p99", 0.99)]),

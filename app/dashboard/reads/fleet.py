@@ -234,6 +234,7 @@ class Headline:
     lost_tokens: dict[str, int]  # reusable prompt tokens of the diagnosed requests not reused, per cause
     never_reusable: dict[str, int]  # their tokens no cache could reuse (new content ...), per cause
     reusable_rate: float | None  # the diagnosed requests' hit rate of reusable tokens (OF_REUSABLE)
+    gateway_cache_answers: int  # requests a gateway answered from its semantic cache, in the window
     open_regressions: int
     acknowledged_regressions: int  # acknowledged or muted: still there, someone is on it
 
@@ -243,7 +244,8 @@ class Headline:
 
 
 NOW_MINUTES = 5
-_PROMPT, _REUSED = "prompt_tokens_", "reused_tokens_"  # beside the causes' sums, apart from their names
+# Beside the causes' sums, apart from their names.
+_PROMPT, _REUSED, _GATEWAY = "prompt_tokens_", "reused_tokens_", "gateway_cache_"
 
 
 def fleet_headline(
@@ -270,7 +272,8 @@ def fleet_headline(
     ]
     saved = requests[-1]
     lost_sums: dict[str, Aggregate] = {cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
-    lost_sums |= {_PROMPT: Sum("diagnosed_prompt_tokens"), _REUSED: Sum("reused_tokens")}
+    lost_sums |= {_PROMPT: Sum("diagnosed_prompt_tokens"), _REUSED: Sum("reused_tokens"),
+                  _GATEWAY: Sum("gateway_cache_hits")}  # fmt: skip
     lost = window_sums(
         LOSS_ROLLUPS,
         servers,
@@ -281,6 +284,7 @@ def fleet_headline(
         viewer=viewer,
     )[""]
     prompt, reused = lost.pop(_PROMPT) or 0, lost.pop(_REUSED) or 0
+    gateway = lost.pop(_GATEWAY) or 0
     by_cause = {cause: tokens for cause, tokens in lost.items() if tokens}
     regressions = viewer.regressions(
         Regression.objects.filter(Q(server__isnull=True) | Q(server__in=servers.values("pk")))
@@ -291,7 +295,7 @@ def fleet_headline(
         lost_tokens={cause: tokens for cause, tokens in by_cause.items() if is_loss(cause)},
         never_reusable={cause: tokens for cause, tokens in by_cause.items() if not is_loss(cause)},
         reusable_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=reused, by_cause=by_cause),
-        open_regressions=states.get(Regression.State.OPEN, 0),
+        gateway_cache_answers=gateway, open_regressions=states.get(Regression.State.OPEN, 0),
         acknowledged_regressions=states.get(Regression.State.ACKNOWLEDGED, 0)
         + states.get(Regression.State.MUTED, 0),
     )  # fmt: skip

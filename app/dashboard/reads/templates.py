@@ -377,3 +377,14 @@ def list_sums(*, since: datetime, until: datetime, bucket: int, viewer: Viewer =
                 trend = found.trends.setdefault(template_id, [None] * count)
                 trend[index] = now.cached_tokens / now.cache_known_prompt_tokens
     return found
+
+
+def gateway_cache_answers(
+    *, template_id: int, since: datetime, until: datetime, viewer: Viewer = SEES_ALL
+) -> int:
+    """Requests of the template a gateway answered from its semantic cache in [since, until), of what
+    the viewer sees (the loss rollups' gateway_cache_hits)."""
+    return sum(
+        rows.filter(template_id=template_id).aggregate(n=Sum("gateway_cache_hits"))["n"] or 0
+        for rows in _template_rows(since, until, viewer, losses=True)
+    )

@@ -2,6 +2,8 @@ from typing import Any
 
 from django import template
 
+from app.domain.misses import HIT_RATE_DEFINITIONS
+
 register = template.Library()
 
 
@@ -18,3 +20,10 @@ def percent(ratio: float | None) -> str:
         return "—"
     shown = 100 * ratio
     return f"{shown:.1f} %" if 0 < shown < 10 else f"{shown:.0f} %"
+
+
+@register.simple_tag
+def hit_rate_definition(name: str) -> str:
+    """`{% hit_rate_definition "recorded" %}`: what a hit-rate figure is the share of, from the one
+    place that says it (app/domain/misses.py HIT_RATE_DEFINITIONS); an unknown name raises."""
+    return HIT_RATE_DEFINITIONS[name]

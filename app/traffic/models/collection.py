@@ -154,3 +154,21 @@ class UndecodableSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id} {self.reason} @ {self.seen_at}"
+
+
+class RecordsReceived(models.Model):
+    """Request records each source stored per server since its first: a counter for /metrics, read
+    beside the engine's own request counter (a source that stopped while the engine still served).
+
+    A record's row keeps only the first source that sent it (RequestRecord.source), so arrivals are
+    counted here, one upsert per stored batch. A (server, source) without a row never sent one."""
+
+    pk = models.CompositePrimaryKey("server", "source")
+    server = models.ForeignKey("fleet.Server", on_delete=models.CASCADE, related_name="+")
+    source = models.CharField(max_length=20, help_text="A RequestRecord.Source: gateway, otlp, rest")
+    count = models.PositiveBigIntegerField(default=0)
+    first_received_at = models.DateTimeField()
+    last_received_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.source}: {self.count}"

@@ -39,6 +39,7 @@ from app.fleet.services import servers_named
 from app.prompts.models import Template, TemplateVersion
 from app.prompts.services import template_version_seen
 from app.traffic.models import RequestRecord
+from app.traffic.services.arrivals import count_received_records
 from app.traffic.services.families import record_families
 from app.traffic.services.partitions import day_of, ensure_day_partitions, forget_partition_ranges
 from app.traffic.services.record_rows import RecordRow, deduplicated, record_row, store_records
@@ -101,7 +102,19 @@ def ingest_request_records(
                 forget_partition_ranges()
             else:
                 raise
-    return IngestOutcome(stored=stored, rejected=[(index, reason) for index, reason, _ in rejected])
+    _count_arrivals(stored, source=source, now=now)
+    return IngestOutcome(stored=len(stored), rejected=[(index, reason) for index, reason, _ in rejected])
+
+
+def _count_arrivals(server_ids: Sequence[int], *, source: str, now: datetime) -> None:
+    """The batch's records in the arrival tally; none when a server was deleted since (its tally
+    went with it)."""
+    try:
+        with transaction.atomic():
+            count_received_records(server_ids=server_ids, source=source, now=now)
+    except IntegrityError as exc:
+        if not isinstance(exc.__cause__, ForeignKeyViolation):
+            raise
 
 
 def _checked(
@@ -142,8 +155,9 @@ def _ingest(
     now: datetime,
     malformed: Sequence[Malformed],
     merge: bool,
-) -> int:
-    """One try at the batch; `merge` sends every record through alignment and merge. Returns rows.
+) -> list[int]:
+    """One try at the batch; `merge` sends every record through alignment and merge. Returns the
+    server id of each record stored (one per fact: facts merged into one row count each).
 
     The prompts' block hashes are computed by a thread of their own (_hashed_ahead) while the
     lookups and the transaction's first round trip wait on the database, and the rows are built
@@ -180,7 +194,7 @@ def _ingest(
             keys = [(server.pk, item.request_id, item.arrived_at) for server, item in located]
             store_records(keys, rows(), merge=merge)
             _count_malformed([*malformed, *unhashed], servers, now=now)
-    return len(items)
+    return [_known_server(servers, item).pk for item in items]
 
 
 class _Prompt(NamedTuple):
