@@ -34,12 +34,15 @@ from app.demo_templates import SECRET_ENV as DEMO_WEBHOOK_SECRET_ENV
 from app.devconsole import ConsolePrinter
 from app.devservices import DATA, ROOT, service_environment
 from app.env import env_bool, env_int
+from simulator.loadgen import INGEST_TOKEN_ENV
+from simulator.scenario import load_scenario, resolve_scenario
 
 BIN = Path(sys.executable).parent
 # The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
 # (tests/support/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
 DEMO_KV_SHAPES = "tiny=2:2:64"
-DEMO_SERVERS = 4
+# The routed four, then the side servers that show the quirks, the CPU tier and the part changes.
+DEMO_SERVERS = load_scenario(resolve_scenario("demo")).server_count
 DEMO_PROCESSES = ("traffic", "fleet")
 RUN_LOG = Path("logs") / "run.log"  # under DATA
 
@@ -95,8 +98,9 @@ def processes(port: int) -> dict[str, str]:
         "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
     if env_bool("PREFIXSCOPE_DEMO", True):
-        # 4 simulated vLLM servers and the demo scenario's traffic, round after round, through the
-        # gateway (one process fronting the four), as a real deployment records its requests.
+        # The demo scenario's simulated vLLM servers and its traffic, round after round, through the
+        # gateway (one process fronting them all), as a real deployment records its requests; the
+        # scenario's hosted-API usage goes to the web process as an application reports it.
         http, kv, replay = demo_ports()
         gateway = demo_gateway_port()
         urls = " ".join(f"--base-url http://127.0.0.1:{gateway + i}" for i in range(DEMO_SERVERS))
@@ -112,6 +116,7 @@ def processes(port: int) -> dict[str, str]:
         )
         found["traffic"] = (
             f"{sys.executable} -m simulator.loadgen --scenario demo --rounds 0 --repo {repo} {urls}"
+            f" --report-to http://127.0.0.1:{port}"
             # The fleet's spans of the first requests went to a web process still starting (its
             # exporter gives up after 2 s): an error a batch on every start.
             f" --wait 300 --wait-url http://127.0.0.1:{port}/readyz"
@@ -329,6 +334,8 @@ def prepare(env: dict[str, str], log: TextIO) -> dict[str, dict[str, str]]:
     return {
         # The demo fleet's llm_request spans reach /v1/traces with the demo's ingest token.
         "fleet": {**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Bearer%20" + token},
+        # The demo's application reports its hosted-API usage with the same token.
+        "traffic": {**env, INGEST_TOKEN_ENV: token},
         # The demo's template repository is registered with this secret, and its push webhooks signed.
         "templates": {**env, DEMO_WEBHOOK_SECRET_ENV: kept_secret("demo-webhook-secret")},
     }

@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from app.domain.blockhash import LoraKey
 from simulator.scenario import Quirk, ScenarioError, load_scenario, resolve_scenario
+from simulator.scenario_side import SideServer
 from simulator.server import ServerConfig, SimulatedServer
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         except (ScenarioError, OSError) as exc:
             parser.error(str(exc))
         servers = scenario.servers
-        shape = (servers.count, scenario.model, servers.block_size, servers.num_blocks)
+        shape = (scenario.server_count, scenario.model, servers.block_size, servers.num_blocks)
         args.quirks = servers.quirks
+        args.sides = scenario.side_servers
     for name, default in zip(SCENARIO_FLAGS, shape, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -161,7 +163,7 @@ def configs_from_args(args: argparse.Namespace) -> list[ServerConfig]:
         replay_base_port=args.replay_base_port,
         template=template,
     )
-    return with_quirks(configs, getattr(args, "quirks", ()))
+    return with_sides(with_quirks(configs, getattr(args, "quirks", ())), getattr(args, "sides", ()))
 
 
 def with_quirks(configs: list[ServerConfig], quirks: Iterable[Quirk]) -> list[ServerConfig]:
@@ -173,6 +175,25 @@ def with_quirks(configs: list[ServerConfig], quirks: Iterable[Quirk]) -> list[Se
         if (quirk := by_server.get(index)) else config
         for index, config in enumerate(configs)
     ]  # fmt: skip
+
+
+def with_sides(configs: list[ServerConfig], sides: Iterable[SideServer]) -> list[ServerConfig]:
+    """The servers, each side server (simulator/scenario_side.py) made as its scenario says."""
+    made = list(configs)
+    for side in sides:
+        config = made[side.server]
+        tier = side.cpu_tier
+        made[side.server] = replace(
+            config,
+            num_blocks=side.num_blocks or config.num_blocks,
+            cpu_blocks=tier.num_blocks if tier else 0,
+            cpu_reload=tier.reload if tier else True,
+            hybrid_block=side.hybrid_block,
+            hit_counter_wired=side.hit_counter_wired,
+            prefill_tokens_per_second=side.prefill_tokens_per_second or config.prefill_tokens_per_second,
+            lora_adapters=(*config.lora_adapters, *(LoraKey(a.name, a.path) for a in side.adapters)),
+        )
+    return made
 
 
 async def _run(configs: list[ServerConfig]) -> None:

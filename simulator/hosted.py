@@ -45,6 +45,7 @@ class _Session:
     tenant: str
     start: datetime
     rng: random.Random
+    id_prefix: str = ""
     made: list[HostedRequest] = field(default_factory=list)
 
     def digests(self, blocks: int, *, salt: str = "") -> list[str]:
@@ -55,7 +56,7 @@ class _Session:
 
     def send(self, injected: str, at: float, usage: dict[str, Any], **fields: Any) -> None:
         record = {
-            "server": f"{self.provider}-api", "request_id": f"{self.tenant}-{len(self.made)}",
+            "server": f"{self.provider}-api", "request_id": f"{self.id_prefix}{self.tenant}-{len(self.made)}",
             "arrived_at": (self.start + timedelta(seconds=at)).isoformat(), "model": self.model,
             "tenant": self.tenant, "provider": self.provider, "usage": usage, **fields,
         }  # fmt: skip
@@ -150,14 +151,19 @@ _KINDS: dict[str, tuple[str, str, Callable[[_Session], None]]] = {
 }
 
 
-def hosted_traffic(*, start: datetime, sessions: int = 4, seed: int = 7) -> list[HostedRequest]:
-    """`sessions` sessions of each kind, their requests in time order."""
+def hosted_traffic(
+    *, start: datetime, sessions: int = 4, seed: int = 7, id_prefix: str = ""
+) -> list[HostedRequest]:
+    """`sessions` sessions of each kind, their requests in time order; request ids begin with
+    `id_prefix` (a demo's rounds send the same sessions again under new ids)."""
     rng = random.Random(seed)
     made: list[HostedRequest] = []
     for n in range(sessions):
         for kind in _KINDS:
             provider, model, play = _KINDS[kind]
-            session = _Session(provider, model, tenant=f"{kind}-{n}", start=start, rng=rng)
+            session = _Session(
+                provider, model, tenant=f"{kind}-{n}", start=start, rng=rng, id_prefix=id_prefix
+            )
             play(session)
             made += session.made
     return sorted(made, key=lambda request: request.record["arrived_at"])

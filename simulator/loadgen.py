@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import heapq
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -24,13 +26,15 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 import aiohttp
 
-from simulator.planner import EPOCH, PlannedRequest
+from simulator.hosted import hosted_traffic
+from simulator.hosted_report import report_hosted
+from simulator.planner import EPOCH, PlannedRequest, plan_side_requests
 from simulator.planner import plan_requests as plan_requests  # also loadgen's API; "as" tells mypy so
 from simulator.run_summary import AdminCall, RequestResult, RunSummary, format_summary
 from simulator.scenario import (
@@ -47,6 +51,14 @@ logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 120.0
 """Per request, streaming included; a server that takes longer counts as an error, not a hang."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ingest:
+    """Where an application reports its hosted-API usage: Prefixscope's web URL and an ingest token."""
+
+    web_url: str
+    token: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +97,7 @@ async def run(
     start: datetime = EPOCH,
     run_id: str = "",
     publish: Callable[[Commit], None] | None = None,
+    ingest: Ingest | None = None,
 ) -> RunSummary:
     """Send the scenario's planned requests and make its admin calls; never raises for HTTP failures.
 
@@ -95,7 +108,10 @@ async def run(
     ``{"num_blocks": N}``, ``POST {base}/_simulator/restart``) happen at their virtual time, before any
     request planned at or after it is sent; requests already in flight go on. Failed requests and
     admin calls are counted in the summary. ``run_id`` goes into every request id
-    (``plan_requests``). With ``publish``, each commit after virtual second 0 is passed to it at its
+    (``plan_requests``). ``base_urls`` go on with the side servers' (``scenario.server_count`` in
+    all), which get their own requests and conversations (``plan_side_requests``); with ``ingest``,
+    the scenario's hosted-API usage is reported to it at its times (simulator/hosted_report.py).
+    With ``publish``, each commit after virtual second 0 is passed to it at its
     time, before any request planned at or after it is sent (a template version goes live when its
     commit lands: ``stage_repo`` and ``push``); a failure is logged, not raised. Raises ValueError
     for bad arguments.
@@ -107,10 +123,16 @@ async def run(
     connector = aiohttp.TCPConnector(limit=concurrency + 1)  # + 1: admin calls never wait for requests
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         sender = _Sender(session, urls, clock, asyncio.Semaphore(concurrency))
-        planned = plan_requests(scenario, commits, seed=seed, start=start, run_id=run_id)
+        planned = heapq.merge(
+            plan_requests(scenario, commits, seed=seed, start=start, run_id=run_id),
+            plan_side_requests(scenario, commits, seed=seed, start=start, run_id=run_id),
+            key=lambda request: request.at,
+        )
         admin = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
         releases = [commit for commit in commits if commit.time > 0] if publish else []
+        hosted = _report_hosted(session, scenario, ingest, clock, start, f"{run_id}-{seed}-")
         results, calls = await sender.dispatch(planned, admin, releases, publish)
+        await hosted
     summary = RunSummary(tuple(results), tuple(calls), time.monotonic() - clock.started)
     logger.info(
         "scenario %s: %d requests, %d errors, hit rate %s, %.1f s",
@@ -119,11 +141,34 @@ async def run(
     return summary
 
 
+def _report_hosted(
+    session: aiohttp.ClientSession,
+    scenario: Scenario,
+    ingest: Ingest | None,
+    clock: _Clock,
+    start: datetime,
+    id_prefix: str,
+) -> asyncio.Future[int]:
+    """The scenario's hosted-API usage reported in the background (at once done without any)."""
+    if scenario.hosted is None or ingest is None:
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        done.set_result(0)
+        return done
+    hosted = scenario.hosted
+    requests = hosted_traffic(
+        start=start + timedelta(seconds=hosted.start), sessions=hosted.sessions, id_prefix=id_prefix
+    )
+    return asyncio.ensure_future(
+        report_hosted(session, requests, web_url=ingest.web_url.rstrip("/"), token=ingest.token,
+                      start=start, wait_until=clock.wait_until)
+    )  # fmt: skip
+
+
 def _check_arguments(
     scenario: Scenario, base_urls: Sequence[str], speed: float, concurrency: int
 ) -> list[str]:
-    if len(base_urls) != scenario.servers.count:
-        raise ValueError(f"the scenario has {scenario.servers.count} servers but {len(base_urls)} base URLs")
+    if len(base_urls) != scenario.server_count:
+        raise ValueError(f"the scenario has {scenario.server_count} servers but {len(base_urls)} base URLs")
     if math.isnan(speed) or speed < 0:
         raise ValueError(f"speed must be 0, positive or inf, got {speed}")
     if concurrency < 1:
@@ -366,7 +411,7 @@ def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) 
             summary = asyncio.run(
                 run(scenario, args.base_url, speed=args.speed, commits=commits, seed=seed,
                     concurrency=args.concurrency, start=start, run_id=run_id,
-                    publish=functools.partial(push, Path(staging), repo))
+                    publish=functools.partial(push, Path(staging), repo), ingest=_ingest(args))
             )  # fmt: skip
     except (ScenarioError, TemplateRepoError, ValueError, OSError) as exc:
         notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
@@ -374,6 +419,19 @@ def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) 
         return 2
     print(format_summary(summary), flush=True)  # noqa: T201
     return 1 if summary.requests and summary.errors == summary.requests else 0
+
+
+INGEST_TOKEN_ENV = "PREFIXSCOPE_INGEST_TOKEN"
+
+
+def _ingest(args: argparse.Namespace) -> Ingest | None:
+    """Where the scenario's hosted-API usage goes: --report-to with the token in INGEST_TOKEN_ENV."""
+    if not args.report_to:
+        return None
+    token = os.environ.get(INGEST_TOKEN_ENV, "")
+    if not token:
+        raise ValueError(f"--report-to needs an ingest token in {INGEST_TOKEN_ENV}")
+    return Ingest(args.report_to, token)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -397,6 +455,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight at most")
     parser.add_argument(
         "--rounds", type=int, default=1, help="how many times to run the scenario; 0: forever"
+    )
+    parser.add_argument(
+        "--report-to",
+        default="",
+        help=f"Prefixscope's URL, where the scenario's hosted-API usage goes (token in {INGEST_TOKEN_ENV})",
     )
     parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the servers' /health")
     parser.add_argument(

@@ -10,6 +10,7 @@ The chat template renders the tools and the reasoning effort at the top (gpt2.PA
 """
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +39,16 @@ class Step:
     injected: str  # the request part the scenario changed for this request (RequestPart's value)
 
 
-def part_change_steps(*, per_phase: int, model: str, adapter: str, seed: int = 0) -> list[Step]:
-    """The scenario's requests in order: `per_phase` per phase of PHASES."""
+def part_change_steps(
+    *, per_phase: int, model: str, adapter: str, seed: int = 0, phases: Sequence[str] = PHASES
+) -> list[Step]:
+    """The scenario's requests in order: `per_phase` per phase of `phases` (PHASES' names, "base" first;
+    a scenario's `conversations` choose theirs)."""
     rng = random.Random(seed)
     state: dict[str, Any] = {"system": SYSTEM, "tools": list(TOOLS), "effort": "low", "history": HISTORY,
                              "model": model}  # fmt: skip
     steps: list[Step] = []
-    for phase in PHASES:
+    for phase in phases:
         _change(state, phase, adapter)
         for n in range(per_phase):
             question = (

@@ -15,7 +15,9 @@ from datetime import UTC, datetime, timedelta
 
 import jinja2
 
+from simulator.part_changes import part_change_steps
 from simulator.scenario import Routing, RoutingChange, SaltChange, Scenario, Template, Tenant
+from simulator.scenario_side import Conversation
 from simulator.template_rendering import request_variables, template_environment
 from simulator.template_repo import Commit, version_at
 
@@ -76,6 +78,58 @@ def plan_requests(
         at += rng.expovariate(scenario.rate)
 
 
+def plan_side_requests(
+    scenario: Scenario, commits: Sequence[Commit], *, seed: int, start: datetime = EPOCH, run_id: str = ""
+) -> list[PlannedRequest]:
+    """The side servers' own requests and the conversations' (simulator/scenario_side.py), in time
+    order; the same seed gives the same requests, and ``plan_requests``' are not changed by them.
+
+    A side server's requests are planned as the routed ones are (Poisson at its ``rate``, templates
+    and tenants by weight, the timeline's template versions and salts), each with a random stream of
+    its own; their ids are ``<plan_requests' prefix>-s<server>-<index>``, a conversation's
+    ``...-c<server>-<index>``.
+    """
+    planned: list[PlannedRequest] = []
+    for side in scenario.side_servers:
+        planner = _Planner(scenario, commits, seed, start, run_id, pinned=side.server)
+        at, index = planner.rng.expovariate(side.rate) if side.rate else scenario.duration, 0
+        while at < scenario.duration:
+            planned.append(planner.plan(index, at))
+            index += 1
+            at += planner.rng.expovariate(side.rate)
+    prefix = _id_prefix(scenario, seed, run_id)
+    for conversation in scenario.conversations:
+        planned += _conversation(scenario, conversation, seed, prefix)
+    return sorted(planned, key=lambda request: request.at)
+
+
+def _id_prefix(scenario: Scenario, seed: int, run_id: str) -> str:
+    return "-".join(part for part in (scenario.name, run_id, str(seed)) if part)
+
+
+def _conversation(
+    scenario: Scenario, conversation: Conversation, seed: int, prefix: str
+) -> list[PlannedRequest]:
+    steps = part_change_steps(
+        per_phase=conversation.per_phase, model=scenario.model, adapter=conversation.adapter or "",
+        seed=seed, phases=("base", *conversation.changes),
+    )  # fmt: skip
+    planned = []
+    for index, step in enumerate(steps):
+        at = conversation.start + index * conversation.every
+        if at >= scenario.duration:
+            break
+        request_id = f"{prefix}-c{conversation.server}-{index:06d}"
+        headers = {"X-Prefixscope-Template": conversation.template, "X-Request-Id": request_id}
+        planned.append(
+            PlannedRequest(
+                index=index, at=at, server=conversation.server, tenant="", template=conversation.template,
+                version="", request_id=request_id, path=CHAT_PATH, body=step.body, headers=headers, prompt="",
+            )
+        )  # fmt: skip
+    return planned
+
+
 class _Router:
     """Chooses servers. prefix_aware: the server that last served the same template and tenant, else
     the one with the fewest requests so far (ties: the lowest index). Whatever the policy, it keeps
@@ -105,15 +159,23 @@ class _Planner:
     """The state of one planning pass: rng, routing memory, tenants' current salts, compiled templates."""
 
     def __init__(
-        self, scenario: Scenario, commits: Sequence[Commit], seed: int, start: datetime, run_id: str
+        self,
+        scenario: Scenario,
+        commits: Sequence[Commit],
+        seed: int,
+        start: datetime,
+        run_id: str,
+        *,
+        pinned: int | None = None,
     ) -> None:
         self.scenario = scenario
-        self.id_prefix = "-".join(part for part in (scenario.name, run_id, str(seed)) if part)
+        self.pinned = pinned  # a side server's number: every request goes there, no router
+        self.id_prefix = _id_prefix(scenario, seed, run_id) + ("" if pinned is None else f"-s{pinned}")
         self.commits = commits
         self.texts = {commit.sha: commit.text for commit in commits}
         self.seed = seed
         self.start = start
-        self.rng = random.Random(seed)
+        self.rng = random.Random(seed if pinned is None else f"{seed}-side-{pinned}")
         self.router = _Router(scenario)
         self.salts = {tenant.name: tenant.cache_salt for tenant in scenario.tenants}
         self.salt_changes = deque(e for e in scenario.timeline if isinstance(e, SaltChange))
@@ -126,7 +188,9 @@ class _Planner:
         self._apply_salt_changes(at)
         self._apply_routing_changes(at)
         template, tenant = self._pick()
-        server = self.router.choose(template.name, tenant.name, self.rng)
+        server = (
+            self.router.choose(template.name, tenant.name, self.rng) if self.pinned is None else self.pinned
+        )
         stream = self.rng.random() < self.scenario.stream_fraction
         request_id = f"{self.id_prefix}-{index:06d}"
         version = version_at(self.commits, template.name, at)

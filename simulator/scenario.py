@@ -24,6 +24,15 @@ import jinja2.meta
 import yaml
 
 from simulator.scenario_fields import FieldError, Fields, check_total, check_unique, describe
+from simulator.scenario_side import (
+    SIDE_FIELDS,
+    Conversation,
+    Hosted,
+    SideServer,
+    parse_conversations,
+    parse_hosted,
+    parse_side_servers,
+)
 from simulator.template_faults import FAULT_MESSAGES, Fault, apply_fault
 from simulator.template_rendering import TEMPLATE_VARIABLES, request_variables, template_environment
 
@@ -174,6 +183,14 @@ class Scenario:
     max_tokens: int
     stream_fraction: float
     timeline: tuple[TimelineEvent, ...]
+    side_servers: tuple[SideServer, ...] = ()
+    conversations: tuple[Conversation, ...] = ()
+    hosted: Hosted | None = None
+
+    @property
+    def server_count(self) -> int:
+        """The routed servers and the side servers after them."""
+        return self.servers.count + len(self.side_servers)
 
 
 def resolve_scenario(name_or_path: str) -> Path:
@@ -211,8 +228,8 @@ def parse_scenario(data: object) -> Scenario:
 
     Optional fields and their defaults: model "tiny", routing "prefix_aware", max_tokens 16,
     stream_fraction 0, mix (every template weight 1), timeline (none), a tenant's weight (1) and
-    cache_salt (none), a template's tools, schema and chunks (empty). Unknown fields are errors, so
-    typos do not pass.
+    cache_salt (none), a template's tools, schema and chunks (empty), side_servers and conversations
+    (none), hosted (none; simulator/scenario_side.py). Unknown fields are errors, so typos do not pass.
     """
     try:
         return _parse_scenario(data)
@@ -231,6 +248,9 @@ def _parse_scenario(data: object) -> Scenario:
     check_unique([t.name for t in tenants], "tenants")
     check_unique([t.name for t in templates], "templates")
     check_total([t.weight for t in tenants], "tenants", "tenant weights")
+    sides = parse_side_servers(
+        top.get("side_servers", []), first=servers.count, block_size=servers.block_size
+    )
     return Scenario(
         name=name,
         duration=duration,
@@ -243,12 +263,15 @@ def _parse_scenario(data: object) -> Scenario:
         max_tokens=top.integer("max_tokens", minimum=1, default=16),
         stream_fraction=top.fraction("stream_fraction", 0),
         timeline=_parse_timeline(top.get("timeline", []), duration, servers, tenants, templates),
+        side_servers=sides,
+        conversations=parse_conversations(top.get("conversations", []), sides),
+        hosted=parse_hosted(top.get("hosted", None)),
     )
 
 
 _TOP_FIELDS = (
     "name", "duration", "model", "servers", "tenants", "templates", "rate", "mix", "routing",
-    "max_tokens", "stream_fraction", "timeline",
+    "max_tokens", "stream_fraction", "timeline", *SIDE_FIELDS,
 )  # fmt: skip
 
 

@@ -36,12 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_demo_ports() -> int:
-    """A base port P with P..P+3, P+10..P+13, P+20..P+23 and P+30..P+33 free (the demo
-    fleet and its gateways)."""
+    """A base port P with P..P+n-1, P+10.., P+20.. and P+30.. free for the demo's n servers (the
+    demo fleet and its gateways)."""
     rng = random.Random()
     for _ in range(100):
         base = rng.randrange(OWN_PORTS.start, OWN_PORTS.stop - 40)
-        if all(bindable(base + tens + ones) for tens in (0, 10, 20, 30) for ones in range(4)):
+        if all(
+            bindable(base + tens + ones) for tens in (0, 10, 20, 30) for ones in range(devstack.DEMO_SERVERS)
+        ):
             return base
     raise AssertionError("no free block of demo ports")
 
@@ -320,7 +322,7 @@ def test_the_demo_fleet_runs_the_servers_its_scenario_describes() -> None:
     argv = shlex.split(devstack.processes(port=8000)["fleet"])
     assert argv[1:3] == ["-m", "simulator.fleet"]
     configs = configs_from_args(parse_args(argv[3:]))
-    assert len(configs) == devstack.DEMO_SERVERS == scenario.servers.count  # the load generator's URLs
+    assert len(configs) == devstack.DEMO_SERVERS == scenario.server_count  # the load generator's URLs
     http, kv, replay = unused_ports(3)
     served = replace(configs[0], http_port=http, kv_port=kv, replay_port=replay, otlp_endpoint=None)
     with running_fleet([served]), urllib.request.urlopen(f"{served.base_url}/metrics", timeout=5) as page:

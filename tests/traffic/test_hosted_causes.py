@@ -5,57 +5,21 @@ diagonal: each injected request is found with its cause, and no other cause is f
 
 import json
 from collections import Counter
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import pytest
 from django.db.models import Sum
 from django.test import Client, override_settings
 from django.utils import timezone
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.services import create_ingest_token
 from app.diagnosis.run import diagnose_requests, forget_kept_replay
 from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
 from simulator.hosted import HIT, HostedRequest, hosted_traffic
+from simulator.hosted_report import otlp_export
 
 pytestmark = pytest.mark.django_db
-
-
-def _value(value: Any) -> AnyValue:
-    if isinstance(value, bool):
-        return AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return AnyValue(int_value=value)
-    if isinstance(value, list):
-        return AnyValue(array_value=ArrayValue(values=[_value(item) for item in value]))
-    return AnyValue(string_value=str(value))
-
-
-def genai_span(request: HostedRequest) -> Span:
-    """The OpenTelemetry GenAI span an instrumented OpenAI client sends for the record."""
-    record, usage = request.record, request.record["usage"]
-    attributes = {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "server.address": "api.openai.com",
-        "gen_ai.response.id": f"chatcmpl-{record['request_id']}", "gen_ai.request.model": record["model"],
-        "gen_ai.usage.input_tokens": usage["prompt_tokens"], "gen_ai.usage.output_tokens": 40,
-        "gen_ai.usage.cache_read.input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-        "prefixscope.server": record["server"], "prefixscope.tenant": record["tenant"],
-        "prefixscope.prompt_blocks": record["prompt_blocks"],
-    }  # fmt: skip
-    if "prompt_cache_key" in record:
-        attributes["prefixscope.prompt_cache_key"] = record["prompt_cache_key"]
-    if "response_headers" in record:
-        attributes["prefixscope.semantic_cache_hit"] = True
-    start = int(datetime.fromisoformat(record["arrived_at"]).timestamp() * 1e9)
-    return Span(
-        trace_id=bytes(16), span_id=bytes(8), name="chat", start_time_unix_nano=start,
-        end_time_unix_nano=start + 10**9,
-        attributes=[KeyValue(key=key, value=_value(value)) for key, value in attributes.items()],
-    )  # fmt: skip
 
 
 def send(client: Client, token: str, requests: list[HostedRequest]) -> None:
@@ -63,11 +27,8 @@ def send(client: Client, token: str, requests: list[HostedRequest]) -> None:
     rest = [request.record for request in requests if not request.over_otlp]
     answer = client.post("/api/v1/requests", json.dumps(rest), content_type="application/json", headers=auth)
     assert answer.status_code == 200, answer.content
-    spans = [genai_span(request) for request in requests if request.over_otlp]
-    export = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])])
-    answer = client.post(
-        "/v1/traces", export.SerializeToString(), content_type="application/x-protobuf", headers=auth
-    )
+    spans = otlp_export([request for request in requests if request.over_otlp])
+    answer = client.post("/v1/traces", spans, content_type="application/x-protobuf", headers=auth)
     assert answer.status_code == 200, answer.content
 
 

@@ -31,6 +31,7 @@ from app.traffic.tasks import scrape_server
 from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
+from simulator.scenario_side import SIDE_FIELDS
 from simulator.server import ServerConfig
 from simulator.template_repo import create_repo
 from tests.support.ports import unused_ports
@@ -44,9 +45,12 @@ FAULT_AT, DURATION, SPEED = 60, 240, 8  # virtual seconds; a run takes DURATION 
 
 
 def scenario(**changes: Any) -> dict[str, Any]:
-    """The demo scenario's templates and tenants, shorter, with `changes` (timeline, servers ...)."""
+    """The demo scenario's templates and tenants, shorter, with `changes` (timeline, servers ...);
+    without its side traffic (tests/traffic/test_demo_side_traffic.py runs that)."""
     with resolve_scenario("demo").open() as file:
         found: dict[str, Any] = yaml.safe_load(file)
+    for side in SIDE_FIELDS:
+        found.pop(side, None)
     found = copy.deepcopy(found) | {
         "duration": DURATION,
         "timeline": [],
@@ -119,7 +123,7 @@ def run_scenario(
             num_blocks=shape.num_blocks,
             model=loaded.model,
         )
-        for i in range(shape.count)
+        for i in range(loaded.server_count)  # the side servers after the routed ones
     ]
     configs = configure(configs)
     with running_fleet(configs):
