@@ -27,6 +27,7 @@ from app.traffic.models import (
     LossMinute,
     MetricSeries,
     MinuteRollup,
+    RecordsReceived,
     RejectedInput,
     ResidentBlock,
     ServerHour,
@@ -37,6 +38,7 @@ from app.traffic.models import (
     ServerRequestHour,
     ServerRequestMinute,
     TenantSalt,
+    UndecodableSample,
 )
 
 pytestmark = pytest.mark.django_db
@@ -57,8 +59,9 @@ GROWING_WITH_TRAFFIC = [
     ResidentBlock,
 ]
 
-# Reference tables: a row per server, stream, series or collector process, or a tally per reason.
-SMALL = [KVStream, KVGap, CollectorProcess, RejectedInput, MetricSeries]
+# Reference tables: a row per server, stream, series or collector process, a tally per reason or
+# source, or the few samples kept per server and reason.
+SMALL = [KVStream, KVGap, CollectorProcess, RejectedInput, MetricSeries, RecordsReceived, UndecodableSample]
 # The sum tables keyed by no server (the catalog says which), and TenantSalt: a row per tenant and salt
 # it sent, whatever the servers.
 SUMS_ACROSS_SERVERS = [rollup.model for rollup in ROLLUPS if "server_id" not in rollup.keys] + [TenantSalt]

@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+from app.domain.misses import is_loss
 from app.traffic.explorer import PAGE_SIZE
 from app.traffic.models import LOST_COLUMNS, RequestDiagnosis
 from tests.support.explorer_traffic import BLOCK, OLD, Sent, newest_first, record_traffic
@@ -51,7 +52,7 @@ def _hit(s: Sent) -> float:
 
 
 def _reusable_lost(d: RequestDiagnosis) -> int:
-    return sum(getattr(d, column) for cause, column in LOST_COLUMNS.items() if cause != "below_block")
+    return sum(getattr(d, column) for cause, column in LOST_COLUMNS.items() if is_loss(cause))
 
 
 FILTERS: dict[str, tuple[dict[str, str], Any]] = {
@@ -60,7 +61,7 @@ FILTERS: dict[str, tuple[dict[str, str], Any]] = {
     "version": ({"version": OLD[:8]}, lambda s, d: s.version == OLD),
     "version of a template": ({"template": "support", "version": OLD}, lambda s, d: s.version == OLD),
     "tenant": ({"tenant": "globex"}, lambda s, d: s.tenant == "globex"),
-    "cause": ({"cause": "prompt_changed"}, lambda s, d: d is not None and d.cause == "prompt_changed"),
+    "cause": ({"cause": "new_content"}, lambda s, d: d is not None and d.cause == "new_content"),
     "hit range": ({"hit_min": "10", "hit_max": "60"}, lambda s, d: 10 <= _hit(s) <= 60),
     "missed only": ({"missed": "true"}, lambda s, d: d is not None and _reusable_lost(d) > 0),
     "several": (

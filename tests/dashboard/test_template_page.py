@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from app.core.models import Membership
+from app.domain.cost import NEVER_SERVABLE
 from app.domain.kvmemory import KvCacheShape
 from app.domain.misses import OF_RECORDED
 from app.prompts.models import Template
@@ -180,7 +181,7 @@ def test_miss_causes_and_cost_come_from_the_diagnoses(signed_in: Client, history
     for cause, tokens in causes.items():
         if tokens:
             assert f'<td>{labels[cause]}</td><td class="num">{tokens:,}</td>' in section
-    avoidable = sum(t for c, t in causes.items() if c not in ("cold", "below_block"))
+    avoidable = sum(t for c, t in causes.items() if c not in NEVER_SERVABLE)
     cost = html[html.index('class="cost"') :]
     assert f"{avoidable:,} in the window" in cost
     # TTFT 0.1 s with 200 tokens uncached, 0.2 s with 800: 600 tokens in 0.1 s.

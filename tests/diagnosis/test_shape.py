@@ -26,6 +26,7 @@ def test_the_models_choices_are_the_domains_causes_with_their_labels() -> None:
     unknown = {c.value: c.label for c in RequestDiagnosis.Unknown}
     assert unknown.pop("span_only")  # the store's own reason: a record no diagnosis reads
     assert unknown.pop("counter_not_wired")  # the store's too: its server's state, not the request's
+    assert unknown.pop("gateway_cache")  # the store's too: answered before any model saw it
     assert unknown == {u.value: label for u, label in UNKNOWN_LABELS.items()}
 
 

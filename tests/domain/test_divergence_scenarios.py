@@ -4,7 +4,7 @@ vLLM captures' prompts (GPT-2 tokenizes them as the server did: tests/domain/tes
 common prefix with any earlier prompt of the same template and salt, as a brute force finds it."""
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from itertools import islice
 from pathlib import Path
@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from app.domain.blockhash import signed_block_hashes
+from app.domain.followers import Followers
 from app.domain.gpt2 import encode, render_chat
-from app.domain.misscauses import FleetHistory, RequestPrompt
-from app.domain.misses import Diagnosis
 from simulator.planner import plan_requests
 from simulator.scenario import Scenario, load_scenario
 from simulator.template_repo import Commit, template_versions
@@ -55,7 +54,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 def test_diverged_at_is_the_longest_common_prefix_with_any_earlier_prompt_of_the_template(path: Path) -> None:
     scenario, prompts = traffic(path)
     compared = checked_divergences(prompts, scenario.servers.block_size)
-    assert compared >= len(prompts) // 4  # many changed somewhere (their own question), after the first
+    assert compared >= len(prompts) // 4  # many depart somewhere (their own question), after the first
 
 
 def test_diverged_at_is_the_longest_common_prefix_on_the_real_captures() -> None:
@@ -65,32 +64,21 @@ def test_diverged_at_is_the_longest_common_prefix_on_the_real_captures() -> None
 
 
 def checked_divergences(prompts: list[tuple[str, str, list[int]]], size: int) -> int:
-    """Diagnose the prompts in order (one server, no KV events, nothing reused) and check each
-    `diverged_at` against the brute force; returns how many were checked."""
-    history = FleetHistory()
+    """Each prompt's divergence from the earlier prompts of its template and salt, as the diagnosis
+    finds it (app/domain/followers.py: where a prompt_changed loss starts), against the brute force;
+    returns how many were checked (the prompts that depart from all earlier ones)."""
+    followers: dict[tuple[str, str], Followers] = {}
     earlier: dict[tuple[str, str], list[np.ndarray]] = {}
     compared = 0
     for n, (template, salt, tokens) in enumerate(prompts):
-        diagnosis = history.diagnose(
-            RequestPrompt(
-                server=0,
-                arrived_at=T0 + timedelta(seconds=n),
-                block_size=size,
-                prompt_tokens=len(tokens),
-                cached_tokens=0,
-                block_hashes=signed_block_hashes(tokens, size, cache_salt=salt or None),
-                salt=salt,
-                neutral_hashes=signed_block_hashes(tokens, size) if salt else (),
-                family=template,
-                token_ids=tokens,
-                kv_events=False,
-            )
-        )
-        assert isinstance(diagnosis, Diagnosis)
+        chain = signed_block_hashes(tokens, size, cache_salt=salt or None)
+        memory = followers.setdefault((template, salt), Followers())
         ours = np.asarray(tokens)
         family = earlier.setdefault((template, salt), [])
-        if diagnosis.diverged_at is not None:
-            assert diagnosis.diverged_at == max(common_prefix(ours, other) for other in family), n
+        expected = max((common_prefix(ours, other) for other in family), default=None)
+        if expected is not None and expected < len(tokens):
+            assert memory.divergence(list(chain), tokens, size) == expected, n
             compared += 1
+        memory.remember(list(chain), tokens, size)
         family.append(ours)
     return compared

@@ -398,10 +398,19 @@ def test_another_kv_cache_groups_events_never_move_the_attention_groups_residenc
     assert diagnosed(history, request(other, seconds=101)).funnel.resident_here == 0  # group 1's only
 
 
+def teach_fan_out(history: FleetHistory, stable: list[int]) -> None:
+    """Requests of another tenant (salt) that repeat `stable` whole and go on with their own: the
+    template's prompts part after it, so departures before it are changes, not new content."""
+    for seed in range(20, 30):
+        own = [random.Random(seed).randrange(50_000) for _ in range(40)]
+        history.diagnose(request([*stable, *own], seconds=1 + seed / 100, salt="teacher"))
+
+
 def test_a_changed_prompt_names_the_part_that_changed_from_the_request_it_departs_from() -> None:
     history = FleetHistory()
     parts = Parts(model="tiny", tools=("t1", "t2"), messages=("u1",), latest=1)
     older, newer = prompt(seed=1), [*prompt(seed=1)[:162], *prompt(seed=2)[162:]]
+    teach_fan_out(history, older)
     for n, (earlier, its) in enumerate(((older, parts), (newer, replace(parts, system="s2")))):
         history.diagnose(replace(request(earlier, seconds=10 + n), key=f"r{n}", parts=its))
         stored(history, 1, chain(earlier), 10.5 + n)

@@ -120,9 +120,11 @@ def test_each_request_gets_the_cause_of_what_happened_to_its_prefix(
     settings.PREFIXSCOPE_HASH_ONLY = hash_only  # no token ids kept: the causes hold, to the block
     expected = {
         fleet.send(0, prompt(1)): "cold",
+        # Server a holds the system prompt. The template's first departure (at its end): where its
+        # prompts part is learned from it, so what follows it from now on is new content.
+        fleet.send(1, prompt(3)): "routed_elsewhere",
         # The system prompt reused; past it, its question: its own, never reusable, not a loss.
         fleet.send(0, prompt(2)): "new_content",
-        fleet.send(1, prompt(3)): "routed_elsewhere",  # server a holds the system prompt
         fleet.send(0, prompt(4, changed_at=70)): "prompt_changed",
         fleet.send(
             0, prompt(5), salt="acme-2026"

@@ -297,7 +297,7 @@ def test_an_event_with_a_value_too_big_to_store_is_rejected_alone(context, serve
     refused = RejectedInput.objects.get(server=server)
     assert (refused.reason, refused.detail, refused.count) == (
         "kv_field_invalid",
-        "BlockStored.block_size: expected a positive int up to 32767",
+        "BlockStored.block_size: expected an int from 0 to 32767",
         1,
     )
     collector.close()
