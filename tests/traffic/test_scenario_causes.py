@@ -231,7 +231,10 @@ def lost_most_to(requests: list[Request]) -> dict[str, str]:
     """For each request, against every earlier prompt's token ids (not hashes, not events): the
     blocks past what it reused that an earlier prompt under its own salt had are lost to the cache
     ("cache": evicted or routed elsewhere), those only another salt's prompt had to the salt, the
-    rest to the prompt's change; the request's cause is the one of the most blocks."""
+    rest to the prompt's change up to where its template's prompts part (`fan_out_points`), and
+    past that its own new content; the request's cause is the one of the most blocks lost, else
+    new_content."""
+    points = fan_out_points(requests)
     found = {}
     for index, r in enumerate(requests):
         size = r.block_size
@@ -245,14 +248,35 @@ def lost_most_to(requests: list[Request]) -> dict[str, str]:
             else:
                 other = max(other, shared)
         same, other = min(same, reusable), min(other, reusable)
+        stable = min(points.get(r.template, reusable * size) // size, reusable)
         blocks = {
             "cache": max(same - reused, 0),
             "salt": max(other - max(same, reused), 0),
-            "prompt_changed": reusable - max(same, other, reused),
+            "prompt_changed": max(stable - max(same, other, reused), 0),
         }
         if any(blocks.values()):
             found[r.request_id] = max(blocks, key=lambda cause: blocks[cause])
+        elif reusable > max(same, other, reused):
+            found[r.request_id] = "new_content"
     return found
+
+
+def fan_out_points(requests: list[Request]) -> dict[str, int]:
+    """Where each template's prompts part, read from its first version's requests alone (before any
+    fault): the tenth-lowest of the token positions where each departs from every earlier prompt of
+    its template."""
+    firsts: dict[str, str] = {}
+    departures: dict[str, list[int]] = {}
+    seen: dict[str, list[list[int]]] = {}
+    for r in requests:
+        if firsts.setdefault(r.template, r.version) != r.version:
+            continue
+        earlier = seen.setdefault(r.template, [])
+        shared = max((_common_prefix(r.token_ids, other) for other in earlier), default=0)
+        if 0 < shared < len(r.token_ids):
+            departures.setdefault(r.template, []).append(shared)
+        earlier.append(r.token_ids)
+    return {template: sorted(found)[len(found) // 10] for template, found in departures.items()}
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
