@@ -34,12 +34,15 @@ class Server(models.Model):
     stated_hit_block = models.PositiveIntegerField(
         null=True, blank=True, help_text="Hit granularity per cache_config_info, in tokens; blank: not stated"
     )
+    # Database defaults too: a writer of the version before (a rolling upgrade) names neither.
     kv_cache_groups = models.JSONField(
-        default=dict, blank=True, help_text="KV-cache groups its events name, {group: {kind, block_size}}"
-    )
+        default=dict, db_default={}, blank=True,
+        help_text="KV-cache groups its events name, {group: {kind, block_size}}",
+    )  # fmt: skip
     drops_last_block = models.BooleanField(
-        default=False, help_text="Speculative decoding (EAGLE/MTP) on: vLLM drops the last matched block"
-    )
+        default=False, db_default=False,
+        help_text="Speculative decoding (EAGLE/MTP) on: vLLM drops the last matched block",
+    )  # fmt: skip
     tenant = models.CharField(
         max_length=100, blank=True, help_text="Tenant whose users may see it; blank: all"
     )

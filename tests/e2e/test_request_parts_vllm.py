@@ -39,7 +39,7 @@ from tests.support.vllm_cpu import (
     install,
     serve,
 )
-from tests.traffic.test_part_changes import confusion, found_part
+from tests.traffic.test_part_changes import as_found, confusion, found_part
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
 
@@ -94,12 +94,17 @@ def test_each_part_change_is_diagnosed_with_its_part_and_its_hosted_reasons(
     diagnoses = {d.request_id: d for d in RequestDiagnosis.objects.all()}
     pairs = [(step.injected, found_part(diagnoses[r])) for step, r in zip(steps, records, strict=True)]
     print("\n" + confusion(pairs))  # noqa: T201
-    assert pairs == [(i, i or "cold") for i, _ in pairs]
+    wrong = [(n, pair) for n, (pair, allowed) in enumerate(zip(pairs, as_found(pairs), strict=True))
+             if pair[1] not in allowed]  # fmt: skip
+    assert wrong == []
 
     client.force_login(fleet_viewer("engineer"))
-    for (injected, _), request_id in zip(pairs[1:], records[1:], strict=True):
+    for (injected, as_read), request_id in zip(pairs[1:], records[1:], strict=True):
         found = client.get(f"/api/v1/requests/vllm-parts/{request_id}/diagnosis").json()
         openai, anthropic = found["prompt_cache_diagnostics"], found["anthropic_diagnostics"]
+        if as_read == "new_content":  # its own new question: a hit of all it could reuse
+            assert (openai["type"], anthropic["cache_miss_reason"]) == ("cache_hit", None), request_id
+            continue
         assert (found["changed_part"], openai["reason"], anthropic["cache_miss_reason"]) == (
             injected, *SHAPES[injected],
         ), request_id  # fmt: skip

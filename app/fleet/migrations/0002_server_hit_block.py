@@ -13,12 +13,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='server',
             name='drops_last_block',
-            field=models.BooleanField(default=False, help_text='Speculative decoding (EAGLE/MTP) on: vLLM drops the last matched block'),
+            field=models.BooleanField(db_default=False, default=False, help_text='Speculative decoding (EAGLE/MTP) on: vLLM drops the last matched block'),
         ),
         migrations.AddField(
             model_name='server',
             name='kv_cache_groups',
-            field=models.JSONField(blank=True, default=dict, help_text='KV-cache groups its events name, {group: {kind, block_size}}'),
+            field=models.JSONField(blank=True, db_default={}, default=dict, help_text='KV-cache groups its events name, {group: {kind, block_size}}'),
         ),
         migrations.AddField(
             model_name='server',
