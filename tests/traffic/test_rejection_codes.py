@@ -10,7 +10,7 @@ from app.fleet.models import Server
 from app.traffic.models import RejectedInput
 from collectors.errors import RejectReason
 
-migration = importlib.import_module("app.traffic.migrations.0002_rejection_reason_codes")
+migration = importlib.import_module("app.traffic.migrations.0003_rejection_reason_codes")
 
 # What the releases before the codes wrote as the reason, each with the code it now has.
 OLD_REASONS = [
