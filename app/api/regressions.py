@@ -131,6 +131,10 @@ class RegressionOut(Schema):
     rate_before: float = Field(description="The hit rate; for a TTFT regression, over the same minutes")
     rate_after: float
     rate_now: float
+    hit_rate_definition: str = Field(
+        description="What rate_before, rate_after and rate_now are the share of: a template's of its "
+        "reusable prompt tokens, a server's, tenant's or fleet's less its prompt changes too"
+    )
     requests_before: int
     requests_after: int
     confidence: float

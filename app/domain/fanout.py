@@ -20,7 +20,8 @@ learned again from that generation's departures, and the change becomes its usua
 
 from __future__ import annotations
 
-from collections import Counter
+import heapq
+import math
 from collections.abc import Hashable
 
 RELEARNED_FROM = 16  # departures in a generation for the turn to learn a family's point again
@@ -32,13 +33,14 @@ class FanOutPoints:
 
     def __init__(self) -> None:
         self._points: dict[Hashable, int] = {}
-        self._learning: dict[Hashable, Counter[int]] = {}  # departures this generation, by token
+        self._learning: dict[Hashable, LowQuantile] = {}  # departures this generation
 
     def departed(self, family: Hashable, at_token: int) -> None:
         """A request of the family shared `at_token` leading tokens with earlier prompts, and not more."""
-        learning = self._learning.setdefault(family, Counter())
-        learning[at_token] += 1
-        learned = _low_quantile(learning)
+        learning = self._learning.get(family)
+        if learning is None:
+            learning = self._learning[family] = LowQuantile()
+        learned = learning.add(at_token)
         self._points[family] = max(self._points.get(family, learned), learned)
 
     def point(self, family: Hashable) -> int | None:
@@ -51,17 +53,37 @@ class FanOutPoints:
         points: dict[Hashable, int] = {}
         for family, learning in self._learning.items():
             held = self._points.get(family)
-            relearn = held is None or learning.total() >= RELEARNED_FROM
-            points[family] = _low_quantile(learning) if relearn or held is None else held
+            relearn = held is None or learning.count >= RELEARNED_FROM
+            points[family] = learning.value if relearn or held is None else held
         self._points, self._learning = points, {}
 
 
-def _low_quantile(departures: Counter[int]) -> int:
-    """The smallest departure with at least QUANTILE of them at or before it."""
-    wanted = departures.total() * QUANTILE
-    counted = 0
-    for at_token in sorted(departures):
-        counted += departures[at_token]
-        if counted >= wanted:
-            return at_token
-    raise AssertionError("a non-empty count has a quantile")  # pragma: no cover
+class LowQuantile:
+    """The smallest departure with at least QUANTILE of them at or before it, kept as they come:
+    the lowest share in a max-heap, the rest in a min-heap (a chat family departs at a new depth
+    with nearly every turn, so sorting its departures each time would cost a sort per request)."""
+
+    __slots__ = ("_high", "_low", "count")
+
+    def __init__(self) -> None:
+        self._low: list[int] = []  # negated: the largest of the lowest share on top
+        self._high: list[int] = []
+        self.count = 0
+
+    @property
+    def value(self) -> int:
+        return -self._low[0]
+
+    def add(self, at_token: int) -> int:
+        """Count one departure; the quantile with it."""
+        self.count += 1
+        if self._low and at_token < -self._low[0]:
+            heapq.heappush(self._low, -at_token)
+        else:
+            heapq.heappush(self._high, at_token)
+        wanted = max(1, math.ceil(self.count * QUANTILE))
+        while len(self._low) > wanted:
+            heapq.heappush(self._high, -heapq.heappop(self._low))
+        while len(self._low) < wanted:
+            heapq.heappush(self._low, -heapq.heappop(self._high))
+        return -self._low[0]

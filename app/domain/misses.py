@@ -49,6 +49,12 @@ OF_REUSABLE = (
     "reused / reusable prompt tokens: all prompt tokens less each request's own new content past its "
     "template's usual fan-out point and its tail below one block"
 )
+# A server's, a tenant's or the fleet's regressions: their templates' commits are the templates'
+# regressions, never theirs, so what their prompts changed is left out with what was never reusable.
+OF_UNCHANGED = (
+    "reused / reusable prompt tokens less those lost to prompt changes (a template's commit is its "
+    "template's regression, not its server's, tenant's or fleet's)"
+)
 
 
 # The other figures called a hit rate, each said where it is shown (pages, API answers): what it is
@@ -70,6 +76,7 @@ GATEWAY_CACHE = "requests a gateway answered from its semantic cache: no engine 
 HIT_RATE_DEFINITIONS = {
     "of_prompt": OF_PROMPT,
     "of_reusable": OF_REUSABLE,
+    "of_unchanged": OF_UNCHANGED,
     "recorded": OF_RECORDED,
     "counters": OF_COUNTERS,
     "request": OF_REQUEST,

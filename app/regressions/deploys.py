@@ -3,11 +3,12 @@
 Every PREFIXSCOPE_DEPLOY_CHECK_SECONDS (beat), and first in each detection run, each version with
 a deploy marker (from the deploy API, or its first request) in the last DEPLOY_HORIZON is tested
 (app/domain/deploys.py): its requests since it went live against those of the version that served
-the template just before it, read from the request records as they are ingested (a few hundred
-rows by the template's index: no wait for the diagnosis or the minute's rollup, which is what
-makes it faster than the per-minute search). A material drop, sure at the detection's confidence,
-opens the template's regression with that version as its suspect, changed at the minute of its
-first request.
+the template just before it, read from the request records and their diagnoses as they are
+written (a few hundred rows by the template's index: no wait for the minute's rollup, which is what
+makes it faster than the per-minute search). Each request weighs its reusable prompt tokens, as the
+template's per-minute series does: a version whose questions are longer is no drop. A material
+drop, sure at the detection's confidence, opens the template's regression with that version as its
+suspect, changed at the minute of its first request.
 
 Not tested: a version whose text restores an earlier good version's (a revert, or a re-deploy of
 a known-good text: it cannot be a drop's suspect), one that is already a regression's suspect on
@@ -22,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max, QuerySet
+from django.db.models import F, Max, QuerySet
 
 from app.domain.changepoints import RateChange
 from app.domain.deploys import DeployTest, RequestReuse, version_change
@@ -33,7 +34,7 @@ from app.regressions.lifecycle import config_of, of_scope
 from app.regressions.models import Regression
 from app.regressions.selectors import reverts_of
 from app.regressions.series import ScopeKey
-from app.traffic.models import RequestRecord
+from app.traffic.models import NEVER_REUSABLE, RequestDiagnosis, RequestRecord
 
 DEPLOY_HORIZON = timedelta(minutes=15)  # how long after going live a version is tested
 BEFORE = timedelta(minutes=30)  # the version before it: its requests of this long before, and since
@@ -83,14 +84,14 @@ def deploy_change(version: TemplateVersion, *, live_at: datetime, now: datetime)
         cached_tokens__isnull=False,
         prompt_tokens__gt=0,
     )
-    after = _reuse(records.filter(template_version=version, arrived_at__gte=live_at))
+    taken = records.filter(template_version=version, arrived_at__gte=live_at)
     previous = _version_before(records, version, live_at)
-    if previous is None or not _took_over(records, live_at, len(after)):
+    if previous is None or not _took_over(records, live_at, taken.count()):
         return None
     active = regressions.exclude(state=Regression.State.RESOLVED).select_related("suspect_version").first()
     if active is not None and not _reverted_by(active, previous):
         return None  # still regressed: that regression is updated, not doubled
-    before = _reuse(records.filter(template_version_id=previous))
+    before, after = _reuse(records.filter(template_version_id=previous)), _reuse(taken)
     config = config_of(key)
     test = DeployTest(min_requests=settings.PREFIXSCOPE_DEPLOY_MIN_REQUESTS, looks=_looks())
     change = version_change(before, after, config, test)
@@ -143,13 +144,42 @@ def _took_over(records: QuerySet[RequestRecord], live_at: datetime, taken: int) 
 
 
 def _reuse(records: QuerySet[RequestRecord]) -> list[RequestReuse]:
-    rows = records.order_by("arrived_at").values_list(
-        "arrived_at", "server_id", "salt_hash", "prompt_tokens", "cached_tokens"
-    )[:MAX_REQUESTS]
-    return [  # the query keeps rows with both counts: None is for the type checker
-        RequestReuse(arrived_at, (server_id, salt), prompt or 0, min(cached or 0, prompt or 0))
-        for arrived_at, server_id, salt, prompt, cached in rows
-    ]
+    """The diagnosed ones of the records, each with its reusable prompt tokens and what of them
+    was reused (the template's per-minute series' figures: app/regressions/series.py LEFT_OUT)."""
+    rows = list(
+        records.order_by("arrived_at").values_list("arrived_at", "server_id", "request_id", "salt_hash")[
+            :MAX_REQUESTS
+        ]
+    )
+    reuse = _diagnosed_reuse(rows)
+    found = []
+    for arrived_at, server_id, request_id, salt in rows:
+        reusable, reused = reuse.get((server_id, request_id, arrived_at), (0, 0))
+        if reusable > 0:  # not yet diagnosed, or nothing in it was reusable
+            found.append(RequestReuse(arrived_at, (server_id, salt), reusable, min(reused, reusable)))
+    return found
+
+
+def _diagnosed_reuse(
+    rows: list[tuple[datetime, int, str, str]],
+) -> dict[tuple[int, str, datetime], tuple[int, int]]:
+    """(reusable prompt tokens, reused tokens) of each of the records that is diagnosed, by its key;
+    a diagnosis that could not say (no cached tokens, a hit counter not wired) says nothing."""
+    if not rows:
+        return {}
+    diagnoses = RequestDiagnosis.objects.filter(
+        server_id__in={row[1] for row in rows},
+        arrived_at__gte=rows[0][0],
+        arrived_at__lte=rows[-1][0],
+        request_id__in=[row[2] for row in rows],
+        unknown="",
+    ).annotate(reusable_=F("prompt_tokens") - NEVER_REUSABLE)
+    return {
+        (server_id, request_id, arrived_at): (reusable, reused)
+        for server_id, request_id, arrived_at, reusable, reused in diagnoses.values_list(
+            "server_id", "request_id", "arrived_at", "reusable_", "reused_tokens"
+        )
+    }
 
 
 def suspects_with(

@@ -1,12 +1,15 @@
 from django.conf import settings
 from django.db import models
 
+from app.domain.misses import HIT_RATE_DEFINITIONS
+from app.regressions.series import HIT_RATE_DEFINITION
 from collectors import records
 
 
 class Regression(models.Model):
-    """A drop in one scope's delivered hit rate, or a rise in its TTFT p90 (app/domain/changepoints.py
-    found it in the per-minute rollups), what caused it, and what it costs while it lasts.
+    """A drop in one scope's hit rate (of what it could reuse: hit_rate_definition), or a rise in its
+    TTFT p90 (app/domain/changepoints.py found it in the per-minute rollups), what caused it, and
+    what it costs while it lasts.
 
     One row per scope and change point: online detection and a backfill over history
     (`manage.py detect_regressions`) find the same change at the same minute, so they write one row.
@@ -136,6 +139,13 @@ class Regression(models.Model):
         if self.scope == self.Scope.TENANT:
             return self.tenant or "(no tenant)"
         return "fleet"
+
+    @property
+    def hit_rate_definition(self) -> str:
+        """What its rates (before, after, now) are the share of: the scope's series' definition
+        (app/regressions/series.py), or the recorded rate over a TTFT regression's minutes."""
+        name = "recorded" if self.metric == self.Metric.TTFT else HIT_RATE_DEFINITION[self.scope]
+        return HIT_RATE_DEFINITIONS[name]
 
     @property
     def kind_label(self) -> str:

@@ -99,10 +99,10 @@ def hit_rate_chart(regression: Regression, window: ChartWindow, found: list[Minu
     rates = [_rate(points.get(at)) for at in window.minutes]
     before = [regression.rate_before if at < window.changed_at else None for at in window.minutes]
     after = [regression.rate_after if at >= window.changed_at else None for at in window.minutes]
-    what = "Reused over reusable prompt tokens" if regression.template_id is None else "Prompt tokens reused"
     return RegressionChart(
         "hit-rate", "Hit rate per minute",
-        f"{what}, from the per-minute loss rollups the detection read; dashed: the rate before and after",
+        f"{regression.hit_rate_definition.capitalize()}, from the per-minute loss rollups the detection "
+        "read; dashed: the rate before and after",
         "ratio", window.minutes,
         [Series("hit_rate", rates), Series("rate_before", before), Series("rate_after", after)],
         ["Hit rate", "Before the change", "After the change"],

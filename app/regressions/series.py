@@ -2,7 +2,7 @@
 the loss rollups (traffic.LossMinute), the TTFT histograms from the request rollups
 (traffic.MinuteRollup). What the detection searches and what a regression's figures come from."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -11,7 +11,7 @@ from django.db.models import Q, Sum
 
 from app.domain.changepoints import MinutePoint
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
-from app.domain.misses import NOT_LOSSES
+from app.domain.misses import NOT_LOSSES, Cause
 from app.traffic.models import LOST_COLUMNS, LossMinute, MinuteRollup
 
 ScopeKey = tuple[str, int | None, int | None, str]
@@ -46,14 +46,14 @@ class Minute:
 
 
 def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeKey, list[Minute]]:
-    """Each group's minutes of [since, until) with diagnosed requests, in time order.
+    """Each group's minutes of [since, until) with diagnosed requests, in time order, each scope's
+    prompt tokens those its hit rate is of (LEFT_OUT, HIT_RATE_DEFINITION).
 
-    A server's, a tenant's or the fleet's hit rate leaves out the tokens lost to prompts changing
-    and the tails below one block (never reusable): a template commit is its template's regression,
-    never theirs, and what is left, the reuse of what could have been reused, says whether they
-    changed themselves (a capacity cut shows on all of a server's traffic, whatever its templates'
-    commits did meanwhile; without the tails too, a template whose prompts all changed weighs
-    nothing instead of its tails).
+    Every scope leaves out what no cache could have reused (new content, tails below one block): a
+    longer question is no regression. A server's, a tenant's or the fleet's leaves out the tokens
+    lost to prompts changing too: a template commit is its template's regression, never theirs, and
+    what is left, the reuse of what could have been reused, says whether they changed themselves (a
+    capacity cut shows on all of a server's traffic, whatever its templates' commits did meanwhile).
     """
     names = _GROUPED_BY[scope]
     rows = LossMinute.objects.filter(minute__gte=since, minute__lt=until, diagnosed__gt=0)
@@ -71,7 +71,7 @@ def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeK
     )
     found: dict[ScopeKey, list[Minute]] = {}
     for row in rows:
-        minute = _minute(row) if scope in TEMPLATE_SCOPES else _reusable_only(_minute(row))
+        minute = _without(_minute(row), LEFT_OUT[scope])
         if minute.prompt_tokens > 0:
             found.setdefault(_key(scope, row), []).append(minute)
     return found
@@ -79,12 +79,20 @@ def scope_series(scope: str, *, since: datetime, until: datetime) -> dict[ScopeK
 
 NARROW_SCOPES = ("template_server", "template_tenant")
 TEMPLATE_SCOPES = ("template", *NARROW_SCOPES)
-_NEVER_THE_SCOPES = ("prompt_changed", *NOT_LOSSES)
+# The causes whose tokens each scope's hit rate leaves out of its prompt tokens, and the definition
+# (app/domain/misses.py HIT_RATE_DEFINITIONS) its figures are stated with: one place for both.
+LEFT_OUT = {
+    scope: NOT_LOSSES if scope in TEMPLATE_SCOPES else NOT_LOSSES | {Cause.PROMPT_CHANGED}
+    for scope in _GROUPED_BY
+}
+HIT_RATE_DEFINITION = {
+    scope: "of_reusable" if scope in TEMPLATE_SCOPES else "of_unchanged" for scope in _GROUPED_BY
+}
 
 
-def _reusable_only(minute: Minute) -> Minute:
-    left_out = sum(minute.lost.get(cause, 0) for cause in _NEVER_THE_SCOPES)
-    lost = {cause: tokens for cause, tokens in minute.lost.items() if cause not in _NEVER_THE_SCOPES}
+def _without(minute: Minute, causes: Set[str]) -> Minute:
+    left_out = sum(minute.lost.get(cause, 0) for cause in causes)
+    lost = {cause: tokens for cause, tokens in minute.lost.items() if cause not in causes}
     return Minute(minute.minute, minute.requests, minute.prompt_tokens - left_out, minute.reused_tokens, lost)
 
 

@@ -14,6 +14,8 @@ from app.domain.misses import (
     OF_RECORDED,
     OF_REPLAYED,
     OF_REQUEST,
+    OF_REUSABLE,
+    OF_UNCHANGED,
 )
 from tests.support.factories import a_server
 from tests.support.users import fleet_viewer
@@ -39,6 +41,7 @@ def test_every_definition_names_what_it_is_a_share_of() -> None:
         ("/tenants/", [OF_PROMPT, "hosted-API requests included"]),
         ("/requests/", [OF_REQUEST]),
         ("/servers/vllm-0/", [OF_RECORDED, OF_COUNTERS]),
+        ("/regressions/", [OF_REUSABLE, OF_UNCHANGED, OF_RECORDED]),
     ],
 )
 def test_each_page_with_a_hit_rate_states_its_definition(

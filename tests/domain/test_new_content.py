@@ -5,7 +5,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from app.domain.blockhash import signed_block_hashes
-from app.domain.fanout import RELEARNED_FROM, FanOutPoints
+from app.domain.fanout import QUANTILE, RELEARNED_FROM, FanOutPoints, LowQuantile
 from app.domain.lossruns import main_cause, new_content_after
 from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Cause, Diagnosis, Loss, reusable_hit_rate
@@ -75,6 +75,18 @@ def test_the_point_is_a_low_quantile_of_departures_so_conversations_turns_stay_n
         points.departed("chat", 320 + 64 * (turn % 8))  # the system prompt, then deeper turns
     points.departed("chat", 48)  # one tenant's branch of the template, once
     assert points.point("chat") == 320 and points.point("other") is None
+
+
+def test_the_running_quantile_is_the_sorted_departures_quantile_at_every_step() -> None:
+    """LowQuantile against the definition (the smallest departure with at least QUANTILE of them at
+    or before it), after each of 2,000 departures: deepening turns, repeats and early outliers."""
+    rng, running, seen = random.Random(27), LowQuantile(), []
+    for n in range(2000):
+        at_token = rng.choice([rng.randrange(0, 64), 320 + 16 * (n % 40), 320, rng.randrange(0, 4000)])
+        seen.append(at_token)
+        wanted = len(seen) * QUANTILE
+        expected = next(v for i, v in enumerate(sorted(seen), 1) if i >= wanted)
+        assert running.add(at_token) == expected == running.value, n
 
 
 def test_a_run_across_the_point_is_split_and_new_content_runs_merge() -> None:

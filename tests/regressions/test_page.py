@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.utils import timezone
+from django.utils.html import escape
 
+from app.domain.misses import OF_REUSABLE
 from app.fleet.models import Server
 from app.prompts.models import DeployMarker, Template, TemplateVersion, VersionCheck
 from app.regressions.models import Regression
@@ -82,7 +84,7 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
         if ago % 7 == 0:
             continue  # a minute without traffic: drawn as a gap, not a zero
         good = at < changed_at
-        _loss(a, support, at, prompt=1000 + ago, reused=(800 if good else 100) + ago)
+        _loss(a, support, at, prompt=1300 + ago, reused=(800 if good else 100) + ago, new_content_tokens=300)
         _loss(b, support, at, prompt=500, reused=400 if good else 20, tenant="acme")
         _loss(a, other, at, prompt=1000, reused=1000)  # another template's: not the scope's
     regression = _regression(
@@ -98,9 +100,9 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
     chart = response.context["charts"][0]
     drawn = dict(zip(chart.times, chart.series[0].values, strict=True))
     rows = LossMinute.objects.filter(template=support)
-    expected = {
+    expected = {  # of the reusable tokens: each request's own new content is no loss
         at: sum(r.reused_tokens for r in rows if r.minute == at)
-        / sum(r.diagnosed_prompt_tokens for r in rows if r.minute == at)
+        / sum(r.diagnosed_prompt_tokens - r.new_content_tokens for r in rows if r.minute == at)
         for at in {r.minute for r in rows}
     }
     assert {at: v for at, v in drawn.items() if v is not None} == pytest.approx(expected)
@@ -116,6 +118,9 @@ def test_the_hit_rate_drawn_is_the_scopes_loss_minutes_summed(signed_in: Client)
     assert [m["id"] for m in markers[1:]] == [str(suspect.pk), str(deployed.pk)]
     assert "(the suspect)" in markers[1]["label"] and "(deploy)" in markers[2]["label"]
     assert f'id="{chart.data_id}"' in response.content.decode()
+    assert escape(OF_REUSABLE) in response.content.decode() and chart.note.startswith("Reused / reusable")
+    answer = signed_in.get(f"/api/v1/regressions/{regression.pk}").json()
+    assert answer["hit_rate_definition"] == OF_REUSABLE
 
     exported = _csv(signed_in, f"/regressions/{regression.pk}/?chart=hit-rate&format=csv")
     assert {at: float(cells[0]) for at, cells in exported.items() if cells[0]} == pytest.approx(expected)

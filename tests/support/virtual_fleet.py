@@ -93,7 +93,8 @@ def run_virtually(
     commits roll out elsewhere: a canary, a tenant's variant); `ttft_factor` slows a request's TTFT
     (a slow server) by the factor it gives. `scrape_every`: pull each server's /metrics every so
     many virtual seconds (none by default). `every_check(now)` is called every CHECK_SECONDS after
-    the records up to then are stored (the deploy check, as beat runs it between minutes)."""
+    the records up to then are stored and diagnosed (the deploy check, as beat runs it between
+    minutes, on the diagnoses beat writes every 30 s)."""
     scenario = parse_scenario(definition)
     # Virtual second 0 half a minute into a minute: the scenario's faults (at whole minutes) land
     # mid-minute, as they would at any time, and every run alike (its delays comparable).
@@ -183,6 +184,7 @@ class _Serving:
             while every_check is not None and request.at >= check:
                 self._flush(check)
                 flushed_at = check
+                diagnose_requests(now=self.run.at(check))  # beat's runs between the minutes' (30 s)
                 every_check(self.run.at(check))
                 check += CHECK_SECONDS
             if request.at - flushed_at >= BATCH_SECONDS:

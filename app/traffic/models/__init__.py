@@ -13,6 +13,7 @@ from app.traffic.models.collection import (
 from app.traffic.models.diagnosis import (
     FUNNEL_COLUMNS,
     LOST_COLUMNS,
+    NEVER_REUSABLE,
     REUSABLE_LOST,
     REUSABLE_LOST_COLUMNS,
     RequestDiagnosis,
@@ -55,6 +56,7 @@ __all__ = [
     "EXPLORER_ROWS",
     "FUNNEL_COLUMNS",
     "LOST_COLUMNS",
+    "NEVER_REUSABLE",
     "REUSABLE_LOST",
     "REUSABLE_LOST_COLUMNS",
     "CollectorProcess",

@@ -20,6 +20,11 @@ from collectors import records
 # matches the two (tests/traffic/test_recent_misses.py checks it).
 REUSABLE_LOST_COLUMNS = tuple(f"{cause.value}_tokens" for cause in _Cause if is_loss(cause))
 REUSABLE_LOST = reduce(operator.add, [models.F(column) for column in REUSABLE_LOST_COLUMNS])
+# And what no cache could have reused (new content, the tail below one block ...): a prompt's tokens
+# less these are its reusable ones (app/domain/misses.py OF_REUSABLE).
+NEVER_REUSABLE = reduce(
+    operator.add, [models.F(f"{cause.value}_tokens") for cause in _Cause if not is_loss(cause)]
+)
 
 
 class RequestDiagnosis(PostgresPartitionedModel):
