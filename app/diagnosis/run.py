@@ -41,7 +41,7 @@ from app.diagnosis.counters import unwired_counters
 from app.domain.hosted import HostedHistory, HostedPrompt
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
-from app.domain.requestparts import Parts
+from app.domain.requestparts import Parts, own_turn
 from app.domain.tiers import ATTENTION_GROUP
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
@@ -261,12 +261,19 @@ def _advance(
         elif record.diagnosed:
             history.remember(record.prompt)
         else:
-            found.append((record, history.diagnose(record.prompt)))
+            found.append((record, _diagnosed(history, record.prompt)))
     while pending is not None:  # the rest, for the requests still waiting for their first token
         _apply(history, pending)
         pending = next(events, None)
     replay.through = until
     return found
+
+
+def _diagnosed(history: FleetHistory, prompt: RequestPrompt) -> Diagnosis | Unknown:
+    """The request's diagnosis, a change of its latest messages alone read as its own new content
+    (app/domain/requestparts.py own_turn: what the parts say settles what the fan-out point guessed)."""
+    found = history.diagnose(prompt)
+    return own_turn(found) if isinstance(found, Diagnosis) else found
 
 
 def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | None) -> datetime | None:
