@@ -58,7 +58,7 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed, {span_only},
        r.provider, r.model, r.cache_write_tokens, r.cache_key_hash, r.cache_breakpoints,
-       COALESCE(r.gateway_cache_hit, false), r.part_digests
+       COALESCE(r.gateway_cache_hit, false), r.part_digests, r.cache_ttl_seconds
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
@@ -332,7 +332,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
      diagnosed, span_only, provider, model, written, cache_key, breakpoints, gateway_cache,
-     part_digests) = row  # fmt: skip
+     part_digests, ttl) = row  # fmt: skip
     hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
@@ -352,8 +352,8 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     if provider:
         hosted = HostedPrompt(
             provider=provider, model=model, arrived_at=arrived_at, prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens, cache_write_tokens=written, chain=prompt.block_hashes,
-            breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
+            cached_tokens=cached_tokens, cache_write_tokens=written, cache_ttl_seconds=ttl,
+            chain=prompt.block_hashes, breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
         )  # fmt: skip
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only, hosted, gateway_cache)
 
