@@ -215,7 +215,7 @@ def _diagnose(
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
     unwired = unwired_counters(since=until - lookback, until=until, only=only) if found else set()
-    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now, unwired=unwired)
+    stored = _store([_stored(r, _by_parts(history.revised.get(r.key, diagnosis)), now=now, unwired=unwired)
                      for r, diagnosis in found])  # fmt: skip
     history.forget_settled(until)
     replay.turn_when_due(lookback=lookback)
@@ -261,7 +261,7 @@ def _advance(
         elif record.diagnosed:
             history.remember(record.prompt)
         else:
-            found.append((record, _diagnosed(history, record.prompt)))
+            found.append((record, history.diagnose(record.prompt)))
     while pending is not None:  # the rest, for the requests still waiting for their first token
         _apply(history, pending)
         pending = next(events, None)
@@ -269,10 +269,9 @@ def _advance(
     return found
 
 
-def _diagnosed(history: FleetHistory, prompt: RequestPrompt) -> Diagnosis | Unknown:
-    """The request's diagnosis, a change of its latest messages alone read as its own new content
-    (app/domain/requestparts.py own_turn: what the parts say settles what the fan-out point guessed)."""
-    found = history.diagnose(prompt)
+def _by_parts(found: Diagnosis | Unknown) -> Diagnosis | Unknown:
+    """A change of the request's latest messages alone read as its own new content (own_turn in
+    app/domain/requestparts.py: what the part digests say settles what the fan-out point guessed)."""
     return own_turn(found) if isinstance(found, Diagnosis) else found
 
 
