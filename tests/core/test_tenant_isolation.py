@@ -449,7 +449,8 @@ def test_the_fleet_page_counts_alphas_requests_only(fleet: Fleet, alpha: Client,
 def test_the_fleet_hit_rates_are_of_alphas_requests_only(fleet: Fleet, alpha: Client, admin: Client) -> None:
     def recorded(client: Client) -> float | None:
         rates = client.get("/api/v1/fleet/hit-rates").json()["hit_rates"]
-        return next(rate["hit_rate"] for rate in rates if rate["name"] == "recorded")
+        found: float | None = next(rate["hit_rate"] for rate in rates if rate["name"] == "recorded")
+        return found
 
     alphas, every = (client.get(reverse("dashboard:home")).context["head"] for client in (alpha, admin))
     assert recorded(alpha) == pytest.approx(alphas.hour.requests)  # the page's hour: alpha's rows alone
