@@ -65,6 +65,7 @@ class RequestFacts(msgspec.Struct, frozen=True, kw_only=True):
     # Hosted APIs (a provider of HOSTED_PROVIDERS): what their caches are told and answer.
     provider: str = ""
     cache_write_tokens: int | None = None  # written to the provider's cache; None: not reported
+    cache_ttl_seconds: int | None = None  # the longest TTL those writes used; None: not reported
     prompt_cache_key: str | None = None  # OpenAI's prompt_cache_key; hashed by the ingest, never stored
     # The prompt's content blocks (tools, system, messages' parts) in order, each as a digest the
     # client computed (never the text), and which of them carry a cache marker (cache_control,

@@ -7,7 +7,12 @@ Every session has a tenant of its own (a provider's cache is never shared across
 causes do not mix. What each session does, in virtual seconds from `start`:
 - `cold` then `hit`: a prefix sent for the first time, then again within its TTL and read;
 - `below_minimum`: prompts shorter than the provider's minimum for the model;
-- `ttl_lapsed`: the same prefix again after longer than the provider's TTL;
+- `ttl_lapsed`: the same prefix again after longer than the provider's TTL (5 minutes);
+- `ttl_1h`: a prefix cached with Anthropic's 1-hour TTL, read after 10 minutes, then sent 8 to 10
+  minutes after that through a gateway that strips the marker: `marker_absent`, not lapsed (a
+  5-minute entry would have been);
+- `ttl_1h_lapsed` (sessions longer than an hour, `hour_long`): Claude on Bedrock cached with a 1-hour
+  TTL (`cacheDetails`), sent again after more than an hour: `ttl_lapsed`;
 - `marker_absent`: Claude on Bedrock through a gateway that strips `cachePoint`: nothing is written
   or read, however often the prefix repeats;
 - `cache_key_changed`: OpenAI, the same prefix under a new `prompt_cache_key`;
@@ -63,14 +68,21 @@ class _Session:
         self.made.append(HostedRequest(injected, record, over_otlp=self.provider == "openai"))
 
 
-def _anthropic(uncached: int, read: int, written: int) -> dict[str, int]:
+def _anthropic(uncached: int, read: int, written: int, ttl: str = "5m") -> dict[str, Any]:
+    """The Messages API's usage: the writes split by TTL in `cache_creation` (platform.claude.com
+    prompt caching)."""
+    split = {"ephemeral_5m_input_tokens": written if ttl == "5m" else 0,
+             "ephemeral_1h_input_tokens": written if ttl == "1h" else 0}  # fmt: skip
     return {"input_tokens": uncached, "cache_read_input_tokens": read, "cache_creation_input_tokens": written,
-            "output_tokens": 40}  # fmt: skip
+            "cache_creation": split, "output_tokens": 40}  # fmt: skip
 
 
-def _bedrock(uncached: int, read: int, written: int) -> dict[str, int]:
+def _bedrock(uncached: int, read: int, written: int, ttl: str = "5m") -> dict[str, Any]:
+    """Converse's TokenUsage: `cacheDetails` lists the writes by TTL, empty without one (Bedrock API
+    reference, TokenUsage and CacheDetail)."""
+    details = [{"ttl": ttl, "inputTokens": written}] if written else []
     return {"inputTokens": uncached, "cacheReadInputTokens": read, "cacheWriteInputTokens": written,
-            "outputTokens": 40}  # fmt: skip
+            "cacheDetails": details, "outputTokens": 40}  # fmt: skip
 
 
 def _openai(prompt: int, cached: int) -> dict[str, Any]:
@@ -99,6 +111,22 @@ def _ttl_lapsed(s: _Session) -> None:
     blocks = s.digests(4)
     s.send("cold", 0, _anthropic(200, 0, 4000), prompt_blocks=blocks, cache_breakpoints=[2])
     s.send("ttl_lapsed", 301 + s.rng.randrange(600), _anthropic(200, 0, 4000), prompt_blocks=blocks,
+           cache_breakpoints=[2])  # fmt: skip
+
+
+def _ttl_1h(s: _Session) -> None:
+    blocks = s.digests(4)
+    s.send("cold", 0, _anthropic(200, 0, 4000, ttl="1h"), prompt_blocks=blocks, cache_breakpoints=[2])
+    read_at = 600 + s.rng.randrange(120)
+    s.send(HIT, read_at, _anthropic(200, 4000, 0), prompt_blocks=blocks, cache_breakpoints=[2])
+    stripped_at = read_at + 480 + s.rng.randrange(120)  # 8 to 10 minutes after the read
+    s.send("marker_absent", stripped_at, _anthropic(4200, 0, 0), prompt_blocks=blocks, cache_breakpoints=[2])
+
+
+def _ttl_1h_lapsed(s: _Session) -> None:
+    blocks = s.digests(4)
+    s.send("cold", 0, _bedrock(100, 0, 5000, ttl="1h"), prompt_blocks=blocks, cache_breakpoints=[2])
+    s.send("ttl_lapsed", 3601 + s.rng.randrange(600), _bedrock(100, 0, 5000, ttl="1h"), prompt_blocks=blocks,
            cache_breakpoints=[2])  # fmt: skip
 
 
@@ -143,24 +171,31 @@ _KINDS: dict[str, tuple[str, str, Callable[[_Session], None]]] = {
     "warm": ("anthropic", "claude-sonnet-4-5", _warm),
     "below_minimum": ("anthropic", "claude-opus-4-6", _below_minimum),
     "ttl_lapsed": ("anthropic", "claude-sonnet-4-5", _ttl_lapsed),
+    "ttl_1h": ("anthropic", "claude-sonnet-4-5", _ttl_1h),
     "marker_absent": ("bedrock", _CLAUDE_ON_BEDROCK, _marker_absent),
     "cache_key_changed": ("openai", "gpt-5.6", _cache_key_changed),
     "beyond_lookback": ("anthropic", "claude-sonnet-4-5", _beyond_lookback),
     "prompt_changed": ("bedrock", _CLAUDE_ON_BEDROCK, _prompt_changed),
     "gateway_cache": ("openai", "gpt-5.6", _gateway_cache),
 }
+# Sessions that last longer than an hour: left out of a shorter run (the demo's 25 minutes).
+_HOUR_LONG: dict[str, tuple[str, str, Callable[[_Session], None]]] = {
+    "ttl_1h_lapsed": ("bedrock", _CLAUDE_ON_BEDROCK, _ttl_1h_lapsed),
+}
 
 
 def hosted_traffic(
-    *, start: datetime, sessions: int = 4, seed: int = 7, id_prefix: str = ""
+    *, start: datetime, sessions: int = 4, seed: int = 7, id_prefix: str = "", hour_long: bool = False
 ) -> list[HostedRequest]:
-    """`sessions` sessions of each kind, their requests in time order; request ids begin with
-    `id_prefix` (a demo's rounds send the same sessions again under new ids)."""
+    """`sessions` sessions of each kind (with `hour_long`, also those lasting more than an hour),
+    their requests in time order; request ids begin with `id_prefix` (a demo's rounds send the same
+    sessions again under new ids)."""
     rng = random.Random(seed)
+    kinds = {**_KINDS, **_HOUR_LONG} if hour_long else _KINDS
     made: list[HostedRequest] = []
     for n in range(sessions):
-        for kind in _KINDS:
-            provider, model, play = _KINDS[kind]
+        for kind in kinds:
+            provider, model, play = kinds[kind]
             session = _Session(
                 provider, model, tenant=f"{kind}-{n}", start=start, rng=rng, id_prefix=id_prefix
             )

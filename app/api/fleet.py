@@ -1,19 +1,22 @@
-"""Reads of the fleet for scripts: deploy markers and cache killers across templates (its servers:
-app/api/servers.py, one router with their writes: django-ninja routes a path to one router).
+"""Reads of the fleet for scripts: its hit rates, deploy markers and cache killers across templates
+(its servers: app/api/servers.py, one router with their writes: django-ninja routes a path to one
+router).
 
 Authenticated as the other reads are: a logged-in user's session, or an ingest token. Registering
 and changing servers is not here (the set-up API). Lists come a page at a time (`limit`, `offset`).
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.pagination import paginate
 
 from app.api.auth import READ_AUTH, READERS
+from app.api.errors import ApiError, error
 from app.api.pages import Pages, Rows
 from app.api.schemas import Instant
 from app.api.templates import DeployOut, KillerOut, killer_out
@@ -21,12 +24,57 @@ from app.api.templates import router as templates_router
 from app.api.viewers import caller_viewer
 from app.compare.killers import visible_killers
 from app.core.tenancy import Viewer
+from app.domain.misses import HIT_RATE_DEFINITIONS
 from app.fleet.models import Server
 from app.prompts import killers
 from app.prompts import selectors as prompt_selectors
 from app.prompts.models import CacheKiller, DeployMarker, Template
+from app.rollups.hitrates import fleet_hit_rates
 
 router = Router(tags=["fleet"])
+
+LONGEST_WINDOW = timedelta(days=31)  # a month of the hour rollups: 744 rows a server
+
+
+class HitRateOut(Schema):
+    name: str = Field(description="The definition's name (recorded, counters, hosted)")
+    hit_rate: float | None = Field(description="A share of 0 to 1; null when nothing was counted")
+    hit_rate_definition: str = Field(description="What it is the share of, and of which requests")
+
+
+class FleetHitRatesOut(Schema):
+    since: datetime
+    until: datetime
+    hit_rates: list[HitRateOut]
+
+
+class WindowIn(Schema):
+    since: Instant | None = Field(None, description="Default: an hour before `until`")
+    until: Instant | None = Field(None, description="Default: now")
+
+
+@router.get(
+    "/fleet/hit-rates",
+    auth=READERS,
+    response={200: FleetHitRatesOut, 400: ApiError},
+    summary="The fleet's hit rates over a window, each with its definition",
+    description="Of its recorded requests (hosted-API ones included), of its servers' own prefix-cache "
+    "counters, and of its hosted-API requests alone (cache read / input tokens, as their providers "
+    "report them), from the rollups; of the traffic the caller sees. " + READ_AUTH,
+    url_name="fleet-hit-rates",
+)
+def get_fleet_hit_rates(request: HttpRequest, window: Query[WindowIn]) -> Any:
+    until = window.until or timezone.now()
+    since = window.since or until - timedelta(hours=1)
+    if not since < until <= since + LONGEST_WINDOW:
+        return error(400, "since must be before until, at most 31 days before", code="bad_window")
+    viewer = caller_viewer(request)
+    rates = fleet_hit_rates(viewer.servers(Server.objects.all()), [(since, until)], viewer=viewer)[0]
+    return FleetHitRatesOut(
+        since=since, until=until,
+        hit_rates=[HitRateOut(name=name, hit_rate=rate, hit_rate_definition=HIT_RATE_DEFINITIONS[name])
+                   for name, rate in rates.by_definition().items()],
+    )  # fmt: skip
 
 
 class DeployFilters(Schema):

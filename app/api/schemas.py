@@ -94,6 +94,17 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
         str, Meta(max_length=20, description=f"Hosted API: one of {', '.join(records.HOSTED_PROVIDERS)}")
     ] = ""
     cache_write_tokens: Count = None
+    cache_ttl: (
+        Annotated[
+            str,
+            Meta(
+                max_length=8,
+                description='The TTL the cache writes used, "5m" or "1h" '
+                "(Anthropic's cache_control.ttl); usage's cache_creation or cacheDetails say it too",
+            ),
+        ]
+        | None
+    ) = None
     prompt_cache_key: (
         Annotated[str, Meta(max_length=records.SALT_MAX, description="Hashed on arrival, never stored")]
         | None

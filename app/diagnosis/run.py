@@ -41,7 +41,7 @@ from app.diagnosis.counters import unwired_counters
 from app.domain.hosted import HostedHistory, HostedPrompt
 from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
-from app.domain.requestparts import Parts
+from app.domain.requestparts import Parts, own_turn
 from app.domain.tiers import ATTENTION_GROUP
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
@@ -58,7 +58,7 @@ SELECT r.server_id, r.request_id, r.arrived_at, r.tenant, r.template_id, r.templ
        COALESCE(r.client_ttft_seconds, r.server_ttft_seconds),
        (d.request_id IS NOT NULL) AS diagnosed, {span_only},
        r.provider, r.model, r.cache_write_tokens, r.cache_key_hash, r.cache_breakpoints,
-       COALESCE(r.gateway_cache_hit, false), r.part_digests
+       COALESCE(r.gateway_cache_hit, false), r.part_digests, r.cache_ttl_seconds
 FROM traffic_requestrecord r
 LEFT JOIN traffic_requestdiagnosis d
   ON d.server_id = r.server_id AND d.request_id = r.request_id AND d.arrived_at = r.arrived_at
@@ -215,7 +215,7 @@ def _diagnose(
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
     unwired = unwired_counters(since=until - lookback, until=until, only=only) if found else set()
-    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now, unwired=unwired)
+    stored = _store([_stored(r, _by_parts(history.revised.get(r.key, diagnosis)), now=now, unwired=unwired)
                      for r, diagnosis in found])  # fmt: skip
     history.forget_settled(until)
     replay.turn_when_due(lookback=lookback)
@@ -267,6 +267,12 @@ def _advance(
         pending = next(events, None)
     replay.through = until
     return found
+
+
+def _by_parts(found: Diagnosis | Unknown) -> Diagnosis | Unknown:
+    """A change of the request's latest messages alone read as its own new content (own_turn in
+    app/domain/requestparts.py: what the part digests say settles what the fan-out point guessed)."""
+    return own_turn(found) if isinstance(found, Diagnosis) else found
 
 
 def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | None) -> datetime | None:
@@ -325,7 +331,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     (server_id, request_id, arrived_at, tenant, template_id, version_id,
      prompt_tokens, cached_tokens, salt_hash, block_hashes, neutral, token_ids, ttft,
      diagnosed, span_only, provider, model, written, cache_key, breakpoints, gateway_cache,
-     part_digests) = row  # fmt: skip
+     part_digests, ttl) = row  # fmt: skip
     hit = server.hit_block
     prompt = RequestPrompt(
         server=server_id, arrived_at=arrived_at, block_size=server.block_size, prompt_tokens=prompt_tokens,
@@ -345,8 +351,8 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
     if provider:
         hosted = HostedPrompt(
             provider=provider, model=model, arrived_at=arrived_at, prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens, cache_write_tokens=written, chain=prompt.block_hashes,
-            breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
+            cached_tokens=cached_tokens, cache_write_tokens=written, cache_ttl_seconds=ttl,
+            chain=prompt.block_hashes, breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
         )  # fmt: skip
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only, hosted, gateway_cache)
 

@@ -15,7 +15,8 @@ rest is its new content) is, in this order of checks:
 - when the prefix up to its last cache marker (without one: all its content blocks but the last,
   the request's own new content) was sent before:
   `cache_key_changed` (OpenAI) the `prompt_cache_key` differs from the one that prefix was last sent
-  under; `ttl_lapsed` that prefix was last sent longer ago than the provider keeps it (TTL_SECONDS);
+  under; `ttl_lapsed` that prefix was last sent longer ago than the provider keeps it (the TTL its
+  cache write used, as the usage reports it: Anthropic's 5 minutes or 1 hour; else TTL_SECONDS);
   `marker_absent` (Anthropic, Bedrock) no cache marker reached the provider: zero tokens written and
   zero read, or a body with no marker at all (a gateway strips `cache_control` / `cachePoint`);
   `unexplained` otherwise;
@@ -63,11 +64,12 @@ MINIMUM_TOKENS: dict[str, tuple[tuple[re.Pattern[str], int], ...]] = {
 }
 _DEFAULT_MINIMUM = {"openai": 1024, "anthropic": 1024, "bedrock": 1024, "gemini": 4096}
 
-# How long a cached prefix lives after its last use. Anthropic and Bedrock: 5 minutes (1 hour when
-# the marker asks for it: not told apart yet, so a 1-hour cache missed within the hour reads as
-# lapsed). OpenAI: in-memory retention clears it after 5 to 10 minutes of inactivity, always within
-# the hour (its prompt-caching guide): past 10 minutes it is taken as lapsed. Gemini's implicit cache
-# documents none: never said lapsed.
+# How long a cached prefix lives after its last use, when the usage does not say. Anthropic and
+# Bedrock: 5 minutes by default, 1 hour when the marker asks for it; their usage says which a write
+# used (cache_creation, cacheDetails: HostedPrompt.cache_ttl_seconds), and a read refreshes the entry
+# for the TTL it was written with. OpenAI: in-memory retention clears it after 5 to 10 minutes of
+# inactivity, always within the hour (its prompt-caching guide): past 10 minutes it is taken as
+# lapsed. Gemini's implicit cache documents none: never said lapsed.
 TTL_SECONDS: dict[str, int | None] = {"openai": 600, "anthropic": 300, "bedrock": 300, "gemini": None}
 
 # Anthropic checks for a cached prefix at a marker and at most 20 content blocks before it
@@ -113,6 +115,7 @@ class HostedPrompt:
     prompt_tokens: int | None
     cached_tokens: int | None
     cache_write_tokens: int | None  # None: the shape does not report writes (OpenAI, Gemini)
+    cache_ttl_seconds: int | None = None  # the TTL its writes used (the longest); None: not reported
     chain: Sequence[int] = ()  # content_chain of its blocks; () when the application sent none
     breakpoints: Sequence[int] | None = None  # blocks with a cache marker; None: the body not described
     cache_key: str = ""  # the prompt_cache_key's hash
@@ -127,6 +130,7 @@ class HostedPrompt:
 class _Sighting:
     at: datetime
     key: str
+    ttl: int | None = None  # how long the provider keeps the prefix cached then; None: its default
 
 
 class HostedHistory:
@@ -134,7 +138,7 @@ class HostedHistory:
 
     def __init__(self) -> None:
         self._seen: Generations[tuple[Hashable, int], _Sighting] = Generations()
-        self._cached: Generations[tuple[Hashable, int], datetime] = Generations()  # at markers
+        self._cached: Generations[tuple[Hashable, int], _Sighting] = Generations()  # at markers
 
     def turn(self) -> None:
         """Forget what was not sent again since the last turn (see FleetHistory.turn)."""
@@ -152,13 +156,23 @@ class HostedHistory:
         return found
 
     def remember(self, request: HostedPrompt) -> None:
-        scope, sighting = request.scope, _Sighting(request.arrived_at, request.cache_key)
-        self._seen.write_all([(scope, entry) for entry in request.chain], sighting)
+        keys = [(request.scope, entry) for entry in request.chain]
+        sighting = _Sighting(request.arrived_at, request.cache_key, self._kept_for(request, keys))
+        self._seen.write_all(keys, sighting)
         if (request.cached_tokens or 0) + (request.cache_write_tokens or 0) > 0:
             marked = request.breakpoints if request.breakpoints else [len(request.chain) - 1]
             for index in marked:
                 if 0 <= index < len(request.chain):
-                    self._cached[(scope, request.chain[index])] = request.arrived_at
+                    self._cached[keys[index]] = sighting
+
+    def _kept_for(self, request: HostedPrompt, keys: list[tuple[Hashable, int]]) -> int | None:
+        """How long the provider keeps the request's prefix: the TTL its write used; without a write
+        (a read refreshes an entry for the TTL it was written with) the TTL it was last seen with."""
+        if request.cache_write_tokens:
+            return request.cache_ttl_seconds
+        held = self._seen.leading(keys)
+        earlier = self._seen.get(keys[held - 1]) if held else None
+        return earlier.ttl if earlier is not None else None
 
     def _diagnosed(self, request: HostedPrompt, prompt: int, cached: int) -> Diagnosis | Unknown:
         if cached > 0:  # served what it could: the rest is its own new content
@@ -200,7 +214,7 @@ class HostedHistory:
         provider = request.provider
         if provider == "openai" and request.cache_key != last.key:
             return Cause.CACHE_KEY_CHANGED
-        if _lapsed(provider, last.at, request.arrived_at):
+        if _lapsed(provider, last, request.arrived_at):
             return Cause.TTL_LAPSED
         if provider in _MARKED and (request.cache_write_tokens == 0 or request.breakpoints == []):
             return Cause.MARKER_ABSENT
@@ -212,19 +226,21 @@ class HostedHistory:
         """Only a shorter prefix was sent before: the last block an earlier request cached, if any,
         and whether the provider's lookback from the marker reaches it."""
         for index in range(len(keys) - 1, -1, -1):
-            cached_at = self._cached.get(keys[index])
-            if cached_at is None:
+            cached = self._cached.get(keys[index])
+            if cached is None:
                 continue
-            if _lapsed(request.provider, cached_at, request.arrived_at):
+            if _lapsed(request.provider, cached, request.arrived_at):
                 return Cause.TTL_LAPSED
             # Within the lookback and the TTL the provider had it, and did not read it.
             return Cause.BEYOND_LOOKBACK if len(keys) - 1 - index >= lookback else Cause.UNEXPLAINED
         return Cause.PROMPT_CHANGED
 
 
-def _lapsed(provider: str, last: datetime, now: datetime) -> bool:
-    ttl = TTL_SECONDS.get(provider)
-    return ttl is not None and now - last > timedelta(seconds=ttl)
+def _lapsed(provider: str, last: _Sighting, now: datetime) -> bool:
+    """Whether the prefix cached at `last` was gone by `now`: past the TTL it was written with, else
+    the provider's default."""
+    ttl = last.ttl if last.ttl is not None else TTL_SECONDS.get(provider)
+    return ttl is not None and now - last.at > timedelta(seconds=ttl)
 
 
 def _diagnosis(cause: Cause | None, losses: list[Loss], prompt: int, cached: int, *, seen: int) -> Diagnosis:

@@ -81,6 +81,7 @@ HIT_RATE_DEFINITIONS = {
     "counters": OF_COUNTERS,
     "request": OF_REQUEST,
     "replayed": OF_REPLAYED,
+    "hosted": OF_HOSTED,
 }
 
 

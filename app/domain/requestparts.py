@@ -9,16 +9,25 @@ latest messages. The digests say which parts differ, not where each one starts i
 prompt (the gateway does not render the chat template): the first differing part in this order is
 named, so a request whose latest message and reasoning effort both changed is said to have changed
 its reasoning effort.
+
+A request that differs only in its latest messages (every other part the same, the earlier request's
+history in place: a turn appended, a new question) did not change its prompt: everything the chat
+template renders before its own messages is what the earlier request sent, so it departs where its
+own content starts, and those tokens are its new content (`own_turn`). The family's usual fan-out
+point (app/domain/fanout.py) says the same from token positions alone, and cannot after a change
+that moved the conversation's own content up: once a history is compacted, the questions after it
+start above the point the longer history taught, and only the parts tell them from a change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from app.domain.misses import PART_LABELS, RequestPart
+from app.domain.lossruns import main_cause, new_content_after
+from app.domain.misses import PART_LABELS, Cause, Diagnosis, RequestPart
 
 
 class PartDetail(StrEnum):
@@ -124,6 +133,21 @@ def changed_part(ours: Parts, theirs: Parts) -> PartChange | None:
     if ours.messages != theirs.messages:
         return PartChange(RequestPart.MESSAGES)
     return None
+
+
+def own_turn(found: Diagnosis) -> Diagnosis:
+    """The diagnosis with a prompt change that is only the request's own latest messages (its changed
+    part `messages`, by `changed_part`) read as what it is: its tokens from where it departs are its
+    new content, not a loss, and no part changed. Any other diagnosis as it is."""
+    changed = [loss.first_token for loss in found.losses if loss.cause == Cause.PROMPT_CHANGED]
+    if found.changed_part != RequestPart.MESSAGES or not changed:
+        return found
+    losses = new_content_after(list(found.losses), min(changed))
+    # New content is among the losses now: main_cause only reads `reusable` when there is none.
+    return replace(
+        found, cause=main_cause(losses, reusable=1), diverged_at=None, losses=tuple(losses),
+        changed_part=None, part_detail="",
+    )  # fmt: skip
 
 
 _PARAMETERS = (

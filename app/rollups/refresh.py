@@ -33,6 +33,9 @@ def _histogram(column: str) -> str:
 # Records only vLLM's spans saw are no requests (span_only_sql): not in the requests or prompt tokens
 # counted, their TTFT (vLLM's) in the histograms still.
 _COUNTED = f"NOT {span_only_sql('r')}"
+# A hosted API's requests its provider saw (not those a gateway answered from its semantic cache):
+# their own hit rate, cache read / input tokens.
+_HOSTED = "r.provider <> '' AND r.cached_tokens IS NOT NULL AND r.gateway_cache_hit IS NOT TRUE"
 # Recomputes whole minutes from raw records, so running it twice (or concurrently with
 # late arrivals, then again) converges on the same rows.
 _MINUTE_TOTALS = f"""
@@ -40,6 +43,8 @@ SELECT r.server_id, r.template_id, date_trunc('minute', r.arrived_at) AS minute,
        count(*) FILTER (WHERE {_COUNTED}),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE {_COUNTED}), 0), coalesce(sum(r.cached_tokens), 0),
        coalesce(sum(r.prompt_tokens) FILTER (WHERE r.cached_tokens IS NOT NULL), 0),
+       coalesce(sum(r.cached_tokens) FILTER (WHERE {_HOSTED}), 0),
+       coalesce(sum(r.prompt_tokens) FILTER (WHERE {_HOSTED}), 0),
        {_histogram("client_ttft_seconds")}, {_histogram("server_ttft_seconds")},
        regr_count(p.ttft, p.uncached), coalesce(sum(p.uncached) FILTER (WHERE p.ttft IS NOT NULL), 0),
        coalesce(sum(p.ttft) FILTER (WHERE p.uncached IS NOT NULL), 0),
@@ -54,6 +59,7 @@ GROUP BY 1, 2, 3
 _MINUTE_INSERT = """
 INSERT INTO traffic_minuterollup AS m (
     server_id, template_id, minute, requests, prompt_tokens, cached_tokens, cache_known_prompt_tokens,
+    hosted_cached_tokens, hosted_known_prompt_tokens,
     client_ttft_count, client_ttft_sum_seconds, client_ttft_buckets,
     server_ttft_count, server_ttft_sum_seconds, server_ttft_buckets,
     prefill_count, prefill_uncached_sum, prefill_ttft_sum, prefill_uncached_squares, prefill_cross_sum,
@@ -63,6 +69,8 @@ _MINUTE_CONFLICT = """
 ON CONFLICT ON CONSTRAINT minute_rollup_identity DO UPDATE SET
     requests = EXCLUDED.requests, prompt_tokens = EXCLUDED.prompt_tokens,
     cached_tokens = EXCLUDED.cached_tokens, cache_known_prompt_tokens = EXCLUDED.cache_known_prompt_tokens,
+    hosted_cached_tokens = EXCLUDED.hosted_cached_tokens,
+    hosted_known_prompt_tokens = EXCLUDED.hosted_known_prompt_tokens,
     client_ttft_count = EXCLUDED.client_ttft_count,
     client_ttft_sum_seconds = EXCLUDED.client_ttft_sum_seconds,
     client_ttft_buckets = EXCLUDED.client_ttft_buckets,

@@ -27,7 +27,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from collectors.otlp.reader import Export
 from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id
-from collectors.usage.parse import UsageError, usage_from_span
+from collectors.usage.parse import UsageError, ttl_seconds, usage_from_span
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
 # What span_request reads. A receiver passes these to decode_export, which then looks up only these
@@ -42,7 +42,7 @@ REQUEST_ATTRIBUTES = (
     "gen_ai.provider.name", "gen_ai.system", "server.address",
     "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
     "prefixscope.prompt_cache_key", "prefixscope.prompt_blocks", "prefixscope.cache_breakpoints",
-    "prefixscope.semantic_cache_hit",
+    "prefixscope.semantic_cache_hit", "prefixscope.cache_ttl",
 )  # fmt: skip
 # GenAI `gen_ai.provider.name` (formerly `gen_ai.system`) values of hosted APIs. "openai" is also
 # what OpenAI's client instrumentation says of any server it calls (vLLM included): it is hosted only
@@ -124,11 +124,19 @@ def span_request(span: Span) -> RequestFacts | None:
         prefill_seconds=_seconds(a, "gen_ai.latency.time_in_model_prefill"),
         prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
         completion_tokens=usage.completion_tokens, cache_write_tokens=usage.cache_write_tokens,
+        cache_ttl_seconds=_ttl(a),
         provider=span_provider(a), prompt_cache_key=_text(a, "prefixscope.prompt_cache_key") or None,
         prompt_blocks=_strings(a, "prefixscope.prompt_blocks"),
         cache_breakpoints=_integers(a, "prefixscope.cache_breakpoints"),
         gateway_cache_hit=_flag(a, "prefixscope.semantic_cache_hit"),
     )  # fmt: skip
+
+
+def _ttl(attributes: Mapping[str, Any]) -> int | None:
+    """`prefixscope.cache_ttl` ("5m", "1h"): the GenAI conventions name no attribute for the TTL a
+    cache write used."""
+    value = attributes.get("prefixscope.cache_ttl")
+    return None if value is None else ttl_seconds(value, "prefixscope.cache_ttl")
 
 
 def span_provider(attributes: Mapping[str, Any]) -> str:

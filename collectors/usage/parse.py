@@ -4,9 +4,13 @@
   (details may be null: vLLM without --enable-prompt-tokens-details, or older versions on a miss).
 - Anthropic (and Bedrock's InvokeModel, whose body is Anthropic's): `input_tokens` (uncached only),
   `cache_read_input_tokens`, `cache_creation_input_tokens` (written), `output_tokens`; the prompt is
-  the sum of the three input counts.
+  the sum of the three input counts. `cache_creation` splits the writes by TTL:
+  `ephemeral_5m_input_tokens`, `ephemeral_1h_input_tokens` (platform.claude.com prompt caching; the
+  SDKs' CacheCreation type).
 - Bedrock Converse (`TokenUsage`): `inputTokens` (uncached only: reads and writes are counted apart),
-  `cacheReadInputTokens`, `cacheWriteInputTokens`, `outputTokens`, `cacheDetails` (per TTL, not read).
+  `cacheReadInputTokens`, `cacheWriteInputTokens`, `outputTokens`, `cacheDetails`: the writes by
+  TTL, `[{"ttl": "5m" | "1h", "inputTokens"}]`, empty when nothing was written (Bedrock API
+  reference, TokenUsage and CacheDetail).
 - Gemini `usageMetadata` (bare, or under that key): `promptTokenCount` (cached tokens included),
   `cachedContentTokenCount`, `candidatesTokenCount`; no writes are reported. The Interactions API's
   `usage`: `total_input_tokens`, `total_cached_tokens`, `total_output_tokens`.
@@ -16,8 +20,12 @@
 
 Cache writes are kept where a shape reports them (None where it does not): zero writes and zero reads
 on a long repeated prefix is how a cache marker stripped on the way shows (app/domain/hosted.py).
+So is the TTL they were written with, the longest of a request's writes (`cache_ttl_seconds`: a
+request that wrote a 1-hour and a 5-minute entry and read neither later found even the hour's gone);
+None when it wrote nothing or the shape does not say (the provider's default then applies).
 """
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +53,7 @@ class Usage(msgspec.Struct, frozen=True):
     completion_tokens: int | None
     cache_write_tokens: int | None = None
     provider: str = ""
+    cache_ttl_seconds: int | None = None  # the longest TTL the writes used; None: none said
 
 
 def usage_from(payload: Mapping[str, Any]) -> Usage:
@@ -90,15 +99,17 @@ def usage_from_span(attributes: Mapping[str, Any]) -> Usage:
 
 def _anthropic(payload: Mapping[str, Any]) -> Usage:
     return _split(payload, ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"),
-                  "output_tokens", provider="")  # fmt: skip
+                  "output_tokens", provider="", ttl=_anthropic_ttl(payload))  # fmt: skip
 
 
 def _bedrock(payload: Mapping[str, Any]) -> Usage:
     return _split(payload, ("inputTokens", "cacheReadInputTokens", "cacheWriteInputTokens"),
-                  "outputTokens", provider=BEDROCK)  # fmt: skip
+                  "outputTokens", provider=BEDROCK, ttl=_bedrock_ttl(payload))  # fmt: skip
 
 
-def _split(payload: Mapping[str, Any], inputs: tuple[str, str, str], output: str, *, provider: str) -> Usage:
+def _split(
+    payload: Mapping[str, Any], inputs: tuple[str, str, str], output: str, *, provider: str, ttl: int | None
+) -> Usage:
     """A shape that counts uncached, read and written input apart: the prompt is their sum."""
     uncached, read, written = (_count(payload, key, "usage.") for key in inputs)
     parts = [n for n in (uncached, read, written) if n is not None]
@@ -108,7 +119,52 @@ def _split(payload: Mapping[str, Any], inputs: tuple[str, str, str], output: str
         completion_tokens=_count(payload, output, "usage."),
         cache_write_tokens=written,
         provider=provider,
+        cache_ttl_seconds=ttl,
     )
+
+
+_ANTHROPIC_TTLS = (("ephemeral_1h_input_tokens", 3600), ("ephemeral_5m_input_tokens", 300))  # longest first
+
+
+def _anthropic_ttl(payload: Mapping[str, Any]) -> int | None:
+    """The longest TTL of `cache_creation`'s writes; None without it or without a write."""
+    split = payload.get("cache_creation")
+    if split is None:
+        return None
+    if not isinstance(split, Mapping):
+        raise UsageError("usage.cache_creation: expected an object or null")
+    for key, seconds in _ANTHROPIC_TTLS:
+        if _count(split, key, "usage.cache_creation."):
+            return seconds
+    return None
+
+
+def _bedrock_ttl(payload: Mapping[str, Any]) -> int | None:
+    """The longest TTL of `cacheDetails`' writes; None without them or without a write."""
+    details = payload.get("cacheDetails")
+    if details is None:
+        return None
+    if not isinstance(details, list) or not all(isinstance(d, Mapping) for d in details):
+        raise UsageError("usage.cacheDetails: expected a list of objects")
+    found = [
+        ttl_seconds(detail.get("ttl"), f"usage.cacheDetails[{i}].ttl")
+        for i, detail in enumerate(details)
+        if _count(detail, "inputTokens", f"usage.cacheDetails[{i}].")
+    ]
+    return max(found, default=None)
+
+
+_DURATION = re.compile(r"([1-9][0-9]{0,4})([smh])")  # at most 99999 h: within a 32-bit column
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def ttl_seconds(value: Any, name: str) -> int:
+    """A cache TTL as the providers write it ("5m", "1h": Anthropic's cache_control.ttl, Bedrock's
+    CacheDetail.ttl), in seconds; raises UsageError naming `name` for anything else."""
+    found = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        raise UsageError(f"{name}: expected a duration such as 5m or 1h")
+    return int(found.group(1)) * _UNIT_SECONDS[found.group(2)]
 
 
 def _gemini(payload: Mapping[str, Any], prefix: str) -> Usage:

@@ -308,6 +308,32 @@ def test_anthropic_usage_maps_to_the_same_fields(client: Client, token: str, ser
     assert (stored.prompt_tokens, stored.cached_tokens, stored.completion_tokens) == (191, 160, 4)
 
 
+def test_the_ttl_of_a_cache_write_is_stored_from_the_usage_or_the_field(
+    client: Client, token: str, server: Server
+) -> None:
+    hour = {"input_tokens": 31, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 160,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 160}}  # fmt: skip
+    records = [
+        record(CAPTURES[0], usage=hour, prompt_token_ids=None, provider="anthropic"),
+        record(
+            CAPTURES[1],
+            usage=None,
+            prompt_token_ids=None,
+            provider="anthropic",
+            prompt_tokens=500,
+            cached_tokens=0,
+            cache_write_tokens=100,
+            cache_ttl="5m",
+        ),
+        record(CAPTURES[2], prompt_token_ids=None, provider="anthropic", cache_ttl="a while"),
+    ]
+    status, answer = post(client, token, records)
+    assert status == 400  # a record refused
+    assert [(r["index"], r["error"].split(":")[0]) for r in answer["rejected"]] == [(2, "cache_ttl")]
+    stored = dict(RequestRecord.objects.values_list("cache_write_tokens", "cache_ttl_seconds"))
+    assert stored == {160: 3600, 100: 300}
+
+
 def test_hash_only_mode_keeps_hashes_and_no_token_ids(client: Client, token: str, server: Server) -> None:
     with override_settings(PREFIXSCOPE_HASH_ONLY=True):
         post(client, token, [record(CAPTURES[0])])

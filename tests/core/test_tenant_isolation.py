@@ -282,6 +282,7 @@ PAGES = {
     ],
     "api:deploys": lambda f, own: ["/api/v1/deploys"],
     "api:killers": lambda f, own: ["/api/v1/killers"],
+    "api:fleet-hit-rates": lambda f, own: ["/api/v1/fleet/hit-rates"],
     "api:miss_causes": lambda f, own: ["/api/v1/miss-causes"],
     "api:scope_cost_of": lambda f, own: ["/api/v1/cost", f"/api/v1/cost?scope=server&id={_srv(f, own).name}"],
     "api:loss_groups": lambda f, own: [f"/api/v1/losses?by={by}" for by in ("server", "template", "tenant")],
@@ -443,6 +444,18 @@ def test_the_fleet_page_counts_alphas_requests_only(fleet: Fleet, alpha: Client,
     alpha_lost = dict(alphas["lost"])
     every_lost = dict(every["lost"])
     assert sum(alpha_lost.values()) < sum(every_lost.values())
+
+
+def test_the_fleet_hit_rates_are_of_alphas_requests_only(fleet: Fleet, alpha: Client, admin: Client) -> None:
+    def recorded(client: Client) -> float | None:
+        rates = client.get("/api/v1/fleet/hit-rates").json()["hit_rates"]
+        found: float | None = next(rate["hit_rate"] for rate in rates if rate["name"] == "recorded")
+        return found
+
+    alphas, every = (client.get(reverse("dashboard:home")).context["head"] for client in (alpha, admin))
+    assert recorded(alpha) == pytest.approx(alphas.hour.requests)  # the page's hour: alpha's rows alone
+    assert recorded(admin) == pytest.approx(every.hour.requests)
+    assert None is not recorded(alpha) != recorded(admin)
 
 
 def test_the_explorer_and_its_search_find_only_alphas_requests(

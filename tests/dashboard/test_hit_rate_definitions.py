@@ -10,6 +10,7 @@ from app.api.whatif import AnswersOut
 from app.domain.misses import (
     HIT_RATE_DEFINITIONS,
     OF_COUNTERS,
+    OF_HOSTED,
     OF_PROMPT,
     OF_RECORDED,
     OF_REPLAYED,
@@ -32,11 +33,13 @@ def signed_in(client: Client) -> Client:
 def test_every_definition_names_what_it_is_a_share_of() -> None:
     assert all(" / " in text for text in HIT_RATE_DEFINITIONS.values())
     assert "hosted" in OF_RECORDED and "cache read / input tokens" in OF_RECORDED
+    assert HIT_RATE_DEFINITIONS["hosted"] == OF_HOSTED
 
 
 @pytest.mark.parametrize(
     ("url", "definitions"),
     [
+        ("/", [OF_RECORDED, OF_COUNTERS, OF_HOSTED]),
         ("/templates/", [OF_RECORDED]),
         ("/tenants/", [OF_PROMPT, "hosted-API requests included"]),
         ("/requests/", [OF_REQUEST]),
@@ -81,6 +84,12 @@ def test_a_tenants_hit_rate_series_is_of_its_diagnosed_requests(signed_in: Clien
     assert (
         answer["definition"].startswith(OF_PROMPT) and "hosted-API requests included" in answer["definition"]
     )
+
+
+def test_the_fleet_api_says_what_each_of_its_hit_rates_is(signed_in: Client) -> None:
+    answer = signed_in.get("/api/v1/fleet/hit-rates").json()
+    stated = {rate["name"]: rate["hit_rate_definition"] for rate in answer["hit_rates"]}
+    assert stated == {"recorded": OF_RECORDED, "counters": OF_COUNTERS, "hosted": OF_HOSTED}
 
 
 def test_the_request_list_says_what_each_hit_rate_is(signed_in: Client) -> None:

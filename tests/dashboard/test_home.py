@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from app.dashboard.reads.fleet import fleet_headline
-from app.domain.misses import GATEWAY_CACHE, OF_COUNTERS, OF_RECORDED, OF_REUSABLE
+from app.domain.misses import GATEWAY_CACHE, OF_COUNTERS, OF_HOSTED, OF_RECORDED, OF_REUSABLE
 from app.fleet.models import Server
 from app.regressions.models import Regression
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
@@ -411,7 +411,8 @@ def test_semantic_cache_answers_are_counted_apart_and_every_rate_says_its_defini
     assert '<p class="figure">2</p>' in card[: card.index("</div>")]
     assert GATEWAY_CACHE in card
     definitions = re.findall(r'class="muted small hit-rate-definition">(.*?)</p>', html, re.S)
-    assert len(definitions) == 4  # now, last hour, last day, reusable
+    assert len(definitions) == 5  # now, last hour, last day, reusable, hosted
     assert all(escape(OF_RECORDED) in text for text in definitions[:3])
     assert escape(OF_REUSABLE) in definitions[3] and "hosted-API ones included" in definitions[3]
+    assert escape(OF_HOSTED) in definitions[4]
     assert escape(OF_COUNTERS) in html[html.index('<table class="fleet">') :]

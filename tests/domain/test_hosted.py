@@ -14,13 +14,13 @@ BLOCKS = [f"block-{i}" for i in range(40)]
 def request(
     at: float, *, provider: str = "anthropic", model: str = "claude-sonnet-4-5", blocks: int = 4,
     marks: list[int] | None = None, prompt: int = 5000, cached: int = 0, written: int | None = 4000,
-    key: str = "", digests: list[str] | None = None,
+    key: str = "", digests: list[str] | None = None, ttl: int | None = None,
 ) -> HostedPrompt:  # fmt: skip
     chain = content_chain((digests or BLOCKS)[:blocks])
     return HostedPrompt(
         provider=provider, model=model, arrived_at=T0 + timedelta(seconds=at), prompt_tokens=prompt,
         cached_tokens=cached, cache_write_tokens=written, chain=chain,
-        breakpoints=marks if marks is not None else [blocks - 2], cache_key=key,
+        breakpoints=marks if marks is not None else [blocks - 2], cache_key=key, cache_ttl_seconds=ttl,
     )  # fmt: skip
 
 
@@ -60,6 +60,38 @@ def test_minimums_per_provider_and_model(provider: str, model: str, minimum: int
 def test_the_same_prefix_after_the_ttl_lapsed() -> None:
     assert last_cause(request(0), request(301)) == Cause.TTL_LAPSED
     assert last_cause(request(0), request(299)) == Cause.UNEXPLAINED
+
+
+HOUR = 3600
+
+
+@pytest.mark.parametrize(
+    ("history", "cause"),
+    [
+        # A 1-hour write read 20 minutes later is not lapsed (here a marker stripped on the way); a
+        # 5-minute one is, and so is a 1-hour one past its hour.
+        ([request(0, ttl=HOUR), request(1200, written=0)], Cause.MARKER_ABSENT),
+        ([request(0, ttl=300), request(1200, written=0)], Cause.TTL_LAPSED),
+        ([request(0, ttl=HOUR), request(HOUR + 1)], Cause.TTL_LAPSED),
+        ([request(0, ttl=HOUR), request(HOUR - 1)], Cause.UNEXPLAINED),
+        # A read refreshes the entry for the TTL it was written with (its usage says none).
+        ([request(0, ttl=HOUR), request(1800, cached=4000, written=0), request(1800 + HOUR - 1)],
+         Cause.UNEXPLAINED),
+        ([request(0, ttl=HOUR), request(1800, cached=4000, written=0), request(1800 + HOUR + 1)],
+         Cause.TTL_LAPSED),
+        # Rewritten with the default TTL: the hour is gone.
+        ([request(0, ttl=HOUR), request(1800, ttl=300), request(1800 + 301)], Cause.TTL_LAPSED),
+        # Only a shorter prefix was cached, with an hour's TTL: within it, the lookback decides.
+        ([request(0, blocks=6, marks=[5], ttl=HOUR), request(1200, blocks=30, marks=[29])],
+         Cause.BEYOND_LOOKBACK),
+        ([request(0, blocks=6, marks=[5], ttl=300), request(1200, blocks=30, marks=[29])],
+         Cause.TTL_LAPSED),
+    ],
+)  # fmt: skip
+def test_lapsed_is_judged_by_the_ttl_the_prefix_was_written_with(
+    history: list[HostedPrompt], cause: Cause
+) -> None:
+    assert last_cause(*history) == cause
 
 
 def test_a_stripped_marker_writes_nothing_and_reads_nothing() -> None:

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from app.domain.misses import RequestPart
-from app.domain.requestparts import PartChange, PartDetail, Parts, RecentParts, changed_part
+from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart
+from app.domain.requestparts import PartChange, PartDetail, Parts, RecentParts, changed_part, own_turn
 
 BEFORE = Parts(
     model="tiny", system="s1", tools=("t1", "t2"), tools_sent="sent", reasoning_effort="low",
@@ -60,3 +60,24 @@ def test_the_compared_request_is_the_latest_holding_the_last_shared_block_and_me
     assert recent.compared([7]) == ("b", BEFORE)  # none shares its first: the latest of all
     recent.remember([10, 11, 12], "c", BEFORE)
     assert recent.compared([1, 2, 3]) == ("c", BEFORE)  # a's blocks were the oldest, forgotten first
+
+
+def _changed(part: RequestPart | None, losses: list[Loss]) -> Diagnosis:
+    funnel = Funnel(prompt_tokens=112, seen_before=32, resident_anywhere=32, resident_here=32, reused=0)
+    return Diagnosis(Cause.PROMPT_CHANGED, 40, tuple(losses), funnel, False, changed_part=part)
+
+
+def test_a_change_of_the_latest_messages_alone_is_the_requests_own_new_content() -> None:
+    evicted, changed = Loss(Cause.EVICTED, 0, 32), Loss(Cause.PROMPT_CHANGED, 32, 64)
+    below = Loss(Cause.BELOW_BLOCK, 96, 16)
+    found = own_turn(_changed(RequestPart.MESSAGES, [evicted, changed, below]))
+    assert found.losses == (evicted, Loss(Cause.NEW_CONTENT, 32, 64), below)
+    assert (found.cause, found.changed_part, found.diverged_at) == (Cause.EVICTED, None, None)
+    alone = own_turn(_changed(RequestPart.MESSAGES, [changed]))
+    assert (alone.cause, alone.losses) == (Cause.NEW_CONTENT, (Loss(Cause.NEW_CONTENT, 32, 64),))
+
+
+@pytest.mark.parametrize("part", [RequestPart.HISTORY, RequestPart.SYSTEM, RequestPart.TOOLS, None])
+def test_a_change_of_any_other_part_stays_a_prompt_change(part: RequestPart | None) -> None:
+    diagnosis = _changed(part, [Loss(Cause.PROMPT_CHANGED, 32, 64)])
+    assert own_turn(diagnosis) is diagnosis

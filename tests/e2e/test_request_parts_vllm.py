@@ -39,7 +39,7 @@ from tests.support.vllm_cpu import (
     install,
     serve,
 )
-from tests.traffic.test_part_changes import as_found, confusion, found_part
+from tests.traffic.test_part_changes import confusion, expected, found_part
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
 
@@ -54,7 +54,6 @@ SHAPES = {
     "system": ("input_changed", "system_changed"),
     "history": ("context_compacted", "messages_changed"),
     "adapter": ("model_changed", "model_changed"),
-    "messages": ("input_changed", "messages_changed"),
 }
 
 
@@ -94,9 +93,7 @@ def test_each_part_change_is_diagnosed_with_its_part_and_its_hosted_reasons(
     diagnoses = {d.request_id: d for d in RequestDiagnosis.objects.all()}
     pairs = [(step.injected, found_part(diagnoses[r])) for step, r in zip(steps, records, strict=True)]
     print("\n" + confusion(pairs))  # noqa: T201
-    wrong = [(n, pair) for n, (pair, allowed) in enumerate(zip(pairs, as_found(pairs), strict=True))
-             if pair[1] not in allowed]  # fmt: skip
-    assert wrong == []
+    assert [(n, pair) for n, pair in enumerate(pairs) if pair[1] != expected(pair[0])] == []
 
     client.force_login(fleet_viewer("engineer"))
     for (injected, as_read), request_id in zip(pairs[1:], records[1:], strict=True):

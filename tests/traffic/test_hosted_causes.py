@@ -1,7 +1,9 @@
 """Hosted-API causes against what the simulator injected (simulator/hosted.py): its records sent
 through the real REST ingest (Anthropic and Bedrock shapes) and OTLP GenAI spans (OpenAI), then
 diagnosed; the confusion table (requests by injected and found cause) is printed, and must be
-diagonal: each injected request is found with its cause, and no other cause is found."""
+diagonal: each injected request is found with its cause, and no other cause is found. The sessions
+lasting more than an hour are in it (a 1-hour TTL lapsed), and the 1-hour writes read or missed within
+their hour (found lapsed if their TTL were taken as the default 5 minutes)."""
 
 import json
 from collections import Counter
@@ -48,11 +50,13 @@ def confusion(rows: Counter[tuple[str, str]]) -> str:
 
 def test_each_injected_hosted_cause_is_found(client: Client) -> None:
     now = timezone.now()
-    requests = hosted_traffic(start=now - timedelta(hours=1), sessions=4)
+    requests = hosted_traffic(start=now - timedelta(hours=3), sessions=4, hour_long=True)
     send(client, create_ingest_token(name="hosted-apps"), requests)
     assert RequestRecord.objects.count() == len(requests)
+    written_for_an_hour = RequestRecord.objects.filter(cache_ttl_seconds=3600).count()
+    assert written_for_an_hour == 4 * 3  # the ttl_1h sessions' first write, both of ttl_1h_lapsed's
     forget_kept_replay()
-    with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=180):
+    with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=240):
         diagnose_requests(now=now)
     injected = {request.record["request_id"]: request.injected for request in requests}
     rows = Counter(

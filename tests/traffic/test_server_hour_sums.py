@@ -13,13 +13,6 @@ from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
 from app.core.tenancy import SEES_ALL, SEES_NOTHING, Viewer
-from app.dashboard.reads.sums import (
-    LOSS_ROLLUPS,
-    REQUEST_ROLLUPS,
-    SERVER_ROLLUPS,
-    window_sums,
-    windows_totals,
-)
 from app.diagnosis.reads import routing_effectiveness
 from app.diagnosis.tenants import tenant_audit
 from app.domain.sketch import merged, sketch_quantile
@@ -27,6 +20,13 @@ from app.fleet.models import Server
 from app.prompts.models import Template
 from app.rollups.refresh import refresh_loss_minutes, refresh_minute_rollups
 from app.rollups.series import SeriesQuery, series
+from app.rollups.sums import (
+    LOSS_ROLLUPS,
+    REQUEST_ROLLUPS,
+    SERVER_ROLLUPS,
+    window_sums,
+    windows_totals,
+)
 from app.rollups.visibility import visible
 from app.traffic.models import (
     HourRollup,

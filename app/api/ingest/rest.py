@@ -34,7 +34,7 @@ from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
 from collectors.errors import RejectReason
 from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
-from collectors.usage.parse import UsageError, gateway_cache_hit, usage_from
+from collectors.usage.parse import UsageError, gateway_cache_hit, ttl_seconds, usage_from
 
 router = Router(tags=["ingest"])
 
@@ -303,12 +303,14 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFact
     anyway, app.domain.blockhash.int64_ids)."""
     prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
     written, provider = record.cache_write_tokens, record.provider
+    ttl = ttl_seconds(record.cache_ttl, "cache_ttl") if record.cache_ttl is not None else None
     if record.usage:
         usage = usage_from(record.usage)
         prompt = prompt if prompt is not None else usage.prompt_tokens
         cached = cached if cached is not None else usage.cached_tokens
         completion = completion if completion is not None else usage.completion_tokens
         written = written if written is not None else usage.cache_write_tokens
+        ttl = ttl if ttl is not None else usage.cache_ttl_seconds
         provider = provider or usage.provider
     gateway_hit = record.semantic_cache_hit
     if gateway_hit is None and record.response_headers:
@@ -336,6 +338,7 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFact
         prompt_token_ids=token_ids,  # type: ignore[arg-type]  # RequestFacts from REST are never encoded
         provider=provider,
         cache_write_tokens=written,
+        cache_ttl_seconds=ttl,
         prompt_cache_key=record.prompt_cache_key,
         prompt_blocks=record.prompt_blocks,
         cache_breakpoints=record.cache_breakpoints,

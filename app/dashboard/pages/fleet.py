@@ -20,7 +20,6 @@ from app.dashboard.charts import percent
 from app.dashboard.forms import ProposedServerForm
 from app.dashboard.reads.fleet import (
     NOW_MINUTES,
-    HitRates,
     ServerRow,
     fleet_headline,
     fleet_overview,
@@ -33,6 +32,7 @@ from app.diagnosis.reads import LossRow, losses, recent_misses, routing_effectiv
 from app.domain.misses import (
     GATEWAY_CACHE,
     OF_COUNTERS,
+    OF_HOSTED,
     OF_PROMPT,
     OF_RECORDED,
     OF_REUSABLE,
@@ -41,6 +41,7 @@ from app.domain.misses import (
 )
 from app.fleet.models import Server
 from app.fleet.services import ServerStateError, accept_server
+from app.rollups.hitrates import HitRates
 from app.rollups.merge import merge_server
 from app.rollups.series import Series, as_csv
 from app.traffic.residency import resident_shares
@@ -140,7 +141,7 @@ def _fleet(
         "lost": sorted(((cause_label(c), t) for c, t in head.lost_tokens.items()), key=lambda pair: -pair[1]),
         "never_reusable": [(cause_label(c), t) for c, t in sorted(head.never_reusable.items())],
         "of_prompt": OF_PROMPT, "of_reusable": OF_REUSABLE, "of_recorded": OF_RECORDED,
-        "of_counters": OF_COUNTERS, "gateway_cache": GATEWAY_CACHE,
+        "of_counters": OF_COUNTERS, "of_hosted": OF_HOSTED, "gateway_cache": GATEWAY_CACHE,
         "misses": recent_misses(since=hour_ago, viewer=viewer),
         "by_template": _shown_groups(by_template[:10]),
         "routing": routing_effectiveness(since=hour_ago, until=now, viewer=viewer),

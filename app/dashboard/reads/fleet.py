@@ -10,17 +10,17 @@ from django.db import connection
 from django.db.models import Aggregate, Count, Max, Q, QuerySet, Sum
 
 from app.core.tenancy import SEES_ALL, Viewer
-from app.dashboard.reads.sums import (
-    LOSS_ROLLUPS,
-    REQUEST_ROLLUPS,
-    SERVER_ROLLUPS,
-    window_sums,
-    windows_totals,
-)
 from app.domain.histogram import TTFT_BUCKETS_SECONDS, histogram_quantile
 from app.domain.misses import is_loss, reusable_hit_rate
 from app.fleet.models import Server
 from app.regressions.models import Regression
+from app.rollups.hitrates import HitRates, fleet_hit_rates
+from app.rollups.sums import (
+    LOSS_ROLLUPS,
+    REQUEST_ROLLUPS,
+    SERVER_ROLLUPS,
+    window_sums,
+)
 from app.traffic.models import LOST_COLUMNS, KVGap, KVStream
 
 STALE_AFTER_PULLS = 3
@@ -218,18 +218,11 @@ def hit_rate_sparks(
 
 
 @dataclass(frozen=True, slots=True)
-class HitRates:
-    """One period's hit rate of the fleet: of its recorded requests, and of its servers' own counters."""
-
-    requests: float | None
-    counters: float | None
-
-
-@dataclass(frozen=True, slots=True)
 class Headline:
     now: HitRates  # the last NOW_MINUTES minutes
     hour: HitRates
     day: HitRates
+    window: HitRates  # over [since, until); its `hosted` the hosted-API requests' own (OF_HOSTED)
     saved_tokens: int  # cached prompt tokens of the recorded requests in the window: prefill skipped
     lost_tokens: dict[str, int]  # reusable prompt tokens of the diagnosed requests not reused, per cause
     never_reusable: dict[str, int]  # their tokens no cache could reuse (new content ...), per cause
@@ -256,21 +249,8 @@ def fleet_headline(
     too: they are nobody's server). Rollups only."""
     minute = now.replace(second=0, microsecond=0)
     periods = [minute - timedelta(minutes=NOW_MINUTES - 1), now - timedelta(hours=1), now - timedelta(days=1)]
-    windows = [(start, now) for start in periods]
-    cached = {"cached": Sum("cached_tokens"), "known": Sum("cache_known_prompt_tokens")}
-    requests = windows_totals(
-        REQUEST_ROLLUPS, servers, [*windows, (since, until)], sums=cached, viewer=viewer
-    )
-    counted = {"hits": Sum("prefix_hits"), "queries": Sum("prefix_queries")}
-    counters = windows_totals(SERVER_ROLLUPS, servers, windows, sums=counted)
-    rates = [
-        HitRates(
-            r["cached"] / r["known"] if r["known"] else None,
-            c["hits"] / c["queries"] if c["queries"] else None,
-        )
-        for r, c in zip(requests[: len(windows)], counters, strict=True)
-    ]
-    saved = requests[-1]
+    windows = [*((start, now) for start in periods), (since, until)]
+    rates = fleet_hit_rates(servers, windows, viewer=viewer)
     lost_sums: dict[str, Aggregate] = {cause: Sum(column) for cause, column in LOST_COLUMNS.items()}
     lost_sums |= {_PROMPT: Sum("diagnosed_prompt_tokens"), _REUSED: Sum("reused_tokens"),
                   _GATEWAY: Sum("gateway_cache_hits")}  # fmt: skip
@@ -291,7 +271,7 @@ def fleet_headline(
     )
     states = dict(regressions.values("state").annotate(n=Count("pk")).values_list("state", "n"))
     return Headline(
-        rates[0], rates[1], rates[2], saved_tokens=saved["cached"] or 0,
+        rates[0], rates[1], rates[2], rates[3], saved_tokens=rates[3].cached_tokens,
         lost_tokens={cause: tokens for cause, tokens in by_cause.items() if is_loss(cause)},
         never_reusable={cause: tokens for cause, tokens in by_cause.items() if not is_loss(cause)},
         reusable_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=reused, by_cause=by_cause),

@@ -197,6 +197,9 @@ class RequestRecord(PostgresPartitionedModel):
     cache_write_tokens = models.PositiveIntegerField(
         null=True, blank=True, help_text="Written to a hosted provider's cache (Anthropic, Bedrock)"
     )
+    cache_ttl_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The longest TTL of those writes (5m, 1h); null: not reported"
+    )
     cache_key_hash = models.CharField(
         max_length=64, blank=True, db_default="", default="", help_text="sha256 of prompt_cache_key, hex"
     )

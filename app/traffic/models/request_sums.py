@@ -20,6 +20,11 @@ class RequestTotals(models.Model):
     # Prompt tokens of the requests whose cached tokens are known (spans alone do not say):
     # the hit rate is cached_tokens / cache_known_prompt_tokens.
     cache_known_prompt_tokens = models.BigIntegerField(default=0)
+    # Of them, the hosted-API requests' (a provider's usage: cache read / input tokens; not those a
+    # gateway answered from its semantic cache, which no provider saw): their own hit rate. Database
+    # defaults: a writer of the version before names neither column.
+    hosted_cached_tokens = models.BigIntegerField(default=0, db_default=0)
+    hosted_known_prompt_tokens = models.BigIntegerField(default=0, db_default=0)
     client_ttft_count = models.PositiveIntegerField(default=0)
     client_ttft_sum_seconds = models.FloatField(default=0)
     client_ttft_buckets = ArrayField(models.IntegerField(), default=list)

@@ -48,6 +48,7 @@ class RecordRow(NamedTuple):
     family_id: int | None = None  # the prefix family of a record without template metadata
     provider: str = ""  # a hosted API (collectors.records.HOSTED_PROVIDERS); "" self-hosted
     cache_write_tokens: int | None = None
+    cache_ttl_seconds: int | None = None
     cache_key_hash: str = ""
     cache_breakpoints: list[int] | None = None
     gateway_cache_hit: bool | None = None
@@ -66,11 +67,12 @@ _STAGED_TYPES = {
     "cached_tokens": "int8", "completion_tokens": "int8", "salt_hash": "varchar",
     "block_hashes": "int8[]", "neutral_hashes": "int8[]", "token_ids": "int8[]", "family_id": "int8",
     "provider": "varchar", "cache_write_tokens": "int8", "cache_key_hash": "varchar",
-    "cache_breakpoints": "int8[]", "gateway_cache_hit": "bool",
+    "cache_breakpoints": "int8[]", "gateway_cache_hit": "bool", "cache_ttl_seconds": "int8",
     "part_digests": "jsonb",
 }  # fmt: skip
 _INT4 = {"prompt_tokens": "int4", "cached_tokens": "int4", "completion_tokens": "int4", "token_ids": "int4[]",
-         "cache_write_tokens": "int4", "cache_breakpoints": "int4[]"}  # fmt: skip
+         "cache_write_tokens": "int4", "cache_breakpoints": "int4[]",
+         "cache_ttl_seconds": "int4"}  # fmt: skip
 _COLUMNS = RecordRow._fields
 _TYPES = tuple(_STAGED_TYPES[column] for column in _COLUMNS)
 TABLE_TYPES = tuple(_INT4.get(column, _STAGED_TYPES[column]) for column in _COLUMNS)
@@ -166,6 +168,7 @@ def record_row(
         family_id=family_id,
         provider=item.provider,
         cache_write_tokens=item.cache_write_tokens,
+        cache_ttl_seconds=item.cache_ttl_seconds,
         cache_key_hash=_hashed(item.prompt_cache_key),
         cache_breakpoints=list(item.cache_breakpoints) if item.cache_breakpoints is not None else None,
         gateway_cache_hit=item.gateway_cache_hit,

@@ -116,3 +116,36 @@ def test_a_duration_that_is_not_a_number_names_the_attribute() -> None:
     )
     with pytest.raises(UsageError, match=r"gen_ai\.latency\.time_to_first_token"):
         span_request(broken)
+
+
+def _anthropic_span(*extra: tuple[str, object]) -> bytes:
+    # An instrumented Anthropic client's GenAI span (gen_ai.provider.name "anthropic"); the TTL of its
+    # cache write in Prefixscope's own attribute: the GenAI conventions name none.
+    attributes = [
+        ("gen_ai.operation.name", {"stringValue": "chat"}), ("gen_ai.response.id", {"stringValue": "msg_7"}),
+        ("gen_ai.provider.name", {"stringValue": "anthropic"}),
+        ("gen_ai.usage.input_tokens", {"intValue": "4100"}),
+        ("gen_ai.usage.cache_creation.input_tokens", {"intValue": "4000"}), *extra,
+    ]  # fmt: skip
+    span = {"traceId": "5b8aa5a2d2c872e8321cf37308d69df2", "spanId": "051581bf3cb55c13", "name": "chat",
+            "startTimeUnixNano": "1795988020288461056",
+            "attributes": [{"key": key, "value": value} for key, value in attributes]}  # fmt: skip
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+def test_a_hosted_span_says_the_ttl_of_its_cache_write() -> None:
+    ttl = ("prefixscope.cache_ttl", {"stringValue": "1h"})
+    (span,) = decode_export(_anthropic_span(ttl), "application/json")
+    request = span_request(span)
+    assert request is not None
+    found = (request.provider, request.cache_write_tokens, request.cache_ttl_seconds)
+    assert found == ("anthropic", 4000, 3600)
+    (unsaid,) = decode_export(_anthropic_span(), "application/json")
+    assert span_request(unsaid).cache_ttl_seconds is None  # type: ignore[union-attr]
+
+
+def test_a_ttl_that_is_not_one_names_the_attribute() -> None:
+    ttl = ("prefixscope.cache_ttl", {"stringValue": "soon"})
+    (span,) = decode_export(_anthropic_span(ttl), "application/json")
+    with pytest.raises(UsageError, match=r"prefixscope\.cache_ttl"):
+        span_request(span)

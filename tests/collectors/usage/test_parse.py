@@ -1,8 +1,18 @@
-"""Usage shapes from the real vLLM captures and from Anthropic's and OpenTelemetry's documented shapes."""
+"""Usage shapes from the real vLLM captures and from Anthropic's, Bedrock's and OpenTelemetry's documented
+shapes."""
+
+import re
 
 import pytest
 
-from collectors.usage.parse import Usage, UsageError, gateway_cache_hit, usage_from, usage_from_span
+from collectors.usage.parse import (
+    Usage,
+    UsageError,
+    gateway_cache_hit,
+    ttl_seconds,
+    usage_from,
+    usage_from_span,
+)
 from tests.support.captures import load_json
 
 
@@ -76,7 +86,68 @@ def test_bedrock_converse_counts_reads_and_writes_apart_from_input() -> None:
         "inputTokens": 12, "outputTokens": 40, "totalTokens": 2252, "cacheReadInputTokens": 2200,
         "cacheWriteInputTokens": 0, "cacheDetails": [{"ttl": "5m", "inputTokens": 2200}],
     }  # fmt: skip
-    assert usage_from(usage) == Usage(2212, 2200, 40, cache_write_tokens=0, provider="bedrock")
+    expected = Usage(2212, 2200, 40, cache_write_tokens=0, provider="bedrock", cache_ttl_seconds=300)
+    assert usage_from(usage) == expected
+
+
+def _anthropic(five: int, hour: int) -> dict[str, object]:
+    # The Messages API's usage with its writes split by TTL (platform.claude.com prompt caching;
+    # the SDKs' CacheCreation: ephemeral_5m_input_tokens, ephemeral_1h_input_tokens).
+    split = {"ephemeral_5m_input_tokens": five, "ephemeral_1h_input_tokens": hour}
+    return {"input_tokens": 50, "cache_read_input_tokens": 0, "cache_creation_input_tokens": five + hour,
+            "output_tokens": 9, "cache_creation": split}  # fmt: skip
+
+
+def _bedrock(*details: tuple[str, int]) -> dict[str, object]:
+    # Converse's TokenUsage: cacheDetails lists the writes by TTL, 1h before 5m, empty without a
+    # write (Bedrock API reference, TokenUsage and CacheDetail).
+    written = sum(tokens for _, tokens in details)
+    return {"inputTokens": 50, "cacheReadInputTokens": 0, "cacheWriteInputTokens": written, "outputTokens": 9,
+            "cacheDetails": [{"ttl": ttl, "inputTokens": tokens} for ttl, tokens in details]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("payload", "ttl"),
+    [
+        (_anthropic(0, 1900), 3600), (_anthropic(1900, 0), 300), (_anthropic(400, 1500), 3600),
+        (_anthropic(0, 0), None), ({"input_tokens": 50, "cache_creation_input_tokens": 900}, None),
+        (_bedrock(("1h", 2000)), 3600), (_bedrock(("5m", 2000)), 300),
+        (_bedrock(("1h", 1000), ("5m", 500)), 3600), (_bedrock(), None), (_bedrock(("1h", 0)), None),
+    ],
+)  # fmt: skip
+def test_the_ttl_a_cache_write_used_is_the_longest_of_its_writes(
+    payload: dict[str, object], ttl: int | None
+) -> None:
+    assert usage_from(payload).cache_ttl_seconds == ttl
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"input_tokens": 1, "cache_creation": 5}, "usage.cache_creation"),
+        ({"input_tokens": 1, "cache_creation": {"ephemeral_1h_input_tokens": "9"}},
+         "usage.cache_creation.ephemeral_1h_input_tokens"),
+        ({"inputTokens": 1, "cacheDetails": {"ttl": "5m"}}, "usage.cacheDetails"),
+        ({"inputTokens": 1, "cacheDetails": [{"ttl": "forever", "inputTokens": 3}]},
+         "usage.cacheDetails[0].ttl"),
+        ({"inputTokens": 1, "cacheDetails": [{"ttl": "1h", "inputTokens": -3}]},
+         "usage.cacheDetails[0].inputTokens"),
+    ],
+)  # fmt: skip
+def test_a_bad_ttl_breakdown_names_its_field(payload: dict[str, object], field: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(field)):
+        usage_from(payload)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("5m", 300), ("1h", 3600), ("30m", 1800), ("90s", 90)])
+def test_ttls_read_as_the_providers_write_them(text: str, seconds: int) -> None:
+    assert ttl_seconds(text, "ttl") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0m", "1d", "1 h", "h", 60, None, "999999h"])
+def test_anything_else_is_no_ttl(text: object) -> None:
+    with pytest.raises(UsageError, match="ttl: expected a duration"):
+        ttl_seconds(text, "ttl")
 
 
 def test_gemini_prompt_count_already_holds_the_cached_tokens() -> None:
