@@ -10,7 +10,6 @@ right for at least ACCURACY of the requests its fault hit.
 
 import asyncio
 import copy
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,14 +19,17 @@ from typing import Any
 
 import pytest
 import yaml
+import zmq
 from django.db.models import F, Q
 from django.utils import timezone
 
 from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.fleet.services import register_server
-from app.traffic.models import KVEvent, RejectedInput, RequestDiagnosis, RequestRecord
+from app.traffic.collection.kv_leases import lease_holders
+from app.traffic.models import KVEvent, KVStream, RejectedInput, RequestDiagnosis, RequestRecord
 from app.traffic.tasks import scrape_server
+from collectors.kv_events.client import fetch_replay
 from simulator.fleet import describe
 from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
@@ -127,9 +129,11 @@ def run_scenario(
     ]
     configs = configure(configs)
     with running_fleet(configs):
+        server_ids = set()
         for config in configs:
             server = register_server(**{k: str(v) for k, v in describe(config).items()})
             scrape_server(server.pk)
+            server_ids.add(server.pk)
         ports = unused_ports(len(configs))
         routes = [
             f"--listen 127.0.0.1:{p} --upstream {c.base_url} --server {c.name}".split()
@@ -152,7 +156,9 @@ def run_scenario(
             gateway.start()
             for port in ports:
                 gateway.wait_listening(port)
-            time.sleep(2)  # the collector subscribes after its first scan of the servers (rescan: 1 s)
+            # The collector leases each server on its first scan, then subscribes and asks the
+            # server's replay for what it published before (nothing is lost to a late subscription).
+            wait_until(lambda: set(lease_holders()) >= server_ids, timeout=30, what="the KV-event leases")
             start = datetime.now(UTC).replace(microsecond=0)
             commits = create_repo(tmp_path / "templates", loaded, start)
             urls = [f"http://127.0.0.1:{port}" for port in ports]
@@ -180,10 +186,15 @@ def run_scenario(
 
 
 def _events_settled() -> bool:
-    """No event stored for a second: the collector has stored all the run published."""
-    before = KVEvent.objects.count()
-    time.sleep(1.0)
-    return KVEvent.objects.count() == before
+    """The collector has stored every batch the servers published: each server's replay endpoint
+    has nothing after the position the collector committed with its events (a quiet second is no
+    proof on a loaded machine: the collector may be between flushes)."""
+    context = zmq.Context.instance()
+    for stream in KVStream.objects.select_related("server"):
+        endpoint = stream.server.kv_replay_endpoint
+        if fetch_replay(context, endpoint, stream.last_seq + 1, timeout_seconds=10):
+            return False
+    return KVStream.objects.exists()
 
 
 def _stored_requests() -> list[Request]:

@@ -25,15 +25,14 @@ HYBRID, UNWIRED = "sim-0", "sim-1"
 
 
 def quirky(configs: list[ServerConfig]) -> list[ServerConfig]:
-    """The scenario's quirks; the unwired server models its TTFT for real (prefill at 4,000 tokens/s,
-    no decode time), so the gateway sees what reuse saves."""
+    """The scenario's quirks; every server models its TTFT for real (prefill at 4,000 tokens/s, no
+    decode time), so the gateway sees what reuse saves, and what it does not: the hybrid server's
+    prompts below its effective block are prefilled whole, first sighting or repeat, so a loaded
+    machine's noise cannot read as its repeats getting faster."""
     loaded = load_scenario(resolve_scenario("effective-block"))
     made = with_quirks(configs, loaded.servers.quirks)
     return [
-        replace(c, sleep=True, prefill_tokens_per_second=4000.0, decode_seconds_per_token=0.0)
-        if not c.hit_counter_wired
-        else c
-        for c in made
+        replace(c, sleep=True, prefill_tokens_per_second=4000.0, decode_seconds_per_token=0.0) for c in made
     ]
 
 
