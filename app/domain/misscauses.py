@@ -35,9 +35,11 @@ A block that was not reused is, in this order of checks:
   prompt without one: earlier prompts without one): the prompt departs from their longest prefix at
   token `diverged_at`; a prompt without a template that shares not even its first token is cold;
 - `cold`: never seen anywhere, the first of its kind.
-Residency is the GPU tier (medium "GPU" or none) of KV-cache group 0, the attention group: hybrid
-models send one event per group with the same hashes, and a sliding-window or Mamba group's removals
-say nothing of the attention blocks a prefix is reused from. Other groups' events are left out.
+Residency is the GPU tier (medium "GPU" or none) of the server's attention group (`attention`:
+server -> its full-attention KV-cache group, app/domain/tiers.py attention_group; group 0 where its
+events named no kinds): hybrid models send one event per group with the same hashes, the attention
+group need not be the first, and a sliding-window or Mamba group's removals say nothing of the
+attention blocks a prefix is reused from. Other groups' events are left out.
 
 An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
 had resident on its server (salts are known to be dropped on some cache paths), and than earlier
@@ -63,7 +65,7 @@ from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
 from app.domain.requestparts import Parts, RecentParts, changed_part
-from app.domain.tiers import ATTENTION_GROUP, LowerTiers, is_gpu
+from app.domain.tiers import FALLBACK_ATTENTION_GROUP, LowerTiers, is_attention, is_gpu
 
 # Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
 # changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
@@ -144,11 +146,15 @@ class FleetHistory:
 
     `apply` each event and `diagnose` each request in order of time (events at or before a request's
     arrival first). Servers are compared only within their compatibility group (`groups`: server ->
-    any key; servers not listed form a group of their own).
+    any key; servers not listed form a group of their own). `attention`: server -> the KV-cache
+    group its prefix is reused from (app/domain/tiers.py attention_group; servers not listed: 0).
     """
 
-    def __init__(self, groups: dict[int, Hashable] | None = None) -> None:
+    def __init__(
+        self, groups: dict[int, Hashable] | None = None, attention: dict[int, int] | None = None
+    ) -> None:
         self._groups = dict(groups or {})
+        self._attention = dict(attention or {})
         self._resident: dict[int, dict[int, datetime]] = {}  # server -> block -> stored at
         self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
         self._lower = LowerTiers()  # what lower tiers (CPU, LMCache ...) hold, apart from GPU memory
@@ -185,9 +191,11 @@ class FleetHistory:
         for earlier in self._earlier_epochs.values():
             earlier.turn()
 
-    def regroup(self, groups: dict[int, Hashable]) -> None:
-        """New compatibility groups (a server registered, or its model read), for what follows."""
+    def regroup(self, groups: dict[int, Hashable], attention: dict[int, int] | None = None) -> None:
+        """New compatibility groups (a server registered, or its model read) and attention groups
+        (a server's events named their kinds), for what follows."""
         self._groups = dict(groups)
+        self._attention = dict(attention or {})
 
     def forget_settled(self, before: datetime) -> None:
         """Forget the revisions taken, and the requests waiting for a first token before `before`:
@@ -214,13 +222,13 @@ class FleetHistory:
     ) -> None:  # fmt: skip
         """The blocks of one KV event at once (as `apply` each, in order): an event stores or
         removes dozens, and a call per block cost more than what it does. A lower tier's (`medium`
-        not GPU) are kept apart from GPU memory; another KV-cache group's than the attention group
-        are left out (ATTENTION_GROUP)."""
+        not GPU) are kept apart from GPU memory; another KV-cache group's than the server's
+        attention group are left out."""
         stream = (server, rank)
         if epoch != self._epochs.setdefault(stream, epoch):
             self._epochs[stream] = epoch
             self._restart(server, rank)
-        if group is not None and group != ATTENTION_GROUP:
+        if not is_attention(group, self._attention.get(server, FALLBACK_ATTENTION_GROUP)):
             return
         if not is_gpu(medium):
             self._apply_lower(server, rank, medium, kind, hashes)

@@ -4,22 +4,40 @@ vLLM's prefix cache is the GPU tier; its offloading connector publishes the bloc
 lower tier on the same KV-event stream with another `medium` ("CPU", "STORAGE"), and LMCache or
 SGLang's hierarchical cache do the same with their own names. A block removed from GPU memory that a
 lower tier still holds is demoted (reloadable), not gone. Each (data-parallel rank, medium) is a
-space of its own: one tier's removal never touches another's copy of the same hash.
+space of its own: one tier's removal never touches another's copy of the same hash. Of a hybrid
+model's KV-cache groups only the attention group's events are the prefix's blocks (attention_group:
+learned per server from the kinds its events name).
 
 Pure: fed in time order by app/domain/misscauses.py FleetHistory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-ATTENTION_GROUP = 0
-"""The KV-cache group whose GPU blocks a request's prefix is reused from (None on the wire: the
-only one). Hybrid models send one event per group with the same hashes; a sliding-window or Mamba
-group's removals say nothing of the attention blocks, so other groups' events are kept apart."""
+FALLBACK_ATTENTION_GROUP = 0
+"""The attention group of a server whose events have not named their groups' kinds: the only
+group (events without `group_idx`), or vLLM's group 0 as older builds and one-group models have it."""
+
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+"""The `kv_cache_spec_kind`s of groups that hold every token's KV, so a prefix's blocks: vLLM's
+KVCacheSpecKind values for FullAttentionSpec and its subclasses MLAAttentionSpec and
+SinkFullAttentionSpec (vllm/v1/kv_cache_interface.py, get_kv_cache_spec_kind). Sliding-window,
+chunked-local, Mamba, encoder-only and cross-attention groups keep only part of a prompt, or none."""
 
 GPU = "GPU"
 """The medium of the engine's own prefix cache; KV events without one are the GPU's too."""
+
+
+def attention_group(kinds: Mapping[int, str | None]) -> int:
+    """The KV-cache group a request's prefix is reused from, given the kinds the server's
+    BlockStored events named per group index (`kv_cache_spec_kind`): the lowest full-attention
+    one. A hybrid model sends one event per group with the same hashes, and its attention group
+    need not be group 0 (a model whose first layers are Mamba or sliding-window numbers those
+    first). FALLBACK_ATTENTION_GROUP when no event named a full-attention kind (none named any:
+    an older vLLM, or a one-group model of another kind, which is group 0)."""
+    full = [group for group, kind in kinds.items() if kind in FULL_ATTENTION_KINDS]
+    return min(full) if full else FALLBACK_ATTENTION_GROUP
 
 
 def is_gpu(medium: str | None) -> bool:
@@ -28,10 +46,17 @@ def is_gpu(medium: str | None) -> bool:
     return not medium or medium.upper() == GPU
 
 
-def is_residency(medium: str | None, group: int | None) -> bool:
+def is_attention(group: int | None, attention: int = FALLBACK_ATTENTION_GROUP) -> bool:
+    """Whether a KV event of this group (None on the wire: the only one) is of the server's
+    attention group (`attention`, from attention_group): another group's events say nothing of
+    the attention blocks, so they are kept apart."""
+    return group is None or group == attention
+
+
+def is_residency(medium: str | None, group: int | None, attention: int = FALLBACK_ATTENTION_GROUP) -> bool:
     """Whether a KV event of this medium and group moves the blocks a request's prefix is reused
-    from: the GPU tier of the attention group."""
-    return is_gpu(medium) and (group is None or group == ATTENTION_GROUP)
+    from: the GPU tier of the server's attention group (`attention`, from attention_group)."""
+    return is_gpu(medium) and is_attention(group, attention)
 
 
 class LowerTiers:

@@ -19,7 +19,8 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from app.domain.thrash import RecentRemovals
-from app.fleet.models import Server
+from app.domain.tiers import attention_group
+from app.fleet.models import Server, kv_group_kinds
 from app.fleet.services import KVCacheGroups, record_kv_cache_groups
 from app.traffic.models import KVEvent, KVStream
 from app.traffic.services.kv_events import (
@@ -255,6 +256,13 @@ class KVEventCollector:
             known[group] = seen
             self.pending.groups[server_id] = dict(known)
 
+    def _attention_groups(self) -> dict[int, int]:
+        """Each server's attention group as its events named their groups' kinds so far (those
+        of a batch are noted as it arrives, before its rows are stored): its block index follows it."""
+        return {
+            server_id: attention_group(kv_group_kinds(groups)) for server_id, groups in self.groups.items()
+        }
+
     def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> int:
         """Buffer batches first..last from the replay endpoint and record what it lacked as lost;
         returns the batches recovered.
@@ -326,6 +334,7 @@ class KVEventCollector:
                 positions=list(pending.positions.values()),
                 gaps=pending.gaps,
                 counts=[StreamCounts(*key, *tally) for key, tally in pending.counts.items()],
+                attention=self._attention_groups(),
             )
             self._count_rejections(pending.rejected)
             keep_undecodable_samples(pending.samples, now=self.now())
