@@ -68,15 +68,16 @@ ORDER BY r.arrived_at, r.server_id, r.request_id
 # in order (as the records' chains hold them; the model's UInt64Field would map them to wire values;
 # an AllBlocksCleared has no hash: 0 in its place), as array_send's binary arrays. A row per block
 # cost the most, its timestamp parsed each time; psycopg's text arrays, a Python step per block.
-# One row per tier (medium) and KV-cache group of a batch: a CPU copy is never a GPU block, another
-# group's than the server's attention group is not its prefix's (FleetHistory leaves it out).
+# One row per tier (medium), KV-cache group and removal reason of a batch: a CPU copy is never a GPU
+# block, another group's than the server's attention group is not its prefix's, a request's own
+# blocks freed as it ended were not cached (FleetHistory leaves them out: app/domain/tiers.py).
 _EVENTS_SQL = """
-SELECT emitted_at, server_id, dp_rank, epoch, medium, group_idx,
+SELECT emitted_at, server_id, dp_rank, epoch, medium, group_idx, removal_reason,
        array_send(array_agg(kind::int4 ORDER BY event_index, block_index)),
        array_send(array_agg(COALESCE(block_hash, 0) ORDER BY event_index, block_index))
 FROM traffic_kvevent
 WHERE emitted_at >= %s AND emitted_at < %s AND (%s::int8[] IS NULL OR server_id = ANY(%s))
-GROUP BY server_id, dp_rank, epoch, seq, emitted_at, medium, group_idx
+GROUP BY server_id, dp_rank, epoch, seq, emitted_at, medium, group_idx, removal_reason
 ORDER BY emitted_at, server_id, dp_rank, epoch, seq, min(event_index)
 """
 _FETCH = 2000
@@ -280,8 +281,8 @@ def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | No
     return first  # type: ignore[no-any-return]
 
 
-# at, server, rank, epoch, medium, KV-cache group, kinds, hashes (array_send)
-_Batch = tuple[datetime, int, int, int, str, int | None, bytes, bytes]
+# at, server, rank, epoch, medium, KV-cache group, removal reason, kinds, hashes (array_send)
+_Batch = tuple[datetime, int, int, int, str, int | None, int | None, bytes, bytes]
 
 
 def _events(*, since: datetime, until: datetime, only: list[int] | None) -> Iterator[_Batch]:
@@ -293,14 +294,14 @@ def _events(*, since: datetime, until: datetime, only: list[int] | None) -> Iter
 
 def _apply(history: FleetHistory, batch: _Batch) -> None:
     """A batch's blocks, each run of one kind at once."""
-    at, server, rank, epoch, medium, group, sent_kinds, sent_hashes = batch
+    at, server, rank, epoch, medium, group, reason, sent_kinds, sent_hashes = batch
     kinds, hashes = sent_integers(sent_kinds), sent_integers(sent_hashes)
     assert kinds is not None and hashes is not None  # array_agg of a group's rows: never NULL
     starts = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()]
     for start, end in zip(starts, [*starts[1:], len(kinds)], strict=True):
         kind = EventKind(int(kinds[start]))
         run = [] if kind == EventKind.CLEARED else hashes[start:end].tolist()
-        history.apply_blocks(server, rank, epoch, at, kind, run, medium=medium, group=group)
+        history.apply_blocks(server, rank, epoch, at, kind, run, medium=medium, group=group, reason=reason)
 
 
 def _records(

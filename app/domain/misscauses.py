@@ -21,8 +21,9 @@ A block that was not reused is, in this order of checks:
 - `no_kv_events`: the server's KV events are not collected, so eviction, routing and residency cannot
   be told apart (only what needs no events is said: salt, prompt changed, cold);
 - `demoted`: removed from this server's GPU memory, but a lower tier of it (CPU, disk, LMCache: a
-  KV event with another `medium`) still held it: reloadable, and not reused (a block the engine
-  reloaded from there was reused: vLLM counts the tokens its connector loads as cached);
+  KV event with another `medium`, or a removal whose reason said demoted) still held it:
+  reloadable, and not reused (a block the engine reloaded from there was reused: vLLM counts the
+  tokens its connector loads as cached);
 - `evicted`: stored on this server in its current epoch and removed before the request from every
   tier (when, and how long it had lived);
 - `routed_elsewhere`: resident at that moment on another server of the same compatibility group
@@ -65,7 +66,14 @@ from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
 from app.domain.requestparts import Parts, RecentParts, changed_part
-from app.domain.tiers import FALLBACK_ATTENTION_GROUP, LowerTiers, is_attention, is_gpu
+from app.domain.tiers import (
+    FALLBACK_ATTENTION_GROUP,
+    LowerTiers,
+    RemovalReason,
+    is_attention,
+    is_gpu,
+    takes_cached_blocks,
+)
 
 # Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
 # changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
@@ -92,6 +100,7 @@ class BlockEvent:
     block_hash: int | None
     medium: str = ""  # the tier: "" or "GPU" for the engine's own cache, else a lower tier's name
     group: int | None = None  # the KV-cache group (None: the only one)
+    reason: int | None = None  # a removal's RemovalReason (None: not said)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,21 +223,25 @@ class FleetHistory:
         """One block of a KV event. A new epoch of a (server, rank) empties what it held."""
         hashes = (event.block_hash,) if event.block_hash is not None else ()
         self.apply_blocks(event.server, event.rank, event.epoch, event.at, event.kind, hashes,
-                          medium=event.medium, group=event.group)  # fmt: skip
+                          medium=event.medium, group=event.group, reason=event.reason)  # fmt: skip
 
     def apply_blocks(
         self, server: int, rank: int, epoch: int, at: datetime, kind: EventKind, hashes: Sequence[int],
-        *, medium: str = "", group: int | None = None,
+        *, medium: str = "", group: int | None = None, reason: int | None = None,
     ) -> None:  # fmt: skip
         """The blocks of one KV event at once (as `apply` each, in order): an event stores or
         removes dozens, and a call per block cost more than what it does. A lower tier's (`medium`
         not GPU) are kept apart from GPU memory; another KV-cache group's than the server's
-        attention group are left out."""
+        attention group are left out; so is a removal of a request's own blocks as it ended
+        (`reason` released or aborted: app/domain/tiers.py), and one that says demoted leaves
+        them held by a lower tier."""
         stream = (server, rank)
         if epoch != self._epochs.setdefault(stream, epoch):
             self._epochs[stream] = epoch
             self._restart(server, rank)
         if not is_attention(group, self._attention.get(server, FALLBACK_ATTENTION_GROUP)):
+            return
+        if kind == EventKind.REMOVED and not takes_cached_blocks(reason):
             return
         if not is_gpu(medium):
             self._apply_lower(server, rank, medium, kind, hashes)
@@ -237,6 +250,8 @@ class FleetHistory:
         elif kind == EventKind.STORED:
             self._store(server, rank, hashes, at=at)
         else:
+            if reason == RemovalReason.DEMOTED:
+                self._lower.demote(server, rank, hashes)
             self._remove(server, rank, hashes, at=at)
 
     def _apply_lower(

@@ -8,12 +8,25 @@ space of its own: one tier's removal never touches another's copy of the same ha
 model's KV-cache groups only the attention group's events are the prefix's blocks (attention_group:
 learned per server from the kinds its events name).
 
+A removal may say why (SGLang #39620's reason, decoded by collectors/kv_events/parse.py):
+- evicted, cleared, unknown, or none said: the blocks are gone from that tier (the diagnosis's
+  `evicted`, or `demoted` where a lower tier holds them), as before the reason existed;
+- demoted: gone from GPU memory into a lower tier, reloadable: `demoted` even when no lower
+  tier's BlockStored was seen (SGLang's host tier may name none); the block counts as held by an
+  unnamed lower tier of the rank until a lower tier of it removes or clears it, or it restarts;
+- released, aborted: a request's own blocks freed as it ended (finished, or cancelled), the ones
+  the cache did not keep: SGLang frees a finished request's KV beyond what its radix tree holds,
+  which may hash like a block the tree still caches. Such a removal takes no cached block away,
+  so residency, the block index and eviction counts ignore it.
+Only evicted, demoted and unknown (or unsaid) removals are capacity pressure (the thrash tally).
+
 Pure: fed in time order by app/domain/misscauses.py FleetHistory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import IntEnum
 
 FALLBACK_ATTENTION_GROUP = 0
 """The attention group of a server whose events have not named their groups' kinds: the only
@@ -27,6 +40,38 @@ chunked-local, Mamba, encoder-only and cross-attention groups keep only part of 
 
 GPU = "GPU"
 """The medium of the engine's own prefix cache; KV events without one are the GPU's too."""
+
+UNNAMED_LOWER_TIER = "lower tier"
+"""Where a block demoted without a lower tier's BlockStored is held: a tier of the rank unnamed."""
+
+
+class RemovalReason(IntEnum):
+    """Why a KV event removed blocks, as stored (traffic_kvevent.removal_reason; NULL, here None:
+    not said); the wire's names are collectors/kv_events/parse.py RemovalReason's."""
+
+    UNKNOWN = 0
+    EVICTED = 1
+    DEMOTED = 2
+    RELEASED = 3
+    ABORTED = 4
+    CLEARED = 5
+
+
+NOT_CACHED = frozenset({RemovalReason.RELEASED, RemovalReason.ABORTED})
+"""Reasons of removals that take no cached block away: a request's own blocks freed as it ended."""
+_PRESSURE = frozenset({RemovalReason.EVICTED, RemovalReason.DEMOTED, RemovalReason.UNKNOWN})
+
+
+def takes_cached_blocks(reason: int | None) -> bool:
+    """Whether a removal of this reason takes cached blocks away (not a request's own blocks freed
+    as it ended: module docstring)."""
+    return reason not in NOT_CACHED
+
+
+def is_pressure(reason: int | None) -> bool:
+    """Whether a removal of this reason is the cache making room (capacity pressure), or may be:
+    not a request's end, nor an explicit clear."""
+    return reason is None or reason in _PRESSURE
 
 
 def attention_group(kinds: Mapping[int, str | None]) -> int:
@@ -73,11 +118,19 @@ class LowerTiers:
     def store(self, server: int, rank: int, medium: str, blocks: Iterable[int]) -> None:
         self._space(server, rank, medium).update(blocks)
 
+    def demote(self, server: int, rank: int, blocks: Iterable[int]) -> None:
+        """Blocks a removal said were demoted, whichever lower tier took them (UNNAMED_LOWER_TIER)."""
+        self.store(server, rank, UNNAMED_LOWER_TIER, blocks)
+
     def remove(self, server: int, rank: int, medium: str, blocks: Iterable[int]) -> None:
+        """A lower tier dropped blocks: a demoted copy of them is gone too (it may have been there)."""
+        blocks = list(blocks)
         self._space(server, rank, medium).difference_update(blocks)
+        self._space(server, rank, UNNAMED_LOWER_TIER).difference_update(blocks)
 
     def clear(self, server: int, rank: int, medium: str) -> None:
         self._space(server, rank, medium).clear()
+        self._space(server, rank, UNNAMED_LOWER_TIER).clear()
 
     def restart(self, server: int, rank: int) -> None:
         """A new process of the rank: what its tiers held in memory went with the old one."""

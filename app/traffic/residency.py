@@ -15,7 +15,7 @@ from django.db import connection
 
 from app.domain.histogram import histogram_quantile
 from app.domain.hitrate import counter_increase
-from app.domain.tiers import FALLBACK_ATTENTION_GROUP, GPU
+from app.domain.tiers import FALLBACK_ATTENTION_GROUP, GPU, NOT_CACHED
 from app.fleet.models import Server
 from app.traffic.models import KVEvent
 
@@ -55,7 +55,14 @@ def gpu_attention_sql(alias: str) -> str:
     """The SQL condition that a traffic_kvevent row (as `alias`) is a GPU block of the server's
     attention group (the query's %(attention)s: Server.attention_group)."""
     return (f"upper({alias}.medium) IN ('', '{GPU}')"
-            f" AND COALESCE({alias}.group_idx, %(attention)s) = %(attention)s")  # fmt: skip
+            f" AND COALESCE({alias}.group_idx, %(attention)s) = %(attention)s"
+            f" AND {cached_removal_sql(f'{alias}.removal_reason')}")  # fmt: skip
+
+
+def cached_removal_sql(column: str = "removal_reason") -> str:
+    """The SQL condition that a traffic_kvevent row's removal reason (`column`) is not a request's
+    own blocks freed as it ended (app/domain/tiers.py NOT_CACHED): true for every other row."""
+    return f"COALESCE({column}, -1) NOT IN ({', '.join(str(int(r)) for r in sorted(NOT_CACHED))})"
 
 
 _LIFETIME_SQL = f"""
