@@ -38,8 +38,9 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from app.diagnosis.counters import unwired_counters
+from app.domain.fleetblocks import EventKind
 from app.domain.hosted import HostedHistory, HostedPrompt
-from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
 from app.domain.requestparts import Parts
 from app.fleet.models import Server

@@ -20,7 +20,7 @@ A removal may say why (SGLang #39620's reason, decoded by collectors/kv_events/p
   so residency, the block index and eviction counts ignore it.
 Only evicted, demoted and unknown (or unsaid) removals are capacity pressure (the thrash tally).
 
-Pure: fed in time order by app/domain/misscauses.py FleetHistory.
+Pure: fed in time order by app/domain/fleetblocks.py FleetBlocks.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.domain.blockhash import LoraKey, signed_block_hashes
-from app.domain.misscauses import BlockEvent, EventKind, FleetHistory, RequestPrompt
+from app.domain.fleetblocks import BlockEvent, EventKind
+from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Cause, Diagnosis, Loss, RequestPart, Unknown, reusable_blocks
 from app.domain.requestparts import Parts
 from app.domain.tiers import RemovalReason
