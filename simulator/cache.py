@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from app.domain.blockhash import BlockHash, LoraKey, block_extra_keys, block_hash_chain, hash_block
 from app.domain.replay.pool import BlockPool, OutOfBlocks, PoolObserver
 from simulator.block_metrics import BlockMetrics
-from simulator.kv_events import KVEventData, all_blocks_cleared, block_removed, block_stored
+from simulator.kv_events import MAMBA, KVEventData, all_blocks_cleared, block_removed, block_stored
 from simulator.offload import CpuTier
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,17 @@ class _Request:
 
 
 class PrefixCache:
-    """The prefix cache and block pool of one vLLM engine (one KV-cache group, full attention):
-    the domain's ``BlockPool`` over sha256_cbor block hashes, reporting in vLLM's KV events."""
+    """The prefix cache and block pool of one vLLM engine: the domain's ``BlockPool`` over
+    sha256_cbor block hashes, reporting in vLLM's KV events.
+
+    A plain engine has one KV-cache group, full attention, group 0. A hybrid one (``hit_block``)
+    numbers its Mamba group first, as a model whose first layers are Mamba has it: group 0 of kind
+    "mamba" whose blocks are ``hit_block`` tokens, then the attention group 1. The Mamba group's
+    events name the attention block that ends each of its blocks (the state there); they are
+    stored and evicted with it. A simplification: vLLM's Mamba manager holds its states apart.
+    """
+
+    ATTENTION_GROUP_OF_HYBRID = 1
 
     def __init__(
         self,
@@ -80,6 +89,8 @@ class PrefixCache:
         if hit_block is not None and (hit_block < block_size or hit_block % block_size):
             raise ValueError(f"hit_block {hit_block} is not a multiple of block_size {block_size}")
         unit = hit_block // block_size if hit_block else 1
+        self.hit_block = hit_block
+        self._mamba_blocks: set[BlockHash] = set()  # the Mamba group's resident blocks (hybrid)
         self.lower = lower
         self._pool = BlockPool(
             block_size, num_blocks, observer=_Events(self), hit_unit=unit, drops_last=drops_last
@@ -196,20 +207,56 @@ class PrefixCache:
         keys = block_extra_keys(index, cache_salt=request.cache_salt, lora=request.lora)
         return hash_block(parent, [*request.token_ids[start:], newest], keys)
 
+    @property
+    def attention_group(self) -> int:
+        """The group index of its full-attention KV-cache group in its events."""
+        return self.ATTENTION_GROUP_OF_HYBRID if self.hit_block else 0
+
     def _emit_stored(self, request_id: str, start: int, end: int) -> None:
-        """Report blocks ``start..end-1`` of a request in one BlockStored event."""
+        """Report blocks ``start..end-1`` of a request in one BlockStored event (a hybrid engine:
+        its Mamba group's blocks among them first, in an event of their own)."""
         request = self._requests[request_id]
         hashes: list[BlockHash] = self._pool.keys(request_id)  # type: ignore[assignment]
         lora_name = request.lora.name if request.lora else None
+        lora_id = None if lora_name is None else self._lora_id(lora_name)
+        if self.hit_block:
+            self._emit_mamba_stored(request, hashes, start, end, lora_id)
         self._events.append(
             block_stored(
                 block_hashes=[h.wire for h in hashes[start:end]],
                 parent_block_hash=hashes[start - 1].wire if start else None,
                 token_ids=request.token_ids[start * self.block_size : end * self.block_size],
                 block_size=self.block_size,
-                lora_id=None if lora_name is None else self._lora_id(lora_name),
+                lora_id=lora_id,
                 lora_name=lora_name,
                 extra_keys=[self._event_keys(request, index) for index in range(start, end)],
+                group_idx=self.attention_group,
+            )
+        )
+
+    def _emit_mamba_stored(
+        self, request: _Request, hashes: list[BlockHash], start: int, end: int, lora_id: int | None
+    ) -> None:
+        """The Mamba group's BlockStored for the blocks of ``hit_block`` tokens that attention
+        blocks ``start..end-1`` complete (none when they complete none)."""
+        assert self.hit_block is not None
+        unit = self.hit_block // self.block_size
+        ends = [index for index in range(start, end) if (index + 1) % unit == 0]
+        if not ends:
+            return
+        self._mamba_blocks.update(hashes[index] for index in ends)
+        first = ends[0] + 1 - unit
+        self._events.append(
+            block_stored(
+                block_hashes=[hashes[index].wire for index in ends],
+                parent_block_hash=hashes[first - 1].wire if first else None,
+                token_ids=request.token_ids[first * self.block_size : (ends[-1] + 1) * self.block_size],
+                block_size=self.hit_block,
+                lora_id=lora_id,
+                lora_name=request.lora.name if request.lora else None,
+                extra_keys=[self._event_keys(request, index) for index in ends],
+                group_idx=0,
+                kind=MAMBA,
             )
         )
 
@@ -234,11 +281,16 @@ class _Events(PoolObserver):
         self.cache._emit_stored(request_id, start, end)
 
     def removed(self, key: Hashable) -> None:
-        self.cache._events.append(block_removed(key.wire))  # type: ignore[attr-defined]
+        cache = self.cache
+        if key in cache._mamba_blocks:  # the Mamba state at its end goes with it
+            cache._mamba_blocks.discard(key)
+            cache._events.append(block_removed(key.wire, group_idx=0))
+        cache._events.append(block_removed(key.wire, group_idx=cache.attention_group))  # type: ignore[attr-defined]
         if self.cache.lower is not None:  # offloaded as it leaves GPU memory
             self.cache._events.extend(self.cache.lower.offload(key))
 
     def cleared(self) -> None:
+        self.cache._mamba_blocks.clear()
         self.cache._events.append(all_blocks_cleared())
 
     def allocated(self, block_id: int) -> None:

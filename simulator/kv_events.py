@@ -24,6 +24,8 @@ in declaration order, defaulted fields left out when None."""
 
 MEDIUM_GPU: Final = "GPU"
 FULL_ATTENTION: Final = "full_attention"
+MAMBA: Final = "mamba"
+"""vLLM's KVCacheSpecKind values (vllm/v1/kv_cache_interface.py) of the groups the simulator sends."""
 
 # Field order of vLLM's event structs, for the legacy array form. Fields after the first
 # defaulted one (index) have a None default and are dropped from the tail when None.
@@ -63,11 +65,15 @@ def block_stored(
     lora_id: int | None,
     lora_name: str | None,
     extra_keys: list[list[str] | None],
+    group_idx: int = 0,
+    kind: str = FULL_ATTENTION,
 ) -> KVEventData:
-    """Return a BlockStored event as vLLM 0.32 emits it for one group of full-attention blocks.
+    """Return a BlockStored event as vLLM 0.32 emits it for blocks of one KV-cache group: of a
+    one-group model, group 0 of full attention.
 
     ``extra_keys`` has one entry per block (None, or the block's keys such as ``["tenant-a"]``);
-    vLLM always sends it, along with ``group_idx`` 0 and the spec kind.
+    vLLM always sends it, along with ``group_idx`` and the group's spec kind (one event per group
+    on a hybrid model, in group order).
     """
     return {
         "type": "BlockStored",
@@ -79,14 +85,20 @@ def block_stored(
         "medium": MEDIUM_GPU,
         "lora_name": lora_name,
         "extra_keys": extra_keys,
-        "group_idx": 0,
-        "kv_cache_spec_kind": FULL_ATTENTION,
+        "group_idx": group_idx,
+        "kv_cache_spec_kind": kind,
     }
 
 
-def block_removed(block_hash: int) -> KVEventData:
-    """Return a BlockRemoved event; vLLM sends one per evicted block, so it carries one hash."""
-    return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": MEDIUM_GPU, "group_idx": 0}
+def block_removed(block_hash: int, *, group_idx: int = 0) -> KVEventData:
+    """Return a BlockRemoved event; vLLM sends one per evicted block, so it carries one hash, and
+    of its group only its index (no kind)."""
+    return {
+        "type": "BlockRemoved",
+        "block_hashes": [block_hash],
+        "medium": MEDIUM_GPU,
+        "group_idx": group_idx,
+    }
 
 
 def offloaded_stored(block_hash: int, *, medium: str) -> KVEventData:

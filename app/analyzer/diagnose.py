@@ -20,8 +20,9 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from app.analyzer.trace import Built
+from app.domain.fleetblocks import EventKind
 from app.domain.leading import leading
-from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown, reusable_blocks
 from app.domain.replay.pool import PoolObserver
 from app.domain.replay.run import ReplayWatch, ServerShape, Setup, replay

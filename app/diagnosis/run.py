@@ -38,11 +38,11 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from app.diagnosis.counters import unwired_counters
+from app.domain.fleetblocks import EventKind
 from app.domain.hosted import HostedHistory, HostedPrompt
-from app.domain.misscauses import EventKind, FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Diagnosis, Unknown
-from app.domain.requestparts import Parts, own_turn
-from app.domain.tiers import ATTENTION_GROUP
+from app.domain.requestparts import Parts
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql
@@ -69,16 +69,16 @@ ORDER BY r.arrived_at, r.server_id, r.request_id
 # in order (as the records' chains hold them; the model's UInt64Field would map them to wire values;
 # an AllBlocksCleared has no hash: 0 in its place), as array_send's binary arrays. A row per block
 # cost the most, its timestamp parsed each time; psycopg's text arrays, a Python step per block.
-# One row per tier (medium) of a batch: a CPU copy is never a GPU block (app/domain/tiers.py). Only
-# the attention group's events (ATTENTION_GROUP, or none named): another group's are not its blocks.
-_EVENTS_SQL = f"""
-SELECT emitted_at, server_id, dp_rank, epoch, medium,
+# One row per tier (medium), KV-cache group and removal reason of a batch: a CPU copy is never a GPU
+# block, another group's than the server's attention group is not its prefix's, a request's own
+# blocks freed as it ended were not cached (FleetHistory leaves them out: app/domain/tiers.py).
+_EVENTS_SQL = """
+SELECT emitted_at, server_id, dp_rank, epoch, medium, group_idx, removal_reason,
        array_send(array_agg(kind::int4 ORDER BY event_index, block_index)),
        array_send(array_agg(COALESCE(block_hash, 0) ORDER BY event_index, block_index))
 FROM traffic_kvevent
 WHERE emitted_at >= %s AND emitted_at < %s AND (%s::int8[] IS NULL OR server_id = ANY(%s))
-  AND COALESCE(group_idx, {ATTENTION_GROUP}) = {ATTENTION_GROUP}
-GROUP BY server_id, dp_rank, epoch, seq, emitted_at, medium
+GROUP BY server_id, dp_rank, epoch, seq, emitted_at, medium, group_idx, removal_reason
 ORDER BY emitted_at, server_id, dp_rank, epoch, seq, min(event_index)
 """
 _FETCH = 2000
@@ -209,13 +209,13 @@ def _diagnose(
         if due is None:
             return 0
         replay = _Replay(FleetHistory(groups), due - lookback, fleet, turned_at=due - lookback)
-    replay.history.regroup(groups)
+    replay.history.regroup(groups, {pk: server.attention_group for pk, server in servers.items()})
     _kept.pop(key, None)  # until this run is stored: a failed run starts over
     found = _advance(replay, until=until, servers=servers, streaming=streaming, only=only)
     # Events after a request's arrival may have revised it (a block evicted while it waited).
     history = replay.history
     unwired = unwired_counters(since=until - lookback, until=until, only=only) if found else set()
-    stored = _store([_stored(r, _by_parts(history.revised.get(r.key, diagnosis)), now=now, unwired=unwired)
+    stored = _store([_stored(r, history.revised.get(r.key, diagnosis), now=now, unwired=unwired)
                      for r, diagnosis in found])  # fmt: skip
     history.forget_settled(until)
     replay.turn_when_due(lookback=lookback)
@@ -269,12 +269,6 @@ def _advance(
     return found
 
 
-def _by_parts(found: Diagnosis | Unknown) -> Diagnosis | Unknown:
-    """A change of the request's latest messages alone read as its own new content (own_turn in
-    app/domain/requestparts.py: what the part digests say settles what the fan-out point guessed)."""
-    return own_turn(found) if isinstance(found, Diagnosis) else found
-
-
 def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | None) -> datetime | None:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -288,8 +282,8 @@ def _first_undiagnosed(*, since: datetime, until: datetime, only: list[int] | No
     return first  # type: ignore[no-any-return]
 
 
-# at, server, rank, epoch, medium, kinds, hashes (array_send)
-_Batch = tuple[datetime, int, int, int, str, bytes, bytes]
+# at, server, rank, epoch, medium, KV-cache group, removal reason, kinds, hashes (array_send)
+_Batch = tuple[datetime, int, int, int, str, int | None, int | None, bytes, bytes]
 
 
 def _events(*, since: datetime, until: datetime, only: list[int] | None) -> Iterator[_Batch]:
@@ -301,14 +295,14 @@ def _events(*, since: datetime, until: datetime, only: list[int] | None) -> Iter
 
 def _apply(history: FleetHistory, batch: _Batch) -> None:
     """A batch's blocks, each run of one kind at once."""
-    at, server, rank, epoch, medium, sent_kinds, sent_hashes = batch
+    at, server, rank, epoch, medium, group, reason, sent_kinds, sent_hashes = batch
     kinds, hashes = sent_integers(sent_kinds), sent_integers(sent_hashes)
     assert kinds is not None and hashes is not None  # array_agg of a group's rows: never NULL
     starts = [0, *(np.flatnonzero(kinds[1:] != kinds[:-1]) + 1).tolist()]
     for start, end in zip(starts, [*starts[1:], len(kinds)], strict=True):
         kind = EventKind(int(kinds[start]))
         run = [] if kind == EventKind.CLEARED else hashes[start:end].tolist()
-        history.apply_blocks(server, rank, epoch, at, kind, run, medium=medium)
+        history.apply_blocks(server, rank, epoch, at, kind, run, medium=medium, group=group, reason=reason)
 
 
 def _records(

@@ -1,4 +1,4 @@
-"""The blocks each server evicted, and when: what the miss-cause replay (app/domain/misscauses.py)
+"""The blocks each server evicted, and when: what the miss-cause replay (app/domain/fleetblocks.py)
 remembers so that a block later missed can be said evicted, where and after how long."""
 
 from __future__ import annotations

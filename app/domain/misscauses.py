@@ -1,9 +1,10 @@
 """Why a request's prompt tokens were not reused: its miss causes, block by block, and its funnel.
 
 The fleet's KV events and the requests are replayed in time order (`FleetHistory`): events move
-blocks in and out of each server's resident set, and each request is diagnosed against the fleet as
-it was at its arrival, then adds its own chain to what the fleet has seen. Pure: the caller reads
-events and records from wherever they are kept and feeds them in order of time.
+blocks in and out of each server's resident set (app/domain/fleetblocks.py keeps where every block
+is), and each request is diagnosed here against the fleet as it was at its arrival, then adds its
+own chain to what the fleet has seen. Pure: the caller reads events and records from wherever they
+are kept and feeds them in order of time.
 
 vLLM reuses a request's longest run of resident leading full blocks, never its last prompt token, so
 of `prompt_tokens` at most `(prompt_tokens - 1) // block_size` blocks can be reused; on a server whose
@@ -21,8 +22,9 @@ A block that was not reused is, in this order of checks:
 - `no_kv_events`: the server's KV events are not collected, so eviction, routing and residency cannot
   be told apart (only what needs no events is said: salt, prompt changed, cold);
 - `demoted`: removed from this server's GPU memory, but a lower tier of it (CPU, disk, LMCache: a
-  KV event with another `medium`) still held it: reloadable, and not reused (a block the engine
-  reloaded from there was reused: vLLM counts the tokens its connector loads as cached);
+  KV event with another `medium`, or a removal whose reason said demoted) still held it:
+  reloadable, and not reused (a block the engine reloaded from there was reused: vLLM counts the
+  tokens its connector loads as cached);
 - `evicted`: stored on this server in its current epoch and removed before the request from every
   tier (when, and how long it had lived);
 - `routed_elsewhere`: resident at that moment on another server of the same compatibility group
@@ -35,9 +37,8 @@ A block that was not reused is, in this order of checks:
   prompt without one: earlier prompts without one): the prompt departs from their longest prefix at
   token `diverged_at`; a prompt without a template that shares not even its first token is cold;
 - `cold`: never seen anywhere, the first of its kind.
-Residency is the GPU tier (medium "GPU" or none) of KV-cache group 0, the attention group: hybrid
-models send one event per group with the same hashes, and a sliding-window or Mamba group's removals
-say nothing of the attention blocks a prefix is reused from. Other groups' events are left out.
+Which events count for residency (a server's attention group, its GPU tier, removal reasons):
+app/domain/fleetblocks.py.
 
 An `unexpected_hit` is the reverse anomaly: more tokens reused than the request's own salted chain
 had resident on its server (salts are known to be dropped on some cache paths), and than earlier
@@ -50,46 +51,22 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from enum import IntEnum
-from itertools import repeat
 
 from app.domain.blockhash import TokenIds
-from app.domain.evictions import Eviction, Evictions
+from app.domain.evictions import Eviction
 from app.domain.fanout import FanOutPoints
+from app.domain.fleetblocks import BlockEvent, EventKind, FleetBlocks
 from app.domain.followers import Followers
 from app.domain.generations import Generations
 from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
 from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
-from app.domain.requestparts import Parts, RecentParts, changed_part
-from app.domain.tiers import ATTENTION_GROUP, LowerTiers, is_gpu
+from app.domain.requestparts import Parts, RecentParts, changed_part, own_turn
 
 # Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
 # changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
 PARTS_MEMORY_BLOCKS = 16_384
-
-
-class EventKind(IntEnum):
-    """As app.traffic.models.KVEvent.Kind."""
-
-    STORED = 1
-    REMOVED = 2
-    CLEARED = 3
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvent:
-    """One block of one KV event (block_hash None for AllBlocksCleared)."""
-
-    server: int
-    rank: int
-    epoch: int
-    at: datetime
-    kind: EventKind
-    block_hash: int | None
-    medium: str = ""  # the tier: "" or "GPU" for the engine's own cache, else a lower tier's name
-    group: int | None = None  # the KV-cache group (None: the only one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,20 +121,17 @@ class FleetHistory:
 
     `apply` each event and `diagnose` each request in order of time (events at or before a request's
     arrival first). Servers are compared only within their compatibility group (`groups`: server ->
-    any key; servers not listed form a group of their own).
+    any key; servers not listed form a group of their own). `attention`: server -> the KV-cache
+    group its prefix is reused from (app/domain/tiers.py attention_group; servers not listed: 0).
     """
 
-    def __init__(self, groups: dict[int, Hashable] | None = None) -> None:
+    def __init__(
+        self, groups: dict[int, Hashable] | None = None, attention: dict[int, int] | None = None
+    ) -> None:
         self._groups = dict(groups or {})
-        self._resident: dict[int, dict[int, datetime]] = {}  # server -> block -> stored at
-        self._ranks: dict[int, dict[int, set[int]]] = {}  # server -> rank -> its resident blocks
-        self._lower = LowerTiers()  # what lower tiers (CPU, LMCache ...) hold, apart from GPU memory
-        self._epochs: dict[tuple[int, int], int] = {}
+        self._blocks = FleetBlocks(attention)  # where each block is, as the events left it
+        self._seen = self._blocks.seen  # stored, or in a diagnosed request's chain
         # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
-        self._evicted: dict[int, Evictions] = {}  # server -> block -> last eviction
-        self._earlier_epochs: dict[int, Generations[int, bool]] = {}  # server -> blocks before a restart
-        self._last_removed = Evictions()  # block -> last eviction anywhere
-        self._seen: Generations[int, bool] = Generations()  # stored, or in a diagnosed request's chain
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
         self._fan_out = FanOutPoints()  # where each family's prompts usually part
@@ -176,18 +150,15 @@ class FleetHistory:
         """Forget what was seen, evicted or salted and not seen again since the last turn: a
         history kept between runs would otherwise grow with every new prompt for as long as it runs.
         A block older than that is then never seen (cold, or its prompt changed), not evicted."""
-        self._seen.turn()
+        self._blocks.turn()
         self._fan_out.turn()
         self._neutral_salts.turn()
-        self._last_removed.turn()
-        for evicted in self._evicted.values():
-            evicted.turn()
-        for earlier in self._earlier_epochs.values():
-            earlier.turn()
 
-    def regroup(self, groups: dict[int, Hashable]) -> None:
-        """New compatibility groups (a server registered, or its model read), for what follows."""
+    def regroup(self, groups: dict[int, Hashable], attention: dict[int, int] | None = None) -> None:
+        """New compatibility groups (a server registered, or its model read) and attention groups
+        (a server's events named their kinds), for what follows."""
         self._groups = dict(groups)
+        self._blocks.attention = dict(attention or {})
 
     def forget_settled(self, before: datetime) -> None:
         """Forget the revisions taken, and the requests waiting for a first token before `before`:
@@ -206,77 +177,20 @@ class FleetHistory:
         """One block of a KV event. A new epoch of a (server, rank) empties what it held."""
         hashes = (event.block_hash,) if event.block_hash is not None else ()
         self.apply_blocks(event.server, event.rank, event.epoch, event.at, event.kind, hashes,
-                          medium=event.medium, group=event.group)  # fmt: skip
+                          medium=event.medium, group=event.group, reason=event.reason)  # fmt: skip
 
     def apply_blocks(
         self, server: int, rank: int, epoch: int, at: datetime, kind: EventKind, hashes: Sequence[int],
-        *, medium: str = "", group: int | None = None,
+        *, medium: str = "", group: int | None = None, reason: int | None = None,
     ) -> None:  # fmt: skip
         """The blocks of one KV event at once (as `apply` each, in order): an event stores or
-        removes dozens, and a call per block cost more than what it does. A lower tier's (`medium`
-        not GPU) are kept apart from GPU memory; another KV-cache group's than the attention group
-        are left out (ATTENTION_GROUP)."""
-        stream = (server, rank)
-        if epoch != self._epochs.setdefault(stream, epoch):
-            self._epochs[stream] = epoch
-            self._restart(server, rank)
-        if group is not None and group != ATTENTION_GROUP:
-            return
-        if not is_gpu(medium):
-            self._apply_lower(server, rank, medium, kind, hashes)
-        elif kind == EventKind.CLEARED:
-            self._remove(server, rank, list(self._held(server, rank)), at=at)
-        elif kind == EventKind.STORED:
-            self._store(server, rank, hashes, at=at)
-        else:
-            self._remove(server, rank, hashes, at=at)
-
-    def _apply_lower(
-        self, server: int, rank: int, medium: str, kind: EventKind, hashes: Sequence[int]
-    ) -> None:
-        if kind == EventKind.STORED:
-            self._lower.store(server, rank, medium, hashes)
-            self._seen.write_all(hashes, True)
-        elif kind == EventKind.REMOVED:
-            self._lower.remove(server, rank, medium, hashes)
-        else:
-            self._lower.clear(server, rank, medium)
-
-    def _held(self, server: int, rank: int) -> set[int]:
-        return self._ranks.setdefault(server, {}).setdefault(rank, set())
-
-    def _store(self, server: int, rank: int, blocks: Sequence[int], *, at: datetime) -> None:
-        # Set and dict operations over the whole event, not a Python step per block: an event
-        # stores dozens, and the fleet's events outnumber its requests.
-        resident = self._resident.setdefault(server, {})
-        resident.update(dict.fromkeys(set(blocks).difference(resident), at))  # kept: when first stored
-        self._held(server, rank).update(blocks)
-        self._seen.write_all(blocks, True)
-
-    def _remove(self, server: int, rank: int, blocks: Sequence[int], *, at: datetime) -> None:
-        """Blocks removed; one stored before the replayed events began is evicted all the same
-        (when it was stored is then unknown)."""
-        ranks = self._ranks.setdefault(server, {})
-        self._held(server, rank).difference_update(blocks)
-        if len(ranks) > 1:  # a copy another rank of the server still holds stays
-            blocks = [block for block in blocks if not any(block in other for other in ranks.values())]
-        stored_at = list(map(self._resident.get(server, {}).pop, blocks, repeat(None)))
-        if self._waiting:
-            for block, stored in dict(zip(blocks, stored_at, strict=True)).items():  # the last of a block
-                self._revise_waiting(server, block, (server, stored, at))
-        self._evicted.setdefault(server, Evictions(server)).write(blocks, server, stored_at, at)
-        self._last_removed.write(blocks, server, stored_at, at)
-        self._seen.write_all(blocks, True)
-
-    def _restart(self, server: int, rank: int) -> None:
-        """A new process: all the old one held, or had evicted, was seen in an earlier epoch."""
-        self._lower.restart(server, rank)
-        earlier = self._earlier_epochs.setdefault(server, Generations())
-        earlier.write_all(self._evicted.pop(server, Evictions(server)).blocks(), True)
-        resident = self._resident.get(server, {})
-        for block in self._ranks.get(server, {}).pop(rank, set()):
-            earlier[block] = True
-            resident.pop(block, None)
+        removes dozens, and a call per block cost more than what it does. Which count, and how:
+        app/domain/fleetblocks.py FleetBlocks.apply_blocks."""
+        removed = self._blocks.apply_blocks(server, rank, epoch, at, kind, hashes,
+                                            medium=medium, group=group, reason=reason)  # fmt: skip
+        if removed is not None and self._waiting:
+            for block, stored in dict(zip(removed.blocks, removed.stored_at, strict=True)).items():
+                self._revise_waiting(server, block, (server, stored, removed.at))  # the last of a block
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -354,8 +268,10 @@ class FleetHistory:
             return replace(found, compared_with=compared[0])
         detail = change.detail.value if change.detail else change.kwarg
         diverged = 0 if change.part in (RequestPart.MODEL, RequestPart.ADAPTER) else found.diverged_at
-        return replace(found, diverged_at=diverged, changed_part=change.part, part_detail=detail,
-                       compared_with=compared[0])  # fmt: skip
+        # Its own latest messages alone changed: what the parts say settles what the fan-out point
+        # guessed from positions (own_turn: a question after a compacted history is new content).
+        return own_turn(replace(found, diverged_at=diverged, changed_part=change.part, part_detail=detail,
+                                compared_with=compared[0]))  # fmt: skip
 
     def _block_causes(
         self, request: RequestPrompt, chain: list[int], lost: range, size: int
@@ -379,14 +295,15 @@ class FleetHistory:
     def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> BlockCause:
         block = chain[index]
         server = request.server
-        if block in self._resident.get(server, {}):
+        blocks = self._blocks
+        if block in blocks.resident.get(server, {}):
             return BlockCause(Cause.UNEXPLAINED, here=True)
         if block not in self._seen:
             return self._never_seen(request, chain, index, size)
         if not request.kv_events:
             return BlockCause(Cause.NO_KV_EVENTS)
-        evicted = here.get(block) if (here := self._evicted.get(server)) is not None else None
-        if self._lower.holder(server, block) is not None:
+        evicted = blocks.eviction(server, block)
+        if blocks.lower.holder(server, block) is not None:
             return (
                 BlockCause.evicted(evicted, Cause.DEMOTED)
                 if evicted
@@ -397,11 +314,11 @@ class FleetHistory:
         other, held = self._best_server(request, chain, exclude=server)
         if other is not None and held > index:
             return BlockCause(Cause.ROUTED_ELSEWHERE, server=other, server_tokens=held * size)
-        if block in self._earlier_epochs.get(server, ()):
+        if block in blocks.earlier_epochs.get(server, ()):
             return BlockCause(Cause.RESTARTED)
-        if last := self._last_removed.get(block):
+        if last := blocks.last_removed.get(block):
             return BlockCause.evicted(last)
-        if any(block in blocks for blocks in self._resident.values()):
+        if blocks.resident_anywhere(block):
             return BlockCause(Cause.COLD)  # only servers of another compatibility group hold it
         return BlockCause(Cause.NO_KV_EVENTS)  # seen in a record of a server whose events are not collected
 
@@ -438,7 +355,7 @@ class FleetHistory:
         group = self._groups.get(request.server, ("alone", request.server))
         return {
             server: leading(chain, resident)
-            for server, resident in self._resident.items()
+            for server, resident in self._blocks.resident.items()
             if server != exclude
             and chain[0] in resident
             and self._groups.get(server, ("alone", server)) == group
@@ -453,7 +370,7 @@ class FleetHistory:
                 request.hit_block(request.block_size).reusable_blocks(request.prompt_tokens), len(chain)
             )
             self._learn_fan_out(request, reusable, self._seen.leading(chain[:reusable]))
-        self._seen.write_all(chain, True)
+        self._blocks.write_seen(chain)
         neutral = list(request.neutral_hashes) if request.salt else chain
         self._neutral_salts.setdefault_all(neutral, request.salt)
         family = self._families.setdefault((request.family, request.salt), Followers())

@@ -3,6 +3,19 @@ from datetime import timedelta
 from django.db import models
 
 from app.domain.hitblock import HitBlock, effective_block
+from app.domain.tiers import attention_group
+
+
+def kv_group_kinds(groups: object) -> dict[int, str | None]:
+    """The kind of each KV-cache group of a server's `kv_cache_groups` ({group: {kind, block_size}},
+    as its events named them), by group index; entries of another shape are left out."""
+    if not isinstance(groups, dict):
+        return {}
+    return {
+        int(group): str(found.get("kind") or "") or None
+        for group, found in groups.items()
+        if isinstance(group, str) and group.isdigit() and isinstance(found, dict)
+    }
 
 
 class Server(models.Model):
@@ -91,6 +104,12 @@ class Server(models.Model):
         groups = [g.get("block_size") or 0 for g in self.kv_cache_groups.values() if isinstance(g, dict)]
         size = effective_block(self.block_size, stated=self.stated_hit_block, groups=groups)
         return HitBlock(self.block_size, size, self.drops_last_block)
+
+    @property
+    def attention_group(self) -> int:
+        """The KV-cache group its prefix is reused from: the full-attention one its events named
+        (app/domain/tiers.py attention_group); 0 while they named none."""
+        return attention_group(kv_group_kinds(self.kv_cache_groups))
 
     @property
     def scrape_interval_timedelta(self) -> timedelta:

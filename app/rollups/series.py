@@ -39,6 +39,7 @@ from app.rollups.series_query import (
 from app.rollups.sketch_sql import loaded, merged_sketch_sql
 from app.rollups.visibility import visible_sql, visible_sums_sql
 from app.traffic.models import LOST_COLUMNS, KVEvent, RequestDiagnosis
+from app.traffic.residency import cached_removal_sql
 from collectors.metrics.names import (
     FINISHED_REQUESTS,
     KV_USAGE,
@@ -336,7 +337,7 @@ def raw_server_series(query: SeriesQuery, server_id: int) -> SeriesSet:
             "traffic_scrapesample",
             [Series(metric, _on_grid(query, {at: r[0] for at, r in rows.items()}, None))],
         )
-    where = f"server_id = %(id)s AND kind = {int(KVEvent.Kind.REMOVED)}"
+    where = f"server_id = %(id)s AND kind = {int(KVEvent.Kind.REMOVED)} AND {cached_removal_sql()}"
     rows = _bucketed("traffic_kvevent", "count(*)", where, {"id": server_id}, query, time="emitted_at")
     return _set(
         query, "traffic_kvevent", [Series(metric, _on_grid(query, {at: r[0] for at, r in rows.items()}, 0.0))]

@@ -11,6 +11,7 @@ from app.rollups.catalog import derived_from
 from app.rollups.derived import resum
 from app.rollups.refresh import whole_minutes
 from app.traffic.models import KVEvent, ServerMinute
+from app.traffic.residency import cached_removal_sql
 from collectors.metrics.names import (
     FINISHED_REQUESTS,
     KV_USAGE,
@@ -88,6 +89,7 @@ WITH samples AS (
     SELECT server_id, date_trunc('minute', emitted_at) AS minute, count(*) AS evictions
     FROM traffic_kvevent
     WHERE kind = {int(KVEvent.Kind.REMOVED)} AND emitted_at >= %(since)s AND emitted_at < %(until)s
+      AND {cached_removal_sql()}
     GROUP BY 1, 2
 )
 INSERT INTO traffic_serverminute (server_id, minute, {", ".join(_COLUMNS)})

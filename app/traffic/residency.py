@@ -15,7 +15,7 @@ from django.db import connection
 
 from app.domain.histogram import histogram_quantile
 from app.domain.hitrate import counter_increase
-from app.domain.tiers import ATTENTION_GROUP, GPU
+from app.domain.tiers import FALLBACK_ATTENTION_GROUP, GPU, NOT_CACHED
 from app.fleet.models import Server
 from app.traffic.models import KVEvent
 
@@ -52,9 +52,17 @@ class Residency:
 # GPU memory's blocks of the attention group only (app/domain/tiers.py is_residency): a CPU copy or
 # another KV-cache group's block of the same hash has a lifetime of its own.
 def gpu_attention_sql(alias: str) -> str:
-    """The SQL condition that a traffic_kvevent row (as `alias`) is a GPU block of the attention group."""
+    """The SQL condition that a traffic_kvevent row (as `alias`) is a GPU block of the server's
+    attention group (the query's %(attention)s: Server.attention_group)."""
     return (f"upper({alias}.medium) IN ('', '{GPU}')"
-            f" AND COALESCE({alias}.group_idx, {ATTENTION_GROUP}) = {ATTENTION_GROUP}")  # fmt: skip
+            f" AND COALESCE({alias}.group_idx, %(attention)s) = %(attention)s"
+            f" AND {cached_removal_sql(f'{alias}.removal_reason')}")  # fmt: skip
+
+
+def cached_removal_sql(column: str = "removal_reason") -> str:
+    """The SQL condition that a traffic_kvevent row's removal reason (`column`) is not a request's
+    own blocks freed as it ended (app/domain/tiers.py NOT_CACHED): true for every other row."""
+    return f"COALESCE({column}, -1) NOT IN ({', '.join(str(int(r)) for r in sorted(NOT_CACHED))})"
 
 
 _LIFETIME_SQL = f"""
@@ -82,8 +90,10 @@ def block_residency(*, server_id: int, since: datetime, until: datetime) -> Resi
     latest MAX_REMOVALS of them; a block stored before the events kept is left out), and vLLM's
     own histograms over the whole window."""
     events_since = max(since, until - EVENTS_WINDOW)
+    server = Server.objects.only("kv_cache_groups").filter(pk=server_id).first()
+    attention = server.attention_group if server else FALLBACK_ATTENTION_GROUP
     params: dict[str, Any] = {"server": server_id, "since": events_since, "until": until,
-              "stored_since": events_since - EVENTS_WINDOW}  # fmt: skip
+              "stored_since": events_since - EVENTS_WINDOW, "attention": attention}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute(_LIFETIME_SQL, params)
         count, quantiles = cursor.fetchone()

@@ -18,6 +18,23 @@ newer than this decoder pass through harmlessly. Every documented field is kept:
 (tests/collectors/kv_events/test_event_shapes.py builds each documented shape and checks it lands);
 ``kv_cache_spec_kind`` names a hybrid model's groups (app/domain/hitblock.py).
 
+BlockRemoved's ``reason`` (SGLang issue #39604, PR #39620, both open: why the blocks left their tier)
+is read by name, and by position after ``group_idx`` (vLLM's field order) or in its place (SGLang's
+struct has no ``group_idx``: ``[block_hashes, medium, reason]``, so a text there is the reason). The
+PR groups SGLang's removal call sites as capacity eviction (the content is gone) and demotion (still
+readable in a lower tier); the issue adds release after a request finishes, abort and an explicit
+clear. Its names are not settled, so the usual spellings of each are read (REMOVAL_REASONS):
+
+- ``evicted`` (eviction, capacity): capacity pressure pushed cached blocks out;
+- ``demoted`` (demotion, offloaded): moved to a lower tier, still reloadable;
+- ``released`` (release, finished): a finished request's own blocks freed, ones the cache did not
+  keep (SGLang's cache_finished_req frees the request's KV beyond what its radix tree holds);
+- ``aborted`` (abort, cancelled): the same for a request cancelled before it finished;
+- ``cleared`` (clear, reset): an explicit cache clear.
+
+Any other value (another name, a number, another type) is kept as ``unknown``, never rejected: the
+event is still a removal. What each means to the diagnosis: app/domain/tiers.py.
+
 A payload or event that cannot be decoded is rejected with a code (collectors/errors.py RejectReason, the
 label it is counted under) and a detail naming the frame or field, and keeps the first HEAD_BYTES bytes
 of what was refused for inspection (they can hold token ids: never log them).
@@ -27,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any, TypeAlias
 
 import msgspec
@@ -81,13 +99,40 @@ class BlockStored:
     session_id: str | None = None  # newer vLLM and SGLang; an int session id is kept as text
 
 
+class RemovalReason(StrEnum):
+    """Why BlockRemoved's blocks left their tier, as the publisher said (module docstring)."""
+
+    EVICTED = "evicted"
+    DEMOTED = "demoted"
+    RELEASED = "released"
+    ABORTED = "aborted"
+    CLEARED = "cleared"
+    UNKNOWN = "unknown"  # a reason this decoder does not know
+
+
+REMOVAL_REASONS: dict[str, RemovalReason] = {
+    spelling: reason
+    for reason, spellings in {
+        RemovalReason.EVICTED: ("evicted", "eviction", "evict", "capacity", "capacity_eviction"),
+        RemovalReason.DEMOTED: ("demoted", "demotion", "demote", "offloaded", "offload"),
+        RemovalReason.RELEASED: ("released", "release", "finished", "request_finished"),
+        RemovalReason.ABORTED: ("aborted", "abort", "cancelled", "canceled"),
+        RemovalReason.CLEARED: ("cleared", "clear", "reset"),
+    }.items()
+    for spelling in spellings
+}
+"""The spellings read as each reason, lower case with "_" for "-" and " " (module docstring)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
-    """Blocks evicted from the prefix cache (vLLM sends one hash per event when it reuses a free block)."""
+    """Blocks removed from a tier of the cache (vLLM sends one hash per event when it reuses a free
+    block). ``reason`` is None when the publisher does not say why (vLLM; SGLang before #39620)."""
 
     block_hashes: tuple[int, ...]
     medium: str | None
     group_idx: int | None
+    reason: RemovalReason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +228,17 @@ class _RemovedFields(msgspec.Struct, frozen=True, gc=False):
     block_hashes: tuple[_WireHash, ...]
     medium: _Medium | None = None
     group_idx: _Small | None = None
+    # SGLang #39620 (open): its type is not settled, so any value is taken (an unknown one reads as
+    # unknown) rather than the removal refused for it.
+    reason: Any = None
+
+
+class _RemovedArrayFields(msgspec.Struct, frozen=True, gc=False):
+    # By position, vLLM's order; SGLang's has no group_idx, so its reason comes third: a text there.
+    block_hashes: tuple[_WireHash, ...]
+    medium: _Medium | None = None
+    group_idx: _Small | str | None = None
+    reason: Any = None
 
 
 class _ClearedFields(msgspec.Struct, frozen=True, gc=False):
@@ -205,7 +261,7 @@ class _StoredArray(_StoredFields, frozen=True, tag="BlockStored", array_like=Tru
     """BlockStored as a tagged array (older vLLM, llm-d simulator)."""
 
 
-class _RemovedArray(_RemovedFields, frozen=True, tag="BlockRemoved", array_like=True):
+class _RemovedArray(_RemovedArrayFields, frozen=True, tag="BlockRemoved", array_like=True):
     """BlockRemoved as a tagged array."""
 
 
@@ -233,7 +289,7 @@ class _ArrayBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     data_parallel_rank: _Small | None = None
 
 
-_WireEvent: TypeAlias = _StoredFields | _RemovedFields | _ClearedFields
+_WireEvent: TypeAlias = _StoredFields | _RemovedFields | _RemovedArrayFields | _ClearedFields
 
 # msgspec refuses one union of map and array structs, so the first byte picks the decoder.
 _MAP_DECODER = msgspec.msgpack.Decoder(_StoredMap | _RemovedMap | _ClearedMap)
@@ -259,6 +315,7 @@ _EXPECTED = {
     "group_idx": f"an int from 0 to {_SMALL}, or nil",
     "kv_cache_spec_kind": "a string of up to 64 characters, or nil",
     "kv_cache_spec_sliding_window": "a non-negative int, or nil",
+    "reason": "any value",
 }
 
 
@@ -378,11 +435,24 @@ def _decode_event(raw: msgspec.Raw) -> KVEvent:
 def _event_from_wire(wire: _WireEvent) -> KVEvent:
     if isinstance(wire, _StoredFields):
         return _stored(wire)
-    if isinstance(wire, _RemovedFields):
+    if isinstance(wire, _RemovedFields | _RemovedArrayFields):
+        group, reason = wire.group_idx, wire.reason
+        if isinstance(group, str):  # SGLang's positional form: its reason where vLLM has group_idx
+            group, reason = None, group
         return BlockRemoved(
-            block_hashes=_hashes(wire.block_hashes), medium=wire.medium, group_idx=wire.group_idx
-        )
+            block_hashes=_hashes(wire.block_hashes), medium=wire.medium, group_idx=group,
+            reason=None if reason is None else removal_reason(reason),
+        )  # fmt: skip
     return AllBlocksCleared(medium=wire.medium)
+
+
+def removal_reason(sent: object) -> RemovalReason:
+    """The reason a BlockRemoved's ``reason`` names (REMOVAL_REASONS); UNKNOWN for any other value."""
+    if not isinstance(sent, str):
+        return RemovalReason.UNKNOWN
+    return REMOVAL_REASONS.get(
+        sent.strip().lower().replace("-", "_").replace(" ", "_"), RemovalReason.UNKNOWN
+    )
 
 
 def _stored(wire: _StoredFields) -> BlockStored:

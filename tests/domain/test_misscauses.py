@@ -7,9 +7,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.domain.blockhash import LoraKey, signed_block_hashes
-from app.domain.misscauses import BlockEvent, EventKind, FleetHistory, RequestPrompt
+from app.domain.fleetblocks import BlockEvent, EventKind
+from app.domain.misscauses import FleetHistory, RequestPrompt
 from app.domain.misses import Cause, Diagnosis, Loss, RequestPart, Unknown, reusable_blocks
 from app.domain.requestparts import Parts
+from app.domain.tiers import RemovalReason
 from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 
 
@@ -334,8 +336,8 @@ def test_with_eagle_the_dropped_last_block_is_below_block() -> None:
 
 
 def tier_event(history: FleetHistory, kind: EventKind, hashes: list[int], seconds: float, *,
-               medium: str = "GPU", group: int | None = 0) -> None:  # fmt: skip
-    history.apply_blocks(1, 0, 0, at(seconds), kind, hashes, medium=medium, group=group)
+               medium: str = "GPU", group: int | None = 0, reason: int | None = None) -> None:  # fmt: skip
+    history.apply_blocks(1, 0, 0, at(seconds), kind, hashes, medium=medium, group=group, reason=reason)
 
 
 def test_blocks_removed_from_gpu_that_the_cpu_tier_still_holds_are_demoted_not_evicted() -> None:
@@ -396,6 +398,44 @@ def test_another_kv_cache_groups_events_never_move_the_attention_groups_residenc
     assert found.funnel.resident_here == 12 * SIZE and found.cause == Cause.UNEXPLAINED
     other = prompt(seed=9, changed_at=0)
     assert diagnosed(history, request(other, seconds=101)).funnel.resident_here == 0  # group 1's only
+
+
+def test_a_removal_that_says_demoted_is_demoted_though_no_lower_tier_said_it_stored_them() -> None:
+    """SGLang's hierarchical cache names the reason (#39620) where no host-tier BlockStored is seen."""
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.REMOVED, hashes, 50, reason=RemovalReason.DEMOTED)
+    found = diagnosed(history, request(tokens))
+    assert found.losses[0] == Loss(Cause.DEMOTED, 0, 12 * SIZE, server=1, stored_at=at(10), removed_at=at(50))
+    tier_event(history, EventKind.REMOVED, hashes, 60, medium="CPU_TIER1", reason=RemovalReason.EVICTED)
+    assert (
+        diagnosed(history, request(tokens, seconds=110)).cause == Cause.EVICTED
+    )  # the host dropped them too
+
+
+@pytest.mark.parametrize("reason", [RemovalReason.RELEASED, RemovalReason.ABORTED])
+def test_a_requests_own_blocks_freed_as_it_ended_take_no_cached_block_away(reason: RemovalReason) -> None:
+    """SGLang frees a finished (or aborted) request's KV beyond what its radix tree keeps: blocks of
+    the same hashes stay cached, so the next request reusing them is no surprise and no loss."""
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.REMOVED, hashes, 50, reason=reason)
+    found = diagnosed(history, request(tokens, cached=12 * SIZE))
+    assert found.cause is None and found.funnel.resident_here == 12 * SIZE and not found.unexpected_hit
+
+
+@pytest.mark.parametrize(
+    "reason", [None, RemovalReason.EVICTED, RemovalReason.CLEARED, RemovalReason.UNKNOWN]
+)
+def test_a_removal_for_capacity_a_clear_or_a_reason_not_known_is_an_eviction(reason: int | None) -> None:
+    history = FleetHistory()
+    hashes = chain(tokens := prompt())
+    tier_event(history, EventKind.STORED, hashes, 10)
+    tier_event(history, EventKind.REMOVED, hashes, 50, reason=reason)
+    found = diagnosed(history, request(tokens))
+    assert found.losses[0] == Loss(Cause.EVICTED, 0, 12 * SIZE, server=1, stored_at=at(10), removed_at=at(50))
 
 
 def teach_fan_out(history: FleetHistory, stable: list[int]) -> None:

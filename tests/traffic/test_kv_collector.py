@@ -372,3 +372,33 @@ def test_blocks_stored_again_soon_after_their_eviction_are_counted_as_thrash(con
     assert expected[2] > 0
     assert (stream.blocks_stored, stream.blocks_removed, stream.blocks_thrashed) == expected
     collector.close()
+
+
+def sglang_removed(block_hash: int, reason: str) -> dict[str, object]:
+    """SGLang's BlockRemoved (issue #39604: block_hashes, medium) with PR #39620's removal reason."""
+    return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": "GPU", "reason": reason}
+
+
+def test_removal_reasons_are_stored_and_a_requests_freed_blocks_leave_the_cache_as_it_was(  # type: ignore[no-untyped-def]
+    context, server, vllm
+) -> None:
+    """Over the sockets and the collector: each reason is stored with its row; a block a finished or
+    aborted request freed stays in the block index (its cached copy stays) and is no eviction."""
+    now = time.time()
+    stored = {"type": "BlockStored", "block_hashes": [11, 12, 13, 14, 15], "parent_block_hash": None,
+              "token_ids": list(range(10)), "block_size": 2, "lora_id": None, "medium": "GPU"}  # fmt: skip
+    removals = [sglang_removed(11, "released"), sglang_removed(12, "aborted"), sglang_removed(13, "demoted"),
+                sglang_removed(14, "evicted"), sglang_removed(15, "tier_migration")]  # fmt: skip
+    collector = start_collector(context, server, vllm)
+    vllm.publish(0, msgspec.msgpack.encode([now, [stored], 0]))
+    vllm.publish(1, msgspec.msgpack.encode([now + 1, removals, 0]))
+    run_until_stored(collector, 10)
+
+    reasons = dict(
+        KVEvent.objects.filter(kind=KVEvent.Kind.REMOVED).values_list("block_hash", "removal_reason")
+    )
+    assert reasons == {11: 3, 12: 4, 13: 2, 14: 1, 15: 0}  # app/domain/tiers.py RemovalReason
+    assert set(ResidentBlock.objects.filter(server=server).values_list("block_hash", flat=True)) == {11, 12}
+    stream = KVStream.objects.get(server=server)
+    assert (stream.blocks_stored, stream.blocks_removed, stream.resident_blocks) == (5, 3, 2)
+    collector.close()

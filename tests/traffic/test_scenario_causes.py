@@ -189,7 +189,7 @@ def _events_settled() -> bool:
     """The collector has stored every batch the servers published: each server's replay endpoint
     has nothing after the position the collector committed with its events (a quiet second is no
     proof on a loaded machine: the collector may be between flushes)."""
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     for stream in KVStream.objects.select_related("server"):
         endpoint = stream.server.kv_replay_endpoint
         if fetch_replay(context, endpoint, stream.last_seq + 1, timeout_seconds=10):

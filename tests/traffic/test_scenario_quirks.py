@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from app.fleet.models import Server
+from app.traffic.models import KVStream
 from simulator.fleet import with_quirks
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.server import ServerConfig
@@ -57,6 +58,10 @@ def test_quirky_servers_requests_are_not_called_misses(tmp_path: Path) -> None:
     ran = run_scenario(definition, tmp_path, configure=quirky)
     hybrid = Server.objects.get(name=HYBRID)
     assert hybrid.hit_block is not None and hybrid.hit_block.effective == 512
+    # Its attention group is its events' group 1 (the Mamba group is 0), learned from their kinds;
+    # its block index follows it (with group 0 taken, it would hold none of its prompts' blocks).
+    assert hybrid.attention_group == 1 and hybrid.kv_cache_groups["1"]["kind"] == "full_attention"
+    assert KVStream.objects.filter(server=hybrid, resident_blocks__gt=0).exists()
     expected = injected(ran.requests)
     found = {r.request_id: r.cause for r in ran.requests}
     table = Counter((cause, found[request_id]) for request_id, cause in expected.items())

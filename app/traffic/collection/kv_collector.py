@@ -19,7 +19,8 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 
 from app.domain.thrash import RecentRemovals
-from app.fleet.models import Server
+from app.domain.tiers import RemovalReason, attention_group, is_pressure
+from app.fleet.models import Server, kv_group_kinds
 from app.fleet.services import KVCacheGroups, record_kv_cache_groups
 from app.traffic.models import KVEvent, KVStream
 from app.traffic.services.kv_events import (
@@ -40,6 +41,7 @@ from collectors.kv_events.parse import (
     ReplayReply,
     decode_sub_message,
 )
+from collectors.kv_events.parse import RemovalReason as WireReason
 from collectors.kv_events.sequence import Duplicate, Gap, Restart, SequenceState, observe_seq
 
 logger = logging.getLogger(__name__)
@@ -75,25 +77,37 @@ def event_rows(
     for index, event in enumerate(batch.events):
         at, medium = (*head, index), event.medium or ""
         if isinstance(event, BlockStored):
-            tail: tuple[object, ...] = (event.block_size, medium, event.lora_name or "", event.group_idx)
+            tail: tuple[object, ...] = (
+                event.block_size,
+                medium,
+                event.lora_name or "",
+                event.group_idx,
+                None,
+            )
             parents = (event.parent_block_hash, *event.block_hashes[:-1])
             rows += [
                 new(KVEventRow, (*at, i, emitted_at, received_at, _STORED, block_hash, parent, *tail))
                 for i, (block_hash, parent) in enumerate(zip(event.block_hashes, parents, strict=True))
             ]
         elif isinstance(event, BlockRemoved):
-            tail = (None, None, medium, "", event.group_idx)
+            reason = None if event.reason is None else _REASONS[event.reason]
+            tail = (None, None, medium, "", event.group_idx, reason)
             rows += [
                 new(KVEventRow, (*at, i, emitted_at, received_at, _REMOVED, block_hash, *tail))
                 for i, block_hash in enumerate(event.block_hashes)
             ]
         else:
-            tail = (None, None, None, medium, "", None)
+            tail = (None, None, None, medium, "", None, None)
             rows.append(new(KVEventRow, (*at, 0, emitted_at, received_at, _CLEARED, *tail)))
     return rows
 
 
 _STORED, _REMOVED, _CLEARED = KVEvent.Kind.STORED, KVEvent.Kind.REMOVED, KVEvent.Kind.CLEARED
+_REASONS = {wire: int(RemovalReason[wire.name]) for wire in WireReason}  # the wire's name -> its code
+
+
+def _is_pressure(event: BlockRemoved) -> bool:
+    return is_pressure(None if event.reason is None else _REASONS[event.reason])
 
 
 class KVEventCollector:
@@ -238,7 +252,8 @@ class KVEventCollector:
                 self._note_group(key[0], event)
                 counts[0] += len(event.block_hashes)
                 counts[2] += sum(removals.stored(h, batch.ts) for h in event.block_hashes)
-            elif isinstance(event, BlockRemoved):
+            elif isinstance(event, BlockRemoved) and _is_pressure(event):
+                # A request's own blocks freed as it ended, or a clear, is no room being made.
                 counts[1] += len(event.block_hashes)
                 for block_hash in event.block_hashes:
                     removals.removed(block_hash, batch.ts)
@@ -254,6 +269,13 @@ class KVEventCollector:
         if known.get(group) != seen:
             known[group] = seen
             self.pending.groups[server_id] = dict(known)
+
+    def _attention_groups(self) -> dict[int, int]:
+        """Each server's attention group as its events named their groups' kinds so far (those
+        of a batch are noted as it arrives, before its rows are stored): its block index follows it."""
+        return {
+            server_id: attention_group(kv_group_kinds(groups)) for server_id, groups in self.groups.items()
+        }
 
     def _replay(self, server: Server, rank: int, *, first: int, last: int | None) -> int:
         """Buffer batches first..last from the replay endpoint and record what it lacked as lost;
@@ -326,6 +348,7 @@ class KVEventCollector:
                 positions=list(pending.positions.values()),
                 gaps=pending.gaps,
                 counts=[StreamCounts(*key, *tally) for key, tally in pending.counts.items()],
+                attention=self._attention_groups(),
             )
             self._count_rejections(pending.rejected)
             keep_undecodable_samples(pending.samples, now=self.now())

@@ -12,6 +12,7 @@ from psqlextra.models import PostgresPartitionedModel
 from psqlextra.types import PostgresPartitioningMethod
 
 from app.core.fields import UInt64Field
+from app.domain.tiers import RemovalReason
 from collectors import records
 
 
@@ -99,6 +100,12 @@ class KVEvent(PostgresPartitionedModel):
     medium = models.CharField(max_length=20, blank=True)
     lora_name = models.CharField(max_length=255, blank=True)
     group_idx = models.SmallIntegerField(null=True, blank=True)
+    # BlockRemoved's reason where the engine says it (SGLang #39620; app/domain/tiers.py RemovalReason):
+    # a request's own blocks freed as it ended take no cached block away.
+    removal_reason = models.SmallIntegerField(
+        null=True, blank=True, choices=[(r.value, r.name.lower()) for r in RemovalReason],
+        help_text="BlockRemoved: why, as the engine said; blank: not said",
+    )  # fmt: skip
 
     class PartitioningMeta:
         method = PostgresPartitioningMethod.RANGE

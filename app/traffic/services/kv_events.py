@@ -1,7 +1,7 @@
 """The writers of KV events: rows stored once each (COPY), the block index, stream positions, gaps."""
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import groupby
@@ -13,7 +13,7 @@ from psycopg.errors import UniqueViolation
 
 from app.domain.blockhash import wire_to_signed
 from app.domain.residency import Change, NetResidency, net_residency_of_columns, net_residency_of_epoch
-from app.domain.tiers import is_residency
+from app.domain.tiers import FALLBACK_ATTENTION_GROUP, is_residency, takes_cached_blocks
 from app.traffic.models import KVEvent
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class KVEventRow(NamedTuple):
     medium: str
     lora_name: str
     group_idx: int | None
+    removal_reason: int | None = None  # BlockRemoved: app/domain/tiers.py RemovalReason; None: not said
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +86,19 @@ def store_kv_events(
     positions: Sequence[StreamPosition],
     gaps: Sequence[GapRecord] = (),
     counts: Sequence[StreamCounts] = (),
+    attention: Mapping[int, int] | None = None,
 ) -> int:
     """Store KV event rows once each, update the block index and the stream positions, atomically.
 
     Rows already stored (a redelivery) change nothing, the block index included. Returns the
     number of new rows. Positions only move forward: an older position never overwrites a newer.
     A stream's block index holds the blocks of its committed epoch: reaching a newer epoch (the
-    server restarted) empties it first, in the same transaction.
+    server restarted) empties it first, in the same transaction. `attention`: server id -> the
+    KV-cache group its block index follows (Server.attention_group; servers not listed: 0).
     """
     with transaction.atomic(), connection.cursor() as cursor:
         new_rows = _insert_new_kv_rows(cursor, rows)
-        resident = _apply_residency(cursor, new_rows, positions)
+        resident = _apply_residency(cursor, new_rows, positions, attention or {})
         _save_positions(cursor, positions)
         _add_resident(cursor, resident)
         _save_gaps(cursor, gaps)
@@ -146,7 +149,7 @@ _COLUMN_TYPES = {
     "server_id": "int8", "dp_rank": "int2", "epoch": "int4", "seq": "int8", "event_index": "int2",
     "block_index": "int4", "emitted_at": "timestamptz", "received_at": "timestamptz", "kind": "int2",
     "block_hash": "int8", "parent_hash": "int8", "token_count": "int2", "medium": "text",
-    "lora_name": "text", "group_idx": "int2",
+    "lora_name": "text", "group_idx": "int2", "removal_reason": "int2",
 }  # fmt: skip
 _COPY_TYPES = [_COLUMN_TYPES[column] for column in KVEventRow._fields]
 _INT2, _INT4, _INT8 = (-(2**15), 2**15 - 1), (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
@@ -196,7 +199,7 @@ def _copy_rows(cursor: Any, table: str, rows: Sequence[KVEventRow]) -> None:
 
 
 def _apply_residency(
-    cursor: Any, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition]
+    cursor: Any, rows: Sequence[KVEventRow], positions: Sequence[StreamPosition], attention: Mapping[int, int]
 ) -> dict[tuple[int, int], int]:
     """Apply each (server, rank) stream's net change to the block index, rows taken in stream order;
     returns each stream's change in its number of resident blocks (rows inserted minus rows deleted).
@@ -216,7 +219,7 @@ def _apply_residency(
         stream = streams.get((server_id, dp_rank), [])
         if stream and stream[0].epoch != epoch:  # restarted within these rows: the old process is gone
             stream = [row for row in stream if row.epoch == epoch]
-        stream = _gpu_attention_rows(stream)
+        stream = _gpu_attention_rows(stream, attention.get(server_id, FALLBACK_ATTENTION_GROUP))
         net = net_residency_of_columns(
             list(map(_KIND_CHANGES.__getitem__, map(itemgetter(8), stream))),
             list(map(itemgetter(9), stream)),
@@ -232,17 +235,22 @@ def _apply_residency(
     return changed
 
 
-def _gpu_attention_rows(stream: list[KVEventRow]) -> list[KVEventRow]:
-    """The rows that move the block index: the GPU tier of the attention group. A lower tier's copy
-    (medium CPU, ...) or another KV-cache group's block of the same hash is not a resident prefix
-    block, and its removal does not take one away (app/domain/tiers.py)."""
+def _gpu_attention_rows(stream: list[KVEventRow], attention: int) -> list[KVEventRow]:
+    """The rows that move the block index: the GPU tier of the server's attention group. A lower
+    tier's copy (medium CPU, ...) or another KV-cache group's block of the same hash is not a
+    resident prefix block, and its removal does not take one away; nor does the removal of a
+    request's own blocks as it ended (released, aborted: app/domain/tiers.py)."""
     kinds = set(map(_TIER_OF, stream))  # almost always one: checked at C speed, filtered if not
-    if all(is_residency(medium, group) for medium, group in kinds):
+    if all(_moves_index(medium, group, reason, attention) for medium, group, reason in kinds):
         return stream
-    return [row for row in stream if is_residency(row.medium, row.group_idx)]
+    return [r for r in stream if _moves_index(r.medium, r.group_idx, r.removal_reason, attention)]
 
 
-_TIER_OF = itemgetter(KVEventRow._fields.index("medium"), KVEventRow._fields.index("group_idx"))
+def _moves_index(medium: str, group: int | None, reason: int | None, attention: int) -> bool:
+    return is_residency(medium, group, attention) and takes_cached_blocks(reason)
+
+
+_TIER_OF = itemgetter(*map(KVEventRow._fields.index, ("medium", "group_idx", "removal_reason")))
 
 
 def _committed_epochs(cursor: Any, server_ids: set[int]) -> dict[tuple[int, int], int]:

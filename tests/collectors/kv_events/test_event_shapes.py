@@ -77,6 +77,16 @@ class RemovedMapFuture(RemovedMap, tag="BlockRemoved"):
     reason: str | None = None
 
 
+class RemovedMapSGLang(_Event, tag="BlockRemoved"):
+    """SGLang's BlockRemoved as issue #39604 quotes it (block_hashes, medium; no group_idx) with the
+    removal reason PR #39620 (open) adds: its description names capacity eviction and demotion, the
+    issue release, abort and clear (collectors/kv_events/parse.py reads their usual spellings)."""
+
+    block_hashes: list[int]
+    medium: str | None = None
+    reason: str | None = None
+
+
 class ClearedMap(_Event, tag="AllBlocksCleared"):
     pass
 
@@ -208,6 +218,10 @@ SHAPES = [
         ),
         id="removed-with-copy-counts-and-reason",
     ),
+    pytest.param(
+        RemovedMapSGLang(block_hashes=[5], medium="GPU", reason="demoted"), id="sglang-removed-demoted"
+    ),
+    pytest.param(RemovedMapSGLang(block_hashes=[5, 6], reason="released"), id="sglang-removed-released"),
     pytest.param(RemovedArray(block_hashes=[5, 6], medium="GPU", group_idx=1), id="vllm-array-removed-group"),
     pytest.param(["BlockRemoved", [5], "GPU"], id="llm-d-sim-array-removed"),
     pytest.param(ClearedMap(), id="vllm-map-all-cleared"),

@@ -13,12 +13,14 @@ from collectors.errors import KV_DECODE_REASONS, RejectReason
 from collectors.kv_events.parse import (
     END_SEQ,
     HEAD_BYTES,
+    REMOVAL_REASONS,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     EventBatch,
     KVDecodeError,
     KVEvent,
+    RemovalReason,
     decode_batch,
     decode_replay_reply,
     decode_sub_message,
@@ -240,7 +242,7 @@ def test_unknown_keys_trailing_elements_and_newer_event_fields_are_ignored() -> 
             "a field after dp_rank",
         ]
     )
-    arrays = payload(["BlockRemoved", [3], "GPU", 0, "future"])
+    arrays = payload(["BlockRemoved", [3], "GPU", 0, None, "future"])  # after group_idx, the reason
     first = plain.events[0]
     assert isinstance(first, BlockStored)
     assert decode_batch(newer).events == (
@@ -248,6 +250,45 @@ def test_unknown_keys_trailing_elements_and_newer_event_fields_are_ignored() -> 
         plain.events[1],
     )
     assert decode_batch(arrays).events == plain.events[1:]
+
+
+# SGLang's BlockRemoved (issue #39604: block_hashes, medium) with the removal reason its PR #39620 adds
+# (open; its field name and values as the issue and the PR's description name them: the PR's code is
+# not in any snapshot reachable here). Map form since SGLang #37482; the array form by position.
+@pytest.mark.parametrize(
+    ("event", "group", "reason"),
+    [
+        (
+            {"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU", "reason": "demoted"},
+            None,
+            RemovalReason.DEMOTED,
+        ),
+        ({**removed(3), "reason": "evicted"}, 0, RemovalReason.EVICTED),
+        (["BlockRemoved", [3], "GPU", "released"], None, RemovalReason.RELEASED),  # SGLang's order
+        (["BlockRemoved", [3], "GPU", 0, "abort"], 0, RemovalReason.ABORTED),  # vLLM's order, then reason
+        (["BlockRemoved", [3], "GPU", 2], 2, None),  # vLLM's group_idx, no reason
+        ({**removed(3), "reason": "Capacity-Eviction"}, 0, RemovalReason.EVICTED),
+        ({**removed(3), "reason": "cleared"}, 0, RemovalReason.CLEARED),
+        ({**removed(3), "reason": "tier_migration"}, 0, RemovalReason.UNKNOWN),  # a name not known yet
+        ({**removed(3), "reason": 4}, 0, RemovalReason.UNKNOWN),  # an enum's number: its names unknown
+        ({**removed(3), "reason": {"why": "x"}}, 0, RemovalReason.UNKNOWN),
+        (["BlockRemoved", [3], "GPU", "x" * 300], None, RemovalReason.UNKNOWN),
+        (removed(3), 0, None),  # vLLM: no reason said
+    ],
+)
+def test_a_removal_reason_is_read_by_name_and_by_position_and_an_unknown_one_kept_as_unknown(
+    event: Any, group: int | None, reason: RemovalReason | None
+) -> None:
+    batch = decode_batch(payload(event))
+    assert batch.rejected == ()
+    assert batch.events == (BlockRemoved(block_hashes=(3,), medium="GPU", group_idx=group, reason=reason),)
+
+
+def test_every_documented_spelling_of_a_reason_reads_as_it() -> None:
+    for spelling, reason in REMOVAL_REASONS.items():
+        [event] = decode_batch(payload({**removed(3), "reason": spelling.upper()})).events
+        assert isinstance(event, BlockRemoved) and event.reason == reason
+    assert set(REMOVAL_REASONS.values()) == set(RemovalReason) - {RemovalReason.UNKNOWN}
 
 
 def test_a_batch_mixing_map_and_array_events_decodes_them_all_in_order() -> None:
