@@ -85,6 +85,26 @@ def _merged(losses: list[Loss]) -> list[Loss]:
     return merged
 
 
+def within_hit_units(causes: list[BlockCause], *, first_block: int, per_hit: int) -> list[BlockCause]:
+    """The causes with each effective block's resident blocks lost for its missing one: a server that
+    hits in whole effective blocks of `per_hit` blocks (a hybrid model's) reuses none of a unit one of
+    whose blocks is gone, so a block still resident before the gone one in its unit takes its cause
+    (after it, loss_runs does the same). Plain servers (`per_hit` 1) are unchanged."""
+    if per_hit <= 1:
+        return causes
+    found = list(causes)
+    units: dict[int, list[int]] = {}  # an effective block's number -> its blocks' indices in `causes`
+    for i in range(len(found)):
+        units.setdefault((first_block + i) // per_hit, []).append(i)
+    for unit in units.values():
+        missing = next((found[i] for i in unit if not found[i].here), None)
+        for i in unit:
+            if missing is None or not found[i].here:
+                break
+            found[i] = missing
+    return found
+
+
 def loss_runs(causes: list[BlockCause], *, first_block: int, size: int) -> list[Loss]:
     """Consecutive blocks of one cause (and server) as one loss, with the first block's details; a
     block resident here after a broken one takes the cause before it (the first lost block resident

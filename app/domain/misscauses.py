@@ -60,7 +60,14 @@ from app.domain.followers import Followers
 from app.domain.generations import Generations
 from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
-from app.domain.lossruns import BlockCause, evicted_while_waiting, loss_runs, main_cause, new_content_after
+from app.domain.lossruns import (
+    BlockCause,
+    evicted_while_waiting,
+    loss_runs,
+    main_cause,
+    new_content_after,
+    within_hit_units,
+)
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
 from app.domain.requestparts import Parts, RecentParts, changed_part, own_turn
 
@@ -227,7 +234,10 @@ class FleetHistory:
         funnel = _funnel(prompt, cached, size, seen_before=seen_before, anywhere=_best(runs)[1],
                          here=resident_here, reused=reused)  # fmt: skip
         causes = self._block_causes(request, chain, range(reused, reusable), size)
-        losses = loss_runs(causes, first_block=reused, size=size)
+        per_hit = request.hit_block(size).effective // size
+        losses = loss_runs(
+            within_hit_units(causes, first_block=reused, per_hit=per_hit), first_block=reused, size=size
+        )
         # Where the family's earlier prompts part (none before its first departure), then this one.
         if (point := self._fan_out.point(request.family)) is not None:
             losses = new_content_after(losses, point)

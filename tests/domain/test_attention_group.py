@@ -124,6 +124,9 @@ def test_a_hybrid_server_whose_attention_group_is_1_is_diagnosed_by_it() -> None
     (gone,) = [loss for loss in evicted.losses if loss.cause == Cause.EVICTED]
     assert gone.server == 1 and gone.stored_at is not None and gone.removed_at is not None
     assert gone.first_token + gone.tokens == 8 * HIT_BLOCK  # evicted up to the prompt's last whole block
+    # Blocks still resident in an effective block with an evicted one were lost with it, not unexplained.
+    causes = {loss.cause for loss in evicted.losses}
+    assert gone.first_token == cached_after and Cause.UNEXPLAINED not in causes
 
 
 def test_taking_group_0_for_the_attention_group_misreads_the_same_traffic() -> None:

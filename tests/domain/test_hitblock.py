@@ -3,6 +3,8 @@
 import pytest
 
 from app.domain.hitblock import HitBlock, effective_block
+from app.domain.lossruns import BlockCause, within_hit_units
+from app.domain.misses import Cause
 
 
 @pytest.mark.parametrize(
@@ -47,3 +49,22 @@ def test_the_smallest_prompt_that_can_hit() -> None:
         smallest = hit.smallest_hit_prompt()
         assert hit.reusable_blocks(smallest) > 0 and hit.reusable_blocks(smallest - 1) == 0
     assert HitBlock(16, 16).plain and not HitBlock(16, 32).plain and not HitBlock(16, 16, True).plain
+
+
+def test_resident_blocks_of_an_effective_block_with_a_gone_one_take_its_cause() -> None:
+    """Units of 4 blocks from block 0; the lost range starts at block 2 (mid-unit): in each unit the
+    resident blocks before the first missing one take its cause, a unit wholly resident keeps them."""
+    here, gone, changed = (
+        BlockCause(Cause.UNEXPLAINED, here=True),
+        BlockCause(Cause.EVICTED, server=1),
+        BlockCause(Cause.PROMPT_CHANGED),
+    )
+    causes = [here, gone, here, here, here, changed, here, here, here, here]  # blocks 2..11
+    found = within_hit_units(causes, first_block=2, per_hit=4)
+    assert [c.cause for c in found] == [
+        Cause.EVICTED, Cause.EVICTED,  # unit 0: blocks 2, 3
+        Cause.PROMPT_CHANGED, Cause.PROMPT_CHANGED, Cause.PROMPT_CHANGED, Cause.PROMPT_CHANGED,  # unit 1
+        Cause.UNEXPLAINED, Cause.UNEXPLAINED, Cause.UNEXPLAINED, Cause.UNEXPLAINED,  # unit 2: all resident
+    ]  # fmt: skip
+    assert found[4].here is False and found[0] is gone  # the unit's missing block's cause, as found
+    assert within_hit_units(causes, first_block=2, per_hit=1) == causes  # plain servers: unchanged
