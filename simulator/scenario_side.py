@@ -2,9 +2,11 @@
 ``simulator/scenarios/demo.yaml``.
 
 - ``side_servers``: servers numbered after the routed ones (``servers.count`` on), which the router
-  never picks; each shows an engine's quirk or a lower KV tier and gets ``rate`` requests a second of
-  its own (the templates and tenants by the scenario's weights), so the routed servers keep the
-  traffic and timeline they had.
+  never picks; each shows an engine's quirk, a lower KV tier or a fault of the collection path and
+  gets ``rate`` requests a second of its own (the templates and tenants by the scenario's weights), so
+  the routed servers keep the traffic and timeline they had. The collection faults: KV-event batches
+  its decoder cannot read (``undecodable_kv_events``, published at a scenario second) and clients that
+  call the engine past the gateway (``gateway_bypass_from``).
 - ``conversations``: chat requests that change one request part at a time (simulator/part_changes.py),
   sent to one side server through whatever stands in front of it (the gateway).
 - ``hosted``: an application's hosted-API usage (simulator/hosted.py), reported to Prefixscope's REST
@@ -39,6 +41,17 @@ class Adapter:
 
 
 @dataclass(frozen=True, slots=True)
+class UndecodableEvents:
+    """At virtual second ``at``, server number ``server`` publishes ``batches`` KV-event batches on its
+    stream whose events a newer engine's shape makes undecodable (simulator/kv_events.py
+    ``key_only_removed``), numbered in its sequence as any batch, so that no gap shows."""
+
+    at: float
+    server: int
+    batches: int
+
+
+@dataclass(frozen=True, slots=True)
 class SideServer:
     """A server outside the router (number ``server``): its own ``rate`` of requests a second, and how
     it differs from the routed ones (None or the default: as they are)."""
@@ -51,6 +64,10 @@ class SideServer:
     hit_counter_wired: bool = True
     prefill_tokens_per_second: float | None = None
     adapters: tuple[Adapter, ...] = ()
+    undecodable_events: UndecodableEvents | None = None
+    # From this virtual second of the first round on, for the rest of the run (the later rounds
+    # too: a misconfigured client stays so), its requests go to the engine itself, past the gateway.
+    gateway_bypass_from: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +98,7 @@ SIDE_FIELDS = ("side_servers", "conversations", "hosted")
 
 _SIDE_SERVER_FIELDS = (
     "rate", "num_blocks", "cpu_tier", "hybrid_block", "hit_counter", "prefill_tokens_per_second", "adapters",
+    "undecodable_kv_events", "gateway_bypass_from",
 )  # fmt: skip
 
 
@@ -100,7 +118,7 @@ def _parse_side_server(data: object, where: str, server: int, block_size: int) -
         hybrid = fields.integer("hybrid_block", minimum=block_size)
         if hybrid % block_size:
             raise FieldError(fields.path("hybrid_block"), f"must be a multiple of block_size {block_size}")
-    prefill = "prefill_tokens_per_second"
+    prefill, bypass = "prefill_tokens_per_second", "gateway_bypass_from"
     return SideServer(
         server=server,
         rate=fields.number("rate", 0),
@@ -110,7 +128,18 @@ def _parse_side_server(data: object, where: str, server: int, block_size: int) -
         hit_counter_wired=fields.choice("hit_counter", ("wired", "not_wired"), "wired") == "wired",
         prefill_tokens_per_second=fields.number(prefill, positive=True) if prefill in fields.data else None,
         adapters=_parse_adapters(fields),
+        undecodable_events=_parse_undecodable(fields, server),
+        gateway_bypass_from=fields.number(bypass) if bypass in fields.data else None,
     )
+
+
+def _parse_undecodable(outer: Fields, server: int) -> UndecodableEvents | None:
+    data = outer.get("undecodable_kv_events", None)
+    if data is None:
+        return None
+    fields = Fields(data, outer.path("undecodable_kv_events"), ("at", "batches"))
+    batches = fields.integer("batches", minimum=1)
+    return UndecodableEvents(at=fields.number("at"), server=server, batches=batches)
 
 
 def _parse_cpu_tier(data: object, where: str) -> CpuTierSpec | None:
