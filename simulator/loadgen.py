@@ -379,9 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: create the template repository, run the scenario, print the summary.
 
     With `--rounds N` the scenario runs N times (0: until stopped), each round with its own
-    repository under `--repo`/round-K, the next seed, and virtual time starting anew (a demo
-    shows its regressions again every round). Request ids carry `--run-id` (default: one made
-    from the start time), so a demo restarted with the same seed sends ids no earlier run sent.
+    repository under `--repo`/round-K and virtual time starting anew (a demo shows its regressions
+    again every round), on the same seed: the same plan, so the prefix-aware router places each
+    template and tenant where the round before did (with the next seed it placed them anew, a
+    routing change at each round's start that the scenario does not hold, and Prefixscope paged on).
+    Request ids carry `--run-id` (default: one made from the start time) and, after the first
+    round, the round's number, so a demo restarted with the same seed sends ids no earlier run sent.
     Exit status 0 after the runs (failed requests are in the summaries), 1 when every request of
     a round failed, 2 for a bad scenario, arguments or repository folder.
     """
@@ -397,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     round_number = 0
     while args.rounds == 0 or round_number < max(args.rounds, 1):
         repo = Path(args.repo) if args.rounds == 1 else Path(args.repo) / f"round-{round_number}"
-        status = _run_round(args, repo, seed=args.seed + round_number, run_id=run_id, later=round_number > 0)
+        round_id = f"{run_id}r{round_number}" if round_number else run_id
+        status = _run_round(args, repo, seed=args.seed, run_id=round_id, later=round_number > 0)
         if status != 0:
             return status
         round_number += 1
