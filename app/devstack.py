@@ -41,7 +41,8 @@ BIN = Path(sys.executable).parent
 # The demo scenario's model, `tiny`, as the real random-weight model of the vLLM tests is built
 # (tests/support/build_tiny_model.py: 2 layers, 2 KV heads, head_dim 64), which the simulator stands for.
 DEMO_KV_SHAPES = "tiny=2:2:64"
-# The routed four, then the side servers that show the quirks, the CPU tier and the part changes.
+# The routed four, then the side servers that show the quirks, the CPU tier, the part changes and
+# the collection faults.
 DEMO_SERVERS = load_scenario(resolve_scenario("demo")).server_count
 DEMO_PROCESSES = ("traffic", "fleet")
 RUN_LOG = Path("logs") / "run.log"  # under DATA
@@ -99,11 +100,15 @@ def processes(port: int) -> dict[str, str]:
     }
     if env_bool("PREFIXSCOPE_DEMO", True):
         # The demo scenario's simulated vLLM servers and its traffic, round after round, through the
-        # gateway (one process fronting them all), as a real deployment records its requests; the
+        # gateway (one process fronting them all), as a real deployment records its requests, but
+        # for a side server's clients that call the engine directly (`gateway_bypass_from`); the
         # scenario's hosted-API usage goes to the web process as an application reports it.
         http, kv, replay = demo_ports()
         gateway = demo_gateway_port()
-        urls = " ".join(f"--base-url http://127.0.0.1:{gateway + i}" for i in range(DEMO_SERVERS))
+        urls = " ".join(
+            f"--base-url http://127.0.0.1:{gateway + i} --direct-url http://127.0.0.1:{http + i}"
+            for i in range(DEMO_SERVERS)
+        )
         found["gateway"] = f"{sys.executable} manage.py gateway " + " ".join(
             f"--listen 127.0.0.1:{gateway + i} --upstream http://127.0.0.1:{http + i} --server sim-{i}"
             for i in range(DEMO_SERVERS)

@@ -116,6 +116,14 @@ def offloaded_removed(block_hash: int, *, medium: str) -> KVEventData:
     return {"type": "BlockRemoved", "block_hashes": [block_hash], "medium": medium, "group_idx": 0}
 
 
+def key_only_removed(keys: Sequence[tuple[int, int]], *, medium: str) -> KVEventData:
+    """Return a lower tier's BlockRemoved in the shape proposed for vLLM's offload events (RFC #49413,
+    shared/reference/field-2026-12.md 1.1): ``block_hashes`` holds OffloadKeys, (block hash, group
+    index) pairs, where vLLM 0.32 sends hashes. A decoder of 0.32's layout cannot read it (Prefixscope
+    rejects it as ``kv_field_invalid``): the demo's undecodable events from a newer engine."""
+    return {"type": "BlockRemoved", "block_hashes": [list(key) for key in keys], "medium": medium}
+
+
 def all_blocks_cleared() -> KVEventData:
     """Return the AllBlocksCleared event of a prefix-cache reset."""
     return {"type": "AllBlocksCleared"}

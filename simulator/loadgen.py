@@ -2,8 +2,10 @@
 
 ``run`` sends the requests ``simulator.planner.plan_requests`` plans with aiohttp on the scenario's
 clock scaled by ``speed``, makes the admin calls of capacity cuts and restarts at their times, and
-reads each answer's cached tokens. The CLI creates the template repository, which gains each of the
-scenario's later commits when the scenario reaches it, and runs the scenario against base URLs::
+reads each answer's cached tokens; a side server's clients that bypass the gateway
+(``gateway_bypass_from``) send to the engine's own URL instead. The CLI creates the template
+repository, which gains each of the scenario's later commits when the scenario reaches it, and runs
+the scenario against base URLs::
 
     python -m simulator.loadgen --scenario demo --repo /tmp/prompts \\
         --base-url http://127.0.0.1:8101 --base-url http://127.0.0.1:8102 ... --speed 10
@@ -45,10 +47,12 @@ from simulator.scenario import (
     load_scenario,
     resolve_scenario,
 )
+from simulator.scenario_side import UndecodableEvents
 from simulator.template_repo import Commit, TemplateRepoError, push, stage_repo
 
 logger = logging.getLogger(__name__)
 
+AdminEvent = CapacityCut | ServerRestart | UndecodableEvents
 REQUEST_TIMEOUT_SECONDS = 120.0
 """Per request, streaming included; a server that takes longer counts as an error, not a hang."""
 
@@ -98,6 +102,8 @@ async def run(
     run_id: str = "",
     publish: Callable[[Commit], None] | None = None,
     ingest: Ingest | None = None,
+    direct_urls: Sequence[str] | None = None,
+    later_round: bool = False,
 ) -> RunSummary:
     """Send the scenario's planned requests and make its admin calls; never raises for HTTP failures.
 
@@ -113,22 +119,32 @@ async def run(
     the scenario's hosted-API usage is reported to it at its times (simulator/hosted_report.py).
     With ``publish``, each commit after virtual second 0 is passed to it at its
     time, before any request planned at or after it is sent (a template version goes live when its
-    commit lands: ``stage_repo`` and ``push``); a failure is logged, not raised. Raises ValueError
-    for bad arguments.
+    commit lands: ``stage_repo`` and ``push``); a failure is logged, not raised. A side server's
+    ``undecodable_kv_events`` is an admin call too (``POST {base}/_simulator/undecodable_kv_events``).
+    ``direct_urls`` are the engines' own URLs (default ``base_urls``: no gateway in between): a side
+    server's requests from its ``gateway_bypass_from`` on go there, from second 0 in a ``later_round``
+    (a misconfigured client stays so). Raises ValueError for bad arguments.
     """
     urls = _check_arguments(scenario, base_urls, speed, concurrency)
+    direct = urls if direct_urls is None else _check_arguments(scenario, direct_urls, speed, concurrency)
+    bypass = {
+        side.server: 0.0 if later_round else side.gateway_bypass_from
+        for side in scenario.side_servers
+        if side.gateway_bypass_from is not None
+    }
     clock = _Clock(math.inf if speed == 0 else speed, time.monotonic())
     logger.info("running scenario %s on %d servers at speed %s", scenario.name, len(urls), speed)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     connector = aiohttp.TCPConnector(limit=concurrency + 1)  # + 1: admin calls never wait for requests
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        sender = _Sender(session, urls, clock, asyncio.Semaphore(concurrency))
+        sender = _Sender(session, _Routes(urls, direct, bypass), clock, asyncio.Semaphore(concurrency))
         planned = heapq.merge(
             plan_requests(scenario, commits, seed=seed, start=start, run_id=run_id),
             plan_side_requests(scenario, commits, seed=seed, start=start, run_id=run_id),
             key=lambda request: request.at,
         )
-        admin = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
+        admin: list[AdminEvent] = [e for e in scenario.timeline if isinstance(e, CapacityCut | ServerRestart)]
+        admin += [side.undecodable_events for side in scenario.side_servers if side.undecodable_events]
         releases = [commit for commit in commits if commit.time > 0] if publish else []
         hosted = _report_hosted(session, scenario, ingest, clock, start, f"{run_id}-{seed}-")
         results, calls = await sender.dispatch(planned, admin, releases, publish)
@@ -194,27 +210,43 @@ class _Clock:
         return time.monotonic() - self.started
 
 
+@dataclass(frozen=True, slots=True)
+class _Routes:
+    """Where a request goes: server i's base URL (its gateway, in the demo), or its engine's own URL
+    for a side server's clients that bypass the gateway from virtual second ``bypass[i]`` on."""
+
+    urls: list[str]
+    direct: list[str]
+    bypass: dict[int, float]
+
+    def url(self, request: PlannedRequest) -> str:
+        since = self.bypass.get(request.server)
+        bypassed = since is not None and request.at >= since
+        return (self.direct if bypassed else self.urls)[request.server] + request.path
+
+
 class _Sender:
     """Sends one run's requests and admin calls over one session."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, urls: list[str], clock: _Clock, slots: asyncio.Semaphore
+        self, session: aiohttp.ClientSession, routes: _Routes, clock: _Clock, slots: asyncio.Semaphore
     ) -> None:
         self.session = session
-        self.urls = urls
+        self.routes = routes
+        self.urls = routes.urls
         self.clock = clock
         self.slots = slots
 
     async def dispatch(
         self,
         planned: Iterable[PlannedRequest],
-        admin: Sequence[CapacityCut | ServerRestart],
+        admin: Sequence[AdminEvent],
         releases: Sequence[Commit] = (),
         publish: Callable[[Commit], None] | None = None,
     ) -> tuple[list[RequestResult], list[AdminCall]]:
         """Send everything in time order; admin calls and commit releases go before requests planned
         at the same time."""
-        pending: deque[CapacityCut | ServerRestart | Commit] = deque(
+        pending: deque[AdminEvent | Commit] = deque(
             sorted([*admin, *releases], key=_event_time)  # stable: the timeline's order at one time
         )
         calls: list[AdminCall] = []
@@ -277,7 +309,7 @@ class _Sender:
 
     async def _exchange(self, request: PlannedRequest) -> tuple[int, Usage, str | None]:
         status = 0
-        url = self.urls[request.server] + request.path
+        url = self.routes.url(request)
         try:
             async with self.session.post(url, json=request.body, headers=request.headers) as response:
                 status = response.status
@@ -290,13 +322,17 @@ class _Sender:
             # ValueError covers an answer that is not JSON; the message never holds the prompt.
             return status, Usage(None, None), f"{type(exc).__name__}: {exc}"
 
-    async def admin(self, event: CapacityCut | ServerRestart) -> AdminCall:
+    async def admin(self, event: AdminEvent) -> AdminCall:
         """Make a fault's admin call at its virtual time; a failure is recorded, not raised."""
         await self.clock.wait_until(event.at)
         base = self.urls[event.server]
+        action: Literal["capacity", "restart", "undecodable_kv_events"]
         if isinstance(event, CapacityCut):
-            action: Literal["capacity", "restart"] = "capacity"
+            action = "capacity"
             call = self.session.post(f"{base}/_simulator/capacity", json={"num_blocks": event.num_blocks})
+        elif isinstance(event, UndecodableEvents):
+            action = "undecodable_kv_events"
+            call = self.session.post(f"{base}/_simulator/{action}", json={"batches": event.batches})
         else:
             action = "restart"
             call = self.session.post(f"{base}/_simulator/restart")
@@ -314,7 +350,7 @@ class _Sender:
         return AdminCall(event.at, event.server, action, status, error, sent_after)
 
 
-def _event_time(event: CapacityCut | ServerRestart | Commit) -> float:
+def _event_time(event: AdminEvent | Commit) -> float:
     return event.time if isinstance(event, Commit) else event.at
 
 
@@ -343,9 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: create the template repository, run the scenario, print the summary.
 
     With `--rounds N` the scenario runs N times (0: until stopped), each round with its own
-    repository under `--repo`/round-K, the next seed, and virtual time starting anew (a demo
-    shows its regressions again every round). Request ids carry `--run-id` (default: one made
-    from the start time), so a demo restarted with the same seed sends ids no earlier run sent.
+    repository under `--repo`/round-K and virtual time starting anew (a demo shows its regressions
+    again every round), on the same seed: the same plan, so the prefix-aware router places each
+    template and tenant where the round before did (with the next seed it placed them anew, a
+    routing change at each round's start that the scenario does not hold, and Prefixscope paged on).
+    Request ids carry `--run-id` (default: one made from the start time) and, after the first
+    round, the round's number, so a demo restarted with the same seed sends ids no earlier run sent.
     Exit status 0 after the runs (failed requests are in the summaries), 1 when every request of
     a round failed, 2 for a bad scenario, arguments or repository folder.
     """
@@ -361,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     round_number = 0
     while args.rounds == 0 or round_number < max(args.rounds, 1):
         repo = Path(args.repo) if args.rounds == 1 else Path(args.repo) / f"round-{round_number}"
-        status = _run_round(args, repo, seed=args.seed + round_number, run_id=run_id)
+        round_id = f"{run_id}r{round_number}" if round_number else run_id
+        status = _run_round(args, repo, seed=args.seed, run_id=round_id, later=round_number > 0)
         if status != 0:
             return status
         round_number += 1
@@ -400,7 +440,7 @@ def _base36(number: int) -> str:
     return text or "0"
 
 
-def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) -> int:
+def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str, later: bool) -> int:
     try:
         scenario = load_scenario(resolve_scenario(args.scenario))
         start = datetime.now(UTC).replace(microsecond=0)
@@ -411,7 +451,8 @@ def _run_round(args: argparse.Namespace, repo: Path, *, seed: int, run_id: str) 
             summary = asyncio.run(
                 run(scenario, args.base_url, speed=args.speed, commits=commits, seed=seed,
                     concurrency=args.concurrency, start=start, run_id=run_id,
-                    publish=functools.partial(push, Path(staging), repo), ingest=_ingest(args))
+                    publish=functools.partial(push, Path(staging), repo), ingest=_ingest(args),
+                    direct_urls=args.direct_url or None, later_round=later)
             )  # fmt: skip
     except (ScenarioError, TemplateRepoError, ValueError, OSError) as exc:
         notes = "".join(f" ({note})" for note in getattr(exc, "__notes__", []))
@@ -441,6 +482,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--scenario", required=True, help="a shipped scenario name (demo) or a YAML file")
     parser.add_argument(
         "--base-url", action="append", required=True, help="a server's base URL; once per server, in order"
+    )
+    parser.add_argument(
+        "--direct-url",
+        action="append",
+        default=[],
+        help="a server's own URL, past its gateway, once per server in order (default: its --base-url);"
+        " where the clients that bypass the gateway (a side server's gateway_bypass_from) send",
     )
     parser.add_argument(
         "--repo", required=True, help="an empty or new folder for the template git repository"

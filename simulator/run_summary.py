@@ -35,7 +35,7 @@ class AdminCall:
 
     at: float
     server: int
-    action: Literal["capacity", "restart"]
+    action: Literal["capacity", "restart", "undecodable_kv_events"]
     status: int
     error: str | None
     sent_after: float

@@ -2,9 +2,11 @@
 ``simulator/scenarios/demo.yaml``.
 
 - ``side_servers``: servers numbered after the routed ones (``servers.count`` on), which the router
-  never picks; each shows an engine's quirk or a lower KV tier and gets ``rate`` requests a second of
-  its own (the templates and tenants by the scenario's weights), so the routed servers keep the
-  traffic and timeline they had.
+  never picks; each shows an engine's quirk, a lower KV tier or a fault of the collection path and
+  gets ``rate`` requests a second of its own (the templates and tenants by the scenario's weights), so
+  the routed servers keep the traffic and timeline they had. The collection faults: KV-event batches
+  its decoder cannot read (``undecodable_kv_events``, published at a scenario second) and clients that
+  call the engine past the gateway (``gateway_bypass_from``).
 - ``conversations``: chat requests that change one request part at a time (simulator/part_changes.py),
   sent to one side server through whatever stands in front of it (the gateway).
 - ``hosted``: an application's hosted-API usage (simulator/hosted.py), reported to Prefixscope's REST
@@ -39,6 +41,17 @@ class Adapter:
 
 
 @dataclass(frozen=True, slots=True)
+class UndecodableEvents:
+    """At virtual second ``at``, server number ``server`` publishes ``batches`` KV-event batches on its
+    stream whose events a newer engine's shape makes undecodable (simulator/kv_events.py
+    ``key_only_removed``), numbered in its sequence as any batch, so that no gap shows."""
+
+    at: float
+    server: int
+    batches: int
+
+
+@dataclass(frozen=True, slots=True)
 class SideServer:
     """A server outside the router (number ``server``): its own ``rate`` of requests a second, and how
     it differs from the routed ones (None or the default: as they are)."""
@@ -51,6 +64,10 @@ class SideServer:
     hit_counter_wired: bool = True
     prefill_tokens_per_second: float | None = None
     adapters: tuple[Adapter, ...] = ()
+    undecodable_events: UndecodableEvents | None = None
+    # From this virtual second of the first round on, for the rest of the run (the later rounds
+    # too: a misconfigured client stays so), its requests go to the engine itself, past the gateway.
+    gateway_bypass_from: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,26 +98,33 @@ SIDE_FIELDS = ("side_servers", "conversations", "hosted")
 
 _SIDE_SERVER_FIELDS = (
     "rate", "num_blocks", "cpu_tier", "hybrid_block", "hit_counter", "prefill_tokens_per_second", "adapters",
+    "undecodable_kv_events", "gateway_bypass_from",
 )  # fmt: skip
 
 
-def parse_side_servers(data: object, *, first: int, block_size: int) -> tuple[SideServer, ...]:
-    """The ``side_servers`` list; the first is server number ``first`` (the routed servers' count)."""
+def parse_side_servers(
+    data: object, *, first: int, block_size: int, duration: float
+) -> tuple[SideServer, ...]:
+    """The ``side_servers`` list; the first is server number ``first`` (the routed servers' count);
+    their faults' times fall within the scenario's ``duration``."""
     if not isinstance(data, list):
         raise FieldError("side_servers", f"expected a list, got {describe(data)}")
     return tuple(
-        _parse_side_server(item, f"side_servers[{i}]", first + i, block_size) for i, item in enumerate(data)
+        _parse_side_server(item, f"side_servers[{i}]", first + i, block_size=block_size, duration=duration)
+        for i, item in enumerate(data)
     )
 
 
-def _parse_side_server(data: object, where: str, server: int, block_size: int) -> SideServer:
+def _parse_side_server(
+    data: object, where: str, server: int, *, block_size: int, duration: float
+) -> SideServer:
     fields = Fields(data, where, _SIDE_SERVER_FIELDS)
     hybrid = None
     if fields.get("hybrid_block", None) is not None:
         hybrid = fields.integer("hybrid_block", minimum=block_size)
         if hybrid % block_size:
             raise FieldError(fields.path("hybrid_block"), f"must be a multiple of block_size {block_size}")
-    prefill = "prefill_tokens_per_second"
+    prefill, bypass = "prefill_tokens_per_second", "gateway_bypass_from"
     return SideServer(
         server=server,
         rate=fields.number("rate", 0),
@@ -110,7 +134,20 @@ def _parse_side_server(data: object, where: str, server: int, block_size: int) -
         hit_counter_wired=fields.choice("hit_counter", ("wired", "not_wired"), "wired") == "wired",
         prefill_tokens_per_second=fields.number(prefill, positive=True) if prefill in fields.data else None,
         adapters=_parse_adapters(fields),
+        undecodable_events=_parse_undecodable(fields, server, duration),
+        gateway_bypass_from=fields.number(bypass) if bypass in fields.data else None,
     )
+
+
+def _parse_undecodable(outer: Fields, server: int, duration: float) -> UndecodableEvents | None:
+    data = outer.get("undecodable_kv_events", None)
+    if data is None:
+        return None
+    fields = Fields(data, outer.path("undecodable_kv_events"), ("at", "batches"))
+    at = fields.number("at")
+    if at > duration:
+        raise FieldError(fields.path("at"), f"{at} is after the duration ({duration})")
+    return UndecodableEvents(at=at, server=server, batches=fields.integer("batches", minimum=1))
 
 
 def _parse_cpu_tier(data: object, where: str) -> CpuTierSpec | None:

@@ -27,9 +27,10 @@ from app.domain.replay.pool import OutOfBlocks
 from simulator import openai_requests
 from simulator.block_metrics import BlockMetrics
 from simulator.cache import PrefixCache
+from simulator.kv_events import key_only_removed
 from simulator.kv_publisher import KVPublisher
 from simulator.metrics import CacheInfo, RequestTiming, ServerMetrics
-from simulator.offload import CpuTier
+from simulator.offload import MEDIUM_CPU, CpuTier
 from simulator.openai_answers import ChatShape, CompletionShape
 from simulator.openai_requests import Refused
 from simulator.spans import SpanExporter
@@ -303,6 +304,7 @@ class SimulatedServer:
                 web.post("/reset_prefix_cache", self.reset_prefix_cache),
                 web.post("/_simulator/restart", self.admin_restart),
                 web.post("/_simulator/capacity", self.admin_capacity),
+                web.post("/_simulator/undecodable_kv_events", self.admin_undecodable_events),
             ]
         )
         return app
@@ -435,6 +437,18 @@ class SimulatedServer:
         async with self.engine.lock:
             self.engine.restart(self.config)
         return web.json_response({"num_blocks": blocks})
+
+    async def admin_undecodable_events(self, request: web.Request) -> web.Response:
+        """Publish ``batches`` KV-event batches that a newer engine's shape makes undecodable, each
+        numbered in the stream's sequence (no gap); the cache and its own events are untouched."""
+        batches = (await json_body(request)).get("batches")
+        if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
+            raise Refused("batches: expected an integer of at least 1", param="batches")
+        async with self.engine.lock:
+            for _ in range(batches):
+                keys = [(self.engine.random.getrandbits(64), 0)]
+                await self.engine.publisher.publish([key_only_removed(keys, medium=MEDIUM_CPU)])
+        return web.json_response({"batches": batches})
 
 
 def compact_json(payload: dict[str, Any]) -> bytes:

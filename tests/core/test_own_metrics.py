@@ -46,6 +46,8 @@ def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -
     down = Server.objects.create(
         name="vllm-down", base_url="http://b:8000", model="tiny", state=Server.State.DOWN
     )
+    # Named by a hosted-API usage report, never registered: Prefixscope does not pull it.
+    Server.objects.create(name="anthropic-api", base_url="", model="", state=Server.State.PROPOSED)
     RejectedInput.objects.create(
         server=up, source="kv_events", reason="kv_not_msgpack", count=3, first_seen_at=now, last_seen_at=now
     )
@@ -58,6 +60,7 @@ def test_own_metrics_count_what_was_collected_and_what_was_not(client: Client) -
 
     assert values[("prefixscope_server_up", (("model", "tiny"), ("server", "vllm-up")))] == 1.0
     assert values[("prefixscope_server_up", (("model", "tiny"), ("server", "vllm-down")))] == 0.0
+    assert ("prefixscope_server_up", (("model", ""), ("server", "anthropic-api"))) not in values  # not pulled
     reason = (("reason", "kv_not_msgpack"), ("server", "vllm-up"), ("source", "kv_events"))
     assert values[("prefixscope_rejected_inputs_total", reason)] == 3.0
     assert values[("prefixscope_kv_event_batches_lost_total", (("server", "vllm-down"),))] == 3.0

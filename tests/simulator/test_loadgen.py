@@ -622,3 +622,34 @@ def test_the_cli_waits_for_the_urls_it_is_given_too(tmp_path: Path) -> None:
         args = ["--scenario", "demo", "--repo", str(tmp_path / "repo"), "--wait", "0.5", "--wait-url", never]
         assert main([*args, *itertools.chain.from_iterable(("--base-url", u) for u in urls)]) == 2
     assert not (tmp_path / "repo").exists()
+
+
+def test_each_round_places_each_template_and_tenant_where_the_round_before_did(tmp_path: Path) -> None:
+    """Rounds replay one plan: with the next seed, the prefix-aware router placed the templates and
+    tenants anew at each round's start, a routing change the demo's scenario does not hold."""
+    scenario_file = tmp_path / "rounds.yaml"
+    scenario_file.write_text(json.dumps(small(duration=20, rate=2, routing="prefix_aware")), encoding="utf-8")
+    fleet = FakeFleet()
+
+    with served_in_a_thread(fleet, 4) as urls:
+        args = ["--scenario", str(scenario_file), "--repo", str(tmp_path / "repo"), "--speed", "inf"]
+        args += [
+            "--rounds",
+            "2",
+            "--run-id",
+            "demo",
+            *itertools.chain.from_iterable(("--base-url", u) for u in urls),
+        ]
+        assert main(args) == 0
+
+    def run_id(seen: Seen) -> str:
+        return seen.headers.get("x-request-id", "").split("-")[1]
+
+    rounds = [[s for s in fleet.seen if run_id(s) == name] for name in ("demo", "demor1")]
+    placed = [
+        {(s.headers["x-prefixscope-template"], s.headers["x-prefixscope-tenant"]): s.server for s in seen}
+        for seen in rounds
+    ]
+    assert len(placed[0]) > 2 and placed[0] == placed[1]
+    ids = [{s.headers["x-request-id"] for s in seen} for seen in rounds]
+    assert len(ids[0]) == len(rounds[0]) and not ids[0] & ids[1]

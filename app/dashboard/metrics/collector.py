@@ -21,6 +21,7 @@ from app.dashboard.metrics.hit_blocks import hit_block_families
 from app.dashboard.metrics.tiers import tier_families
 from app.dashboard.metrics.traffic import killer_families, token_families, ttft_families
 from app.fleet.models import Server
+from app.fleet.services import SCRAPED_STATES
 from app.regressions.models import Regression
 from app.regressions.owners import owner_of, server_owner
 from app.traffic.collection.kv_leases import lease_holders
@@ -72,7 +73,10 @@ class PrefixscopeCollector(Collector):
         subscriber holds its stream's lease."""
         labels = ["server", "model"]
         up = GaugeMetricFamily(
-            "prefixscope_server_up", "1 when the server's last /metrics pull worked.", labels=labels
+            "prefixscope_server_up",
+            "1 when the server's last /metrics pull worked, 0 when it failed; none for a server not pulled "
+            "(proposed: named by ingested data, not registered).",
+            labels=labels,
         )
         last = GaugeMetricFamily(
             "prefixscope_server_last_scrape_timestamp_seconds",
@@ -112,7 +116,11 @@ class PrefixscopeCollector(Collector):
             "hash_algo", "kv_events_endpoint", "num_gpu_blocks", "group",
         ):  # fmt: skip
             key = [server.name, server.model]
-            up.add_metric(key, 1.0 if server.state == Server.State.ACTIVE else 0.0)
+            # Only for the servers it pulls: a proposed one (named by ingested records, not yet
+            # registered) is not pulled, and a 0 there paged ServerScrapesFailing for the demo's
+            # hosted APIs ten minutes after their first usage report.
+            if server.state in SCRAPED_STATES:
+                up.add_metric(key, 1.0 if server.state == Server.State.ACTIVE else 0.0)
             interval.add_metric(key, float(server.scrape_interval_seconds))
             config.add_metric([*key, str(server.block_size or ""), server.hash_algo], 1.0)
             found = server_owner(server)
