@@ -249,7 +249,7 @@ def _parse_scenario(data: object) -> Scenario:
     check_unique([t.name for t in templates], "templates")
     check_total([t.weight for t in tenants], "tenants", "tenant weights")
     sides = parse_side_servers(
-        top.get("side_servers", []), first=servers.count, block_size=servers.block_size, duration=duration
+        top.get("side_servers", []), first=servers.count, block_size=servers.block_size
     )
     return Scenario(
         name=name,

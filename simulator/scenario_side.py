@@ -102,22 +102,17 @@ _SIDE_SERVER_FIELDS = (
 )  # fmt: skip
 
 
-def parse_side_servers(
-    data: object, *, first: int, block_size: int, duration: float
-) -> tuple[SideServer, ...]:
-    """The ``side_servers`` list; the first is server number ``first`` (the routed servers' count);
-    their faults' times fall within the scenario's ``duration``."""
+def parse_side_servers(data: object, *, first: int, block_size: int) -> tuple[SideServer, ...]:
+    """The ``side_servers`` list; the first is server number ``first`` (the routed servers' count)."""
     if not isinstance(data, list):
         raise FieldError("side_servers", f"expected a list, got {describe(data)}")
     return tuple(
-        _parse_side_server(item, f"side_servers[{i}]", first + i, block_size=block_size, duration=duration)
+        _parse_side_server(item, f"side_servers[{i}]", first + i, block_size=block_size)
         for i, item in enumerate(data)
     )
 
 
-def _parse_side_server(
-    data: object, where: str, server: int, *, block_size: int, duration: float
-) -> SideServer:
+def _parse_side_server(data: object, where: str, server: int, *, block_size: int) -> SideServer:
     fields = Fields(data, where, _SIDE_SERVER_FIELDS)
     hybrid = None
     if fields.get("hybrid_block", None) is not None:
@@ -134,20 +129,19 @@ def _parse_side_server(
         hit_counter_wired=fields.choice("hit_counter", ("wired", "not_wired"), "wired") == "wired",
         prefill_tokens_per_second=fields.number(prefill, positive=True) if prefill in fields.data else None,
         adapters=_parse_adapters(fields),
-        undecodable_events=_parse_undecodable(fields, server, duration),
+        undecodable_events=_parse_undecodable(fields, server),
         gateway_bypass_from=fields.number(bypass) if bypass in fields.data else None,
     )
 
 
-def _parse_undecodable(outer: Fields, server: int, duration: float) -> UndecodableEvents | None:
+def _parse_undecodable(outer: Fields, server: int) -> UndecodableEvents | None:
     data = outer.get("undecodable_kv_events", None)
     if data is None:
         return None
     fields = Fields(data, outer.path("undecodable_kv_events"), ("at", "batches"))
-    at = fields.number("at")
-    if at > duration:
-        raise FieldError(fields.path("at"), f"{at} is after the duration ({duration})")
-    return UndecodableEvents(at=at, server=server, batches=fields.integer("batches", minimum=1))
+    return UndecodableEvents(
+        at=fields.number("at"), server=server, batches=fields.integer("batches", minimum=1)
+    )
 
 
 def _parse_cpu_tier(data: object, where: str) -> CpuTierSpec | None:

@@ -56,8 +56,6 @@ CHAT = demo()["conversations"][0]
         ({"side_servers": [{"undecodable_kv_events": {"batches": 2}}]},
          "side_servers[0].undecodable_kv_events.at"),
         ({"side_servers": [{"gateway_bypass_from": -1}]}, "side_servers[0].gateway_bypass_from"),
-        ({"side_servers": [{"undecodable_kv_events": {"at": 1501, "batches": 1}}]},
-         "side_servers[0].undecodable_kv_events.at"),
     ],
 )  # fmt: skip
 def test_bad_side_traffic_names_its_field(change: dict[str, Any], field: str) -> None:
