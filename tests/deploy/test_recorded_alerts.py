@@ -55,14 +55,7 @@ PLATFORM = {"owner_kind": "platform", "owner": "platform"}
 # - A fleet regression (96 % -> 81 %, a drop of 0.151 against the detection's 0.15 minimum, kind
 #   unknown) whose change is `agent`'s fault and sim-3's memory cut, both paged already: RegressionOpen
 #   pages it again 11 minutes later. The first recording of this branch did not cross the minimum.
-# - In the second round, `agent`'s unsorted tools flood sim-0's cache, full since the first round,
-#   and evict the other templates' prefixes: evicted, so KVCapacityShort pages sim-0's platform for
-#   what is a template fault (its threshold was set on a first round's cold caches).
-KNOWN = [
-    r"^unexplained: RegressionOpen \{.*'name': 'fleet'",
-    r"^unexplained: KVCapacityShort \{.*'server': 'sim-0'",
-    r"^fired \d+ times: KVCapacityShort \{.*'server': 'sim-0'",
-]
+KNOWN = [r"^unexplained: RegressionOpen \{.*'name': 'fleet'"]
 # And the vLLM-only rules (no Prefixscope), once their 30-minute window and 15-minute `for` have
 # passed, near the second round's end: sim-1 and sim-2 below their peers by vLLM's counters, which
 # cannot tell `support`'s and `agent`'s faults (and sim-1's restart) from a server's own.
