@@ -43,13 +43,21 @@ class FanOutPoints:
         learned = learning.add(at_token)
         self._points[family] = max(self._points.get(family, learned), learned)
 
+    def departed_volatile(self, family: Hashable) -> None:
+        """A request of the family departed at a volatile token and went on with its family's
+        usual text: it says nothing of where the family's prompts part, but the family is in use,
+        so its point is kept through the next turn."""
+        if family in self._points and family not in self._learning:
+            self._learning[family] = LowQuantile()
+
     def point(self, family: Hashable) -> int | None:
         """Where the family's prompts usually part; None before its first departure."""
         return self._points.get(family)
 
     def turn(self) -> None:
         """Learn each family's point again from this generation's departures (one with too few keeps
-        the point it had); a family that did not depart this generation is forgotten."""
+        the point it had); a family that did not depart this generation (volatile departures count
+        as departing) is forgotten."""
         points: dict[Hashable, int] = {}
         for family, learning in self._learning.items():
             held = self._points.get(family)

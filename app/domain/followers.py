@@ -15,6 +15,12 @@ collector walks, and a history holds hundreds of thousands of blocks. Any fixed-
 sorts token sequences in some lexicographic order, which is all the neighbour search needs.
 
 Without token ids (hash-only retention) only the blocks are known: the divergence is block-exact.
+
+It also keeps which blocks of tokens its prompts held, wherever they stood (`familiar`): a prompt
+that departs and then goes on with blocks earlier prompts held (the system prompt after a timestamp
+at the top) departed at a volatile token, not where its own content starts. Blocks are compared as
+they fall on block boundaries, so a volatile span of varying length, which shifts the text after it,
+is not recognised.
 """
 
 from __future__ import annotations
@@ -40,11 +46,13 @@ class Followers:
     """The blocks earlier prompts of one template and salt had, and the tokens that followed each.
     Bounded: past FAMILY_MEMORY_BLOCKS, the blocks not seen for the longest are forgotten first."""
 
-    __slots__ = ("_blocks", "_kept")
+    __slots__ = ("_blocks", "_contents", "_kept")
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[int | None, _Kept] = OrderedDict()  # None: the prompt's start
         self._kept = 0  # blocks of tokens held, over all blocks
+        # Full blocks of tokens held, wherever they stood, oldest first (bounded as _blocks is).
+        self._contents: dict[bytes, None] = {}
 
     def __len__(self) -> int:
         """Blocks of tokens held (what FAMILY_MEMORY_BLOCKS bounds)."""
@@ -68,13 +76,27 @@ class Followers:
             if index < len(chain) and chain[index] in blocks and parent in blocks:
                 blocks.move_to_end(parent)  # a known pair after a forgotten one
                 continue
-            self._add(parent, tail[offset * width : (offset + 1) * width])
+            self._add(parent, tail[offset * width : (offset + 1) * width], width)
         while self._kept > FAMILY_MEMORY_BLOCKS:
             _, forgotten = blocks.popitem(last=False)
             self._kept -= 1 if isinstance(forgotten, bytes) else len(forgotten)
+        while len(self._contents) > FAMILY_MEMORY_BLOCKS:
+            del self._contents[next(iter(self._contents))]
 
-    def _add(self, parent: int | None, tokens: bytes) -> None:
+    def familiar(self, token_ids: TokenIds | None, first_block: int, blocks: int, size: int) -> bool:
+        """Whether the prompt's `blocks` full blocks from `first_block` on were all held by earlier
+        prompts, wherever they stood; False without token ids or without those blocks."""
+        if token_ids is None or blocks < 1 or len(token_ids) < (first_block + blocks) * size:
+            return False
+        tokens = token_ids[first_block * size : (first_block + blocks) * size]
+        encoded = np.asarray(tokens, dtype=_LITTLE_INT64).tobytes()
+        width = size * _TOKEN_BYTES
+        return all(encoded[i : i + width] in self._contents for i in range(0, len(encoded), width))
+
+    def _add(self, parent: int | None, tokens: bytes, width: int) -> None:
         """`tokens` followed `parent`: kept unless known (b"": a prompt ended there, or hash-only)."""
+        if len(tokens) == width:
+            self._contents[tokens] = None
         kept = self._blocks.get(parent)
         if kept is None:  # most of a prompt's new blocks: added as the newest already
             self._blocks[parent] = tokens

@@ -58,15 +58,41 @@ def test_a_volatile_token_in_the_stable_part_is_a_change_up_to_the_fan_out_point
     assert lost[Cause.NEW_CONTENT] > 0
 
 
-def test_a_template_that_turns_volatile_reads_changed_for_the_rest_of_its_generation() -> None:
-    """Departures at the top after the change do not teach the point until the history turns."""
+def test_a_template_left_volatile_at_its_top_reads_changed_in_every_generation() -> None:
+    """A request id near the top, for generation after generation: each request goes on with the
+    system prompt its family's earlier prompts held, so its departure is a volatile token's and never
+    teaches the point; the system prompt after it stays a loss (the recorded demo's second round read
+    the whole of `support`'s as new content once the history had turned)."""
     history = FleetHistory()
     for n in range(RELEARNED_FROM + 1):
         diagnose(history, prompt(n), n, cached=320 if n else 0)
-    changed = [diagnose(history, prompt(n, volatile_at=40), n, cached=32) for n in range(100, 200)]
+    for generation in range(3):
+        changed = [
+            diagnose(history, prompt(n, volatile_at=40), n, cached=32)
+            for n in range(100 * (generation + 1), 100 * (generation + 1) + 100)
+        ]
+        assert all(found.cause == Cause.PROMPT_CHANGED for found in changed), generation
+        assert {found.tokens_by_cause()[Cause.PROMPT_CHANGED] for found in changed} == {320 - 32}
+        history.turn()
+
+
+def test_a_template_whose_stable_part_got_shorter_is_learned_again_at_the_turn() -> None:
+    """A shorter system prompt, then each request's own question: those departures go on with
+    content of their own, so they teach the point, and once the history turns the question is new
+    content again (within the generation the point only deepens: the change reads as one)."""
+    history = FleetHistory()
+    for n in range(RELEARNED_FROM + 1):
+        diagnose(history, prompt(n), n, cached=320 if n else 0)
+
+    def shorter(seed: int) -> list[int]:
+        return SYSTEM[:160] + prompt(seed)[320:]
+
+    changed = [diagnose(history, shorter(n), n, cached=160) for n in range(100, 200)]
     assert all(found.cause == Cause.PROMPT_CHANGED for found in changed)
-    history.turn()  # the generation was mostly the new shape: it is the template's usual one now
-    assert diagnose(history, prompt(300, volatile_at=40), 300, cached=32).cause == Cause.NEW_CONTENT
+    history.turn()
+    found = diagnose(history, shorter(300), 300, cached=160)
+    assert found.cause == Cause.NEW_CONTENT
+    assert [(loss.cause, loss.first_token) for loss in found.losses][:1] == [(Cause.NEW_CONTENT, 160)]
 
 
 def test_the_point_is_a_low_quantile_of_departures_so_conversations_turns_stay_new_content() -> None:
