@@ -90,6 +90,24 @@ HIT_RATE_DEFINITION = {
 }
 
 
+def added(total: Minute | None, minute: Minute) -> Minute:
+    """Two scopes' same minute as one (`total` None: the minute alone)."""
+    if total is None:
+        return minute
+    lost = {cause: total.lost.get(cause, 0) + minute.lost.get(cause, 0) for cause in total.lost | minute.lost}
+    return Minute(minute.minute, total.requests + minute.requests, total.prompt_tokens + minute.prompt_tokens,
+                  total.reused_tokens + minute.reused_tokens, lost)  # fmt: skip
+
+
+def less(minute: Minute, part: Minute | None) -> Minute:
+    """A wider scope's minute without a narrower one's traffic of the same minute."""
+    if part is None:
+        return minute
+    lost = {cause: tokens - part.lost.get(cause, 0) for cause, tokens in minute.lost.items()}
+    return Minute(minute.minute, minute.requests - part.requests, minute.prompt_tokens - part.prompt_tokens,
+                  minute.reused_tokens - part.reused_tokens, lost)  # fmt: skip
+
+
 def _without(minute: Minute, causes: Set[str]) -> Minute:
     left_out = sum(minute.lost.get(cause, 0) for cause in causes)
     lost = {cause: tokens for cause, tokens in minute.lost.items() if cause not in causes}

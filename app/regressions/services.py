@@ -29,6 +29,11 @@ requests per server; the figures are kept in the regression's evidence), and is 
 searched before its servers: a server's is the fleet's when the fleet fell by a minimum drop over
 the same minutes (a router serves the whole fleet), and its own only when it fell alone.
 
+The fleet's drop of no named cause (kind unknown) is opened only for what its servers' own open
+regressions do not account for: the fleet less their traffic must still fall by a minimum drop
+(`_held_by_servers`), so that a memory cut paged on its server does not page the platform again as
+the fleet's.
+
 TTFT p90, the second metric, from the request rollups' histograms (the request rollups have no
 tenant: server, template, template on a server, fleet). vLLM's own TTFT where a scope's window has
 more of it than of the client's (app/regressions/series.py ttft_series says why), in points of at
@@ -148,6 +153,12 @@ def _open(
         and _wider_moved(wider, before, after, config)
     ):
         return None  # a router that changed for the whole fleet: the fleet's regression
+    if (
+        found.kind == Regression.Kind.UNKNOWN
+        and key[0] == Scope.FLEET
+        and _held_by_servers(before, after, window, config)
+    ):
+        return None  # its servers' regressions, each paged to its owner already
     return _create(key, change, found, after, window, method=_method(config, change), now=now)
 
 
@@ -253,6 +264,36 @@ def _held_by_wider(key: ScopeKey, changed_at: datetime, suspect: int | None) -> 
         scope__in=TEMPLATE_SCOPES, metric=Metric.HIT_RATE, changed_at__range=near, **same_template
     ).exclude(pk__in=of_scope(key, Metric.HIT_RATE).values("pk"))
     return any(regression.is_active or regression.suspect_version_id == suspect for regression in held)
+
+
+def _held_by_servers(
+    before: list[Minute], after: list[Minute], window: Window, config: DetectionConfig
+) -> bool:
+    """Whether a fleet's drop of no named cause is its servers' regressions: the fleet less the
+    traffic of the servers with an active regression (in the same definition: server series leave
+    out what the fleet's does) did not fall by a minimum drop. The recorded demo's fleet paged the
+    platform again, eleven minutes on, for a drop made of a memory cut and a template fault already
+    paged to their owners: a fleet regression is for what no narrower one names."""
+    regressed = set(
+        Regression.objects.filter(scope=Scope.SERVER, metric=Metric.HIT_RATE, server__isnull=False)
+        .exclude(state=Regression.State.RESOLVED)
+        .values_list("server_id", flat=True)
+    )
+    if not regressed:
+        return False
+    servers = series.scope_series(Scope.SERVER, since=window.since, until=window.until)
+    theirs: dict[datetime, Minute] = {}
+    for (_, _, server, _), minutes in servers.items():
+        if server in regressed:
+            for minute in minutes:
+                theirs[minute.minute] = series.added(theirs.get(minute.minute), minute)
+    rest_before = [series.less(minute, theirs.get(minute.minute)) for minute in before]
+    rest_after = [series.less(minute, theirs.get(minute.minute)) for minute in after]
+    rest_before = [minute for minute in rest_before if minute.prompt_tokens > 0]
+    rest_after = [minute for minute in rest_after if minute.prompt_tokens > 0]
+    if not (rest_before and rest_after):
+        return True  # the regressed servers were all of it
+    return _rate(rest_before) - _rate(rest_after) < config.min_drop
 
 
 @dataclass(frozen=True, slots=True)
