@@ -1,6 +1,6 @@
 """What a load-generator run did: one result per request, the admin calls made, totals and a report.
 
-``simulator.loadgen.run`` returns a ``RunSummary``; ``format_summary`` is the report its CLI prints.
+``simulator.sender.run`` returns a ``RunSummary``; ``format_summary`` is the report its CLI prints.
 """
 
 from __future__ import annotations

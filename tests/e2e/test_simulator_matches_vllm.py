@@ -57,7 +57,7 @@ import zmq
 
 from collectors.kv_events.client import open_subscriber
 from collectors.kv_events.parse import BlockRemoved, BlockStored, KVEvent, KVMessage
-from simulator.loadgen import plan_requests
+from simulator.planner import plan_requests
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.template_repo import create_repo
 from tests.support.captures import captured_traffic

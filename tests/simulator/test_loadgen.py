@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from simulator.loadgen import Usage, main, parse_usage, plan_requests, run
-from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, EPOCH, PlannedRequest
+from simulator.loadgen import main
+from simulator.planner import CHAT_PATH, COMPLETIONS_PATH, EPOCH, PlannedRequest, plan_requests
 from simulator.run_summary import RunSummary
 from simulator.scenario import Scenario, parse_scenario
+from simulator.sender import Usage, parse_usage, run
 from simulator.template_repo import Commit, push, stage_repo, version_at
 from tests.simulator.test_scenario import scenario_data, versions_as_commits
 from tests.support.captures import VLLM_CPU_FIXTURES, load_json

@@ -109,7 +109,7 @@ def test_the_demo_prompts_are_a_few_hundred_tokens() -> None:
 
 
 def test_the_vllm_cpu_scenario_fits_the_real_servers_512_token_window() -> None:
-    from simulator.loadgen import plan_requests
+    from simulator.planner import plan_requests
 
     scenario = load_scenario(resolve_scenario("vllm-cpu"))
     commits = [

@@ -19,8 +19,7 @@ from itertools import islice
 from app.domain.blockhash import signed_block_hashes
 from app.domain.gpt2 import encode, render_chat
 from app.domain.killers import Prompt
-from simulator.loadgen import plan_requests
-from simulator.planner import EPOCH
+from simulator.planner import EPOCH, plan_requests
 from simulator.scenario import Scenario, Template, TemplateChange, load_scenario, resolve_scenario
 from simulator.template_faults import FAULT_MESSAGES, Fault, apply_fault
 from simulator.template_rendering import request_variables, template_environment

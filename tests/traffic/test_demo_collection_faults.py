@@ -17,7 +17,7 @@ from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVGap, KVStream, RejectedInput
 from collectors.errors import RejectReason
 from simulator.fleet import describe
-from simulator.loadgen import run
+from simulator.sender import run
 from simulator.server import ServerConfig
 from tests.simulator.test_scenario import scenario_data, versions_as_commits
 from tests.support.processes import wait_until

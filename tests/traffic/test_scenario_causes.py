@@ -31,9 +31,9 @@ from app.traffic.models import KVEvent, KVStream, RejectedInput, RequestDiagnosi
 from app.traffic.tasks import scrape_server
 from collectors.kv_events.client import fetch_replay
 from simulator.fleet import describe
-from simulator.loadgen import run
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.scenario_side import SIDE_FIELDS
+from simulator.sender import run
 from simulator.server import ServerConfig
 from simulator.template_repo import create_repo
 from tests.support.ports import unused_ports
