@@ -26,6 +26,10 @@ rest is its new content) is, in this order of checks:
   when that block's cache had lapsed, `unexplained` when the lookback reached it; `prompt_changed`
   when no earlier request cached any block of that prefix.
 
+A `prompt_changed` request whose record has its parts' digests (app/domain/requestparts.py: a REST
+record's request body, a span's content) names the part that changed from the earlier request of its
+scope it departs from (the latest sharing the most leading content blocks), as a self-hosted one does.
+
 Tokens: the lost ones are those written to the cache when the shape reports writes (the rest, past
 the last marker, is new content), else the whole uncached prompt (OpenAI and Gemini do not say where
 their cacheable prefix ends). A partial hit (an earlier marker hit, a later one missed) is not split.
@@ -36,11 +40,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from app.domain.generations import Generations
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
+from app.domain.requestparts import Parts, RecentParts, changed_part
+
+PARTS_MEMORY_BLOCKS = 256  # content blocks whose request's parts are kept, per scope
 
 # The minimum cacheable prompt, per provider and model (first match of the model's name wins):
 # - OpenAI: 1,024 tokens (developers.openai.com/api/docs/guides/prompt-caching).
@@ -120,6 +127,8 @@ class HostedPrompt:
     breakpoints: Sequence[int] | None = None  # blocks with a cache marker; None: the body not described
     cache_key: str = ""  # the prompt_cache_key's hash
     tenant: str = ""
+    parts: Parts | None = None  # its parts' digests, when its record has them
+    key: Hashable = None  # the record's key: the diagnosis of a later request names it (compared_with)
 
     @property
     def scope(self) -> Hashable:
@@ -139,11 +148,13 @@ class HostedHistory:
     def __init__(self) -> None:
         self._seen: Generations[tuple[Hashable, int], _Sighting] = Generations()
         self._cached: Generations[tuple[Hashable, int], _Sighting] = Generations()  # at markers
+        self._parts: Generations[Hashable, RecentParts] = Generations()  # by scope
 
     def turn(self) -> None:
         """Forget what was not sent again since the last turn (see FleetHistory.turn)."""
         self._seen.turn()
         self._cached.turn()
+        self._parts.turn()
 
     def diagnose(self, request: HostedPrompt) -> Diagnosis | Unknown:
         """Why the request's prompt was not read from the provider's cache; then it is remembered."""
@@ -152,11 +163,28 @@ class HostedHistory:
         if request.cached_tokens is None:
             return Unknown.NO_CACHED_TOKENS
         found = self._diagnosed(request, request.prompt_tokens, request.cached_tokens)
+        if isinstance(found, Diagnosis) and found.cause == Cause.PROMPT_CHANGED:
+            found = self._with_part(request, found)
         self.remember(request)
         return found
 
+    def _with_part(self, request: HostedPrompt, found: Diagnosis) -> Diagnosis:
+        """The part that changed, when the request and the one it departs from have their parts."""
+        memory = self._parts.get(request.scope)
+        compared = memory.compared(request.chain) if memory is not None and request.parts else None
+        if compared is None or request.parts is None:
+            return found
+        change = changed_part(request.parts, compared[1])
+        if change is None:
+            return replace(found, compared_with=compared[0])
+        detail = change.detail.value if change.detail else change.kwarg
+        return replace(found, changed_part=change.part, part_detail=detail, compared_with=compared[0])
+
     def remember(self, request: HostedPrompt) -> None:
         keys = [(request.scope, entry) for entry in request.chain]
+        if request.parts is not None:
+            parts = self._parts.setdefault(request.scope, RecentParts(PARTS_MEMORY_BLOCKS))
+            parts.remember(request.chain, request.key, request.parts)
         sighting = _Sighting(request.arrived_at, request.cache_key, self._kept_for(request, keys))
         self._seen.write_all(keys, sighting)
         if (request.cached_tokens or 0) + (request.cache_write_tokens or 0) > 0:
