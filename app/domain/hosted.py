@@ -11,7 +11,9 @@ A request that read nothing from the cache (a request that read some was served 
 rest is its new content) is, in this order of checks:
 - `below_minimum`: its prompt is shorter than the provider's minimum cacheable length for its model
   (MINIMUM_TOKENS): never cacheable, not a loss;
-- `cold`: no leading content block of it was sent before in its scope;
+- `cold`: no leading content block of it was sent before in its scope (unless it names a template
+  whose earlier request in its scope it has part digests to compare with: a reordered tool list
+  changes the first block, and is a change, not a first request);
 - when the prefix up to its last cache marker (without one: all its content blocks but the last,
   the request's own new content) was sent before:
   `cache_key_changed` (OpenAI) the `prompt_cache_key` differs from the one that prefix was last sent
@@ -28,7 +30,8 @@ rest is its new content) is, in this order of checks:
 
 A `prompt_changed` request whose record has its parts' digests (app/domain/requestparts.py: a REST
 record's request body, a span's content) names the part that changed from the earlier request of its
-scope it departs from (the latest sharing the most leading content blocks), as a self-hosted one does.
+scope and template it departs from (the latest sharing the most leading content blocks), as a
+self-hosted one does.
 
 Tokens: the lost ones are those written to the cache when the shape reports writes (the rest, past
 the last marker, is new content), else the whole uncached prompt (OpenAI and Gemini do not say where
@@ -128,6 +131,7 @@ class HostedPrompt:
     cache_key: str = ""  # the prompt_cache_key's hash
     tenant: str = ""
     parts: Parts | None = None  # its parts' digests, when its record has them
+    family: Hashable = None  # its template (None: none named): parts compare within one
     key: Hashable = None  # the record's key: the diagnosis of a later request names it (compared_with)
 
     @property
@@ -148,7 +152,7 @@ class HostedHistory:
     def __init__(self) -> None:
         self._seen: Generations[tuple[Hashable, int], _Sighting] = Generations()
         self._cached: Generations[tuple[Hashable, int], _Sighting] = Generations()  # at markers
-        self._parts: Generations[Hashable, RecentParts] = Generations()  # by scope
+        self._parts: Generations[Hashable, RecentParts] = Generations()  # by scope and template
 
     def turn(self) -> None:
         """Forget what was not sent again since the last turn (see FleetHistory.turn)."""
@@ -170,7 +174,7 @@ class HostedHistory:
 
     def _with_part(self, request: HostedPrompt, found: Diagnosis) -> Diagnosis:
         """The part that changed, when the request and the one it departs from have their parts."""
-        memory = self._parts.get(request.scope)
+        memory = self._parts.get((request.scope, request.family))
         compared = memory.compared(request.chain) if memory is not None and request.parts else None
         if compared is None or request.parts is None:
             return found
@@ -183,7 +187,7 @@ class HostedHistory:
     def remember(self, request: HostedPrompt) -> None:
         keys = [(request.scope, entry) for entry in request.chain]
         if request.parts is not None:
-            parts = self._parts.setdefault(request.scope, RecentParts(PARTS_MEMORY_BLOCKS))
+            parts = self._parts.setdefault((request.scope, request.family), RecentParts(PARTS_MEMORY_BLOCKS))
             parts.remember(request.chain, request.key, request.parts)
         sighting = _Sighting(request.arrived_at, request.cache_key, self._kept_for(request, keys))
         self._seen.write_all(keys, sighting)
@@ -223,7 +227,7 @@ class HostedHistory:
         keys = [(scope, entry) for entry in chain]
         held = self._seen.leading(keys)
         if held == 0:
-            return Cause.COLD
+            return Cause.PROMPT_CHANGED if self._template_seen(request) else Cause.COLD
         marks = request.breakpoints
         # The prefix a cache would have held: up to its last marker, else all its blocks but the
         # last (the request's own new content: the question, the latest turn).
@@ -236,6 +240,11 @@ class HostedHistory:
         if lookback is not None and marks:
             return self._short_of_marker(request, keys[:target], lookback)
         return Cause.PROMPT_CHANGED
+
+    def _template_seen(self, request: HostedPrompt) -> bool:
+        """Whether the request names a template of which its scope had a request with parts."""
+        family = request.family
+        return family is not None and request.parts is not None and (request.scope, family) in self._parts
 
     def _repeated(self, request: HostedPrompt, last: _Sighting) -> Cause:
         """The prefix to its last marker was sent before: why it was not read."""
