@@ -191,7 +191,7 @@ def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
     clients write them); any other tool as it is."""
     if "input_schema" not in tool:
         return tool
-    function = {k: tool[k] for k in ("name", "description") if k in tool}
+    function: dict[str, Any] = {k: tool[k] for k in ("name", "description") if k in tool}
     function["parameters"] = tool["input_schema"]
     rest = {k: v for k, v in tool.items() if k not in _ANTHROPIC_TOOL_KEYS}
     return {"type": "function", "function": function | rest}

@@ -72,8 +72,11 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
     """One conventions message as the chat messages that sent it: a message of tool call responses
     is one `tool` message per response; tool calls are the message's `tool_calls`."""
     role, parts = message.get("role"), message.get("parts")
-    shaped = isinstance(parts, list) and all(isinstance(p, dict) for p in parts)
-    if not isinstance(role, str) or not shaped:
+    if (
+        not isinstance(role, str)
+        or not isinstance(parts, list)
+        or not all(isinstance(p, dict) for p in parts)
+    ):
         raise PartsError(f"{MESSAGES}: expected messages with a role and a list of parts")
     responses = [p for p in parts if p.get("type") == "tool_call_response"]
     if responses and len(responses) == len(parts):

@@ -2,6 +2,7 @@
 the template would render them the same, different where it would not, and never the text."""
 
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 import pytest
@@ -9,11 +10,11 @@ import pytest
 from collectors.parts import PartDigests, PartsError, body_digests, digest_key, part_digests
 
 KEY = b"deployment secret"
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}},
     {"type": "function", "function": {"name": "refund", "parameters": {"properties": {}, "type": "object"}}},
 ]
-BODY = {
+BODY: dict[str, Any] = {
     "model": "tiny",
     "messages": [
         {"role": "system", "content": "You are the support desk."},
@@ -69,7 +70,7 @@ def test_a_conversation_without_an_assistant_turn_is_all_latest() -> None:
 
 # The same request as an Anthropic Messages body (platform.claude.com Messages API): the system at
 # the top, tools with `input_schema`, cache markers on blocks.
-ANTHROPIC = {
+ANTHROPIC: dict[str, Any] = {
     "model": "tiny",
     "system": [{"type": "text", "text": "You are the support desk.", "cache_control": {"type": "ephemeral"}}],
     "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS],
@@ -93,7 +94,7 @@ def test_an_anthropic_body_gives_the_parts_of_the_chat_body_that_says_the_same()
 def test_an_anthropic_body_tells_each_part_apart() -> None:
     before = anthropic(ANTHROPIC)
     assert anthropic(ANTHROPIC | {"system": "You are the sales desk."}).system != before.system
-    reordered = anthropic(ANTHROPIC | {"tools": ANTHROPIC["tools"][::-1]})  # type: ignore[index]
+    reordered = anthropic(ANTHROPIC | {"tools": ANTHROPIC["tools"][::-1]})
     assert sorted(reordered.tools) == sorted(before.tools) and reordered.tools != before.tools
     thinking = anthropic(ANTHROPIC | {"thinking": {"type": "enabled", "budget_tokens": 2048}})
     assert thinking.reasoning_effort and thinking.messages == before.messages

@@ -107,7 +107,7 @@ def test_each_part_changed_in_rest_and_span_traffic_is_found_as_that_part(client
     with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=120):
         diagnose_requests(now=now)
     by_id = {r.record["request_id"]: r for r in requests}
-    rows = Counter()
+    rows: Counter[tuple[str, str]] = Counter()
     for d in RequestDiagnosis.objects.all():
         sent = by_id[d.request_id.removeprefix("chatcmpl-")]
         rows[("otlp " if sent.over_otlp else "rest ") + (sent.injected or "cold"), found_part(d)] += 1
