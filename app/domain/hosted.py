@@ -175,8 +175,7 @@ class HostedHistory:
     def _with_part(self, request: HostedPrompt, found: Diagnosis) -> Diagnosis:
         """The part that changed, when the request and the one it departs from have their parts."""
         memory = self._parts.get((request.scope, request.family))
-        compared = memory.compared(request.chain) if memory is not None and request.parts else None
-        if compared is None or request.parts is None:
+        if memory is None or request.parts is None or (compared := memory.compared(request.chain)) is None:
             return found
         change = changed_part(request.parts, compared[1])
         if change is None:
