@@ -12,6 +12,11 @@ Tools are kept one digest per tool in the order sent (each tool's JSON with its 
 one digest of the list exactly as sent (its keys in the client's order): a set that differs means a
 tool was added, removed or edited; the same set in another order, reordered; the same ordered tools
 with other bytes, re-serialized (a schema's keys in another order, which the template renders as is).
+
+Other sources give the same parts: an application's request body (`body_digests`: an OpenAI
+chat-completions body, or an Anthropic Messages body read as the chat body that says the same) and
+an OpenTelemetry GenAI span's content attributes (collectors/otlp/content.py). Only the parts a chat
+template renders are digested: sampling parameters (temperature, max_tokens) change no prompt token.
 """
 
 import hashlib
@@ -25,6 +30,17 @@ MAX_KWARG_NAME = 64
 MAX_MESSAGES = 4096  # messages kept; a longer conversation's later ones are in one digest
 _SYSTEM_ROLES = frozenset({"system", "developer"})
 _REST = "…"  # the name the overflowing chat-template arguments are kept under
+
+
+class PartsError(ValueError):
+    """A request body or content attribute that is not a chat request's shape. The message names the
+    field and what was expected, never a value (which is prompt text)."""
+
+
+def digest_key(secret: str) -> bytes:
+    """The key of every source's digests, derived from the deployment's secret: digests compare
+    across the gateway's processes, the ingest and restarts, and only within one deployment."""
+    return hashlib.sha256(b"prefixscope request parts\0" + secret.encode()).digest()
 
 
 class PartDigests(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -113,3 +129,69 @@ def _latest(messages: list[Any]) -> int:
         if isinstance(message, dict) and message.get("role") == "assistant":
             return min(back, MAX_MESSAGES)
     return min(len(messages), MAX_MESSAGES)
+
+
+def body_digests(body: Any, *, key: bytes) -> PartDigests:
+    """The digests of a request body an application reports (not the gateway, which vLLM checks):
+    an OpenAI chat-completions body or an Anthropic Messages body. Anthropic's top-level `system` is
+    its system message, its tools (`name`, `description`, `input_schema`) are function tools with
+    those `parameters`, `thinking` is its reasoning effort; a block's `cache_control` is left out
+    (a marker is not content: where markers sit is the record's `cache_breakpoints`). Raises
+    PartsError for a body of neither shape."""
+    _check_body(body)
+    chat = dict(body)
+    system = chat.pop("system", None)
+    messages = [_unmarked(message) for message in body["messages"]]
+    if system is not None:
+        content = system if isinstance(system, str) else [_unmarked_block(b) for b in system]
+        messages.insert(0, {"role": "system", "content": content})
+    chat["messages"] = messages
+    if isinstance(body.get("tools"), list):
+        chat["tools"] = [_function_tool(tool) for tool in body["tools"]]
+    if "thinking" in chat and "reasoning_effort" not in chat:
+        chat["reasoning_effort"] = chat.pop("thinking")
+    return part_digests(chat, key=key)
+
+
+def _check_body(body: Any) -> None:
+    if not isinstance(body, dict):
+        raise PartsError("request_body: expected an object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages
+    ):
+        raise PartsError("request_body.messages: expected a list of objects with a role")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise PartsError("request_body.tools: expected a list of objects")
+    system = body.get("system")
+    blocks = isinstance(system, list) and all(isinstance(b, dict) for b in system)
+    if not (system is None or isinstance(system, str) or blocks):
+        raise PartsError("request_body.system: expected a string or a list of content blocks")
+    if not isinstance(body.get("chat_template_kwargs", {}), dict):
+        raise PartsError("request_body.chat_template_kwargs: expected an object")
+
+
+def _unmarked_block(block: Any) -> Any:
+    return {k: v for k, v in block.items() if k != "cache_control"} if isinstance(block, dict) else block
+
+
+def _unmarked(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    return message | {"content": [_unmarked_block(block) for block in content]}
+
+
+_ANTHROPIC_TOOL_KEYS = frozenset({"name", "description", "input_schema", "cache_control", "type"})
+
+
+def _function_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic tool as the function tool a chat body sends (its keys in the order OpenAI's
+    clients write them); any other tool as it is."""
+    if "input_schema" not in tool:
+        return tool
+    function: dict[str, Any] = {k: tool[k] for k in ("name", "description") if k in tool}
+    function["parameters"] = tool["input_schema"]
+    rest = {k: v for k, v in tool.items() if k not in _ANTHROPIC_TOOL_KEYS}
+    return {"type": "function", "function": function | rest}

@@ -20,16 +20,23 @@ causes do not mix. What each session does, in virtual seconds from `start`:
   whose marker is on the last block;
 - `prompt_changed`: a block before the marker edited;
 - `gateway_cache`: answered by the gateway's semantic cache (Portkey's `x-portkey-cache-status`).
+
+`part_change_traffic` sends the part-change scenario (simulator/part_changes.py) the same way, each
+record with the request body it sent: Claude's Anthropic body over REST, GPT's chat body as the
+content of its GenAI span; what it injected is the part changed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+
+from simulator.part_changes import HOSTED_PHASES, anthropic_body, part_change_steps
 
 HIT = "hit"  # the expected outcome of a request served from the cache: no cause but its new content
 
@@ -38,7 +45,7 @@ HIT = "hit"  # the expected outcome of a request served from the cache: no cause
 class HostedRequest:
     """One record to send, and what it was built to show."""
 
-    injected: str  # a Cause value, HIT, or "gateway_cache"
+    injected: str  # a Cause value, HIT, or "gateway_cache"; part_change_traffic: a part (RequestPart's value)
     record: dict[str, Any]  # a REST ingest record (app/api/schemas.py RequestRecordIn)
     over_otlp: bool = False  # sent as an OTLP GenAI span instead
 
@@ -202,3 +209,40 @@ def hosted_traffic(
             play(session)
             made += session.made
     return sorted(made, key=lambda request: request.record["arrived_at"])
+
+
+_QUESTION_TOKENS = 300  # each content block's tokens, near enough: the latest question is one
+
+
+def part_change_traffic(*, start: datetime, per_phase: int = 3, seed: int = 0) -> list[HostedRequest]:
+    """The hosted part-change scenario in time order, one request every 30 s per provider: `injected`
+    is the part its phase changed ("" the first request, "messages" one that only asks anew). The
+    prompt's content blocks are its tools, system message and messages, in the order the providers'
+    caches key on; Claude's marker is on the block before the latest question. A change misses the
+    cache (nothing read; Claude writes the prefix to its marker again), a new question reads it."""
+    made: list[HostedRequest] = []
+    for provider, model in (("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-5.6")):
+        session = _Session(provider, model, tenant=f"parts-{provider}", start=start, rng=random.Random(seed))
+        steps = part_change_steps(
+            per_phase=per_phase, model=model, adapter="", seed=seed, phases=HOSTED_PHASES
+        )
+        for n, step in enumerate(steps):
+            blocks = _content_blocks(step.body)
+            prompt, prefix = len(blocks) * _QUESTION_TOKENS, (len(blocks) - 1) * _QUESTION_TOKENS
+            hit = step.injected == "messages"
+            if provider == "anthropic":
+                usage = _anthropic(_QUESTION_TOKENS, prefix if hit else 0, 0 if hit else prefix)
+                fields = {"request_body": anthropic_body(step.body), "cache_breakpoints": [len(blocks) - 2]}
+            else:
+                usage, fields = _openai(prompt, prefix if hit else 0), {"request_body": step.body}
+            session.send(step.injected, 30 * n, usage, prompt_blocks=blocks, template="support", **fields)
+        made += session.made
+    return sorted(made, key=lambda request: request.record["arrived_at"])
+
+
+def _content_blocks(body: dict[str, Any]) -> list[str]:
+    """A digest of each content block (tools, system, messages: the order a cache keys on), as an
+    application computes them (sha256 of the block's JSON)."""
+    system = [m for m in body["messages"] if m["role"] == "system"]
+    blocks = [*body["tools"], *system, *(m for m in body["messages"] if m["role"] != "system")]
+    return [hashlib.sha256(json.dumps(block, sort_keys=True).encode()).hexdigest() for block in blocks]

@@ -17,6 +17,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from simulator.hosted import HostedRequest
+from simulator.spans import genai_content_attributes
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ def _value(value: Any) -> AnyValue:
 
 
 def genai_span(request: HostedRequest) -> Span:
-    """The OpenTelemetry GenAI span an instrumented OpenAI client sends for the record."""
+    """The OpenTelemetry GenAI span an instrumented OpenAI client sends for the record (with its
+    content, when the record has the request body it sent)."""
     record, usage = request.record, request.record["usage"]
     attributes = {
         "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "server.address": "api.openai.com",
@@ -46,6 +48,10 @@ def genai_span(request: HostedRequest) -> Span:
         attributes["prefixscope.prompt_cache_key"] = record["prompt_cache_key"]
     if "response_headers" in record:
         attributes["prefixscope.semantic_cache_hit"] = True
+    if "template" in record:
+        attributes["prefixscope.template"] = record["template"]
+    if "request_body" in record:  # recorded with content capture on
+        attributes |= genai_content_attributes(record["request_body"])
     start = int(datetime.fromisoformat(record["arrived_at"]).timestamp() * 1e9)
     return Span(
         trace_id=bytes(16), span_id=bytes(8), name="chat", start_time_unix_nano=start,

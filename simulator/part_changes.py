@@ -7,6 +7,9 @@ argument), the system message edited, a tool added, the history compacted into a
 swapped for a LoRA adapter. The first request of a phase is the one the change hits (its expected
 part is the change); the others differ from the one before only by their new question (`messages`).
 The chat template renders the tools and the reasoning effort at the top (gpt2.PARTS_CHAT_TEMPLATE).
+A hosted API's cache keys on the content alone (HOSTED_PHASES: no adapter, and a reasoning effort
+changed keeps the tools and system cached, a partial hit): simulator/hosted.py sends those phases as
+an application reports them, its Anthropic body (`anthropic_body`) or its GenAI span's content.
 """
 
 import random
@@ -31,6 +34,7 @@ HISTORY = [
 ]
 SUMMARY = [{"role": "user", "content": "Summary so far: the parcel is late and tracking is empty."}]
 PHASES = ("base", "tools", "reasoning_effort", "system", "tools_added", "history", "adapter")
+HOSTED_PHASES = ("base", "tools", "system", "tools_added", "history")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,4 +92,22 @@ def _body(state: dict[str, Any], question: str) -> dict[str, Any]:
         "model": state["model"], "messages": messages, "tools": state["tools"], "tool_choice": "none",
         "max_tokens": 1,
         "chat_template_kwargs": {"reasoning_effort": state["effort"]},
+    }  # fmt: skip
+
+
+_THINKING_BUDGET = {"low": 1024, "high": 8192}
+
+
+def anthropic_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A step's chat body as the Anthropic Messages body that asks the same (platform.claude.com
+    Messages API): the system message at the top, each tool as `name`, `description` and
+    `input_schema`, the reasoning effort as an extended-thinking budget."""
+    system = [m["content"] for m in body["messages"] if m["role"] == "system"]
+    tools = [{**{k: f[k] for k in ("name", "description") if k in f}, "input_schema": f["parameters"]}
+             for f in (tool["function"] for tool in body["tools"])]  # fmt: skip
+    budget = _THINKING_BUDGET[body["chat_template_kwargs"]["reasoning_effort"]]
+    return {
+        "model": body["model"], "max_tokens": body["max_tokens"], "system": "\n".join(system), "tools": tools,
+        "tool_choice": {"type": "none"}, "thinking": {"type": "enabled", "budget_tokens": budget},
+        "messages": [m for m in body["messages"] if m["role"] != "system"],
     }  # fmt: skip

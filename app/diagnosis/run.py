@@ -347,6 +347,7 @@ def _record(row: tuple[Any, ...], server: Server, *, kv_events: bool) -> _Record
             provider=provider, model=model, arrived_at=arrived_at, prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens, cache_write_tokens=written, cache_ttl_seconds=ttl,
             chain=prompt.block_hashes, breakpoints=breakpoints, cache_key=cache_key, tenant=tenant,
+            parts=prompt.parts, key=key, family=template_id,
         )  # fmt: skip
     return _Record(key, template_id, version_id, tenant, prompt, diagnosed, span_only, hosted, gateway_cache)
 

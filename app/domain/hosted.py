@@ -11,7 +11,9 @@ A request that read nothing from the cache (a request that read some was served 
 rest is its new content) is, in this order of checks:
 - `below_minimum`: its prompt is shorter than the provider's minimum cacheable length for its model
   (MINIMUM_TOKENS): never cacheable, not a loss;
-- `cold`: no leading content block of it was sent before in its scope;
+- `cold`: no leading content block of it was sent before in its scope (unless it names a template
+  whose earlier request in its scope it has part digests to compare with: a reordered tool list
+  changes the first block, and is a change, not a first request);
 - when the prefix up to its last cache marker (without one: all its content blocks but the last,
   the request's own new content) was sent before:
   `cache_key_changed` (OpenAI) the `prompt_cache_key` differs from the one that prefix was last sent
@@ -26,6 +28,11 @@ rest is its new content) is, in this order of checks:
   when that block's cache had lapsed, `unexplained` when the lookback reached it; `prompt_changed`
   when no earlier request cached any block of that prefix.
 
+A `prompt_changed` request whose record has its parts' digests (app/domain/requestparts.py: a REST
+record's request body, a span's content) names the part that changed from the earlier request of its
+scope and template it departs from (the latest sharing the most leading content blocks), as a
+self-hosted one does.
+
 Tokens: the lost ones are those written to the cache when the shape reports writes (the rest, past
 the last marker, is new content), else the whole uncached prompt (OpenAI and Gemini do not say where
 their cacheable prefix ends). A partial hit (an earlier marker hit, a later one missed) is not split.
@@ -36,11 +43,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from app.domain.generations import Generations
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
+from app.domain.requestparts import Parts, RecentParts, changed_part
+
+PARTS_MEMORY_BLOCKS = 256  # content blocks whose request's parts are kept, per scope
 
 # The minimum cacheable prompt, per provider and model (first match of the model's name wins):
 # - OpenAI: 1,024 tokens (developers.openai.com/api/docs/guides/prompt-caching).
@@ -120,6 +130,9 @@ class HostedPrompt:
     breakpoints: Sequence[int] | None = None  # blocks with a cache marker; None: the body not described
     cache_key: str = ""  # the prompt_cache_key's hash
     tenant: str = ""
+    parts: Parts | None = None  # its parts' digests, when its record has them
+    family: Hashable = None  # its template (None: none named): parts compare within one
+    key: Hashable = None  # the record's key: the diagnosis of a later request names it (compared_with)
 
     @property
     def scope(self) -> Hashable:
@@ -139,11 +152,13 @@ class HostedHistory:
     def __init__(self) -> None:
         self._seen: Generations[tuple[Hashable, int], _Sighting] = Generations()
         self._cached: Generations[tuple[Hashable, int], _Sighting] = Generations()  # at markers
+        self._parts: Generations[Hashable, RecentParts] = Generations()  # by scope and template
 
     def turn(self) -> None:
         """Forget what was not sent again since the last turn (see FleetHistory.turn)."""
         self._seen.turn()
         self._cached.turn()
+        self._parts.turn()
 
     def diagnose(self, request: HostedPrompt) -> Diagnosis | Unknown:
         """Why the request's prompt was not read from the provider's cache; then it is remembered."""
@@ -152,11 +167,27 @@ class HostedHistory:
         if request.cached_tokens is None:
             return Unknown.NO_CACHED_TOKENS
         found = self._diagnosed(request, request.prompt_tokens, request.cached_tokens)
+        if isinstance(found, Diagnosis) and found.cause == Cause.PROMPT_CHANGED:
+            found = self._with_part(request, found)
         self.remember(request)
         return found
 
+    def _with_part(self, request: HostedPrompt, found: Diagnosis) -> Diagnosis:
+        """The part that changed, when the request and the one it departs from have their parts."""
+        memory = self._parts.get((request.scope, request.family))
+        if memory is None or request.parts is None or (compared := memory.compared(request.chain)) is None:
+            return found
+        change = changed_part(request.parts, compared[1])
+        if change is None:
+            return replace(found, compared_with=compared[0])
+        detail = change.detail.value if change.detail else change.kwarg
+        return replace(found, changed_part=change.part, part_detail=detail, compared_with=compared[0])
+
     def remember(self, request: HostedPrompt) -> None:
         keys = [(request.scope, entry) for entry in request.chain]
+        if request.parts is not None:
+            parts = self._parts.setdefault((request.scope, request.family), RecentParts(PARTS_MEMORY_BLOCKS))
+            parts.remember(request.chain, request.key, request.parts)
         sighting = _Sighting(request.arrived_at, request.cache_key, self._kept_for(request, keys))
         self._seen.write_all(keys, sighting)
         if (request.cached_tokens or 0) + (request.cache_write_tokens or 0) > 0:
@@ -195,7 +226,7 @@ class HostedHistory:
         keys = [(scope, entry) for entry in chain]
         held = self._seen.leading(keys)
         if held == 0:
-            return Cause.COLD
+            return Cause.PROMPT_CHANGED if self._template_seen(request) else Cause.COLD
         marks = request.breakpoints
         # The prefix a cache would have held: up to its last marker, else all its blocks but the
         # last (the request's own new content: the question, the latest turn).
@@ -208,6 +239,11 @@ class HostedHistory:
         if lookback is not None and marks:
             return self._short_of_marker(request, keys[:target], lookback)
         return Cause.PROMPT_CHANGED
+
+    def _template_seen(self, request: HostedPrompt) -> bool:
+        """Whether the request names a template of which its scope had a request with parts."""
+        family = request.family
+        return family is not None and request.parts is not None and (request.scope, family) in self._parts
 
     def _repeated(self, request: HostedPrompt, last: _Sighting) -> Cause:
         """The prefix to its last marker was sent before: why it was not read."""

@@ -10,6 +10,8 @@ Two kinds of span carry request facts:
 Either may name Prefixscope's own attributes: `prefixscope.server` (also as a resource attribute,
 e.g. OTEL_RESOURCE_ATTRIBUTES on the vLLM server), `prefixscope.template`,
 `prefixscope.template_version`, `prefixscope.tenant`.
+An application's span that records the request's content (GenAI content capture) gives its parts'
+digests (collectors/otlp/content.py); the content itself is dropped once digested.
 """
 
 import base64
@@ -25,6 +27,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from collectors.otlp.content import CONTENT_ATTRIBUTES, span_parts
 from collectors.otlp.reader import Export
 from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id
 from collectors.usage.parse import UsageError, ttl_seconds, usage_from_span
@@ -42,7 +45,7 @@ REQUEST_ATTRIBUTES = (
     "gen_ai.provider.name", "gen_ai.system", "server.address",
     "prefixscope.server", "prefixscope.tenant", "prefixscope.template", "prefixscope.template_version",
     "prefixscope.prompt_cache_key", "prefixscope.prompt_blocks", "prefixscope.cache_breakpoints",
-    "prefixscope.semantic_cache_hit", "prefixscope.cache_ttl",
+    "prefixscope.semantic_cache_hit", "prefixscope.cache_ttl", *CONTENT_ATTRIBUTES,
 )  # fmt: skip
 # GenAI `gen_ai.provider.name` (formerly `gen_ai.system`) values of hosted APIs. "openai" is also
 # what OpenAI's client instrumentation says of any server it calls (vLLM included): it is hosted only
@@ -98,10 +101,12 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
     return spans
 
 
-def span_request(span: Span) -> RequestFacts | None:
+def span_request(span: Span, *, digest_key: bytes | None = None) -> RequestFacts | None:
     """The request a span describes, or None for spans that describe none (start-up, HTTP, ...).
+    With `digest_key`, its content attributes' parts digested with it (none without).
 
-    Raises UsageError when a token count or duration attribute is not one.
+    Raises UsageError when a token count or duration attribute is not one, PartsError when a
+    content attribute is not of the GenAI conventions' shape.
     """
     a = span.attributes
     vllm = span.name == "llm_request" and "gen_ai.request.id" in a
@@ -129,6 +134,7 @@ def span_request(span: Span) -> RequestFacts | None:
         prompt_blocks=_strings(a, "prefixscope.prompt_blocks"),
         cache_breakpoints=_integers(a, "prefixscope.cache_breakpoints"),
         gateway_cache_hit=_flag(a, "prefixscope.semantic_cache_hit"),
+        parts=span_parts(a, key=digest_key) if digest_key is not None else None,
     )  # fmt: skip
 
 

@@ -4,7 +4,9 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
+from django.conf import settings
 from django.test import Client, override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +17,9 @@ from app.api.services import create_ingest_token
 from app.domain.blockhash import block_hash_chain, signed_to_wire
 from app.fleet.models import Server
 from app.traffic.models import RejectedInput, RequestRecord
+from collectors.parts import digest_key, part_digests
 from collectors.records import canonical_request_id
+from simulator.part_changes import anthropic_body, part_change_steps
 from tests.support.captures import load_json
 from tests.support.users import fleet_viewer
 
@@ -429,3 +433,30 @@ def test_bad_records_are_counted_per_server_and_reason_in_metrics_and_on_the_col
     refused = html[html.index("Refused input") :]
     assert "<code>field_invalid</code>" in refused  # the code, and the latest message beside it
     assert "cached_tokens: Expected `int` &gt;= 0" in refused
+
+
+def test_a_request_body_is_kept_as_its_parts_digests_and_a_malformed_one_rejected_alone(
+    client: Client, token: str, server: Server
+) -> None:
+    (first, second) = part_change_steps(per_phase=1, model="tiny", adapter="", phases=("base", "system"))
+    reason = "request_body.messages: expected a list of objects with a role"
+    batch = [
+        record(CAPTURES[0], request_body=first.body),
+        record(CAPTURES[1], request_body={"messages": "Where is my parcel?"}),
+        record(CAPTURES[2], request_body=anthropic_body(second.body)),
+    ]
+    status, answer = post(client, token, batch)
+
+    assert (status, answer) == (400, {"stored": 2, "rejected": [{"index": 1, "error": reason}]})
+    counted = RejectedInput.objects.filter(server=server, source="rest").values_list(
+        "reason", "detail", "count"
+    )
+    assert list(counted) == [("parts_invalid", reason, 1)]
+    key = digest_key(settings.SECRET_KEY)
+    stored = dict(RequestRecord.objects.values_list("request_id", "part_digests"))
+    assert stored[canonical_request_id(str(batch[0]["request_id"]))] == msgspec.to_builtins(
+        part_digests(first.body, key=key)
+    )
+    changed = stored[canonical_request_id(str(batch[2]["request_id"]))]
+    assert changed["system"] != stored[canonical_request_id(str(batch[0]["request_id"]))]["system"]
+    assert "parcel" not in json.dumps(stored).lower()  # the digests, never the text

@@ -115,6 +115,25 @@ def test_a_malformed_span_is_counted_and_the_others_kept(client: Client, token: 
     assert RequestRecord.objects.count() == 17
 
 
+def test_span_content_is_kept_as_its_digests_and_content_of_another_shape_rejected_alone(
+    client: Client, token: str
+) -> None:
+    export = captured_export()
+    good, bad = export.resource_spans[0].scope_spans[0].spans[:2]
+    messages = [{"role": "user", "parts": [{"type": "text", "content": "Where is my parcel?"}]}]
+    good.attributes.add(key="gen_ai.input.messages").value.string_value = json.dumps(messages)
+    bad.attributes.add(key="gen_ai.input.messages").value.string_value = "Where is my parcel?"
+
+    answer = ExportTraceServiceResponse.FromString(post(client, token, export.SerializeToString()).content)
+
+    reason = "span llm_request: gen_ai.input.messages: not JSON"
+    assert (answer.partial_success.rejected_spans, answer.partial_success.error_message) == (1, reason)
+    assert RejectedInput.objects.get(source="otlp").reason == "parts_invalid"
+    stored = RequestRecord.objects.exclude(part_digests=None).values_list("part_digests", flat=True)
+    assert len(stored) == 1 and stored[0]["latest"] == 1 and "parcel" not in json.dumps(stored[0])
+    assert RequestRecord.objects.count() == 17
+
+
 def test_no_token_no_data_and_a_bad_body_is_a_400(client: Client, token: str) -> None:
     body = captured_export().SerializeToString()
     assert client.post("/v1/traces", body, content_type=PROTOBUF).status_code == 401

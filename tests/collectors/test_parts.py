@@ -2,17 +2,19 @@
 the template would render them the same, different where it would not, and never the text."""
 
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
+import pytest
 
-from collectors.parts import PartDigests, part_digests
+from collectors.parts import PartDigests, PartsError, body_digests, digest_key, part_digests
 
 KEY = b"deployment secret"
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}},
     {"type": "function", "function": {"name": "refund", "parameters": {"properties": {}, "type": "object"}}},
 ]
-BODY = {
+BODY: dict[str, Any] = {
     "model": "tiny",
     "messages": [
         {"role": "system", "content": "You are the support desk."},
@@ -64,3 +66,62 @@ def test_a_top_level_reasoning_effort_is_the_same_part_as_the_template_argument(
 def test_a_conversation_without_an_assistant_turn_is_all_latest() -> None:
     found = digests({"messages": [{"role": "user", "content": "hi"}]})
     assert found.latest == 1 and found.system == "" and found.tools == []
+
+
+# The same request as an Anthropic Messages body (platform.claude.com Messages API): the system at
+# the top, tools with `input_schema`, cache markers on blocks.
+ANTHROPIC: dict[str, Any] = {
+    "model": "tiny",
+    "system": [{"type": "text", "text": "You are the support desk.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS],
+    "messages": BODY["messages"][1:],
+    "max_tokens": 100,
+}
+SYSTEM_AS_BLOCKS = {"role": "system", "content": [{"type": "text", "text": "You are the support desk."}]}
+
+
+def anthropic(body: Mapping[str, object], key: bytes = KEY) -> PartDigests:
+    return body_digests(msgspec.json.decode(msgspec.json.encode(body)), key=key)
+
+
+def test_an_anthropic_body_gives_the_parts_of_the_chat_body_that_says_the_same() -> None:
+    chat = digests(BODY | {"messages": [SYSTEM_AS_BLOCKS, *BODY["messages"][1:]], "chat_template_kwargs": {}})
+    assert anthropic(ANTHROPIC) == chat  # the cache marker is no content
+    plain = digests(BODY | {"chat_template_kwargs": {}})
+    assert anthropic(ANTHROPIC | {"system": "You are the support desk."}) == plain
+
+
+def test_an_anthropic_body_tells_each_part_apart() -> None:
+    before = anthropic(ANTHROPIC)
+    assert anthropic(ANTHROPIC | {"system": "You are the sales desk."}).system != before.system
+    reordered = anthropic(ANTHROPIC | {"tools": ANTHROPIC["tools"][::-1]})
+    assert sorted(reordered.tools) == sorted(before.tools) and reordered.tools != before.tools
+    thinking = anthropic(ANTHROPIC | {"thinking": {"type": "enabled", "budget_tokens": 2048}})
+    assert thinking.reasoning_effort and thinking.messages == before.messages
+    assert anthropic(ANTHROPIC | {"temperature": 0.2}) == before  # a sampling parameter renders nothing
+
+
+def test_a_chat_body_reported_gives_the_gateways_digests() -> None:
+    assert anthropic(BODY) == digests(BODY)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "request_body"),
+        ({"model": "tiny"}, "request_body.messages"),
+        ({"messages": [{"content": "no role"}]}, "request_body.messages"),
+        ({"messages": ["hello"]}, "request_body.messages"),
+        ({"messages": [], "tools": {"name": "x"}}, "request_body.tools"),
+        ({"messages": [], "system": 7}, "request_body.system"),
+        ({"messages": [], "chat_template_kwargs": "on"}, "request_body.chat_template_kwargs"),
+    ],
+)
+def test_a_body_of_no_chat_shape_is_refused_naming_the_field_never_a_value(body: object, field: str) -> None:
+    with pytest.raises(PartsError) as refused:
+        body_digests(body, key=KEY)
+    assert str(refused.value).startswith(f"{field}:") and "hello" not in str(refused.value)
+
+
+def test_the_key_comes_from_the_deployments_secret() -> None:
+    assert digest_key("one") == digest_key("one") != digest_key("two")

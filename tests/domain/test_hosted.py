@@ -1,11 +1,13 @@
 """The hosted-API causes, each from the smallest history that shows it."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from app.domain.hosted import HostedHistory, HostedPrompt, content_chain, minimum_tokens
-from app.domain.misses import Cause, Unknown
+from app.domain.misses import Cause, RequestPart, Unknown
+from app.domain.requestparts import Parts
 
 T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 BLOCKS = [f"block-{i}" for i in range(40)]
@@ -124,3 +126,35 @@ def test_no_content_blocks_cannot_be_told_past_the_minimum() -> None:
         cache_write_tokens=None,
     )  # fmt: skip
     assert HostedHistory().diagnose(bare) == Unknown.NO_PROMPT
+
+
+SYSTEM_EDITED = Parts(system="s2", tools=("t1", "t2"), messages=("m1", "m2", "q2"), latest=1)
+TOOLS_REORDERED = Parts(system="s1", tools=("t2", "t1"), messages=("m1", "m2", "q2"), latest=1)
+BEFORE = Parts(system="s1", tools=("t1", "t2"), messages=("m1", "m2", "q1"), latest=1)
+REORDERED = ["block-1", "block-0", *BLOCKS[2:]]
+
+
+def found_part(*sent: tuple[HostedPrompt, Parts | None, str | None]) -> tuple[object, ...]:
+    """The last request's cause, changed part, its detail and the request it was compared with;
+    each request sent with its parts and template, keyed by its position."""
+    history = HostedHistory()
+    found = [history.diagnose(replace(one, parts=parts, key=n, family=family))
+             for n, (one, parts, family) in enumerate(sent)][-1]  # fmt: skip
+    assert not isinstance(found, Unknown)
+    return found.cause, found.changed_part, found.part_detail, found.compared_with
+
+
+def test_a_changed_prompt_names_the_part_that_changed_and_the_request_it_departs_from() -> None:
+    edited = request(30, digests=[BLOCKS[0], "block-1-edited", *BLOCKS[2:]])
+    found = found_part((request(0), BEFORE, "support"), (edited, SYSTEM_EDITED, "support"))
+    assert found == (Cause.PROMPT_CHANGED, RequestPart.SYSTEM, "", 0)
+
+
+def test_a_first_block_changed_is_a_change_of_its_template_not_a_first_request() -> None:
+    reordered = request(30, digests=REORDERED)
+    found = found_part((request(0), BEFORE, "support"), (reordered, TOOLS_REORDERED, "support"))
+    assert found == (Cause.PROMPT_CHANGED, RequestPart.TOOLS, "reordered", 0)
+    # Without a template, or without parts, a prompt sharing no first block with its scope is new.
+    untemplated = found_part((request(0), BEFORE, None), (reordered, TOOLS_REORDERED, None))
+    assert untemplated == (Cause.COLD, None, "", None)
+    assert found_part((request(0), None, "support"), (reordered, None, "support"))[0] == Cause.COLD

@@ -3,7 +3,9 @@ through the real REST ingest (Anthropic and Bedrock shapes) and OTLP GenAI spans
 diagnosed; the confusion table (requests by injected and found cause) is printed, and must be
 diagonal: each injected request is found with its cause, and no other cause is found. The sessions
 lasting more than an hour are in it (a 1-hour TTL lapsed), and the 1-hour writes read or missed within
-their hour (found lapsed if their TTL were taken as the default 5 minutes)."""
+their hour (found lapsed if their TTL were taken as the default 5 minutes). So is the part-change
+scenario, its records carrying the request body they sent (REST) or its content (spans): each part
+changed is found as that part, and Anthropic's cache_miss_reason says it."""
 
 import json
 from collections import Counter
@@ -17,8 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.services import create_ingest_token
 from app.diagnosis.run import diagnose_requests, forget_kept_replay
+from app.domain.hostedshapes import Outcome, anthropic_shape
+from app.domain.misses import Cause, RequestPart
 from app.traffic.models import LossMinute, RequestDiagnosis, RequestRecord
-from simulator.hosted import HIT, HostedRequest, hosted_traffic
+from simulator.hosted import HIT, HostedRequest, hosted_traffic, part_change_traffic
 from simulator.hosted_report import otlp_export
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +87,37 @@ def test_semantic_cache_answers_are_counted_apart_never_as_reuse(client: Client)
     served = {s.labels["server"]: s.value for f in families for s in f.samples
               if s.name == "prefixscope_server_gateway_cache_answers_total"}  # fmt: skip
     assert served.get("openai-api") == answered
+
+
+def found_part(diagnosis: RequestDiagnosis) -> str:
+    """The part found for a prompt change, else the cause (a hit: HIT)."""
+    if diagnosis.cause == "prompt_changed" and diagnosis.changed_part:
+        return diagnosis.changed_part
+    return found_cause(diagnosis)
+
+
+def test_each_part_changed_in_rest_and_span_traffic_is_found_as_that_part(client: Client) -> None:
+    now = timezone.now()
+    requests = part_change_traffic(start=now - timedelta(hours=1))
+    send(client, create_ingest_token(name="hosted-apps"), requests)
+    assert RequestRecord.objects.exclude(part_digests=None).count() == len(requests)
+    stored = str(list(RequestRecord.objects.values_list("part_digests", flat=True)))
+    assert "support desk" not in stored and "parcel" not in stored  # digests, never the text
+    forget_kept_replay()
+    with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=120):
+        diagnose_requests(now=now)
+    by_id = {r.record["request_id"]: r for r in requests}
+    rows: Counter[tuple[str, str]] = Counter()
+    for d in RequestDiagnosis.objects.all():
+        sent = by_id[d.request_id.removeprefix("chatcmpl-")]
+        rows[("otlp " if sent.over_otlp else "rest ") + (sent.injected or "cold"), found_part(d)] += 1
+    print("\n" + confusion(rows))  # noqa: T201
+    expected = {"cold": "cold", "messages": HIT}
+    assert sum(rows.values()) == len(requests)
+    assert {pair: n for pair, n in rows.items() if expected.get(pair[0][5:], pair[0][5:]) != pair[1]} == {}
+    tools = RequestDiagnosis.objects.filter(changed_part="tools").order_by("part_detail")
+    assert list(tools.values_list("part_detail", flat=True)) == ["added", "added", "reordered", "reordered"]
+    shapes = {d.changed_part: anthropic_shape(Outcome(True, Cause(d.cause), RequestPart(d.changed_part), 1))
+              for d in RequestDiagnosis.objects.exclude(changed_part="")}  # fmt: skip
+    reasons = {part: shape.cache_miss_reason for part, shape in shapes.items()}
+    assert reasons == {"system": "system_changed", "tools": "tools_changed", "history": "messages_changed"}

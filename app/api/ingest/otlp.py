@@ -12,6 +12,7 @@ stored and Retry-After set, 429 (busy: see admission.py) and 503 (no database); 
 the export again. Documented in the API's OpenAPI schema (app/api/openapi.py).
 """
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from google.protobuf import json_format
@@ -35,6 +36,7 @@ from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
 from collectors.errors import RejectReason
 from collectors.otlp.parse import REQUEST_ATTRIBUTES, OTLPDecodeError, Span, decode_export, span_request
+from collectors.parts import PartsError, digest_key
 from collectors.records import RequestFacts
 from collectors.usage.parse import UsageError
 
@@ -96,18 +98,15 @@ def _records(
     """Request facts of the spans that describe requests; the name of each malformed span, with
     what is wrong with it and the server it names (as a good span's, the token's name by default)."""
     records, rejected = [], []
+    key = digest_key(settings.SECRET_KEY)
     for span in spans:
         try:
-            found = span_request(span)
-        except UsageError as exc:
+            found = span_request(span, digest_key=key)
+        except (UsageError, PartsError) as exc:
             server = span.attributes.get("prefixscope.server")
             server = server if isinstance(server, str) and server else default_server
-            rejected.append(
-                (
-                    span.name,
-                    Malformed(source=SOURCE, code=RejectReason.USAGE_INVALID, detail=str(exc), server=server),
-                )
-            )
+            code = RejectReason.PARTS_INVALID if isinstance(exc, PartsError) else RejectReason.USAGE_INVALID
+            rejected.append((span.name, Malformed(source=SOURCE, code=code, detail=str(exc), server=server)))
             continue
         if found is not None:
             records.append(found)

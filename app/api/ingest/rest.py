@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, get_type_hints
 import msgspec
 import numpy as np
 import numpy.typing as npt
+from django.conf import settings
 from django.http import HttpRequest
 from ninja import Router, Status
 from ninja.security import HttpBearer
@@ -33,6 +34,7 @@ from app.domain.blockhash import TokenIds
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
 from collectors.errors import RejectReason
+from collectors.parts import PartsError, body_digests, digest_key
 from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
 from collectors.usage.parse import UsageError, gateway_cache_hit, ttl_seconds, usage_from
 
@@ -264,15 +266,18 @@ def _validated_records(
     *,
     token_ids: Sequence[npt.NDArray[np.int64] | None] | None = None,
 ) -> Decoded:
-    """The records' facts, and the rejected with those whose usage is not valid; `token_ids`: each
-    record's, read apart from it (_read_fast)."""
+    """The records' facts, and the rejected with those whose usage or request body is not valid;
+    `token_ids`: each record's, read apart from it (_read_fast)."""
     requests = []
+    key = digest_key(settings.SECRET_KEY)
     for position, (index, record) in enumerate(records):
         try:
             ids = record.prompt_token_ids if token_ids is None else token_ids[position]
-            requests.append((index, to_facts(record, ids)))
+            requests.append((index, to_facts(record, ids, digest_key=key)))
         except UsageError as exc:
             rejected.append(Rejected(index, RejectReason.USAGE_INVALID, str(exc), record.server))
+        except PartsError as exc:
+            rejected.append(Rejected(index, RejectReason.PARTS_INVALID, str(exc), record.server))
     return Decoded(requests, rejected)
 
 
@@ -297,10 +302,11 @@ def field_error(exc: msgspec.ValidationError) -> str:
     return f"{field}: {message}"
 
 
-def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFacts:
+def to_facts(record: RequestRecordIn, token_ids: TokenIds | None, *, digest_key: bytes) -> RequestFacts:
     """The record's facts under its canonical request id; fields given explicitly win over `usage`.
     `token_ids`: its prompt token ids, a list or numpy int64 (what the ingest converts a list to
-    anyway, app.domain.blockhash.int64_ids)."""
+    anyway, app.domain.blockhash.int64_ids). Its request body, if any, is kept only as its parts'
+    digests (with `digest_key`); raises PartsError for a body that is not a chat request's."""
     prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
     written, provider = record.cache_write_tokens, record.provider
     ttl = ttl_seconds(record.cache_ttl, "cache_ttl") if record.cache_ttl is not None else None
@@ -343,4 +349,5 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None) -> RequestFact
         prompt_blocks=record.prompt_blocks,
         cache_breakpoints=record.cache_breakpoints,
         gateway_cache_hit=gateway_hit,
+        parts=body_digests(record.request_body, key=digest_key) if record.request_body is not None else None,
     )

@@ -30,7 +30,6 @@ drains the queue; SIGKILL loses the records still in memory (at most --queue-siz
 import argparse
 import asyncio
 import gc
-import hashlib
 import signal
 import sys
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from app.fleet.models import Server
 from app.telemetry import configure_tracing
 from app.traffic.collection.gateway_writer import GatewayWriter, WriterPool
 from collectors.gateway.proxy import serve
+from collectors.parts import digest_key
 
 
 class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -161,19 +161,13 @@ async def _serve_until_signalled(routes: list[tuple[Route, GatewayWriter]]) -> N
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    key = part_digest_key()
+    key = digest_key(settings.SECRET_KEY)  # the request parts' digests (collectors/parts.py)
     await asyncio.gather(
         *(
             serve(route.host, route.port, route.upstream, writer, stop, digest_key=key)
             for route, writer in routes
         )
     )
-
-
-def part_digest_key() -> bytes:
-    """The key of the request parts' digests (collectors/parts.py): derived from the deployment's
-    secret, so digests compare across the gateway's processes and restarts, and only within it."""
-    return hashlib.sha256(b"prefixscope request parts\0" + settings.SECRET_KEY.encode()).digest()
 
 
 def _keep_pauses_short() -> None:
