@@ -162,6 +162,10 @@ def _changes(ours: Parts, theirs: Parts) -> list[PartChange]:
     return changes
 
 
+def _differs(ours: Parts, theirs: Parts, name: str) -> bool:
+    return bool(getattr(ours, name) != getattr(theirs, name))
+
+
 def _holding(changes: Sequence[PartChange], starts: Mapping[str, int], departs: range) -> set[RequestPart]:
     """The changed parts whose span may hold a token of `departs`: those starting last at or before
     its first token, those starting inside it, and those whose start is not known."""

@@ -88,9 +88,11 @@ NEXT_TURN = ("u1", "a1", "u2", "a2", "u3")
         (replace(BEFORE, reasoning_effort="high", messages=NEXT_TURN), range(5, 6),
          PartChange(RequestPart.REASONING_EFFORT)),
         # The history rewritten and a new question: the departure in the history names it.
-        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(61, 62), PartChange(RequestPart.HISTORY)),
+        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(61, 62),
+         PartChange(RequestPart.HISTORY)),
         # A block holding the start of the latest message as well: both remain, the rule order names one.
-        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(80, 96), PartChange(RequestPart.HISTORY)),
+        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(80, 96),
+         PartChange(RequestPart.HISTORY)),
         # A changed part whose start is not known stays a candidate.
         (replace(BEFORE, tool_choice="auto", messages=NEXT_TURN), range(95, 96),
          PartChange(RequestPart.TOOL_CHOICE)),
@@ -113,8 +115,8 @@ def test_without_starts_the_rule_order_names_a_part_rendered_after_the_departure
 
 @pytest.mark.parametrize(
     ("position", "expected"),
-    [(0, RequestPart.TOOLS), (1, RequestPart.TOOLS), (2, RequestPart.REASONING_EFFORT), (59, RequestPart.SYSTEM),
-     (90, RequestPart.MESSAGES), (500, RequestPart.TEMPLATE_KWARGS)],
+    [(0, RequestPart.TOOLS), (1, RequestPart.TOOLS), (2, RequestPart.REASONING_EFFORT),
+     (59, RequestPart.SYSTEM), (90, RequestPart.MESSAGES), (500, RequestPart.TEMPLATE_KWARGS)],
 )  # fmt: skip
 def test_a_token_lies_in_the_part_starting_last_at_or_before_it(position: int, expected: RequestPart) -> None:
     assert part_at(STARTS, position) == expected
