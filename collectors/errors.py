@@ -40,6 +40,9 @@ class RejectReason(StrEnum):
     TOO_FAR_AHEAD = "too_far_ahead"  # arrived after the newest partition
     UNKNOWN_MODEL = "unknown_model"  # the server serves no model or adapter of that name
     USAGE_INVALID = "usage_invalid"  # a span's usage or duration attribute is not a count
+    PART_STARTS_UNKNOWN = (
+        "part_starts_unknown"  # the gateway's /tokenize look-ups failed: record kept without
+    )
     # Refused whole, or lost inside Prefixscope
     BUSY = "busy"  # 429: the process was ingesting as many batches as it may
     DATABASE_BUSY = "database_busy"  # 429: the database did not take the batch in time

@@ -12,6 +12,9 @@ Tools are kept one digest per tool in the order sent (each tool's JSON with its 
 one digest of the list exactly as sent (its keys in the client's order): a set that differs means a
 tool was added, removed or edited; the same set in another order, reordered; the same ordered tools
 with other bytes, re-serialized (a schema's keys in another order, which the template renders as is).
+
+`starts` says where each part starts in the rendered prompt, as a token position, when the gateway
+learned it after the answer (collectors/partstarts.py): positions, never text.
 """
 
 import hashlib
@@ -43,6 +46,7 @@ class PartDigests(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     template_kwargs: dict[str, str] = {}  # the other chat-template arguments, by name
     messages: list[str] = []
     latest: int = 0
+    starts: dict[str, int] = {}  # part (system, tools, history, messages: the latest...) -> token
 
 
 def part_digests(payload: dict[str, Any], *, key: bytes) -> PartDigests:
@@ -68,7 +72,7 @@ def part_digests(payload: dict[str, Any], *, key: bytes) -> PartDigests:
         reasoning_effort=digest.optional(effort),
         template_kwargs=_kwargs(kwargs, digest),
         messages=_messages(others, digest),
-        latest=_latest(others),
+        latest=latest_turn(others),
     )
 
 
@@ -106,7 +110,7 @@ def _messages(messages: list[Any], digest: _Digest) -> list[str]:
     return kept
 
 
-def _latest(messages: list[Any]) -> int:
+def latest_turn(messages: list[Any]) -> int:
     """How many trailing messages are the request's own turn: those after the last assistant one
     (all of them in a conversation without one)."""
     for back, message in enumerate(reversed(messages)):
