@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
+from app.dashboard.pages.request import request_page_url
 from app.diagnosis.run import diagnose_requests
 from app.domain import gpt2
 from app.domain.blockhash import LoraKey
@@ -25,6 +27,7 @@ from simulator.fleet import describe
 from simulator.part_changes import part_change_steps
 from tests.support.running_gateway import call, running_gateway
 from tests.support.simulated_fleet import local_config, running_fleet
+from tests.support.users import fleet_viewer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +59,7 @@ def expected(injected: str) -> str:
     return {"": "cold", "messages": "new_content"}.get(injected, injected)
 
 
-def test_each_injected_part_change_is_found_as_its_part(tmp_path: Path) -> None:
+def test_each_injected_part_change_is_found_as_its_part(tmp_path: Path, client: Client) -> None:
     config = local_config(name="sim-parts", block_size=16, lora_adapters=(ADAPTER,))
     steps = part_change_steps(per_phase=3, model=config.model, adapter=ADAPTER.name)
     with running_fleet([config]):
@@ -90,9 +93,18 @@ def test_each_injected_part_change_is_found_as_its_part(tmp_path: Path) -> None:
     ours, theirs = (Parts.from_json(stored[n].part_digests, model="", adapter=False) for n in (off, off - 1))
     assert changed_part(ours, theirs).part == RequestPart.TEMPLATE_KWARGS
     assert found_part(diagnoses[stored[off].request_id]) == "new_content"
+    # The request page says in which part the departing token lies.
+    client.force_login(fleet_viewer("engineer"))
+    for (injected, _), record in zip(pairs, stored, strict=True):
+        if injected in ("system", "reasoning_effort"):
+            page = client.get(request_page_url("sim-parts", record.request_id)).content.decode()
+            at = diagnoses[record.request_id].diverged_at
+            assert f"at token {at}, in its {injected.replace('_', ' ')}" in page, injected
 
 
-def assert_starts_where_their_parts_render(body: dict[str, Any], starts: dict[str, int], ids: list[int]) -> None:
+def assert_starts_where_their_parts_render(
+    body: dict[str, Any], starts: dict[str, int], ids: list[int]
+) -> None:
     """Each part's start is a token of what the template renders of it (gpt2.PARTS_CHAT_TEMPLATE): the
     reasoning effort and tools in the header, then the messages; its first token, or the first that
     its rendering does not share with what follows it without it (`<|im_start|>` is shared by all)."""
