@@ -7,7 +7,7 @@ from typing import Any
 from collectors.partstarts import FULL, part_starts, renderings
 from tests.collectors.test_parts import BODY
 
-SYSTEM, HISTORY, ASSISTANT, LATEST = BODY["messages"]  # type: ignore[misc]
+SYSTEM, HISTORY, ASSISTANT, LATEST = BODY["messages"]
 
 
 def test_each_part_the_request_has_is_taken_away_once_and_the_messages_cut_before_their_turns() -> None:

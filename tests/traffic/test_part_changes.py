@@ -18,7 +18,7 @@ from app.diagnosis.run import diagnose_requests
 from app.domain import gpt2
 from app.domain.blockhash import LoraKey
 from app.domain.misses import RequestPart
-from app.domain.requestparts import Parts, changed_part
+from app.domain.requestparts import PartChange, Parts, changed_part
 from app.fleet.services import register_server
 from app.traffic.collection.gateway_writer import GatewayWriter
 from app.traffic.models import RequestDiagnosis, RequestRecord
@@ -91,7 +91,7 @@ def test_each_injected_part_change_is_found_as_its_part(tmp_path: Path, client: 
     # arguments would be named, by where the prompt departs its question (its own new content).
     off = next(n for n, step in enumerate(steps) if "enable_thinking" in step.body["chat_template_kwargs"])
     ours, theirs = (Parts.from_json(stored[n].part_digests, model="", adapter=False) for n in (off, off - 1))
-    assert changed_part(ours, theirs).part == RequestPart.TEMPLATE_KWARGS
+    assert changed_part(ours, theirs) == PartChange(RequestPart.TEMPLATE_KWARGS, kwarg="enable_thinking")
     assert found_part(diagnoses[stored[off].request_id]) == "new_content"
     # The request page says in which part the departing token lies.
     client.force_login(fleet_viewer("engineer"))
