@@ -41,6 +41,8 @@ class RejectReason(StrEnum):
     UNKNOWN_MODEL = "unknown_model"  # the server serves no model or adapter of that name
     USAGE_INVALID = "usage_invalid"  # a span's usage or duration attribute is not a count
     PARTS_INVALID = "parts_invalid"  # a request body or span content not of a chat request's shape
+    # The gateway's /tokenize look-ups of where each part starts failed: the record kept without them.
+    PART_STARTS_UNKNOWN = "part_starts_unknown"
     # Refused whole, or lost inside Prefixscope
     BUSY = "busy"  # 429: the process was ingesting as many batches as it may
     DATABASE_BUSY = "database_busy"  # 429: the database did not take the batch in time

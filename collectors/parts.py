@@ -17,6 +17,9 @@ Other sources give the same parts: an application's request body (`body_digests`
 chat-completions body, or an Anthropic Messages body read as the chat body that says the same) and
 an OpenTelemetry GenAI span's content attributes (collectors/otlp/content.py). Only the parts a chat
 template renders are digested: sampling parameters (temperature, max_tokens) change no prompt token.
+
+`starts` says where each part starts in the rendered prompt, as a token position, when the gateway
+learned it after the answer (collectors/partstarts.py): positions, never text.
 """
 
 import hashlib
@@ -59,6 +62,7 @@ class PartDigests(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     template_kwargs: dict[str, str] = {}  # the other chat-template arguments, by name
     messages: list[str] = []
     latest: int = 0
+    starts: dict[str, int] = {}  # part (system, tools, history, messages: the latest...) -> token
 
 
 def part_digests(payload: dict[str, Any], *, key: bytes) -> PartDigests:
@@ -84,7 +88,7 @@ def part_digests(payload: dict[str, Any], *, key: bytes) -> PartDigests:
         reasoning_effort=digest.optional(effort),
         template_kwargs=_kwargs(kwargs, digest),
         messages=_messages(others, digest),
-        latest=_latest(others),
+        latest=latest_turn(others),
     )
 
 
@@ -122,7 +126,7 @@ def _messages(messages: list[Any], digest: _Digest) -> list[str]:
     return kept
 
 
-def _latest(messages: list[Any]) -> int:
+def latest_turn(messages: list[Any]) -> int:
     """How many trailing messages are the request's own turn: those after the last assistant one
     (all of them in a conversation without one)."""
     for back, message in enumerate(reversed(messages)):

@@ -59,26 +59,31 @@ def prompt_ids(body: dict[str, Any]) -> list[int]:
     raise Refused("prompt: expected a string or a list of token ids", param="prompt")
 
 
-def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
-    """The messages of a /v1/chat/completions request, rendered with the chat template and tokenized:
-    `gpt2.PARTS_CHAT_TEMPLATE`, which renders the request's tools and chat-template arguments (its
-    `reasoning_effort` among them, top-level or not) before the messages, as a real server started
-    with `--chat-template` of it does (the tools as sent: vLLM re-dumps their outer keys in its own
-    order, which only matters when they come in another)."""
+def chat_prompt_ids(body: dict[str, Any], *, tokenize: bool = False) -> list[int]:
+    """The messages of a /v1/chat/completions request (or, `tokenize`, of a chat body to /tokenize),
+    rendered with the chat template and tokenized: `gpt2.PARTS_CHAT_TEMPLATE`, which renders the
+    request's tools and chat-template arguments (its `reasoning_effort` among them) before the
+    messages, as a real server started with `--chat-template` of it does (the tools as sent: vLLM
+    re-dumps their outer keys in its own order, which only matters when they come in another).
+
+    As vLLM 0.32 (`ChatCompletionRequest.build_chat_params`), a chat completion's top-level
+    `reasoning_effort` is passed to the template over the client's argument, with `enable_thinking`
+    = effort != "none" unless the client set it; /tokenize (`TokenizeChatRequest`) has no such field."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise Refused("messages: expected a list of messages", param="messages")
     if not messages:
         message = "Cannot apply chat template to an empty conversation. Provide at least one message."
         raise Refused(message, param=None)
+    tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
+    kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+    if isinstance(effort := body.get("reasoning_effort"), str) and not tokenize:
+        kwargs = {"enable_thinking": effort != "none", **kwargs, "reasoning_effort": effort}
     try:
-        tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
-        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
-        if isinstance(body.get("reasoning_effort"), str):
-            kwargs.setdefault("reasoning_effort", body["reasoning_effort"])
         rendered = gpt2.render_chat_parts(
-            messages, tools=tools if isinstance(tools, list) else None, template_kwargs=kwargs
-        )
+            messages, tools=tools if isinstance(tools, list) else None, template_kwargs=kwargs,
+            add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+        )  # fmt: skip
         return gpt2.encode(rendered)
     except ValueError as exc:
         raise Refused(f"messages: {exc}", param="messages") from None

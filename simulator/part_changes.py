@@ -3,10 +3,13 @@
 One support conversation (a system message, four tools, a reasoning effort, two earlier turns and a
 new question each time) is sent in phases. Each phase after the first changes one part and keeps
 the change (as a deployment does): the tools reordered, the reasoning effort raised (a chat-template
-argument), the system message edited, a tool added, the history compacted into a summary, the model
-swapped for a LoRA adapter. The first request of a phase is the one the change hits (its expected
-part is the change); the others differ from the one before only by their new question (`messages`).
-The chat template renders the tools and the reasoning effort at the top (gpt2.PARTS_CHAT_TEMPLATE).
+argument), the system message edited, a tool added, the history compacted into a summary, thinking
+turned off (`enable_thinking`, another chat-template argument), the model swapped for a LoRA adapter.
+The first request of a phase is the one the change hits (its expected part is the change); the others
+differ from the one before only by their new question (`messages`). The chat template renders the
+tools and the reasoning effort at the top, and thinking turned off at the very end, after the latest
+message (gpt2.PARTS_CHAT_TEMPLATE): a request that turns it off departs in its new question, so that
+is its part (the rule order alone would name its template arguments).
 A hosted API's cache keys on the content alone (HOSTED_PHASES: no adapter, and a reasoning effort
 changed keeps the tools and system cached, a partial hit): simulator/hosted.py sends those phases as
 an application reports them, its Anthropic body (`anthropic_body`) or its GenAI span's content.
@@ -33,7 +36,7 @@ HISTORY = [
     {"role": "assistant", "content": "I am sorry to hear that. Could you give me the order number please?"},
 ]
 SUMMARY = [{"role": "user", "content": "Summary so far: the parcel is late and tracking is empty."}]
-PHASES = ("base", "tools", "reasoning_effort", "system", "tools_added", "history", "adapter")
+PHASES = ("base", "tools", "reasoning_effort", "system", "tools_added", "history", "thinking", "adapter")
 HOSTED_PHASES = ("base", "tools", "system", "tools_added", "history")
 
 
@@ -50,7 +53,7 @@ def part_change_steps(
     a scenario's `conversations` choose theirs)."""
     rng = random.Random(seed)
     state: dict[str, Any] = {"system": SYSTEM, "tools": list(TOOLS), "effort": "low", "history": HISTORY,
-                             "model": model}  # fmt: skip
+                             "model": model, "thinking": True}  # fmt: skip
     steps: list[Step] = []
     for phase in phases:
         _change(state, phase, adapter)
@@ -65,8 +68,10 @@ def part_change_steps(
 
 
 WORDS = ("arrive", "ship", "leave the depot", "be delivered", "reach me", "be sent")
+# Thinking turned off renders after the new question: the prompt departs in the question.
 _PART_OF = {"tools": "tools", "tools_added": "tools", "reasoning_effort": "reasoning_effort",
-            "system": "system", "history": "history", "adapter": "adapter"}  # fmt: skip
+            "system": "system", "history": "history", "adapter": "adapter",
+            "thinking": "messages"}  # fmt: skip
 
 
 def _change(state: dict[str, Any], phase: str, adapter: str) -> None:
@@ -80,6 +85,8 @@ def _change(state: dict[str, Any], phase: str, adapter: str) -> None:
         state["tools"] = [*state["tools"], EXTRA_TOOL]
     elif phase == "history":
         state["history"] = SUMMARY
+    elif phase == "thinking":
+        state["thinking"] = False
     elif phase == "adapter":
         state["model"] = adapter
 
@@ -91,7 +98,8 @@ def _body(state: dict[str, Any], question: str) -> dict[str, Any]:
         # tool_choice "none": the tools rendered, no tool-call parser needed (vLLM refuses "auto" without).
         "model": state["model"], "messages": messages, "tools": state["tools"], "tool_choice": "none",
         "max_tokens": 1,
-        "chat_template_kwargs": {"reasoning_effort": state["effort"]},
+        "chat_template_kwargs": {"reasoning_effort": state["effort"]}
+        | ({} if state["thinking"] else {"enable_thinking": False}),
     }  # fmt: skip
 
 

@@ -369,12 +369,11 @@ class SimulatedServer:
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         if isinstance(body.get("messages"), list):
-            text = gpt2.render_chat(body["messages"], body.get("add_generation_prompt", True))
+            tokens = openai_requests.chat_prompt_ids(body, tokenize=True)  # as the chat completion renders
         elif isinstance(body.get("prompt"), str):
-            text = body["prompt"]
+            tokens = gpt2.encode(body["prompt"])
         else:
             raise Refused("prompt: expected a string (or messages: a list)", param="prompt")
-        tokens = gpt2.encode(text)
         strs = gpt2.token_strs(tokens) if body.get("return_token_strs") else None
         return web.json_response(
             {

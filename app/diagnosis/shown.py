@@ -1,11 +1,12 @@
 """One request's diagnosis as it is shown: its losses worded, and where its prompt departs. Read from
 the stored row (`RequestDiagnosis.loss_runs`), for the request page and any answer that words them."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.domain.misses import Cause, Loss, cause_label
+from app.domain.misses import PART_LABELS, Cause, Loss, RequestPart, cause_label
+from app.domain.requestparts import part_at
 from app.traffic.models import RequestDiagnosis
 
 
@@ -17,12 +18,14 @@ class Departure:
     its own salt (token-exact); its losses are by block. When `at` lies in a block lost to another
     cause (a salted request whose first block another tenant's salt had: no block of it was shared
     under its own salt), the prompt-changed loss starts later, at `changed_from`, and `lost_to` names
-    the cause of the block `at` lies in."""
+    the cause of the block `at` lies in. `part` is the request part `at` lies in, where the gateway
+    learned where its parts start ("" where not)."""
 
     at: int
     changed_from: int
     block: int | None
     lost_to: str  # "" when `at` lies in the prompt-changed loss itself
+    part: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +45,28 @@ def loss_at(losses: Sequence[Loss], token: int) -> Loss | None:
     return next((loss for loss in losses if loss.holds(token)), None)
 
 
-def departure(diagnosis: RequestDiagnosis | None, *, block_size: int | None) -> Departure | None:
-    """Where the diagnosed prompt departs; None when it was not found changed."""
+def departure(
+    diagnosis: RequestDiagnosis | None, *, block_size: int | None, starts: Mapping[str, int] | None = None
+) -> Departure | None:
+    """Where the diagnosed prompt departs (`starts`: the record's part starts, when known); None when
+    it was not found changed."""
     if diagnosis is None or diagnosis.diverged_at is None:
         return None
     at, changed_from = diagnosis.diverged_at, diagnosis.changed_from
+    part = _span_label(part_at(starts or {}, at))
     if changed_from is None or at >= changed_from:
-        return Departure(at=at, changed_from=at, block=None, lost_to="")
+        return Departure(at=at, changed_from=at, block=None, lost_to="", part=part)
     holding = loss_at(diagnosis.loss_runs, at)
     label = cause_label(holding.cause) if holding else "not lost"
     block = at // block_size if block_size else None
-    return Departure(at=at, changed_from=changed_from, block=block, lost_to=label.lower())
+    return Departure(at=at, changed_from=changed_from, block=block, lost_to=label.lower(), part=part)
+
+
+def _span_label(part: RequestPart | None) -> str:
+    """A part as a span of the prompt: "latest messages", "conversation history"."""
+    if part is None:
+        return ""
+    return "conversation history" if part == RequestPart.HISTORY else PART_LABELS[part].lower()
 
 
 def shown_losses(diagnosis: RequestDiagnosis | None, *, names: dict[int, str]) -> list[ShownLoss]:

@@ -47,12 +47,16 @@ PARTS_CHAT_TEMPLATE: Final = (
     "{% if reasoning_effort %}{{ 'Reasoning effort: ' + reasoning_effort + '\\n' }}{% endif %}"
     "{% for tool in tools or [] %}{{ 'Tool: ' + tool | tojson + '\\n' }}{% endfor %}"
     "{{ '<|im_end|>\\n' }}"
-    "{% endif %}" + CHAT_TEMPLATE
+    "{% endif %}" + CHAT_TEMPLATE + "{% if add_generation_prompt and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{% endif %}"
 )
 """ChatML after a header, as real models' templates render the request's parameters near the top
 (a public report: `reasoning_effort` rendered so gave 0 % hits): the reasoning effort (a chat-template
 argument) and each tool as JSON with its keys as sent (Hugging Face's `tojson`), in a system block
-before the messages. A request with neither renders as ``CHAT_TEMPLATE`` does."""
+before the messages; and, as Qwen3's template does, an empty thinking block after the generation prompt
+when the argument `enable_thinking` is false: an argument rendered low, after the latest message. A
+request with none of them renders as ``CHAT_TEMPLATE`` does."""
 
 
 @cache
@@ -168,6 +172,7 @@ def render_chat_parts(
     *,
     tools: Sequence[object] | None = None,
     template_kwargs: Mapping[str, object] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
     """Render a conversation with ``PARTS_CHAT_TEMPLATE``: its tools and chat-template arguments
     (``reasoning_effort`` among them) as vLLM passes them to a template. ValueError as render_chat."""
@@ -176,7 +181,7 @@ def render_chat_parts(
         **dict(template_kwargs or {}),
         messages=[dict(message) for message in messages],
         tools=list(tools) if tools else None,
-        add_generation_prompt=True,
+        add_generation_prompt=add_generation_prompt,
         bos_token=EOS_TOKEN,
         eos_token=EOS_TOKEN,
     )

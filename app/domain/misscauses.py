@@ -277,7 +277,7 @@ class FleetHistory:
         if compared is None:
             return found
         assert request.parts is not None
-        change = changed_part(request.parts, compared[1])
+        change = changed_part(request.parts, compared[1], _departs(found.diverged_at, request))
         if change is None:
             return replace(found, compared_with=compared[0])
         detail = change.detail.value if change.detail else change.kwarg
@@ -431,3 +431,12 @@ def _unknown(request: RequestPrompt) -> Unknown | None:
     ):
         return Unknown.NO_PROMPT
     return None
+
+
+def _departs(at: int | None, request: RequestPrompt) -> range | None:
+    """The tokens a departure found at `at` may be: that one when found off a block boundary (token
+    ids compared), else any of its block (Followers gives a block's first token when it cannot tell)."""
+    if at is None:
+        return None
+    size = request.block_size or 1
+    return range(at, at + 1 if request.token_ids is not None and at % size else at + size)

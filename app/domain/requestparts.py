@@ -1,22 +1,28 @@
 """Which part of a request changed, from the digests of its parts and of the request it departs
-from (the gateway's, collectors/parts.py, stored on the record as JSON).
+from (the gateway's, collectors/parts.py, stored on the record as JSON), and where each part starts
+in the rendered prompt when the gateway learned it (collectors/partstarts.py: token positions).
 
-The rule order is the order in which a part, changed, explains a prompt change: the model or LoRA
-adapter (every block differs), then the tools, the system message, the request parameters the chat
-template renders (tool choice, response format, reasoning effort, the other template arguments),
-the history (an earlier message edited, removed or summarized: not appended to), and last the
-latest messages. The digests say which parts differ, not where each one starts in the rendered
-prompt (the gateway does not render the chat template): the first differing part in this order is
-named, so a request whose latest message and reasoning effort both changed is said to have changed
-its reasoning effort.
+Where the starts are known, the part named is the one whose span holds the token where the prompt
+departs: a changed part that starts after the departure did not cause it, nor did one followed,
+before the departure, by another changed part. A departure known to its block only (no token ids)
+lies anywhere in that block, so every changed part starting inside it remains a candidate too; so
+does a changed part whose start is not known (vLLM's /tokenize takes no tool choice nor response
+format). Among the candidates left, and when nothing is known of the starts, the rule order names one:
+the model or LoRA adapter (every block differs), then the tools, the system message, the request
+parameters the chat template renders (tool choice, response format, reasoning effort, the other
+template arguments), the history (an earlier message edited, removed or summarized: not appended to),
+and last the latest messages. So a request whose latest message and a template argument rendered
+after it (Qwen3's `enable_thinking`, at the generation prompt) both changed departs in its latest
+message by the starts, and in its template arguments by the rule order alone.
 
 A request that differs only in its latest messages (every other part the same, the earlier request's
-history in place: a turn appended, a new question) did not change its prompt: everything the chat
-template renders before its own messages is what the earlier request sent, so it departs where its
-own content starts, and those tokens are its new content (`own_turn`). The family's usual fan-out
-point (app/domain/fanout.py) says the same from token positions alone, and cannot after a change
-that moved the conversation's own content up: once a history is compacted, the questions after it
-start above the point the longer history taught, and only the parts tell them from a change.
+history in place: a turn appended, a new question), or whose departure lies in them, did not change
+its prompt: everything the chat template renders before its own messages is what the earlier request
+sent, so it departs where its own content starts, and those tokens are its new content (`own_turn`).
+The family's usual fan-out point (app/domain/fanout.py) says the same from token positions alone,
+and cannot after a change that moved the conversation's own content up: once a history is compacted,
+the questions after it start above the point the longer history taught, and only the parts tell them
+from a change.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class Parts:
     template_kwargs: Mapping[str, str] = field(default_factory=dict)
     messages: tuple[str, ...] = ()
     latest: int = 0
+    starts: Mapping[str, int] = field(default_factory=dict)  # part (RequestPart's value) -> token
 
     @classmethod
     def from_json(cls, stored: Mapping[str, Any], *, model: str, adapter: bool) -> Parts:
@@ -95,6 +102,7 @@ class Parts:
             template_kwargs=dict(stored.get("template_kwargs", {})),
             messages=tuple(stored.get("messages", ())),
             latest=int(stored.get("latest", 0)),
+            starts={str(k): int(v) for k, v in stored.get("starts", {}).items()},
         )
 
     @property
@@ -110,29 +118,63 @@ class PartChange:
     kwarg: str = ""  # template_kwargs: the first argument (by name) that differs
 
 
-def changed_part(ours: Parts, theirs: Parts) -> PartChange | None:
-    """The part of `ours` that departs from `theirs` (the earlier request), by the rule order of
-    the module's docstring; None when no part differs (a completions request, or the same parts
+def changed_part(ours: Parts, theirs: Parts, departs: range | None = None) -> PartChange | None:
+    """The part of `ours` that departs from `theirs` (the earlier request): among the changed parts
+    whose span in `ours` may hold the departure (a token of `departs`, when known), the first in rule
+    order (the module's docstring); None when no part differs (a completions request, or the same parts
     rendered differently: a template change)."""
+    changes = _changes(ours, theirs)
+    if departs is not None and changes:
+        held = _holding(changes, ours.starts, departs)
+        changes = [change for change in changes if change.part in held]
+    return changes[0] if changes else None
+
+
+def part_at(starts: Mapping[str, int], position: int) -> RequestPart | None:
+    """The part whose span holds token `position`: the one starting last at or before it (of parts
+    starting at the same token, the first in rule order); None when no start is known at or before it."""
+    before = [(-start, _RULE_ORDER.index(RequestPart(p))) for p, start in starts.items()
+              if p in _RULE_ORDER and start <= position]  # fmt: skip
+    return _RULE_ORDER[min(before)[1]] if before else None
+
+
+def _changes(ours: Parts, theirs: Parts) -> list[PartChange]:
+    """Every changed part, in rule order."""
     if ours.model != theirs.model:
         adapter = ours.adapter or theirs.adapter
-        return PartChange(RequestPart.ADAPTER if adapter else RequestPart.MODEL)
+        return [PartChange(RequestPart.ADAPTER if adapter else RequestPart.MODEL)]
+    changes = []
     if tools := _tools(ours, theirs):
-        return PartChange(RequestPart.TOOLS, tools)
+        changes.append(PartChange(RequestPart.TOOLS, tools))
     if ours.system != theirs.system:
-        return PartChange(RequestPart.SYSTEM)
-    for part, name in _PARAMETERS:
-        if getattr(ours, name) != getattr(theirs, name):
-            return PartChange(part)
+        changes.append(PartChange(RequestPart.SYSTEM))
+    changes += [
+        PartChange(part) for part, name in _PARAMETERS if getattr(ours, name) != getattr(theirs, name)
+    ]
     if ours.template_kwargs != theirs.template_kwargs:
         names = sorted(set(ours.template_kwargs) | set(theirs.template_kwargs))
         first = next(n for n in names if ours.template_kwargs.get(n) != theirs.template_kwargs.get(n))
-        return PartChange(RequestPart.TEMPLATE_KWARGS, kwarg=first)
+        changes.append(PartChange(RequestPart.TEMPLATE_KWARGS, kwarg=first))
     if _history_rewritten(ours.messages, theirs):
-        return PartChange(RequestPart.HISTORY)
+        changes.append(PartChange(RequestPart.HISTORY))
     if ours.messages != theirs.messages:
-        return PartChange(RequestPart.MESSAGES)
-    return None
+        changes.append(PartChange(RequestPart.MESSAGES))
+    return changes
+
+
+def _differs(ours: Parts, theirs: Parts, name: str) -> bool:
+    return bool(getattr(ours, name) != getattr(theirs, name))
+
+
+def _holding(changes: Sequence[PartChange], starts: Mapping[str, int], departs: range) -> set[RequestPart]:
+    """The changed parts whose span may hold a token of `departs`: those starting last at or before
+    its first token, those starting inside it, and those whose start is not known."""
+    known = {c.part: starts[c.part] for c in changes if c.part in starts}
+    held = {c.part for c in changes if c.part not in known}
+    held |= {part for part, start in known.items() if departs.start < start < departs.stop}
+    if before := [start for start in known.values() if start <= departs.start]:
+        held |= {part for part, start in known.items() if start == max(before)}
+    return held
 
 
 def own_turn(found: Diagnosis) -> Diagnosis:
@@ -150,6 +192,11 @@ def own_turn(found: Diagnosis) -> Diagnosis:
     )  # fmt: skip
 
 
+# The parts a chat template renders, in rule order (the model and adapter are no span of the prompt).
+_RULE_ORDER = (
+    RequestPart.TOOLS, RequestPart.SYSTEM, RequestPart.TOOL_CHOICE, RequestPart.RESPONSE_FORMAT,
+    RequestPart.REASONING_EFFORT, RequestPart.TEMPLATE_KWARGS, RequestPart.HISTORY, RequestPart.MESSAGES,
+)  # fmt: skip
 _PARAMETERS = (
     (RequestPart.TOOL_CHOICE, "tool_choice"),
     (RequestPart.RESPONSE_FORMAT, "response_format"),

@@ -11,6 +11,11 @@ Headers an application may set (vLLM ignores them; they are forwarded unchanged)
 - `X-Prefixscope-Template-Version`: that template's version, the commit sha in its git repository.
 `traceparent` (W3C) gives the trace id; the request id is the canonical one of the answer's `id`
 (else the client's `X-Request-Id`), and the TTFT is the client's: until the first content reached it.
+
+A chat request whose prompt token ids came back is recorded once its parts' starts are learned
+(collectors/gateway/starts.py), after its answer went out; a failed look-up is counted
+(`part_starts_unknown`) and the record kept without them. At most MAX_LEARNING look-ups are under
+way: past that, records go without starts at once, counted so too.
 """
 
 import asyncio
@@ -18,6 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -30,6 +36,7 @@ from yarl import URL
 from collectors.errors import Rejection, RejectReason
 from collectors.gateway.answer import AnswerFacts, StreamEditor, read_answer, strip_token_ids
 from collectors.gateway.plan import RECORDED_PATHS, Plan, plan_request, trace_id_from
+from collectors.gateway.starts import StartsUnknown, learn_part_starts
 from collectors.records import RequestFacts, canonical_request_id
 from collectors.usage.parse import Usage, UsageError, usage_from
 
@@ -48,6 +55,7 @@ _NOT_ADDED = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")  # aioh
 _WHOLE_BYTES = 1024 * 1024  # answers up to this size (with a Content-Length) are passed on in one write
 # Below uvicorn's 5 s, so vLLM never closes a pooled connection just as the gateway reuses it.
 _KEEPALIVE_SECONDS = 4.0
+MAX_LEARNING = 64  # part-start look-ups under way at once (each up to 7 /tokenize calls)
 
 
 class Recorder(Protocol):
@@ -69,6 +77,7 @@ class Gateway:
         self.recorder = recorder
         self.session = session
         self.digest_key = digest_key
+        self._learning: set[asyncio.Task[None]] = set()
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -103,14 +112,66 @@ class Gateway:
             else:
                 response, facts, ttft = await _whole(request, upstream, plan, started)
         try:
-            self._record(request, plan, facts, arrived_at=arrived_at, ttft=ttft)
+            self._hand_over(request.headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
         except Exception:  # the client has its answer; a recording bug must not turn it into an error
             logger.exception("recording a completion failed")
         return response
 
+    async def drain(self) -> None:
+        """Wait for the part-start look-ups under way, and so for their records."""
+        await asyncio.gather(*self._learning)
+
+    def _hand_over(
+        self,
+        headers: CIMultiDictProxy[str],
+        plan: Plan,
+        facts: AnswerFacts,
+        *,
+        arrived_at: datetime,
+        ttft: float,
+    ) -> None:
+        """Record now, or once the parts' starts are learned (a chat request with its prompt's ids)."""
+        if plan.parts is None or facts.token_ids is None or facts.error or facts.malformed:
+            self._record(headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
+            return
+        if len(self._learning) >= MAX_LEARNING:
+            self.recorder.reject(
+                Rejection(RejectReason.PART_STARTS_UNKNOWN, "part starts: too many look-ups")
+            )
+            self._record(headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._record_with_starts(headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
+        )
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
+
+    async def _record_with_starts(
+        self,
+        headers: CIMultiDictProxy[str],
+        plan: Plan,
+        facts: AnswerFacts,
+        *,
+        arrived_at: datetime,
+        ttft: float,
+    ) -> None:
+        assert plan.parts is not None and facts.token_ids is not None
+        try:
+            starts = await learn_part_starts(self.session, self.upstream, plan.body, facts.token_ids)
+            plan = replace(plan, parts=msgspec.structs.replace(plan.parts, starts=starts))
+        except StartsUnknown as exc:
+            self.recorder.reject(Rejection(RejectReason.PART_STARTS_UNKNOWN, f"part starts: {exc}"))
+        except Exception:  # a bug here must not lose the record
+            logger.exception("learning the part starts failed")
+            self.recorder.reject(Rejection(RejectReason.PART_STARTS_UNKNOWN, "part starts: gateway error"))
+        try:
+            self._record(headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
+        except Exception:
+            logger.exception("recording a completion failed")
+
     def _record(
         self,
-        request: web.Request,
+        headers: CIMultiDictProxy[str],
         plan: Plan,
         facts: AnswerFacts,
         *,
@@ -126,7 +187,6 @@ class Gateway:
         except UsageError as exc:
             self.recorder.reject(Rejection(RejectReason.USAGE_INVALID, str(exc)))
             usage = Usage(None, None, None)
-        headers = request.headers
         call = RequestFacts(
             request_id=_request_id(facts, headers),
             arrived_at=arrived_at,
@@ -176,6 +236,7 @@ async def serve(
             await stop.wait()
         finally:
             await runner.cleanup()
+            await gateway.drain()
 
 
 def upstream_session() -> aiohttp.ClientSession:

@@ -29,6 +29,12 @@ def fetch_tokens(
         answer = response.json()
     except ValueError:
         raise TokenizeFailed(retryable=False, reason="the answer is not JSON") from None
+    return tokens_from(answer)
+
+
+def tokens_from(answer: Any) -> tuple[list[int], list[str] | None]:
+    """The token ids and token strings (or None) of a decoded /tokenize answer (vLLM's
+    `TokenizeResponse`); TokenizeFailed for one without a list of ids."""
     tokens, strs = answer.get("tokens") if isinstance(answer, dict) else None, None
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
         raise TokenizeFailed(retryable=False, reason="the answer has no list of token ids")

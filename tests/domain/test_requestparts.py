@@ -1,12 +1,21 @@
-"""Which part of a request changed, by the rule order: model or adapter, tools, system, parameters,
-history, latest messages."""
+"""Which part of a request changed: the one whose span holds the departure where the parts' starts
+are known, else by the rule order: model or adapter, tools, system, parameters, history, latest
+messages."""
 
 from dataclasses import replace
 
 import pytest
 
 from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart
-from app.domain.requestparts import PartChange, PartDetail, Parts, RecentParts, changed_part, own_turn
+from app.domain.requestparts import (
+    PartChange,
+    PartDetail,
+    Parts,
+    RecentParts,
+    changed_part,
+    own_turn,
+    part_at,
+)  # fmt: skip
 
 BEFORE = Parts(
     model="tiny", system="s1", tools=("t1", "t2"), tools_sent="sent", reasoning_effort="low",
@@ -47,8 +56,71 @@ def test_the_tools_are_named_before_the_latest_messages_that_always_change() -> 
 
 
 def test_parts_read_back_from_their_stored_json_with_defaults_left_out() -> None:
-    found = Parts.from_json({"system": "s1", "tools": ["t1"], "latest": 1}, model="tiny", adapter=False)
-    assert found == Parts(model="tiny", system="s1", tools=("t1",), latest=1)
+    stored = {"system": "s1", "tools": ["t1"], "latest": 1, "starts": {"system": 3}}
+    found = Parts.from_json(stored, model="tiny", adapter=False)
+    assert found == Parts(model="tiny", system="s1", tools=("t1",), latest=1, starts={"system": 3})
+
+
+# A prompt as PARTS_CHAT_TEMPLATE renders it, with Qwen3's `enable_thinking` rendered at its end:
+# tools at 0, reasoning effort at 2 (the same header), system 40, history 60, latest 90, and the
+# template argument at 120, after the latest message.
+STARTS = {
+    "tools": 0,
+    "reasoning_effort": 2,
+    "system": 40,
+    "history": 60,
+    "messages": 90,
+    "template_kwargs": 120,
+}
+NEXT_TURN = ("u1", "a1", "u2", "a2", "u3")
+
+
+@pytest.mark.parametrize(
+    ("after", "departs", "expected"),
+    [
+        # A template argument rendered low and the latest message: the departure is in the message.
+        (replace(BEFORE, template_kwargs={"enable_thinking": "no"}, messages=NEXT_TURN), range(95, 96),
+         PartChange(RequestPart.MESSAGES)),
+        # ... and, known to its block only, the argument starting past that block is not a candidate.
+        (replace(BEFORE, template_kwargs={"enable_thinking": "no"}, messages=NEXT_TURN), range(80, 96),
+         PartChange(RequestPart.MESSAGES)),
+        # One rendered at the top (the reasoning effort) departs there, before the message.
+        (replace(BEFORE, reasoning_effort="high", messages=NEXT_TURN), range(5, 6),
+         PartChange(RequestPart.REASONING_EFFORT)),
+        # The history rewritten and a new question: the departure in the history names it.
+        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(61, 62),
+         PartChange(RequestPart.HISTORY)),
+        # A block holding the start of the latest message as well: both remain, the rule order names one.
+        (replace(BEFORE, messages=("summary", "u3"), latest=1), range(80, 96),
+         PartChange(RequestPart.HISTORY)),
+        # A changed part whose start is not known stays a candidate.
+        (replace(BEFORE, tool_choice="auto", messages=NEXT_TURN), range(95, 96),
+         PartChange(RequestPart.TOOL_CHOICE)),
+        # The model changes every block, wherever the departure.
+        (replace(BEFORE, model="other", messages=NEXT_TURN), range(95, 96), PartChange(RequestPart.MODEL)),
+    ],
+)  # fmt: skip
+def test_the_changed_part_whose_span_holds_the_departure_is_named(
+    after: Parts, departs: range, expected: PartChange
+) -> None:
+    assert changed_part(replace(after, starts=STARTS), BEFORE, departs) == expected
+
+
+def test_without_starts_the_rule_order_names_a_part_rendered_after_the_departure() -> None:
+    after = replace(BEFORE, template_kwargs={"enable_thinking": "no"}, messages=NEXT_TURN)
+    assert changed_part(after, BEFORE, range(95, 96)) == PartChange(
+        RequestPart.TEMPLATE_KWARGS, kwarg="enable_thinking"
+    )
+
+
+@pytest.mark.parametrize(
+    ("position", "expected"),
+    [(0, RequestPart.TOOLS), (1, RequestPart.TOOLS), (2, RequestPart.REASONING_EFFORT),
+     (59, RequestPart.SYSTEM), (90, RequestPart.MESSAGES), (500, RequestPart.TEMPLATE_KWARGS)],
+)  # fmt: skip
+def test_a_token_lies_in_the_part_starting_last_at_or_before_it(position: int, expected: RequestPart) -> None:
+    assert part_at(STARTS, position) == expected
+    assert part_at({"messages": 90}, 89) is None
 
 
 def test_the_compared_request_is_the_latest_holding_the_last_shared_block_and_memory_is_bounded() -> None:

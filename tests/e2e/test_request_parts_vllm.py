@@ -1,11 +1,13 @@
 """Which request part changed, on the real vLLM CPU server: the part-change scenario
 (simulator/part_changes.py: tools reordered, a chat-template argument, the system edited, a tool added,
-the history compacted, a LoRA adapter swapped in) through the gateway, stored, diagnosed, and read back
-in the API's own fields and in OpenAI's and Anthropic's shapes.
+the history compacted, thinking turned off, a LoRA adapter swapped in) through the gateway, stored,
+diagnosed, and read back in the API's own fields and in OpenAI's and Anthropic's shapes; and where
+the gateway learned, from the real /tokenize, that each part starts.
 
 The server is the recipe's (tests/support/vllm_cpu.py) with the LoRA adapter of test_lora_vllm.py and
 `--chat-template` of gpt2.PARTS_CHAT_TEMPLATE, which renders the tools and the reasoning effort at the
-top as real models' templates do (the tiny model's own ChatML template renders messages only).
+top as real models' templates do, and thinking turned off after the latest message as Qwen3's does
+(the tiny model's own ChatML template renders messages only).
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ from tests.support.vllm_cpu import (
     install,
     serve,
 )
-from tests.traffic.test_part_changes import confusion, expected, found_part
+from tests.traffic.test_part_changes import (
+    assert_starts_where_their_parts_render,
+    confusion,
+    expected,
+    found_part,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1800)]
 
@@ -94,6 +101,10 @@ def test_each_part_change_is_diagnosed_with_its_part_and_its_hosted_reasons(
     pairs = [(step.injected, found_part(diagnoses[r])) for step, r in zip(steps, records, strict=True)]
     print("\n" + confusion(pairs))  # noqa: T201
     assert [(n, pair) for n, pair in enumerate(pairs) if pair[1] != expected(pair[0])] == []
+    # The part starts the gateway learned from the real /tokenize, where the template renders each part.
+    stored = RequestRecord.objects.order_by("arrived_at")
+    for step, record in zip(steps, stored, strict=True):
+        assert_starts_where_their_parts_render(step.body, record.part_digests["starts"], record.token_ids)
 
     client.force_login(fleet_viewer("engineer"))
     for (injected, as_read), request_id in zip(pairs[1:], records[1:], strict=True):

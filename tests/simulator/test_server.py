@@ -125,6 +125,28 @@ def test_tokenize_and_detokenize_answer_like_the_capture(server: ServerConfig) -
     assert tokens["tokens"] == captured["tokens"] and tokens["count"] == captured["count"]
 
 
+def test_tokenize_renders_a_chat_body_as_the_chat_completion_does(server: ServerConfig) -> None:
+    # vLLM 0.32: /tokenize takes tools, template arguments and add_generation_prompt as the chat
+    # completion does; a chat completion's top-level reasoning_effort reaches the template as the
+    # argument, with enable_thinking (its ChatCompletionRequest.build_chat_params), /tokenize has none.
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is it?"}]
+    body = {"messages": messages, "tools": tools, "chat_template_kwargs": {"tone": "dry"}}
+    chat = post(server, "/v1/chat/completions", {**body, "reasoning_effort": "none", "max_tokens": 1,
+                                                 "return_token_ids": True}).json()  # fmt: skip
+    kwargs = {"tone": "dry", "reasoning_effort": "none", "enable_thinking": False}
+    tokens = post(server, "/tokenize", {**body, "chat_template_kwargs": kwargs}).json()["tokens"]
+    assert tokens == chat["prompt_token_ids"]
+    text = httpx.post(server.base_url + "/detokenize", json={"tokens": tokens}).json()["prompt"]
+    assert "Reasoning effort: none" in text and "Tool: " in text and text.endswith("<think>\n\n</think>\n\n")
+    cut = post(server, "/tokenize", {**body, "add_generation_prompt": False}).json()["tokens"]
+    assert (
+        httpx.post(server.base_url + "/detokenize", json={"tokens": cut})
+        .json()["prompt"]
+        .endswith("Where is it?<|im_end|>\n")
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [({"model": "tiny"}, "prompt"), ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),

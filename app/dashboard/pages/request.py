@@ -198,7 +198,9 @@ def shown_request(
         record=record,
         diagnosis=diagnosis,
         losses=shown_losses(diagnosis, names=names),
-        departure=departure(diagnosis, block_size=record.server.block_size),
+        departure=departure(
+            diagnosis, block_size=record.server.block_size, starts=(record.part_digests or {}).get("starts")
+        ),
         funnel=_funnel(diagnosis),
         killers=killers,
         at_killer=here,
