@@ -282,6 +282,10 @@ PREFIXSCOPE_METRICS_TOP_N = env_int("PREFIXSCOPE_METRICS_TOP_N", 20, minimum=1)
 PREFIXSCOPE_METRICS_BEARER_TOKEN = env_str("PREFIXSCOPE_METRICS_BEARER_TOKEN", "").strip()
 # Database connections one gateway process writes its records on, however many servers it fronts.
 PREFIXSCOPE_GATEWAY_CONNECTIONS = env_int("PREFIXSCOPE_GATEWAY_CONNECTIONS", 2, minimum=1)
+# Where each chat request's parts start, learned from the server's /tokenize after the answer (up
+# to seven calls a request, collectors/gateway/starts.py): look-ups under way at once per server;
+# past it a record goes without (the rule order names its changed part). 0: never asked.
+PREFIXSCOPE_GATEWAY_PART_STARTS_AT_ONCE = env_int("PREFIXSCOPE_GATEWAY_PART_STARTS_AT_ONCE", 64, minimum=0)
 # Eviction thrashing: a block stored again within this many seconds of its removal counts as a thrash.
 PREFIXSCOPE_THRASH_SECONDS = env_int("PREFIXSCOPE_THRASH_SECONDS", 300, minimum=1)
 

@@ -14,8 +14,9 @@ Headers an application may set (vLLM ignores them; they are forwarded unchanged)
 
 A chat request whose prompt token ids came back is recorded once its parts' starts are learned
 (collectors/gateway/starts.py), after its answer went out; a failed look-up is counted
-(`part_starts_unknown`) and the record kept without them. At most MAX_LEARNING look-ups are under
-way: past that, records go without starts at once, counted so too.
+(`part_starts_unknown`) and the record kept without them. At most `starts_at_once` look-ups are
+under way (the gateway command's PREFIXSCOPE_GATEWAY_PART_STARTS_AT_ONCE): past that, records go
+without starts at once, counted so too; 0 asks for none.
 """
 
 import asyncio
@@ -55,7 +56,7 @@ _NOT_ADDED = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")  # aioh
 _WHOLE_BYTES = 1024 * 1024  # answers up to this size (with a Content-Length) are passed on in one write
 # Below uvicorn's 5 s, so vLLM never closes a pooled connection just as the gateway reuses it.
 _KEEPALIVE_SECONDS = 4.0
-MAX_LEARNING = 64  # part-start look-ups under way at once (each up to 7 /tokenize calls)
+STARTS_AT_ONCE = 64  # part-start look-ups under way at once (each up to 7 /tokenize calls)
 
 
 class Recorder(Protocol):
@@ -71,12 +72,19 @@ class Gateway:
     a chat request's parts are digested with `digest_key` (collectors/parts.py)."""
 
     def __init__(
-        self, upstream: str, recorder: Recorder, session: aiohttp.ClientSession, *, digest_key: bytes = b""
+        self,
+        upstream: str,
+        recorder: Recorder,
+        session: aiohttp.ClientSession,
+        *,
+        digest_key: bytes = b"",
+        starts_at_once: int = STARTS_AT_ONCE,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.recorder = recorder
         self.session = session
         self.digest_key = digest_key
+        self.starts_at_once = starts_at_once
         self._learning: set[asyncio.Task[None]] = set()
 
     def application(self) -> web.Application:
@@ -131,10 +139,13 @@ class Gateway:
         ttft: float,
     ) -> None:
         """Record now, or once the parts' starts are learned (a chat request with its prompt's ids)."""
-        if plan.parts is None or facts.token_ids is None or facts.error or facts.malformed:
+        if (
+            plan.parts is None or facts.token_ids is None or facts.error or facts.malformed
+            or not self.starts_at_once
+        ):  # fmt: skip
             self._record(headers, plan, facts, arrived_at=arrived_at, ttft=ttft)
             return
-        if len(self._learning) >= MAX_LEARNING:
+        if len(self._learning) >= self.starts_at_once:
             self.recorder.reject(
                 Rejection(RejectReason.PART_STARTS_UNKNOWN, "part starts: too many look-ups")
             )
@@ -223,11 +234,18 @@ class Gateway:
 
 
 async def serve(
-    host: str, port: int, upstream: str, recorder: Recorder, stop: asyncio.Event, *, digest_key: bytes = b""
+    host: str,
+    port: int,
+    upstream: str,
+    recorder: Recorder,
+    stop: asyncio.Event,
+    *,
+    digest_key: bytes = b"",
+    starts_at_once: int = STARTS_AT_ONCE,
 ) -> None:
     """Proxy `host:port` to `upstream` until `stop` is set; requests in flight then get to finish."""
     async with upstream_session() as session:
-        gateway = Gateway(upstream, recorder, session, digest_key=digest_key)
+        gateway = Gateway(upstream, recorder, session, digest_key=digest_key, starts_at_once=starts_at_once)
         runner = web.AppRunner(gateway.application(), access_log=None)
         await runner.setup()
         try:

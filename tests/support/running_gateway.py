@@ -69,14 +69,15 @@ class KeptRecords:
 
 
 @contextmanager
-def running_gateway(upstream: str, recorder: Recorder) -> Iterator[str]:
-    """Serve the gateway on a free local port until the block ends; yields its base URL."""
+def running_gateway(upstream: str, recorder: Recorder, **options: Any) -> Iterator[str]:
+    """Serve the gateway on a free local port until the block ends; yields its base URL. `options`:
+    serve()'s keywords (starts_at_once, ...)."""
     (port,) = unused_ports(1)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(
         target=loop.run_until_complete,
-        args=(serve("127.0.0.1", port, upstream, recorder, stop),),
+        args=(serve("127.0.0.1", port, upstream, recorder, stop, **options),),
         daemon=True,
     )
     thread.start()

@@ -117,3 +117,24 @@ def test_the_look_ups_come_after_the_answer_went_out() -> None:
         wait_for(lambda: len(recorder.records) == 1)
     (record,) = recorder.records
     assert record.parts is not None and record.parts.starts["messages"] == 3 and recorder.codes == []
+
+
+TOKENIZED = threading.Event()
+
+
+async def _noted(request: web.Request) -> web.Response:
+    TOKENIZED.set()
+    return web.json_response({"count": 3, "max_model_len": 512, "tokens": [1, 2, 3]})
+
+
+def test_none_are_asked_where_the_look_ups_are_turned_off() -> None:
+    """PREFIXSCOPE_GATEWAY_PART_STARTS_AT_ONCE=0: the record goes at once, without starts, and the
+    server's /tokenize is never called (its API process spared the tokenizations)."""
+    recorder = KeptRecords()
+    with chat_upstream(_noted) as upstream, running_gateway(upstream, recorder, starts_at_once=0) as gateway:
+        answer = call("POST", gateway + "/v1/chat/completions", {**BODY, "max_tokens": 1}, JSON)
+        assert answer.status == 200
+        wait_for(lambda: len(recorder.records) == 1)
+    (record,) = recorder.records
+    assert record.parts is not None and record.parts.starts == {} and recorder.codes == []
+    assert not TOKENIZED.is_set()

@@ -162,9 +162,10 @@ async def _serve_until_signalled(routes: list[tuple[Route, GatewayWriter]]) -> N
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     key = digest_key(settings.SECRET_KEY)  # the request parts' digests (collectors/parts.py)
+    n = settings.PREFIXSCOPE_GATEWAY_PART_STARTS_AT_ONCE  # part-start look-ups at once
     await asyncio.gather(
         *(
-            serve(route.host, route.port, route.upstream, writer, stop, digest_key=key)
+            serve(route.host, route.port, route.upstream, writer, stop, digest_key=key, starts_at_once=n)
             for route, writer in routes
         )
     )
