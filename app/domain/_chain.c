@@ -16,6 +16,8 @@
  *   Returns the 32-byte digests of the blocks, concatenated.
  *
  * leading(keys, holding) -> int: see below.
+ *
+ * json_token_ids(raw) -> bytes | None: see below.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -151,10 +153,63 @@ static PyObject *leading(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromSsize_t(held);
 }
 
+/* json_token_ids(raw) -> bytes | None: the token ids of a JSON array (a trace line's `token_ids`,
+ * as msgspec.Raw hands it over) as native int32s, or None for anything but a non-empty array of
+ * plain decimal integers from 0 to 2**31 - 1 (the caller then decodes it in Python, which says
+ * what is wrong with it). The offline analyzer reads tens of millions of ids: as Python ints,
+ * each was an object made, checked and unboxed again into the int32 buffer. */
+static int is_json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static Py_ssize_t parse_ids(const unsigned char *at, const unsigned char *end, int32_t *out) {
+    Py_ssize_t count = 0;
+    while (at < end && is_json_space(*at)) at++;
+    if (at == end || *at++ != '[') return -1;
+    for (;;) {
+        while (at < end && is_json_space(*at)) at++;
+        if (at == end || *at < '0' || *at > '9') return -1; /* an empty array, a sign, not a number */
+        if (*at == '0' && at + 1 < end && at[1] >= '0' && at[1] <= '9') return -1; /* not JSON */
+        int64_t id = 0;
+        for (; at < end && *at >= '0' && *at <= '9'; at++) {
+            id = id * 10 + (*at - '0');
+            if (id > INT32_MAX) return -1;
+        }
+        out[count++] = (int32_t)id;
+        while (at < end && is_json_space(*at)) at++;
+        if (at == end) return -1;
+        if (*at == ']') break;
+        if (*at++ != ',') return -1; /* a fraction, an exponent, another type */
+    }
+    for (at++; at < end && is_json_space(*at); at++) {
+    }
+    return at == end ? count : -1;
+}
+
+static PyObject *json_token_ids(PyObject *module, PyObject *raw_object) {
+    Py_buffer raw;
+    if (PyObject_GetBuffer(raw_object, &raw, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    /* An id takes at least two bytes of the array (a digit and a comma or the closing bracket). */
+    int32_t *ids = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)raw.len / 2 + 1));
+    PyObject *result = NULL;
+    if (ids == NULL) {
+        PyErr_NoMemory();
+    } else {
+        const unsigned char *start = raw.buf;
+        Py_ssize_t count = parse_ids(start, start + raw.len, ids);
+        result = count < 0 ? Py_NewRef(Py_None)
+                           : PyBytes_FromStringAndSize((const char *)ids, count * (Py_ssize_t)sizeof(int32_t));
+        PyMem_RawFree(ids);
+    }
+    PyBuffer_Release(&raw);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"chain_digests", chain_digests, METH_VARARGS, "The sha256_cbor digests of every full block, concatenated."},
     {"leading", (PyCFunction)(void (*)(void))leading, METH_FASTCALL,
      "How many of the leading keys the container holds, one after the other."},
+    {"json_token_ids", json_token_ids, METH_O, "A JSON array of token ids as int32s; None unless plain."},
     {NULL, NULL, 0, NULL},
 };
 
