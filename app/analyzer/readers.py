@@ -83,7 +83,7 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lin
         raise ValueError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
     with path.open("rb") as raw_lines:
         for number, raw in enumerate(raw_lines, start=1):
-            if not raw.strip():
+            if not raw or raw.isspace():  # no copy of a long line, as strip() made
                 continue
             try:
                 item = decode(raw)
