@@ -96,7 +96,8 @@ def _unlimited(built: Built, servers: dict[str, int]) -> Diagnosed:
         diagnoses.append(history.diagnose(_prompt(built, index, server, cached)))
         full = request.prompt_tokens // size
         known = hit + leading(keys[hit:full], held)  # its leading run held, stepped over in C
-        stored = [key for key in keys[known:full] if key not in held]
+        rest = keys[known:full]  # mostly a new tail, none of it held: taken whole, tested in C
+        stored = list(rest) if held.isdisjoint(rest) else [key for key in rest if key not in held]
         if stored:
             held.update(stored)
             history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, _ints(stored))
