@@ -161,27 +161,32 @@ static PyObject *leading(PyObject *module, PyObject *const *args, Py_ssize_t nar
 static int is_json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static Py_ssize_t parse_ids(const unsigned char *at, const unsigned char *end, int32_t *out) {
-    Py_ssize_t count = 0;
+    while (end > at && is_json_space(end[-1])) end--;
     while (at < end && is_json_space(*at)) at++;
-    if (at == end || *at++ != '[') return -1;
+    /* Ending on its ']', every scan below stops there at the latest: no bound checked per byte. */
+    if (end - at < 3 || *at != '[' || end[-1] != ']') return -1;
+    at++;
+    Py_ssize_t count = 0;
     for (;;) {
-        while (at < end && is_json_space(*at)) at++;
-        if (at == end || *at < '0' || *at > '9') return -1; /* an empty array, a sign, not a number */
-        if (*at == '0' && at + 1 < end && at[1] >= '0' && at[1] <= '9') return -1; /* not JSON */
-        int64_t id = 0;
-        for (; at < end && *at >= '0' && *at <= '9'; at++) {
-            id = id * 10 + (*at - '0');
-            if (id > INT32_MAX) return -1;
+        while (is_json_space(*at)) at++;
+        unsigned digit = (unsigned)(*at - '0');
+        if (digit > 9) return -1; /* an empty array, a sign, another type */
+        if (digit == 0 && (unsigned)(at[1] - '0') <= 9) return -1; /* a leading zero: not JSON */
+        uint64_t id = digit;
+        int digits = 1;
+        for (at++; (digit = (unsigned)(*at - '0')) <= 9; at++) {
+            id = id * 10 + digit;
+            if (++digits > 10) return -1; /* past int32 whatever its value */
         }
+        if (id > INT32_MAX) return -1;
         out[count++] = (int32_t)id;
-        while (at < end && is_json_space(*at)) at++;
-        if (at == end) return -1;
-        if (*at == ']') break;
-        if (*at++ != ',') return -1; /* a fraction, an exponent, another type */
+        while (is_json_space(*at)) at++;
+        if (*at == ',') {
+            at++;
+        } else {
+            return *at == ']' && at == end - 1 ? count : -1; /* a fraction, an exponent, nesting */
+        }
     }
-    for (at++; at < end && is_json_space(*at); at++) {
-    }
-    return at == end ? count : -1;
 }
 
 static PyObject *json_token_ids(PyObject *module, PyObject *raw_object) {
@@ -189,17 +194,17 @@ static PyObject *json_token_ids(PyObject *module, PyObject *raw_object) {
     if (PyObject_GetBuffer(raw_object, &raw, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    /* An id takes at least two bytes of the array (a digit and a comma or the closing bracket). */
-    int32_t *ids = PyMem_RawMalloc(sizeof(int32_t) * ((size_t)raw.len / 2 + 1));
-    PyObject *result = NULL;
-    if (ids == NULL) {
-        PyErr_NoMemory();
-    } else {
+    /* An id takes at least two bytes of the array (a digit and a comma or the closing bracket):
+     * the ids are written into a bytes object of that room, then shrunk to what they took. */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (raw.len / 2 + 1));
+    if (result != NULL) {
         const unsigned char *start = raw.buf;
-        Py_ssize_t count = parse_ids(start, start + raw.len, ids);
-        result = count < 0 ? Py_NewRef(Py_None)
-                           : PyBytes_FromStringAndSize((const char *)ids, count * (Py_ssize_t)sizeof(int32_t));
-        PyMem_RawFree(ids);
+        Py_ssize_t count = parse_ids(start, start + raw.len, (int32_t *)PyBytes_AS_STRING(result));
+        if (count < 0) {
+            Py_SETREF(result, Py_NewRef(Py_None));
+        } else {
+            _PyBytes_Resize(&result, count * (Py_ssize_t)sizeof(int32_t)); /* NULL, an error set, if it fails */
+        }
     }
     PyBuffer_Release(&raw);
     return result;

@@ -21,6 +21,7 @@ ODD_LINES = [
     b'{"token_ids": [5], "token_ids": [6, 7], "tags": {"template": "dup"}}', b"[1, 2]", b"{not json",
     b'{"token_ids": [3], "tags": [1]}', b'{"token_ids": [4], "prompt_tokens": -2}', b'"text"',
     b'{"token_ids": [12, 13], "timestamp": 5, "arrived_at": null, "model": 3, "session_id": "s"}',
+    b'{"token_ids": [99999999999, 1]}', b'{"token_ids": [ ]}', b'{"token_ids": [0, 10, 0] }',
 ]  # fmt: skip
 
 
