@@ -94,7 +94,10 @@ def _unlimited(built: Built, servers: dict[str, int]) -> Diagnosed:
         replayed.append(hit * size)
         cached = request.cached_tokens if request.cached_tokens is not None else hit * size
         diagnoses.append(history.diagnose(_prompt(built, index, server, cached)))
-        stored = [key for key in keys[: request.prompt_tokens // size] if key not in held]
+        full = request.prompt_tokens // size
+        known = hit + leading(keys[hit:full], held)  # its leading run held, stepped over in C
+        rest = keys[known:full]  # mostly a new tail, none of it held: taken whole, tested in C
+        stored = list(rest) if held.isdisjoint(rest) else [key for key in rest if key not in held]
         if stored:
             held.update(stored)
             history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, _ints(stored))

@@ -11,8 +11,14 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
+
+try:  # built from app/domain/_chain.c at install when a compiler was at hand
+    from app.domain._chain import json_token_ids as _plain_token_ids
+except ImportError:
+    _plain_token_ids = None  # type: ignore[assignment]
 
 
 class Skip(StrEnum):
@@ -63,13 +69,17 @@ class Lines:
     tokenized: int = 0  # lines whose text the bundled tokenizer tokenized
     _buffer: array[int] = field(default_factory=lambda: array("i"))
 
-    def add_tokens(self, token_ids: list[int]) -> tuple[int, int]:
-        """Append a prompt's token ids; their span. Raises TypeError for a non-integer, OverflowError
-        for an id outside int32 and ValueError for a negative one (nothing is then appended)."""
+    def add_tokens(self, token_ids: list[int] | bytes) -> tuple[int, int]:
+        """Append a prompt's token ids (or their native int32 bytes); their span. Raises TypeError
+        for a non-integer, OverflowError for an id outside int32 and ValueError for a negative one
+        (nothing is then appended)."""
         buffer = self._buffer
         start = len(buffer)
         try:
-            buffer.extend(token_ids)  # checks each id's type and range in C
+            if isinstance(token_ids, bytes):
+                buffer.frombytes(token_ids)
+            else:
+                buffer.extend(token_ids)  # checks each id's type and range in C
         except (TypeError, OverflowError):
             del buffer[start:]
             raise
@@ -108,8 +118,19 @@ class BadLine(ValueError):
         self.reason = reason
 
 
+def raw_token_ids(raw: msgspec.Raw) -> object:
+    """A line's `token_ids` left undecoded (msgspec.Raw): native int32 bytes when a plain array of
+    ids (app/domain/_chain.c reads them without a Python int each), else the decoded JSON value."""
+    if _plain_token_ids is not None and (plain := _plain_token_ids(raw)) is not None:
+        return plain
+    return msgspec.json.decode(raw)
+
+
 def add_token_ids(lines: Lines, token_ids: object) -> tuple[int, int]:
-    """Add a line's token ids to the buffer; BadLine unless a non-empty list of int32 ids."""
+    """Add a line's token ids to the buffer; BadLine unless a non-empty list of int32 ids (or their
+    int32 bytes, from `raw_token_ids`)."""
+    if isinstance(token_ids, bytes) and token_ids:
+        return lines.add_tokens(token_ids)
     if not isinstance(token_ids, list):
         raise BadLine(Skip.BAD_FIELD)
     if not token_ids:

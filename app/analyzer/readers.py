@@ -15,16 +15,50 @@ A line that cannot be read is skipped and counted under a `Skip` reason; the fil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from app.analyzer import chat, export_format
-from app.analyzer.lines import BadLine, Line, Lines, Skip, add_token_ids, arrival, natural, text
+from app.analyzer.lines import (
+    BadLine,
+    Line,
+    Lines,
+    Skip,
+    add_token_ids,
+    arrival,
+    natural,
+    raw_token_ids,
+    text,
+)
 
 FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope")
+
+Decode = Callable[[bytes], Any]
+_Field = Any  # a field of a prefixlens line, decoded as a dict's value would be
+
+
+class _PrefixlensLine(msgspec.Struct):
+    """The fields `_prefixlens` reads (UNSET: absent), `token_ids` left undecoded: most of a line's
+    bytes, read by `raw_token_ids` without a Python int per id."""
+
+    token_ids: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    request_id: _Field = msgspec.UNSET
+    arrived_at: _Field = msgspec.UNSET
+    timestamp: _Field = msgspec.UNSET
+    prompt_tokens: _Field = msgspec.UNSET
+    server: _Field = msgspec.UNSET
+    model: _Field = msgspec.UNSET
+    tenant: _Field = msgspec.UNSET
+    tags: _Field = msgspec.UNSET
+    template: _Field = msgspec.UNSET
+    route: _Field = msgspec.UNSET
+    session_id: _Field = msgspec.UNSET
+    cached_tokens: _Field = msgspec.UNSET
+    output_tokens: _Field = msgspec.UNSET
+    completion_tokens: _Field = msgspec.UNSET
 
 
 def sniff(first: dict[str, Any]) -> str:
@@ -42,13 +76,14 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lin
     """Read `path` (format sniffed from its first object line unless given). Token ids are padded
     to multiples of `align` in the buffer. Raises ValueError for an unknown format and OSError for
     a file that cannot be read."""
-    decode = msgspec.json.Decoder().decode
+    decode_any: Decode = msgspec.json.Decoder().decode
+    decode = decode_any
     lines: Lines | None = None
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
     with path.open("rb") as raw_lines:
         for number, raw in enumerate(raw_lines, start=1):
-            if not raw.strip():
+            if not raw or raw.isspace():  # no copy of a long line, as strip() made
                 continue
             try:
                 item = decode(raw)
@@ -58,8 +93,29 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lin
                 if format is None and not isinstance(item, dict):
                     continue  # sniffed from the first object line; this one is counted below
                 lines = Lines(format or sniff(item) if isinstance(item, dict) else format or "", align)
+                if lines.format == "prefixlens":
+                    decode = _decode_prefixlens(decode_any)
             _add(lines, item, number, raw)
     return lines or Lines(format or "prefixlens", align)
+
+
+def _decode_prefixlens(decode_any: Decode) -> Decode:
+    """A decoder of prefixlens lines: an object line into the dict of the fields `_prefixlens`
+    reads, as `decode_any` would give them; any other line as `decode_any` decodes it."""
+    decode_line = msgspec.json.Decoder(_PrefixlensLine).decode
+    fields = _PrefixlensLine.__struct_fields__
+
+    def decode(raw: bytes) -> Any:
+        try:
+            line = decode_line(raw)
+        except msgspec.ValidationError:  # valid JSON, not an object: counted by _add
+            return decode_any(raw)
+        item = {name: value for name in fields if (value := getattr(line, name)) is not msgspec.UNSET}
+        if "token_ids" in item:
+            item["token_ids"] = raw_token_ids(item["token_ids"])
+        return item
+
+    return decode
 
 
 def _add(lines: Lines, item: object, number: int, raw: bytes) -> None:

@@ -84,7 +84,9 @@ def _chains(
     neutral = [scope_key(read[n].group) for n in chosen]
     salted = [scope_key(f"{read[n].group}\x1f{read[n].salt}") if read[n].salt else s
               for n, s in zip(chosen, neutral, strict=True)]  # fmt: skip
-    (keys, unsalted_keys), offsets = chain_keys(tokens, spans, [salted, neutral], block_size)
+    scopes = [salted, neutral] if salted != neutral else [neutral]  # no salt: one chain serves both
+    chains, offsets = chain_keys(tokens, spans, scopes, block_size)
+    keys, unsalted_keys = chains[0], chains[-1]
     found = {}
     bounds = offsets.tolist()
     for position, n in enumerate(chosen):

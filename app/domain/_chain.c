@@ -16,6 +16,8 @@
  *   Returns the 32-byte digests of the blocks, concatenated.
  *
  * leading(keys, holding) -> int: see below.
+ *
+ * json_token_ids(raw) -> bytes | None: see below.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -151,10 +153,68 @@ static PyObject *leading(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromSsize_t(held);
 }
 
+/* json_token_ids(raw) -> bytes | None: the token ids of a JSON array (a trace line's `token_ids`,
+ * as msgspec.Raw hands it over) as native int32s, or None for anything but a non-empty array of
+ * plain decimal integers from 0 to 2**31 - 1 (the caller then decodes it in Python, which says
+ * what is wrong with it). The offline analyzer reads tens of millions of ids: as Python ints,
+ * each was an object made, checked and unboxed again into the int32 buffer. */
+static int is_json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static Py_ssize_t parse_ids(const unsigned char *at, const unsigned char *end, int32_t *out) {
+    while (end > at && is_json_space(end[-1])) end--;
+    while (at < end && is_json_space(*at)) at++;
+    /* Ending on its ']', every scan below stops there at the latest: no bound checked per byte. */
+    if (end - at < 3 || *at != '[' || end[-1] != ']') return -1;
+    at++;
+    Py_ssize_t count = 0;
+    for (;;) {
+        while (is_json_space(*at)) at++;
+        unsigned digit = (unsigned)(*at - '0');
+        if (digit > 9) return -1; /* an empty array, a sign, another type */
+        if (digit == 0 && (unsigned)(at[1] - '0') <= 9) return -1; /* a leading zero: not JSON */
+        uint64_t id = digit;
+        int digits = 1;
+        for (at++; (digit = (unsigned)(*at - '0')) <= 9; at++) {
+            id = id * 10 + digit;
+            if (++digits > 10) return -1; /* past int32 whatever its value */
+        }
+        if (id > INT32_MAX) return -1;
+        out[count++] = (int32_t)id;
+        while (is_json_space(*at)) at++;
+        if (*at == ',') {
+            at++;
+        } else {
+            return *at == ']' && at == end - 1 ? count : -1; /* a fraction, an exponent, nesting */
+        }
+    }
+}
+
+static PyObject *json_token_ids(PyObject *module, PyObject *raw_object) {
+    Py_buffer raw;
+    if (PyObject_GetBuffer(raw_object, &raw, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    /* An id takes at least two bytes of the array (a digit and a comma or the closing bracket):
+     * the ids are written into a bytes object of that room, then shrunk to what they took. */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(int32_t) * (raw.len / 2 + 1));
+    if (result != NULL) {
+        const unsigned char *start = raw.buf;
+        Py_ssize_t count = parse_ids(start, start + raw.len, (int32_t *)PyBytes_AS_STRING(result));
+        if (count < 0) {
+            Py_SETREF(result, Py_NewRef(Py_None));
+        } else {
+            _PyBytes_Resize(&result, count * (Py_ssize_t)sizeof(int32_t)); /* NULL, an error set, if it fails */
+        }
+    }
+    PyBuffer_Release(&raw);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"chain_digests", chain_digests, METH_VARARGS, "The sha256_cbor digests of every full block, concatenated."},
     {"leading", (PyCFunction)(void (*)(void))leading, METH_FASTCALL,
      "How many of the leading keys the container holds, one after the other."},
+    {"json_token_ids", json_token_ids, METH_O, "A JSON array of token ids as int32s; None unless plain."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,6 +3,7 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Buffer
 
 def chain_digests(
     ids: npt.NDArray[np.int64],
@@ -14,3 +15,4 @@ def chain_digests(
     /,
 ) -> bytes: ...
 def leading(keys: Sequence[object], holding: Container[object], /) -> int: ...
+def json_token_ids(raw: Buffer, /) -> bytes | None: ...

@@ -17,7 +17,7 @@ demoted leaves the blocks held by a lower tier.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
@@ -25,6 +25,7 @@ from itertools import repeat
 
 from app.domain.evictions import Eviction, Evictions
 from app.domain.generations import Generations
+from app.domain.leading import leading
 from app.domain.tiers import (
     FALLBACK_ATTENTION_GROUP,
     LowerTiers,
@@ -175,6 +176,7 @@ class FleetBlocks:
         """Whether any server holds the block in GPU memory."""
         return any(block in blocks for blocks in self.resident.values())
 
-    def write_seen(self, blocks: Iterable[int]) -> None:
-        """Blocks seen in a request's chain (it computed and stored them)."""
-        self.seen.write_all(blocks, True)
+    def write_seen(self, blocks: Sequence[int]) -> None:
+        """Blocks seen in a request's chain (it computed and stored them). Its leading run seen in
+        the new generation already is left as it is (seen is only ever written True)."""
+        self.seen.write_all(blocks[leading(blocks, self.seen.new) :], True)

@@ -52,7 +52,7 @@ class Followers:
         self._blocks: OrderedDict[int | None, _Kept] = OrderedDict()  # None: the prompt's start
         self._kept = 0  # blocks of tokens held, over all blocks
         # Full blocks of tokens held, wherever they stood, oldest first (bounded as _blocks is).
-        self._contents: dict[bytes, None] = {}
+        self._contents: OrderedDict[bytes, None] = OrderedDict()
 
     def __len__(self) -> int:
         """Blocks of tokens held (what FAMILY_MEMORY_BLOCKS bounds)."""
@@ -77,11 +77,13 @@ class Followers:
                 blocks.move_to_end(parent)  # a known pair after a forgotten one
                 continue
             self._add(parent, tail[offset * width : (offset + 1) * width], width)
+            if offset == 0 and self._add_new(parents[index + 1 :], tail[width:], width):
+                break
         while self._kept > FAMILY_MEMORY_BLOCKS:
             _, forgotten = blocks.popitem(last=False)
             self._kept -= 1 if isinstance(forgotten, bytes) else len(forgotten)
         while len(self._contents) > FAMILY_MEMORY_BLOCKS:
-            del self._contents[next(iter(self._contents))]
+            self._contents.popitem(last=False)
 
     def familiar(self, token_ids: TokenIds | None, first_block: int, blocks: int, size: int) -> bool:
         """Whether the prompt's `blocks` full blocks from `first_block` on were all held by earlier
@@ -92,6 +94,20 @@ class Followers:
         encoded = np.asarray(tokens, dtype=_LITTLE_INT64).tobytes()
         width = size * _TOKEN_BYTES
         return all(encoded[i : i + width] in self._contents for i in range(0, len(encoded), width))
+
+    def _add_new(self, parents: list[int | None], tail: bytes, width: int) -> bool:
+        """Add a prompt's new tail at once when none of its `parents` is known (and none repeats):
+        each is then added as the newest with the tokens after it (what `_add` does of each, a
+        Python step per block slower). False, adding nothing, when one is known."""
+        blocks = self._blocks
+        distinct = set(parents)
+        if len(distinct) != len(parents) or not blocks.keys().isdisjoint(distinct):
+            return False
+        following = [tail[at : at + width] for at in range(0, len(parents) * width, width)]
+        blocks.update(zip(parents, following, strict=True))
+        self._kept += len(parents)
+        self._contents.update(dict.fromkeys(tokens for tokens in following if len(tokens) == width))
+        return True
 
     def _add(self, parent: int | None, tokens: bytes, width: int) -> None:
         """`tokens` followed `parent`: kept unless known (b"": a prompt ended there, or hash-only)."""

@@ -52,10 +52,11 @@ class Generations(Generic[K, V]):
         self.new[key] = kept
         return kept
 
-    def setdefault_all(self, keys: Iterable[K], value: V) -> None:
-        """`setdefault` of each key, at once (a prompt's chain is mostly known already)."""
+    def setdefault_all(self, keys: Sequence[K], value: V) -> None:
+        """`setdefault` of each key, at once (a prompt's chain is mostly known already: its leading
+        run in the new generation is stepped over in C)."""
         new, old = self.new, self.old
-        for key in [key for key in keys if key not in new]:
+        for key in [key for key in keys[leading(keys, new) :] if key not in new]:
             new[key] = old.get(key, value)
 
     def leading(self, keys: Sequence[K]) -> int:

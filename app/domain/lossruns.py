@@ -113,7 +113,7 @@ def loss_runs(causes: list[BlockCause], *, first_block: int, size: int) -> list[
     for found in causes:
         if runs:
             first = runs[-1][0]
-            if found.here or (found.cause == first.cause and found.server == first.server):
+            if found is first or found.here or (found.cause == first.cause and found.server == first.server):
                 runs[-1][1] += 1
                 continue
         runs.append([found, 1])

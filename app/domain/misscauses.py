@@ -304,7 +304,26 @@ class FleetHistory:
             causes.append(found)
             if found.cause in (Cause.PROMPT_CHANGED, Cause.COLD) and block not in self._seen:
                 unseen = found
+                rest = range(index + 1, lost.stop)
+                if self._all_unknown(request, chain, rest):  # the common new tail: no step per block
+                    causes.extend([unseen] * len(rest))
+                    break
         return causes
+
+    def _all_unknown(self, request: RequestPrompt, chain: list[int], blocks: range) -> bool:
+        """Whether none of the chain's `blocks` was seen, nor its tokens under any salt: then none
+        is seen nor salted elsewhere (`_block_causes` would check each)."""
+        if not blocks:
+            return True
+        keys = chain[blocks.start : blocks.stop]
+        neutral = request.neutral_hashes[blocks.start : blocks.stop] if request.salt else keys
+        salts = self._neutral_salts
+        return (
+            self._seen.new.keys().isdisjoint(keys)
+            and self._seen.old.keys().isdisjoint(keys)
+            and salts.new.keys().isdisjoint(neutral)
+            and salts.old.keys().isdisjoint(neutral)
+        )
 
     def _block_cause(self, request: RequestPrompt, chain: list[int], index: int, size: int) -> BlockCause:
         block = chain[index]

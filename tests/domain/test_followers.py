@@ -80,3 +80,30 @@ def test_the_memory_forgets_the_blocks_not_seen_for_the_longest(monkeypatch: pyt
         prompt = [rng.randrange(1000) for _ in range(20)]
         memory.remember(signed_block_hashes(prompt, 4), prompt, 4)
         assert len(memory) <= 50
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_new_tail_added_at_once_leaves_the_memory_as_block_by_block(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_add_new` (a prompt's unknown tail in one update) against `_add` of each of its blocks: the
+    same blocks, tokens and order, through forgetting, fan-out points, repeats and known blocks."""
+    monkeypatch.setattr(followers, "FAMILY_MEMORY_BLOCKS", 120)
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000) for _ in range(rng.randrange(4, 40))] for _ in range(3)]
+    prompts = []
+    for _ in range(80):
+        tokens = rng.choice(prefixes) + [rng.randrange(1000) for _ in range(rng.randrange(0, 30))]
+        if rng.random() < 0.2:
+            tokens += tokens[:8] * 2  # a tail repeating tokens: its chain's hashes differ all the same
+        prompts.append((signed_block_hashes(tokens, 4), tokens))
+    prompts.append(([11, 12, 13, 11, 12], [1] * 20))  # a chain repeating keys (a collision's stand-in)
+    prompts.append(([21, 22, 12, 23], [2] * 16))  # a tail with a block the memory holds
+    batched, stepped = Followers(), Followers()
+    for chain_keys, tokens in prompts:
+        batched.remember(chain_keys, tokens, 4)
+        with monkeypatch.context() as patched:
+            patched.setattr(Followers, "_add_new", lambda *_: False)
+            stepped.remember(chain_keys, tokens, 4)
+        assert list(batched._blocks.items()) == list(stepped._blocks.items())
+        assert len(batched) == len(stepped)

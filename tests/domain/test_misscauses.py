@@ -473,3 +473,44 @@ def test_an_adapter_swap_departs_at_the_first_token_whatever_tokens_it_shares() 
     found = diagnosed(history, swapped)
     assert found.cause == Cause.PROMPT_CHANGED and found.changed_part == RequestPart.ADAPTER
     assert found.diverged_at == 0 and found.compared_with == "base"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_new_tail_judged_at_once_is_judged_as_block_by_block(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_all_unknown` (an unseen tail's blocks given the cause of its first at once) against the
+    check of each block, over salts, servers, evictions and changed prompts, and tails whose later
+    blocks were seen alone (a record or event of them without the blocks before them)."""
+    mix = random.Random(seed)
+    histories = {"at once": FleetHistory(), "block by block": FleetHistory()}
+    found: dict[str, list[Diagnosis | Unknown]] = {name: [] for name in histories}
+    for n in range(150):
+        changed = mix.choice([None, 20, 90])
+        tail = mix.choice([n + 100, mix.randrange(6)])  # a new tail, or one of a few
+        tokens = prompt(tail=mix.randrange(0, 120), seed=tail, changed_at=changed)
+        salt = mix.choice([None, None, "acme", "other"])
+        asked = request(tokens, server=mix.randrange(2), seconds=n, salt=salt, family=mix.choice(["a", "b"]),
+                        cached=mix.choice([0, 16, 160]))  # fmt: skip
+        kept = list(asked.block_hashes[: mix.randrange(0, 12)])
+        # Some later blocks of its chain seen before it, under another salt, without its first ones.
+        alone = slice(mix.randrange(11, 14), mix.randrange(14, 18))
+        ahead = request(tokens, seconds=n, salt=mix.choice([None, "acme", "other"]), family="ahead")
+        ahead = replace(ahead, block_hashes=ahead.block_hashes[alone],
+                        neutral_hashes=ahead.neutral_hashes[alone],
+                        prompt_tokens=SIZE * len(ahead.block_hashes[alone]))  # fmt: skip
+        for name, history in histories.items():
+            with monkeypatch.context() as patched:
+                if name == "block by block":
+                    patched.setattr(FleetHistory, "_all_unknown", lambda *_: False)
+                if n % 3 == 0:
+                    history.diagnose(ahead)
+                elif n % 3 == 1:  # stored and evicted by its server: seen under no salt the history knows
+                    stored(history, asked.server, list(asked.block_hashes[alone]), n - 0.6)
+                    removed(history, asked.server, list(asked.block_hashes[alone]), n - 0.5)
+                found[name].append(history.diagnose(asked))
+                stored(history, asked.server, kept, n)
+                if n % 7 == 0:
+                    removed(history, asked.server, list(asked.block_hashes[2:5]), n + 0.5)
+    assert found["at once"] == found["block by block"]
+    assert {d.cause for d in found["at once"] if isinstance(d, Diagnosis)} >= {Cause.COLD, Cause.SALT}
