@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from simulator.part_changes import HOSTED_PHASES, anthropic_body, part_change_steps
+from simulator.scenario_side import Hosted
 
 HIT = "hit"  # the expected outcome of a request served from the cache: no cause but its new content
 
@@ -214,7 +215,19 @@ def hosted_traffic(
 _QUESTION_TOKENS = 300  # each content block's tokens, near enough: the latest question is one
 
 
-def part_change_traffic(*, start: datetime, per_phase: int = 3, seed: int = 0) -> list[HostedRequest]:
+def demo_traffic(hosted: Hosted, *, start: datetime, id_prefix: str = "") -> list[HostedRequest]:
+    """A scenario's `hosted` usage from its start: the sessions of each kind, and the part-change
+    scenario where it asks for it, in time order."""
+    at = start + timedelta(seconds=hosted.start)
+    made = hosted_traffic(start=at, sessions=hosted.sessions, id_prefix=id_prefix)
+    if hosted.part_changes:
+        made += part_change_traffic(start=at, id_prefix=id_prefix)
+    return sorted(made, key=lambda request: request.record["arrived_at"])
+
+
+def part_change_traffic(
+    *, start: datetime, per_phase: int = 3, seed: int = 0, id_prefix: str = ""
+) -> list[HostedRequest]:
     """The hosted part-change scenario in time order, one request every 30 s per provider: `injected`
     is the part its phase changed ("" the first request, "messages" one that only asks anew). The
     prompt's content blocks are its tools, system message and messages, in the order the providers'
@@ -222,7 +235,8 @@ def part_change_traffic(*, start: datetime, per_phase: int = 3, seed: int = 0) -
     cache (nothing read; Claude writes the prefix to its marker again), a new question reads it."""
     made: list[HostedRequest] = []
     for provider, model in (("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-5.6")):
-        session = _Session(provider, model, tenant=f"parts-{provider}", start=start, rng=random.Random(seed))
+        rng, tenant = random.Random(seed), f"parts-{provider}"
+        session = _Session(provider, model, tenant=tenant, start=start, rng=rng, id_prefix=id_prefix)
         steps = part_change_steps(
             per_phase=per_phase, model=model, adapter="", seed=seed, phases=HOSTED_PHASES
         )

@@ -88,10 +88,13 @@ class Conversation:
 
 @dataclass(frozen=True, slots=True)
 class Hosted:
-    """``sessions`` sessions of each hosted-API kind (simulator/hosted.py), from virtual second ``start``."""
+    """``sessions`` sessions of each hosted-API kind (simulator/hosted.py), from virtual second ``start``;
+    with ``part_changes``, also the part-change scenario's records, carrying the body each request
+    sent (REST) or its content (GenAI spans)."""
 
     start: float
     sessions: int
+    part_changes: bool = False
 
 
 SIDE_FIELDS = ("side_servers", "conversations", "hosted")
@@ -201,5 +204,12 @@ def parse_hosted(data: object) -> Hosted | None:
     """The ``hosted`` mapping; None when absent."""
     if data is None:
         return None
-    fields = Fields(data, "hosted", ("start", "sessions"))
-    return Hosted(start=fields.number("start", 0), sessions=fields.integer("sessions", minimum=1, default=1))
+    fields = Fields(data, "hosted", ("start", "sessions", "part_changes"))
+    part_changes = fields.get("part_changes", False)
+    if not isinstance(part_changes, bool):
+        raise FieldError(fields.path("part_changes"), f"expected true or false, got {describe(part_changes)}")
+    return Hosted(
+        start=fields.number("start", 0),
+        sessions=fields.integer("sessions", minimum=1, default=1),
+        part_changes=part_changes,
+    )

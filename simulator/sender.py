@@ -18,12 +18,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Literal
 
 import aiohttp
 
-from simulator.hosted import hosted_traffic
+from simulator.hosted import demo_traffic
 from simulator.hosted_report import report_hosted
 from simulator.planner import EPOCH, PlannedRequest, plan_requests, plan_side_requests
 from simulator.run_summary import AdminCall, RequestResult, RunSummary
@@ -161,10 +161,7 @@ def _report_hosted(
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         done.set_result(0)
         return done
-    hosted = scenario.hosted
-    requests = hosted_traffic(
-        start=start + timedelta(seconds=hosted.start), sessions=hosted.sessions, id_prefix=id_prefix
-    )
+    requests = demo_traffic(scenario.hosted, start=start, id_prefix=id_prefix)
     return asyncio.ensure_future(
         report_hosted(session, requests, web_url=ingest.web_url.rstrip("/"), token=ingest.token,
                       start=start, wait_until=clock.wait_until)

@@ -22,7 +22,7 @@ from app.api.services import create_ingest_token
 from app.diagnosis.run import diagnose_requests, forget_kept_replay
 from app.traffic.models import KVEvent, RequestDiagnosis
 from simulator.fleet import with_sides
-from simulator.hosted import hosted_traffic
+from simulator.hosted import demo_traffic
 from simulator.hosted_report import report_hosted
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.server import ServerConfig
@@ -86,9 +86,9 @@ def test_the_demos_hosted_usage_reaches_prefixscope_and_shows_each_hosted_cause(
     live_server: LiveServer,
 ) -> None:
     hosted = load_scenario(resolve_scenario("demo")).hosted
-    assert hosted is not None
+    assert hosted is not None and hosted.part_changes
     start = timezone.now() - timedelta(hours=1)
-    requests = hosted_traffic(start=start + timedelta(seconds=hosted.start), sessions=hosted.sessions)
+    requests = demo_traffic(hosted, start=start)
     token = create_ingest_token(name="demo-application")
 
     async def report() -> int:
@@ -108,3 +108,7 @@ def test_the_demos_hosted_usage_reaches_prefixscope_and_shows_each_hosted_cause(
     print(f"\nhosted causes: {dict(found)}")  # noqa: T201
     wanted = ("below_minimum", "ttl_lapsed", "marker_absent", "cache_key_changed", "beyond_lookback")
     assert all(found[cause] >= 1 for cause in (*wanted, "gateway_cache")), dict(found)
+    # The part-change conversation, over REST (its body) and as spans (their content): each change
+    # named by its part, from each of the two sources.
+    parts = Counter(RequestDiagnosis.objects.exclude(changed_part="").values_list("changed_part", flat=True))
+    assert {part: n for part, n in parts.items() if n >= 2} == {"tools": 4, "system": 2, "history": 2}, parts
