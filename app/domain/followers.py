@@ -101,8 +101,8 @@ class Followers:
         Python step per block slower). False, adding nothing, when one is known."""
         blocks = self._blocks
         distinct = set(parents)
-        if len(distinct) != len(parents) or not blocks.keys().isdisjoint(distinct):
-            return False
+        if not width or len(distinct) != len(parents) or not blocks.keys().isdisjoint(distinct):
+            return False  # a size unknown (a prompt of no blocks), a repeat or a known block
         following = [tail[at : at + width] for at in range(0, len(parents) * width, width)]
         blocks.update(zip(parents, following, strict=True))
         self._kept += len(parents)

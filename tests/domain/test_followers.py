@@ -107,3 +107,11 @@ def test_a_new_tail_added_at_once_leaves_the_memory_as_block_by_block(
             stepped.remember(chain_keys, tokens, 4)
         assert list(batched._blocks.items()) == list(stepped._blocks.items())
         assert len(batched) == len(stepped)
+
+
+def test_a_prompt_of_unknown_block_size_is_remembered_without_blocks() -> None:
+    """A record without a block size is remembered with size 0 and no chain (misscauses
+    `remember`): nothing to add, and no error (the new tail's shortcut once divided by it)."""
+    followers = Followers()
+    followers.remember([], [1, 2, 3], 0)
+    assert len(followers) <= 1
