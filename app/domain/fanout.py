@@ -15,7 +15,11 @@ Within a generation (the history's `turn`) the point only deepens: learned from 
 departures so far, it moves on when more of them show a longer stable prefix, never back towards the
 top. A template that starts departing at its top so keeps reading `prompt_changed` for the rest of
 the generation in which it changed (its regression is found meanwhile); at the turn the point is
-learned again from that generation's departures, and the change becomes its usual shape.
+learned again from that generation's departures, and the change becomes its usual shape. Unless
+those departures went on with text the family's earlier prompts held (a timestamp above the system
+prompt: misscauses `_learn_fan_out`): a volatile token's departure teaches nothing
+(`departed_volatile`), so a template left volatile keeps its loss. Held on block boundaries only
+(app/domain/followers.py `familiar`): a volatile span of varying token length is not recognised.
 """
 
 from __future__ import annotations
