@@ -18,8 +18,8 @@ the generation in which it changed (its regression is found meanwhile); at the t
 learned again from that generation's departures, and the change becomes its usual shape. Unless
 those departures went on with text the family's earlier prompts held (a timestamp above the system
 prompt: misscauses `_learn_fan_out`): a volatile token's departure teaches nothing
-(`departed_volatile`), so a template left volatile keeps its loss. Held on block boundaries only
-(app/domain/followers.py `familiar`): a volatile span of varying token length is not recognised.
+(`departed_volatile`), so a template left volatile keeps its loss, however long its volatile span
+(app/domain/familiar.py finds the shared text where the span shifted it).
 """
 
 from __future__ import annotations

@@ -16,11 +16,9 @@ sorts token sequences in some lexicographic order, which is all the neighbour se
 
 Without token ids (hash-only retention) only the blocks are known: the divergence is block-exact.
 
-It also keeps which blocks of tokens its prompts held, wherever they stood (`familiar`): a prompt
-that departs and then goes on with blocks earlier prompts held (the system prompt after a timestamp
-at the top) departed at a volatile token, not where its own content starts. Blocks are compared as
-they fall on block boundaries, so a volatile span of varying length, which shifts the text after it,
-is not recognised.
+It also learns the text its prompts shared (app/domain/familiar.py): a prompt that departs and then
+goes on with it (the system prompt after a timestamp at the top) departed at a volatile token, not
+where its own content starts (`familiar`).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from typing import TypeAlias
 import numpy as np
 
 from app.domain.blockhash import TokenIds
+from app.domain.familiar import FamiliarText
 from app.domain.leading import leading
 
 FAMILY_MEMORY_BLOCKS = 65_536  # blocks of tokens remembered per template and salt
@@ -46,13 +45,12 @@ class Followers:
     """The blocks earlier prompts of one template and salt had, and the tokens that followed each.
     Bounded: past FAMILY_MEMORY_BLOCKS, the blocks not seen for the longest are forgotten first."""
 
-    __slots__ = ("_blocks", "_contents", "_kept")
+    __slots__ = ("_blocks", "_kept", "_text")
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[int | None, _Kept] = OrderedDict()  # None: the prompt's start
         self._kept = 0  # blocks of tokens held, over all blocks
-        # Full blocks of tokens held, wherever they stood, oldest first (bounded as _blocks is).
-        self._contents: OrderedDict[bytes, None] = OrderedDict()
+        self._text = FamiliarText()  # the text its prompts shared, wherever it moves
 
     def __len__(self) -> int:
         """Blocks of tokens held (what FAMILY_MEMORY_BLOCKS bounds)."""
@@ -66,6 +64,7 @@ class Followers:
         blocks = self._blocks
         parents: list[int | None] = [None, *chain]
         known = max(leading(parents, blocks) - 1, 0)  # the last known parent's next block is new
+        self._text.learn(chain, token_ids, known, size)  # what an earlier prompt held too
         deque(map(blocks.move_to_end, parents[:known]), maxlen=0)
         tail = (
             b"" if token_ids is None else np.asarray(token_ids[known * size :], dtype=_LITTLE_INT64).tobytes()
@@ -76,24 +75,17 @@ class Followers:
             if index < len(chain) and chain[index] in blocks and parent in blocks:
                 blocks.move_to_end(parent)  # a known pair after a forgotten one
                 continue
-            self._add(parent, tail[offset * width : (offset + 1) * width], width)
+            self._add(parent, tail[offset * width : (offset + 1) * width])
             if offset == 0 and self._add_new(parents[index + 1 :], tail[width:], width):
                 break
         while self._kept > FAMILY_MEMORY_BLOCKS:
             _, forgotten = blocks.popitem(last=False)
             self._kept -= 1 if isinstance(forgotten, bytes) else len(forgotten)
-        while len(self._contents) > FAMILY_MEMORY_BLOCKS:
-            self._contents.popitem(last=False)
 
-    def familiar(self, token_ids: TokenIds | None, first_block: int, blocks: int, size: int) -> bool:
-        """Whether the prompt's `blocks` full blocks from `first_block` on were all held by earlier
-        prompts, wherever they stood; False without token ids or without those blocks."""
-        if token_ids is None or blocks < 1 or len(token_ids) < (first_block + blocks) * size:
-            return False
-        tokens = token_ids[first_block * size : (first_block + blocks) * size]
-        encoded = np.asarray(tokens, dtype=_LITTLE_INT64).tobytes()
-        width = size * _TOKEN_BYTES
-        return all(encoded[i : i + width] in self._contents for i in range(0, len(encoded), width))
+    def familiar(self, token_ids: TokenIds | None, start: int) -> bool:
+        """Whether the prompt, from token `start` on, goes on with text its family's prompts shared
+        (app/domain/familiar.py FamiliarText.familiar)."""
+        return self._text.familiar(token_ids, start)
 
     def _add_new(self, parents: list[int | None], tail: bytes, width: int) -> bool:
         """Add a prompt's new tail at once when none of its `parents` is known (and none repeats):
@@ -106,13 +98,10 @@ class Followers:
         following = [tail[at : at + width] for at in range(0, len(parents) * width, width)]
         blocks.update(zip(parents, following, strict=True))
         self._kept += len(parents)
-        self._contents.update(dict.fromkeys(tokens for tokens in following if len(tokens) == width))
         return True
 
-    def _add(self, parent: int | None, tokens: bytes, width: int) -> None:
+    def _add(self, parent: int | None, tokens: bytes) -> None:
         """`tokens` followed `parent`: kept unless known (b"": a prompt ended there, or hash-only)."""
-        if len(tokens) == width:
-            self._contents[tokens] = None
         kept = self._blocks.get(parent)
         if kept is None:  # most of a prompt's new blocks: added as the newest already
             self._blocks[parent] = tokens

@@ -74,10 +74,6 @@ from app.domain.requestparts import Parts, RecentParts, changed_part, own_turn
 # Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
 # changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
 PARTS_MEMORY_BLOCKS = 16_384
-# Blocks after a departing one that, all held by the family's earlier prompts, make the departure a
-# volatile token's rather than the start of the request's own content (two: one block of a template's
-# fixed text after a question of the same length as an earlier one's is not enough).
-FAMILIAR_BLOCKS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,20 +411,20 @@ class FleetHistory:
     def _learn_fan_out(self, request: RequestPrompt, reusable: int, seen_before: int) -> None:
         """Where the request departed from what was seen before under its salt (`seen_before` of its
         `reusable` blocks), when it shared some leading full blocks and not all, and went on with
-        content of its own: a prompt whose next blocks after the departing one are blocks its
-        family's earlier prompts held departed at a volatile token (a timestamp, a request id), not
-        where its family's prompts part, and teaches nothing of that point; else a template left
-        volatile at its top for a generation would call its whole system prompt new content."""
+        content of its own. A prompt that goes on with the text its family's earlier prompts shared
+        (app/domain/familiar.py, wherever a volatile span of its own length shifted it) departed at
+        a volatile token (a timestamp, a request id), not where its family's prompts part, and
+        teaches nothing of that point; else a template left volatile at its top for a generation
+        would call its whole system prompt new content."""
         if not 0 < seen_before < reusable:
             return
         assert request.block_size is not None
         family = self._families.get((request.family, request.salt))
-        after = min(FAMILIAR_BLOCKS, reusable - seen_before - 1)
-        size = request.block_size
-        if family is not None and family.familiar(request.token_ids, seen_before + 1, after, size):
+        departed_at = seen_before * request.block_size
+        if family is not None and family.familiar(request.token_ids, departed_at):
             self._fan_out.departed_volatile(request.family)
             return
-        self._fan_out.departed(request.family, seen_before * size)
+        self._fan_out.departed(request.family, departed_at)
 
 
 def _best(runs: dict[int, int]) -> tuple[int | None, int]:
