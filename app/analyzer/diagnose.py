@@ -22,11 +22,12 @@ from typing import Any, cast
 from app.analyzer.trace import Built
 from app.domain.fleetblocks import EventKind
 from app.domain.leading import leading
-from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory
 from app.domain.misses import Diagnosis, Unknown, reusable_blocks
 from app.domain.replay.pool import PoolObserver
 from app.domain.replay.run import ReplayWatch, ServerShape, Setup, replay
 from app.domain.replay.trace import TraceRequest, padded_keys, request_keys
+from app.domain.requestprompt import RequestPrompt
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,10 @@ from psycopg.types.json import Jsonb
 from app.diagnosis.counters import unwired_counters
 from app.domain.fleetblocks import EventKind
 from app.domain.hosted import HostedHistory, HostedPrompt
-from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory
 from app.domain.misses import Diagnosis, Unknown
 from app.domain.requestparts import Parts
+from app.domain.requestprompt import RequestPrompt
 from app.fleet.models import Server
 from app.rollups.refresh import refresh_loss_minutes
 from app.traffic.models import KVStream, RequestDiagnosis, span_only_sql

@@ -49,16 +49,14 @@ while this one waited, is in its KV events only after this one's arrival.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
-from app.domain.blockhash import TokenIds
 from app.domain.evictions import Eviction
 from app.domain.fanout import FanOutPoints
 from app.domain.fleetblocks import BlockEvent, EventKind, FleetBlocks
 from app.domain.followers import Followers
 from app.domain.generations import Generations
-from app.domain.hitblock import HitBlock
 from app.domain.leading import leading
 from app.domain.lossruns import (
     BlockCause,
@@ -68,41 +66,9 @@ from app.domain.lossruns import (
     new_content_after,
     within_hit_units,
 )
-from app.domain.misses import Cause, Diagnosis, Funnel, Loss, RequestPart, Unknown
-from app.domain.requestparts import Parts, RecentParts, changed_part, own_turn
-
-# Blocks whose latest request's part digests are kept per template and salt: the earlier requests a
-# changed prompt is compared with (a quarter of what Followers keeps: its recent prompts are enough).
-PARTS_MEMORY_BLOCKS = 16_384
-
-
-@dataclass(frozen=True, slots=True)
-class RequestPrompt:
-    """What the diagnosis needs of one request record. Hashes are the stored (signed) values."""
-
-    server: int
-    arrived_at: datetime
-    block_size: int | None
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    block_hashes: Sequence[int]
-    salt: str = ""  # the salt's hash, "" for none
-    neutral_hashes: Sequence[int] = ()  # the chain without the salt; () when unsalted (the same)
-    family: Hashable = None  # the template, or the prefix family; None: neither
-    token_ids: TokenIds | None = None  # for a token-exact divergence; None in hash-only mode
-    kv_events: bool = True  # whether the server's KV events are collected
-    first_token_at: datetime | None = None  # a block removed after arrival but before it was evicted
-    key: Hashable = None  # the caller's name for the request, as `revised` gives it back
-    effective_block: int | None = (
-        None  # hits are multiples of it (a multiple of block_size); None: block_size
-    )
-    drops_last_block: bool = False  # speculative decoding by EAGLE/MTP: the last matched block is not reused
-
-    def hit_block(self, size: int) -> HitBlock:
-        """How the server rounds this request's hit (`size`: its block size)."""
-        return HitBlock(size, self.effective_block or size, self.drops_last_block)
-
-    parts: Parts | None = None  # its parts' digests (a gateway's chat request), to say which changed
+from app.domain.misses import Cause, Diagnosis, Funnel, Loss, Unknown
+from app.domain.partchanges import FamilyParts
+from app.domain.requestprompt import RequestPrompt
 
 
 def _funnel(
@@ -142,7 +108,7 @@ class FleetHistory:
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
         self._fan_out = FanOutPoints()  # where each family's prompts usually part
-        self._parts: dict[tuple[Hashable, str], RecentParts] = {}  # next to the families' Followers
+        self._parts = FamilyParts()  # which part of a changed request changed
         # Requests whose first lost block was resident at arrival, until their first token: the
         # block removed meanwhile (other requests took its place while it waited) was evicted.
         self._waiting: dict[tuple[int, int], list[tuple[RequestPrompt, Diagnosis]]] = {}
@@ -204,7 +170,7 @@ class FleetHistory:
     def diagnose(self, request: RequestPrompt) -> Diagnosis | Unknown:
         """Why the request's prompt tokens were not reused, against the fleet at its arrival; then
         its chain joins what the fleet has seen (the request computed and stored it)."""
-        unknown = _unknown(request)
+        unknown = request.unknown()
         if unknown is not None:
             return unknown
         assert request.block_size is not None and request.prompt_tokens is not None
@@ -262,26 +228,7 @@ class FleetHistory:
             funnel=funnel,
             unexpected_hit=request.kv_events and reused > max(resident_here, seen_before),
         )
-        return self._with_part(request, chain, found) if diverged is not None else found
-
-    def _with_part(self, request: RequestPrompt, chain: list[int], found: Diagnosis) -> Diagnosis:
-        """The part that changed, compared with the earlier request of its family it departs from,
-        when both have part digests. A model or adapter changes every block's hash: the prompt then
-        departs at its first token, whatever tokens it shares."""
-        memory = self._parts.get((request.family, request.salt))
-        compared = memory.compared(chain) if memory is not None and request.parts is not None else None
-        if compared is None:
-            return found
-        assert request.parts is not None
-        change = changed_part(request.parts, compared[1], _departs(found.diverged_at, request))
-        if change is None:
-            return replace(found, compared_with=compared[0])
-        detail = change.detail.value if change.detail else change.kwarg
-        diverged = 0 if change.part in (RequestPart.MODEL, RequestPart.ADAPTER) else found.diverged_at
-        # Its own latest messages alone changed: what the parts say settles what the fan-out point
-        # guessed from positions (own_turn: a question after a compacted history is new content).
-        return own_turn(replace(found, diverged_at=diverged, changed_part=change.part, part_detail=detail,
-                                compared_with=compared[0]))  # fmt: skip
+        return self._parts.named(request, chain, found) if diverged is not None else found
 
     def _block_causes(
         self, request: RequestPrompt, chain: list[int], lost: range, size: int
@@ -404,9 +351,7 @@ class FleetHistory:
         self._neutral_salts.setdefault_all(neutral, request.salt)
         family = self._families.setdefault((request.family, request.salt), Followers())
         family.remember(chain, request.token_ids, request.block_size or 0)
-        if request.parts is not None:
-            parts = self._parts.setdefault((request.family, request.salt), RecentParts(PARTS_MEMORY_BLOCKS))
-            parts.remember(chain, request.key, request.parts)
+        self._parts.remember(request, chain)
 
     def _learn_fan_out(self, request: RequestPrompt, reusable: int, seen_before: int) -> None:
         """Where the request departed from what was seen before under its salt (`seen_before` of its
@@ -434,24 +379,3 @@ def _best(runs: dict[int, int]) -> tuple[int | None, int]:
         if run > best[1] or (run == best[1] and best[0] is not None and server < best[0]):
             best = (server, run)
     return best
-
-
-def _unknown(request: RequestPrompt) -> Unknown | None:
-    if not request.block_size:
-        return Unknown.NO_BLOCK_SIZE
-    if request.cached_tokens is None:
-        return Unknown.NO_CACHED_TOKENS
-    if request.prompt_tokens is None or (
-        not request.block_hashes and request.prompt_tokens >= request.block_size
-    ):
-        return Unknown.NO_PROMPT
-    return None
-
-
-def _departs(at: int | None, request: RequestPrompt) -> range | None:
-    """The tokens a departure found at `at` may be: that one when found off a block boundary (token
-    ids compared), else any of its block (Followers gives a block's first token when it cannot tell)."""
-    if at is None:
-        return None
-    size = request.block_size or 1
-    return range(at, at + 1 if request.token_ids is not None and at % size else at + size)

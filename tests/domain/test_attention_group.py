@@ -12,8 +12,9 @@ import pytest
 
 from app.domain.blockhash import block_hash_chain, wire_to_signed
 from app.domain.fleetblocks import EventKind
-from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory
 from app.domain.misses import Cause, Diagnosis
+from app.domain.requestprompt import RequestPrompt
 from app.domain.tiers import attention_group, is_residency
 from collectors.kv_events.parse import BlockRemoved, BlockStored, decode_batch, decode_sub_message
 from simulator.cache import PrefixCache

@@ -8,9 +8,10 @@ import pytest
 
 from app.domain.blockhash import LoraKey, signed_block_hashes
 from app.domain.fleetblocks import BlockEvent, EventKind
-from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory
 from app.domain.misses import Cause, Diagnosis, Loss, RequestPart, Unknown, reusable_blocks
 from app.domain.requestparts import Parts
+from app.domain.requestprompt import RequestPrompt
 from app.domain.tiers import RemovalReason
 from tests.support.leading_paths import LEADING_PATHS, use_leading_path
 

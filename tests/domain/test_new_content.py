@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 from app.domain.blockhash import signed_block_hashes
 from app.domain.fanout import QUANTILE, RELEARNED_FROM, FanOutPoints, LowQuantile
 from app.domain.lossruns import main_cause, new_content_after
-from app.domain.misscauses import FleetHistory, RequestPrompt
+from app.domain.misscauses import FleetHistory
 from app.domain.misses import Cause, Diagnosis, Loss, reusable_hit_rate
+from app.domain.requestprompt import RequestPrompt
 
 SIZE = 16
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
