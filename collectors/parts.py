@@ -18,12 +18,16 @@ chat-completions body, or an Anthropic Messages body read as the chat body that 
 an OpenTelemetry GenAI span's content attributes (collectors/otlp/content.py). Only the parts a chat
 template renders are digested: sampling parameters (temperature, max_tokens) change no prompt token.
 
+A hosted API's record that sent its body and no `prompt_blocks` gets them from it (`content_blocks`):
+the body's content blocks in the order the provider caches the prompt, each a keyed digest, and
+which of them carried a cache marker.
+
 `starts` says where each part starts in the rendered prompt, as a token position, when the gateway
 learned it after the answer (collectors/partstarts.py): positions, never text.
 """
 
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -155,6 +159,45 @@ def body_digests(body: Any, *, key: bytes) -> PartDigests:
     if "thinking" in chat and "reasoning_effort" not in chat:
         chat["reasoning_effort"] = chat.pop("thinking")
     return part_digests(chat, key=key)
+
+
+class ContentBlocks(NamedTuple):
+    """A prompt's content blocks as a hosted record's `prompt_blocks` and `cache_breakpoints` say them."""
+
+    digests: list[str]
+    marked: list[int]  # indexes of the blocks with a cache marker (Anthropic's cache_control)
+
+
+def content_blocks(body: dict[str, Any], *, key: bytes, limit: int) -> ContentBlocks:
+    """A chat request body's content blocks, at most `limit`, in the order a provider caches the
+    prompt: tools, system, messages (Anthropic's documented order; OpenAI's cached prefix holds the
+    same, tools first). One block per tool, per system or message content block (a string is the
+    text block it stands for), per message without content (its tool calls); each digest is over
+    the block with its role, its marker left out (moving a marker changes no content). The body is
+    one `body_digests` accepted."""
+    digest = _Digest(key)
+    blocks: list[tuple[str, Any]] = [("tool", tool) for tool in body.get("tools") or []]
+    if (system := body.get("system")) is not None:
+        blocks += [("system", block) for block in _text_blocks(system)]
+    for message in body["messages"]:
+        role, content = str(message.get("role")), message.get("content")
+        blocks += (
+            [(role, block) for block in _text_blocks(content)] if content is not None else [(role, message)]
+        )
+    blocks = blocks[:limit]
+    marked = [
+        i for i, (_, block) in enumerate(blocks) if isinstance(block, dict) and "cache_control" in block
+    ]
+    digests = [digest.of({"role": role, "block": _unmarked_block(block)}) for role, block in blocks]
+    return ContentBlocks(digests, marked)
+
+
+def _text_blocks(content: Any) -> list[Any]:
+    """A content's blocks: a string is one text block (Anthropic's shorthand for it); a value of
+    another shape is one block as it is."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else [content]
 
 
 def _check_body(body: Any) -> None:

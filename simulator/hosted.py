@@ -226,13 +226,15 @@ def demo_traffic(hosted: Hosted, *, start: datetime, id_prefix: str = "") -> lis
 
 
 def part_change_traffic(
-    *, start: datetime, per_phase: int = 3, seed: int = 0, id_prefix: str = ""
+    *, start: datetime, per_phase: int = 3, seed: int = 0, id_prefix: str = "", body_only: bool = False
 ) -> list[HostedRequest]:
     """The hosted part-change scenario in time order, one request every 30 s per provider: `injected`
     is the part its phase changed ("" the first request, "messages" one that only asks anew). The
     prompt's content blocks are its tools, system message and messages, in the order the providers'
     caches key on; Claude's marker is on the block before the latest question. A change misses the
-    cache (nothing read; Claude writes the prefix to its marker again), a new question reads it."""
+    cache (nothing read; Claude writes the prefix to its marker again), a new question reads it.
+    `body_only`: the records send their body and not its blocks' digests (Claude's marker is then
+    the body's `cache_control`), as an application that reports what it sent and computes nothing."""
     made: list[HostedRequest] = []
     for provider, model in (("anthropic", "claude-sonnet-4-5"), ("openai", "gpt-5.6")):
         rng, tenant = random.Random(seed), f"parts-{provider}"
@@ -244,14 +246,34 @@ def part_change_traffic(
             blocks = _content_blocks(step.body)
             prompt, prefix = len(blocks) * _QUESTION_TOKENS, (len(blocks) - 1) * _QUESTION_TOKENS
             hit = step.injected == "messages"
+            fields: dict[str, Any] = {} if body_only else {"prompt_blocks": blocks}
             if provider == "anthropic":
                 usage = _anthropic(_QUESTION_TOKENS, prefix if hit else 0, 0 if hit else prefix)
-                fields = {"request_body": anthropic_body(step.body), "cache_breakpoints": [len(blocks) - 2]}
+                body = anthropic_body(step.body)
+                if body_only:
+                    fields["request_body"] = _marked(body, len(blocks) - 2)
+                else:
+                    fields |= {"request_body": body, "cache_breakpoints": [len(blocks) - 2]}
             else:
-                usage, fields = _openai(prompt, prefix if hit else 0), {"request_body": step.body}
-            session.send(step.injected, 30 * n, usage, prompt_blocks=blocks, template="support", **fields)
+                usage, fields["request_body"] = _openai(prompt, prefix if hit else 0), step.body
+            session.send(step.injected, 30 * n, usage, template="support", **fields)
         made += session.made
     return sorted(made, key=lambda request: request.record["arrived_at"])
+
+
+def _marked(body: dict[str, Any], index: int) -> dict[str, Any]:
+    """An Anthropic body with Claude's cache marker on its content block `index` (tools, system,
+    messages: one block each), the string there written as the text block it stands for."""
+    tools, messages = list(body["tools"]), list(body["messages"])
+    marker = {"cache_control": {"type": "ephemeral"}}
+    if index < len(tools):
+        tools[index] = tools[index] | marker
+        return body | {"tools": tools}
+    if index == len(tools):
+        return body | {"system": [{"type": "text", "text": body["system"]} | marker]}
+    at = index - len(tools) - 1
+    messages[at] = messages[at] | {"content": [{"type": "text", "text": messages[at]["content"]} | marker]}
+    return body | {"messages": messages}
 
 
 def _content_blocks(body: dict[str, Any]) -> list[str]:

@@ -42,8 +42,9 @@ def genai_span(request: HostedRequest) -> Span:
         "gen_ai.usage.input_tokens": usage["prompt_tokens"], "gen_ai.usage.output_tokens": 40,
         "gen_ai.usage.cache_read.input_tokens": usage["prompt_tokens_details"]["cached_tokens"],
         "prefixscope.server": record["server"], "prefixscope.tenant": record["tenant"],
-        "prefixscope.prompt_blocks": record["prompt_blocks"],
     }  # fmt: skip
+    if "prompt_blocks" in record:
+        attributes["prefixscope.prompt_blocks"] = record["prompt_blocks"]
     if "prompt_cache_key" in record:
         attributes["prefixscope.prompt_cache_key"] = record["prompt_cache_key"]
     if "response_headers" in record:

@@ -41,6 +41,13 @@ CONTENT_ATTRIBUTES = (SYSTEM, MESSAGES, TOOLS)
 def span_parts(attributes: Mapping[str, Any], *, key: bytes) -> PartDigests | None:
     """The parts of the request a span's content attributes describe; None without its input
     messages. Raises PartsError naming the attribute that is not of the conventions' shape."""
+    body = span_body(attributes)
+    return part_digests(body, key=key) if body is not None else None
+
+
+def span_body(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The chat-completions body a span's content attributes describe (its system message, its
+    messages, its tools); None without its input messages. Raises PartsError as `span_parts`."""
     if MESSAGES not in attributes:
         return None
     system = _objects(attributes, SYSTEM)
@@ -50,7 +57,7 @@ def span_parts(attributes: Mapping[str, Any], *, key: bytes) -> PartDigests | No
     body: dict[str, Any] = {"messages": messages}
     if TOOLS in attributes:
         body["tools"] = [_tool(tool) for tool in _objects(attributes, TOOLS)]
-    return part_digests(body, key=key)
+    return body
 
 
 def _objects(attributes: Mapping[str, Any], name: str) -> list[dict[str, Any]]:

@@ -27,9 +27,15 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collectors.otlp.content import CONTENT_ATTRIBUTES, span_parts
+from collectors.otlp.content import CONTENT_ATTRIBUTES, span_body
 from collectors.otlp.reader import Export
-from collectors.records import RequestFacts, canonical_engine_request_id, canonical_request_id
+from collectors.parts import content_blocks, part_digests
+from collectors.records import (
+    PROMPT_BLOCKS_MAX,
+    RequestFacts,
+    canonical_engine_request_id,
+    canonical_request_id,
+)
 from collectors.usage.parse import UsageError, ttl_seconds, usage_from_span
 
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -103,7 +109,8 @@ def decode_export(body: bytes, content_type: str, *, keys: Collection[str] | Non
 
 def span_request(span: Span, *, digest_key: bytes | None = None) -> RequestFacts | None:
     """The request a span describes, or None for spans that describe none (start-up, HTTP, ...).
-    With `digest_key`, its content attributes' parts digested with it (none without).
+    With `digest_key`, its content attributes' parts digested with it (none without), and a hosted
+    API's span that has no `prefixscope.prompt_blocks` gets them from its content.
 
     Raises UsageError when a token count or duration attribute is not one, PartsError when a
     content attribute is not of the GenAI conventions' shape.
@@ -118,6 +125,12 @@ def span_request(span: Span, *, digest_key: bytes | None = None) -> RequestFacts
         return None
     ttft = _seconds(a, "gen_ai.latency.time_to_first_token")
     usage = usage_from_span(a)
+    provider = span_provider(a)
+    body = span_body(a) if digest_key is not None else None
+    blocks = _strings(a, "prefixscope.prompt_blocks")
+    if provider and not blocks and body is not None:  # a hosted prompt's blocks, from its content
+        assert digest_key is not None
+        blocks = content_blocks(body, key=digest_key, limit=PROMPT_BLOCKS_MAX).digests
     return RequestFacts(
         request_id=request_id, arrived_at=span.start, trace_id=span.trace_id,
         server=_text(a, "prefixscope.server"),
@@ -130,11 +143,11 @@ def span_request(span: Span, *, digest_key: bytes | None = None) -> RequestFacts
         prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
         completion_tokens=usage.completion_tokens, cache_write_tokens=usage.cache_write_tokens,
         cache_ttl_seconds=_ttl(a),
-        provider=span_provider(a), prompt_cache_key=_text(a, "prefixscope.prompt_cache_key") or None,
-        prompt_blocks=_strings(a, "prefixscope.prompt_blocks"),
+        provider=provider, prompt_cache_key=_text(a, "prefixscope.prompt_cache_key") or None,
+        prompt_blocks=blocks,
         cache_breakpoints=_integers(a, "prefixscope.cache_breakpoints"),
         gateway_cache_hit=_flag(a, "prefixscope.semantic_cache_hit"),
-        parts=span_parts(a, key=digest_key) if digest_key is not None else None,
+        parts=part_digests(body, key=digest_key) if body is not None and digest_key is not None else None,
     )  # fmt: skip
 
 

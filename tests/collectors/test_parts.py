@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from collectors.parts import PartDigests, PartsError, body_digests, digest_key, part_digests
+from collectors.parts import PartDigests, PartsError, body_digests, content_blocks, digest_key, part_digests
 
 KEY = b"deployment secret"
 TOOLS: list[dict[str, Any]] = [
@@ -89,6 +89,25 @@ def test_an_anthropic_body_gives_the_parts_of_the_chat_body_that_says_the_same()
     assert anthropic(ANTHROPIC) == chat  # the cache marker is no content
     plain = digests(BODY | {"chat_template_kwargs": {}})
     assert anthropic(ANTHROPIC | {"system": "You are the support desk."}) == plain
+
+
+def test_a_body_s_content_blocks_come_tools_system_messages_with_their_markers() -> None:
+    """What a hosted record that sent its body and no prompt_blocks gets: one block per tool,
+    system block and message, in the providers' cache order; a marker is where it sits, not content."""
+    blocks = content_blocks(ANTHROPIC, key=KEY, limit=100)
+    assert len(blocks.digests) == 2 + 1 + 3 and blocks.marked == [2]
+    unmarked = ANTHROPIC | {"system": "You are the support desk."}  # the string is the text block
+    assert content_blocks(unmarked, key=KEY, limit=100) == (blocks.digests, [])
+    asked_anew = ANTHROPIC | {
+        "messages": [*ANTHROPIC["messages"][:-1], {"role": "user", "content": "Order 43."}]
+    }
+    anew = content_blocks(asked_anew, key=KEY, limit=100).digests
+    assert anew[:-1] == blocks.digests[:-1] and anew[-1] != blocks.digests[-1]
+    reordered = content_blocks(ANTHROPIC | {"tools": ANTHROPIC["tools"][::-1]}, key=KEY, limit=100).digests
+    assert reordered[:2] == blocks.digests[1::-1] and reordered[2:] == blocks.digests[2:]
+    assert content_blocks(ANTHROPIC, key=KEY, limit=4).digests == blocks.digests[:4]
+    assert content_blocks(ANTHROPIC, key=b"another", limit=100).digests != blocks.digests
+    assert "support desk" not in str(blocks)
 
 
 def test_an_anthropic_body_tells_each_part_apart() -> None:

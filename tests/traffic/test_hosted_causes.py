@@ -4,12 +4,13 @@ diagnosed; the confusion table (requests by injected and found cause) is printed
 diagonal: each injected request is found with its cause, and no other cause is found. The sessions
 lasting more than an hour are in it (a 1-hour TTL lapsed), and the 1-hour writes read or missed within
 their hour (found lapsed if their TTL were taken as the default 5 minutes). So is the part-change
-scenario, its records carrying the request body they sent (REST) or its content (spans): each part
-changed is found as that part, and Anthropic's cache_miss_reason says it."""
+scenario, its records carrying the request body they sent (REST) or its content (spans), with or
+without their content blocks' digests: each part changed is found as that part, and Anthropic's
+cache_miss_reason says it."""
 
 import json
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db.models import Sum
@@ -18,6 +19,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.services import create_ingest_token
+from app.dashboard.metrics.traffic import start_of_day
 from app.diagnosis.run import diagnose_requests, forget_kept_replay
 from app.domain.hostedshapes import Outcome, anthropic_shape
 from app.domain.misses import Cause, RequestPart
@@ -73,8 +75,12 @@ def test_each_injected_hosted_cause_is_found(client: Client) -> None:
 
 
 def test_semantic_cache_answers_are_counted_apart_never_as_reuse(client: Client) -> None:
+    # /metrics counts since midnight UTC: the traffic starts after it (run just past midnight, the
+    # requests that would arrive after now are not sent).
     now = timezone.now()
-    requests = hosted_traffic(start=now - timedelta(hours=1), sessions=1)
+    start = max(now - timedelta(hours=1), start_of_day(now))
+    sent = hosted_traffic(start=start, sessions=1)
+    requests = [r for r in sent if datetime.fromisoformat(r.record["arrived_at"]) <= now]
     send(client, create_ingest_token(name="hosted-apps"), requests)
     forget_kept_replay()
     with override_settings(PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS=0, PREFIXSCOPE_DIAGNOSIS_LOOKBACK_MINUTES=180):
@@ -96,9 +102,14 @@ def found_part(diagnosis: RequestDiagnosis) -> str:
     return found_cause(diagnosis)
 
 
-def test_each_part_changed_in_rest_and_span_traffic_is_found_as_that_part(client: Client) -> None:
+@pytest.mark.parametrize("body_only", [False, True], ids=["with block digests", "body only"])
+def test_each_part_changed_in_rest_and_span_traffic_is_found_as_that_part(
+    client: Client, body_only: bool
+) -> None:
+    """Also from records that send only their body (or span content): their content blocks, and
+    Claude's markers, come from it."""
     now = timezone.now()
-    requests = part_change_traffic(start=now - timedelta(hours=1))
+    requests = part_change_traffic(start=now - timedelta(hours=1), body_only=body_only)
     send(client, create_ingest_token(name="hosted-apps"), requests)
     assert RequestRecord.objects.exclude(part_digests=None).count() == len(requests)
     stored = str(list(RequestRecord.objects.values_list("part_digests", flat=True)))

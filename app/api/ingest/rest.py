@@ -34,8 +34,8 @@ from app.domain.blockhash import TokenIds
 from app.traffic.models import RequestRecord
 from app.traffic.services.requests import Malformed
 from collectors.errors import RejectReason
-from collectors.parts import PartsError, body_digests, digest_key
-from collectors.records import SERVER_MAX, RequestFacts, canonical_request_id
+from collectors.parts import PartDigests, PartsError, body_digests, content_blocks, digest_key
+from collectors.records import PROMPT_BLOCKS_MAX, SERVER_MAX, RequestFacts, canonical_request_id
 from collectors.usage.parse import UsageError, gateway_cache_hit, ttl_seconds, usage_from
 
 router = Router(tags=["ingest"])
@@ -306,7 +306,8 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None, *, digest_key:
     """The record's facts under its canonical request id; fields given explicitly win over `usage`.
     `token_ids`: its prompt token ids, a list or numpy int64 (what the ingest converts a list to
     anyway, app.domain.blockhash.int64_ids). Its request body, if any, is kept only as its parts'
-    digests (with `digest_key`); raises PartsError for a body that is not a chat request's."""
+    digests (with `digest_key`), and a hosted API's record that sent no `prompt_blocks` gets them
+    (and its markers) from it; raises PartsError for a body that is not a chat request's."""
     prompt, cached, completion = record.prompt_tokens, record.cached_tokens, record.completion_tokens
     written, provider = record.cache_write_tokens, record.provider
     ttl = ttl_seconds(record.cache_ttl, "cache_ttl") if record.cache_ttl is not None else None
@@ -324,6 +325,12 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None, *, digest_key:
     client_ttft = (
         record.client_ttft_seconds if record.client_ttft_seconds is not None else record.ttft_seconds
     )
+    parts: PartDigests | None = None
+    blocks, breakpoints = record.prompt_blocks, record.cache_breakpoints
+    if record.request_body is not None:
+        parts = body_digests(record.request_body, key=digest_key)
+        if provider and not blocks:  # a hosted prompt's blocks, as its provider caches them
+            blocks, breakpoints = content_blocks(record.request_body, key=digest_key, limit=PROMPT_BLOCKS_MAX)
     return RequestFacts(
         server=record.server,
         request_id=canonical_request_id(record.request_id),
@@ -346,8 +353,8 @@ def to_facts(record: RequestRecordIn, token_ids: TokenIds | None, *, digest_key:
         cache_write_tokens=written,
         cache_ttl_seconds=ttl,
         prompt_cache_key=record.prompt_cache_key,
-        prompt_blocks=record.prompt_blocks,
-        cache_breakpoints=record.cache_breakpoints,
+        prompt_blocks=blocks,
+        cache_breakpoints=breakpoints,
         gateway_cache_hit=gateway_hit,
-        parts=body_digests(record.request_body, key=digest_key) if record.request_body is not None else None,
+        parts=parts,
     )
