@@ -366,7 +366,9 @@ class FleetHistory:
         assert request.block_size is not None
         family = self._families.get((request.family, request.salt))
         departed_at = seen_before * request.block_size
-        if family is not None and family.familiar(request.token_ids, departed_at):
+        point = self._fan_out.point(request.family)
+        early = point is None or departed_at < point  # at or past it, its prompts part there anyway
+        if early and family is not None and family.familiar(request.token_ids, departed_at):
             self._fan_out.departed_volatile(request.family)
             return
         self._fan_out.departed(request.family, departed_at)
