@@ -29,7 +29,7 @@ ANCHOR_EVERY = 8  # about one position in this many starts a key (a power of two
 FAMILIAR_TOKENS = 64  # the family's text a departure goes on with, to be a volatile token's
 FAMILIAR_WINDOW = 320  # the tokens after a departure looked at (a volatile span, then the text)
 MAX_SHIFT = 256  # how far, in tokens, the text may stand from where the family held it
-MEMORY_KEYS = 65_536  # keys held per family; past it they are learned again from the next prompts
+MEMORY_KEYS = 16_384  # keys per family (about 130,000 tokens of text); then emptied, learned again
 
 _TOKEN = np.dtype("<i8")
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing's multiplier: spreads the pair's bits
@@ -51,6 +51,9 @@ class FamiliarText:
         same blocks request after request: one C loop steps over them)."""
         if token_ids is None or not size or not shared:
             return
+        if len(self._seen_at) >= MEMORY_KEYS:  # a chat family's long histories: start again
+            self._seen_at.clear()
+            self._learned.clear()
         start = leading(chain[:shared], self._learned)
         if start == shared:
             return
@@ -63,9 +66,6 @@ class FamiliarText:
                 first + at
             )
         self._learned.update(chain[start:shared])
-        if len(self._seen_at) > MEMORY_KEYS:  # a chat family's histories: the stable part comes back first
-            self._seen_at.clear()
-            self._learned.clear()
 
     def familiar(self, token_ids: TokenIds | None, start: int) -> bool:
         """Whether the prompt goes on, within FAMILIAR_WINDOW tokens from `start`, with at least

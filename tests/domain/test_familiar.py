@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from app.domain.blockhash import signed_block_hashes
 from app.domain.familiar import FAMILIAR_TOKENS, MAX_SHIFT, FamiliarText
 
@@ -15,9 +17,9 @@ def tokens(seed: int, count: int) -> list[int]:
 SYSTEM = tokens(1, 640)
 
 
-def learned(*prompts: list[int]) -> FamiliarText:
+def learned(*prompts: list[int], text: FamiliarText | None = None) -> FamiliarText:
     """What a family learns of `prompts`, each sharing its leading blocks with the one before."""
-    text = FamiliarText()
+    text = text or FamiliarText()
     earlier: list[int] = []
     for prompt in prompts:
         chain, before = signed_block_hashes(prompt, SIZE), signed_block_hashes(earlier, SIZE)
@@ -58,3 +60,18 @@ def test_text_shorter_than_the_threshold_or_far_from_its_place_is_not_familiar()
     assert not text.familiar(tokens(10, 9) + short + tokens(11, 300), 320 - 9)
     moved = tokens(12, MAX_SHIFT + 200) + SYSTEM[:200]  # a passage of it, far from where it stood
     assert not text.familiar(moved, MAX_SHIFT + 100)
+
+
+def test_past_its_memory_the_shared_text_is_learned_again_from_the_next_prompt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chat family's long shared histories fill the memory: it is emptied before the next prompt
+    adds its own, so the text a prompt shares is always learned."""
+    monkeypatch.setattr("app.domain.familiar.MEMORY_KEYS", 200)
+    text = FamiliarText()
+    for n in range(6):
+        history = SYSTEM + tokens(100 + n, 400)
+        learned(history, history + tokens(1, 20), text=text)
+        assert len(text._seen_at) <= 200 + (640 + 400) // 4  # the memory, and one prompt's keys
+    learned(SYSTEM + tokens(2, 40), SYSTEM + tokens(3, 40), text=text)
+    assert text.familiar(tokens(4, 12) + SYSTEM, 0)
