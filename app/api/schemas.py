@@ -112,7 +112,10 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
     prompt_blocks: (
         Annotated[
             list[str],
-            Meta(description="A digest of each content block of the prompt, in order (never its text)"),
+            Meta(
+                description="A digest of each content block of the prompt, in order (never its text); "
+                "a hosted API's record without them gets them from its request_body"
+            ),
         ]
         | None
     ) = None
@@ -129,7 +132,9 @@ class RequestRecordIn(msgspec.Struct, kw_only=True):
                     "tool_choice, response_format, reasoning_effort, chat_template_kwargs) or an Anthropic "
                     "Messages body (system, tools, messages, thinking). Digested on arrival with the "
                     "deployment's key, part by part, so a prompt change can name the part that changed; "
-                    "never stored. A body of neither shape rejects the record (parts_invalid)"
+                    "never stored; a hosted API's record without prompt_blocks gets them (and its "
+                    "cache_control markers as cache_breakpoints) from it. A body of neither shape rejects "
+                    "the record (parts_invalid)"
                 )
             ),
         ]
