@@ -217,11 +217,12 @@ _QUESTION_TOKENS = 300  # each content block's tokens, near enough: the latest q
 
 def demo_traffic(hosted: Hosted, *, start: datetime, id_prefix: str = "") -> list[HostedRequest]:
     """A scenario's `hosted` usage from its start: the sessions of each kind, and the part-change
-    scenario where it asks for it, in time order."""
+    scenario where it asks for it (its records send their body alone: Prefixscope digests the
+    content blocks), in time order."""
     at = start + timedelta(seconds=hosted.start)
     made = hosted_traffic(start=at, sessions=hosted.sessions, id_prefix=id_prefix)
     if hosted.part_changes:
-        made += part_change_traffic(start=at, id_prefix=id_prefix)
+        made += part_change_traffic(start=at, id_prefix=id_prefix, body_only=True)
     return sorted(made, key=lambda request: request.record["arrived_at"])
 
 
