@@ -16,9 +16,9 @@ sorts token sequences in some lexicographic order, which is all the neighbour se
 
 Without token ids (hash-only retention) only the blocks are known: the divergence is block-exact.
 
-It also learns the text its prompts shared (app/domain/familiar.py): a prompt that departs and then
-goes on with it (the system prompt after a timestamp at the top) departed at a volatile token, not
-where its own content starts (`familiar`).
+It also teaches the text its prompts shared to its template's FamiliarText (app/domain/familiar.py):
+a prompt that departs and then goes on with it (the system prompt after a timestamp at the top)
+departed at a volatile token, not where its own content starts.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ class Followers:
 
     __slots__ = ("_blocks", "_kept", "_text")
 
-    def __init__(self) -> None:
+    def __init__(self, text: FamiliarText | None = None) -> None:
         self._blocks: OrderedDict[int | None, _Kept] = OrderedDict()  # None: the prompt's start
         self._kept = 0  # blocks of tokens held, over all blocks
-        self._text = FamiliarText()  # the text its prompts shared, wherever it moves
+        # The text its prompts shared, wherever it moves: its template's under any salt, when given.
+        self._text = text if text is not None else FamiliarText()
 
     def __len__(self) -> int:
         """Blocks of tokens held (what FAMILY_MEMORY_BLOCKS bounds)."""
@@ -81,11 +82,6 @@ class Followers:
         while self._kept > FAMILY_MEMORY_BLOCKS:
             _, forgotten = blocks.popitem(last=False)
             self._kept -= 1 if isinstance(forgotten, bytes) else len(forgotten)
-
-    def familiar(self, token_ids: TokenIds | None, start: int) -> bool:
-        """Whether the prompt, from token `start` on, goes on with text its family's prompts shared
-        (app/domain/familiar.py FamiliarText.familiar)."""
-        return self._text.familiar(token_ids, start)
 
     def _add_new(self, parents: list[int | None], tail: bytes, width: int) -> bool:
         """Add a prompt's new tail at once when none of its `parents` is known (and none repeats):

@@ -53,6 +53,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from app.domain.evictions import Eviction
+from app.domain.familiar import FamiliarText
 from app.domain.fanout import FanOutPoints
 from app.domain.fleetblocks import BlockEvent, EventKind, FleetBlocks
 from app.domain.followers import Followers
@@ -107,6 +108,9 @@ class FleetHistory:
         # What was seen forgets, by generations (`turn`): these grow with the traffic, not the caches.
         self._neutral_salts: Generations[int, str] = Generations()  # neutral block -> a salt seen with it
         self._families: dict[tuple[Hashable, str], Followers] = {}
+        # The text each family's prompts shared, under any salt: a template that turns volatile
+        # under a salt it never had healthy (a tenant's rotation) is told by its other salts' text.
+        self._texts: dict[Hashable, FamiliarText] = {}
         self._fan_out = FanOutPoints()  # where each family's prompts usually part
         self._parts = FamilyParts()  # which part of a changed request changed
         # Requests whose first lost block was resident at arrival, until their first token: the
@@ -349,7 +353,10 @@ class FleetHistory:
         self._blocks.write_seen(chain)
         neutral = list(request.neutral_hashes) if request.salt else chain
         self._neutral_salts.setdefault_all(neutral, request.salt)
-        family = self._families.setdefault((request.family, request.salt), Followers())
+        family = self._families.get((request.family, request.salt))
+        if family is None:  # the template's text is one under every salt (FamiliarText)
+            text = self._texts.setdefault(request.family, FamiliarText())
+            family = self._families[(request.family, request.salt)] = Followers(text)
         family.remember(chain, request.token_ids, request.block_size or 0)
         self._parts.remember(request, chain)
 
@@ -357,18 +364,19 @@ class FleetHistory:
         """Where the request departed from what was seen before under its salt (`seen_before` of its
         `reusable` blocks), when it shared some leading full blocks and not all, and went on with
         content of its own. A prompt that goes on with the text its family's earlier prompts shared
-        (app/domain/familiar.py, wherever a volatile span of its own length shifted it) departed at
+        under any salt (app/domain/familiar.py, wherever a volatile span of its own length shifted
+        it) departed at
         a volatile token (a timestamp, a request id), not where its family's prompts part, and
         teaches nothing of that point; else a template left volatile at its top for a generation
         would call its whole system prompt new content."""
         if not 0 < seen_before < reusable:
             return
         assert request.block_size is not None
-        family = self._families.get((request.family, request.salt))
+        text = self._texts.get(request.family)
         departed_at = seen_before * request.block_size
         point = self._fan_out.point(request.family)
         early = point is None or departed_at < point  # at or past it, its prompts part there anyway
-        if early and family is not None and family.familiar(request.token_ids, departed_at):
+        if early and text is not None and text.familiar(request.token_ids, departed_at):
             self._fan_out.departed_volatile(request.family)
             return
         self._fan_out.departed(request.family, departed_at)

@@ -24,12 +24,15 @@ def prompt(seed: int, *, volatile_at: int | None = None) -> list[int]:
     return tokens
 
 
-def diagnose(history: FleetHistory, tokens: list[int], n: int, *, cached: int = 320) -> Diagnosis:
+def diagnose(
+    history: FleetHistory, tokens: list[int], n: int, *, cached: int = 320, salt: str = ""
+) -> Diagnosis:
     """The request diagnosed, having reused `cached` tokens (the system prompt, by default)."""
     found = history.diagnose(
         RequestPrompt(
             server=1, arrived_at=T0 + timedelta(seconds=n), block_size=SIZE, prompt_tokens=len(tokens),
-            cached_tokens=cached, block_hashes=signed_block_hashes(tokens, SIZE), family="support",
+            cached_tokens=cached, block_hashes=signed_block_hashes(tokens, SIZE, cache_salt=salt or None),
+            neutral_hashes=signed_block_hashes(tokens, SIZE) if salt else (), salt=salt, family="support",
             token_ids=tokens, kv_events=False,
         )
     )  # fmt: skip
@@ -100,6 +103,24 @@ def test_a_volatile_span_of_varying_length_at_the_top_reads_changed_in_every_gen
         assert all(found.cause == Cause.PROMPT_CHANGED for found in changed), generation
         lost = [found.tokens_by_cause()[Cause.PROMPT_CHANGED] for found in changed]
         assert min(lost) >= 320 - SIZE, generation  # from the header's end to the fan-out point
+        history.turn()
+
+
+def test_a_template_volatile_under_a_salt_it_never_had_healthy_reads_changed_after_the_turn() -> None:
+    """The demo's acme rotates its salt while `support` is volatile: under the new salt no healthy
+    prompt was ever seen, and the text its departures go on with is the template's, learned under
+    the old salt (the demo's second round read the system prompt new until this held)."""
+    history = FleetHistory()
+    for n in range(RELEARNED_FROM + 1):
+        diagnose(history, prompt(n), n, cached=320 if n else 0, salt="acme-2026")
+    for generation in range(2):
+        changed = [
+            diagnose(history, shifted(n), n, cached=16 if n > 100 else 0, salt="acme-2026-rotated")
+            for n in range(100 * (generation + 1), 100 * (generation + 1) + 100)
+        ]
+        first = changed.pop(0) if generation == 0 else None
+        assert first is None or first.cause == Cause.COLD  # the first prompt under its salt
+        assert all(found.cause == Cause.PROMPT_CHANGED for found in changed), generation
         history.turn()
 
 
