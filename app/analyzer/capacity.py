@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from app.domain.replay.curve import CapacityCurve
 from app.domain.replay.curve import capacity_curve as one_pass_curve
 from app.domain.replay.trace import TraceRequest
 
@@ -36,7 +37,13 @@ def capacity_curve(
     multipliers: Sequence[float],
 ) -> list[CurvePoint]:
     """The hit rate at each multiplier of `base_blocks` per server (at least 2 blocks each)."""
-    curve = one_pass_curve(requests, block_size=block_size)
+    return curve_points(one_pass_curve(requests, block_size=block_size), servers, base_blocks, multipliers)
+
+
+def curve_points(
+    curve: CapacityCurve, servers: Sequence[str], base_blocks: int, multipliers: Sequence[float]
+) -> list[CurvePoint]:
+    """The points of a curve from one pass: the same capacity on every server."""
     points = []
     for multiplier in multipliers:
         blocks = max(2, round(base_blocks * multiplier))

@@ -1,7 +1,7 @@
 """`prefixscope analyze TRACE`: the offline analyzer's command line. No database, no Django.
 
     prefixscope analyze TRACE [--format F] [--block-size B] [--blocks N] [--no-curve]
-                              [--json | --html FILE]
+                              [--jobs N] [--json | --html FILE]
 
 Exit status 0 with a report, 2 for a usage error or a file that cannot be read.
 """
@@ -20,6 +20,7 @@ import msgspec
 from app.analyzer.readers import FORMATS, read_trace
 from app.analyzer.render import html_page, terminal_summary
 from app.analyzer.report import Options, analyze
+from app.analyzer.work import default_jobs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     command.add_argument("--blocks", type=_positive, help="KV blocks per server (default: unlimited)")
     command.add_argument("--no-curve", action="store_true", help="leave the what-if curve of capacity out")
+    command.add_argument(
+        "--jobs", type=_positive, default=default_jobs(), help="processes to use (default: every core)"
+    )
     output = command.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the report as JSON on stdout")
     output.add_argument("--html", type=Path, metavar="FILE", help="write the report as a static HTML page")
@@ -55,11 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     align = args.block_size if args.block_size else 64  # a buffer padded to 64 serves 16, 32 and 64 as is
     try:
-        lines = read_trace(args.trace, format=args.format, align=align)
+        lines = read_trace(args.trace, format=args.format, align=align, jobs=args.jobs)
     except OSError as error:
         print(f"prefixscope: cannot read {args.trace}: {error.strerror or error}", file=sys.stderr)
         return 2
-    options = Options(block_size=args.block_size, blocks=args.blocks, curve=not args.no_curve)
+    options = Options(block_size=args.block_size, blocks=args.blocks, curve=not args.no_curve, jobs=args.jobs)
     report = analyze(lines, source=args.trace.name, options=options)
     if args.json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(report), indent=1) + b"\n")

@@ -32,12 +32,16 @@ from app.domain.requestprompt import RequestPrompt
 
 @dataclass(frozen=True, slots=True)
 class Diagnosed:
-    """Each request's diagnosis and replayed reuse (tokens), in the trace's order, and the most
-    blocks one server stored (what holds the whole trace without eviction)."""
+    """Each request's diagnosis and replayed reuse (tokens), in the trace's order, and the blocks
+    each server stored (`footprint`, the most of them: what holds the whole trace unevicted)."""
 
     diagnoses: list[Diagnosis | Unknown]
     replayed: list[int]
-    footprint: int
+    stored: list[int]  # by server, in server_names' order (with a capacity: the keys any stored)
+
+    @property
+    def footprint(self) -> int:
+        return max(self.stored, default=0) + 1
 
 
 def server_names(requests: Sequence[TraceRequest]) -> list[str]:
@@ -54,6 +58,25 @@ def diagnose_trace(built: Built, *, blocks: int | None) -> Diagnosed:
     watch = _EventLog(built)
     result = replay(built.requests, setup, watch=watch)
     return watch.diagnosed(result.reused, result.servers, len(names))
+
+
+def diagnose_part(built: Built, indices: Sequence[int]) -> Diagnosed:
+    """Diagnose the requests at `indices` of `built` alone, the cache unlimited: an independent
+    part of the trace (parts.py) gets the diagnoses the whole trace's history would give it."""
+    return _unlimited(built, {name: n for n, name in enumerate(server_names(built.requests))}, indices)
+
+
+def joined(built: Built, parts: Sequence[tuple[Sequence[int], Diagnosed]]) -> Diagnosed:
+    """The whole trace's diagnosis from its independent parts' (each with its indices)."""
+    diagnoses: list[Diagnosis | Unknown] = [Unknown.NO_PROMPT] * len(built.requests)
+    replayed = [0] * len(built.requests)
+    stored = [0] * len(server_names(built.requests))
+    for indices, part in parts:
+        for index, diagnosis, reused in zip(indices, part.diagnoses, part.replayed, strict=True):
+            diagnoses[index] = diagnosis
+            replayed[index] = reused
+        stored = [mine + theirs for mine, theirs in zip(stored, part.stored, strict=True)]
+    return Diagnosed(diagnoses, replayed, stored)
 
 
 def _prompt(built: Built, index: int, server: int, cached: int) -> RequestPrompt:
@@ -80,14 +103,17 @@ def _history(servers: int) -> FleetHistory:
     return FleetHistory(dict.fromkeys(range(servers), "trace"))
 
 
-def _unlimited(built: Built, servers: dict[str, int]) -> Diagnosed:
-    """Recorded routing, nothing evicted: a server reuses the leading blocks it ever stored."""
+def _unlimited(built: Built, servers: dict[str, int], indices: Sequence[int] | None = None) -> Diagnosed:
+    """Recorded routing, nothing evicted: a server reuses the leading blocks it ever stored. Of the
+    requests at `indices` (all by default): their diagnoses and replayed reuse in that order, and
+    the blocks each server stored of theirs (`stored`)."""
     history = _history(len(servers))
     resident: list[set[Hashable]] = [set() for _ in servers]
     size = built.block_size
     diagnoses: list[Diagnosis | Unknown] = []
     replayed: list[int] = []
-    for index, request in enumerate(built.requests):
+    for index in range(len(built.requests)) if indices is None else indices:
+        request = built.requests[index]
         server = servers[request.server]
         held = resident[server]
         keys = request.block_hashes
@@ -102,7 +128,7 @@ def _unlimited(built: Built, servers: dict[str, int]) -> Diagnosed:
         if stored:
             held.update(stored)
             history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, _ints(stored))
-    return Diagnosed(diagnoses, replayed, max((len(held) for held in resident), default=0) + 1)
+    return Diagnosed(diagnoses, replayed, [len(held) for held in resident])
 
 
 class _EventLog(ReplayWatch):
@@ -142,7 +168,7 @@ class _EventLog(ReplayWatch):
             else:
                 history.apply_blocks(server, 0, 0, now, EventKind.REMOVED, [payload])
         found = [d if d is not None else Unknown.NO_PROMPT for d in diagnoses]
-        return Diagnosed(found, reused, len(stored) + 1)
+        return Diagnosed(found, reused, [len(stored)])  # a bound: the keys any server stored
 
 
 class _Observer(PoolObserver):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
@@ -100,19 +101,31 @@ def _main(lost: Counter[str]) -> str:
     return found[0][0] if found and found[0][1] else ""
 
 
-def trace_killers(built: Built, *, families: bool = True) -> list[FoundKiller]:
-    """The killers of every template (and prefix family), costliest first."""
-    grouped: dict[tuple[Group, str, str], list[int]] = defaultdict(list)
+KillerGroup: TypeAlias = tuple[Group, str, str]  # a group, a salt and a model: what a search is of
+
+
+def killer_groups(built: Built) -> list[tuple[KillerGroup, list[int]]]:
+    """Each template's (and prefix family's) requests under one salt and model, a search each."""
+    grouped: dict[KillerGroup, list[int]] = defaultdict(list)
     for index, request in enumerate(built.requests):
         group = group_of(request, built.block_size)
-        if group is not None and (families or group.kind == "template"):
+        if group is not None:
             grouped[(group, request.salt, request.group)].append(index)
-    found: list[FoundKiller] = []
-    for (group, salt, model), indices in sorted(grouped.items(), key=lambda item: repr(item[0])):
-        recent = [i for i in indices if built.requests[i].block_hashes][-KILLER_MAX_REQUESTS:]
-        for killer in _search(built, recent):
-            ids = tuple(built.requests[recent[i]].request_id for i in killer.sample_requests)
-            found.append(FoundKiller(group, salt, model, killer, ids))
+    return sorted(grouped.items(), key=lambda item: repr(item[0]))
+
+
+def group_killers(built: Built, key: KillerGroup, indices: list[int]) -> list[FoundKiller]:
+    """The killers of one group's most recent requests."""
+    group, salt, model = key
+    recent = [i for i in indices if built.requests[i].block_hashes][-KILLER_MAX_REQUESTS:]
+    return [
+        FoundKiller(group, salt, model, killer, tuple(built.requests[recent[i]].request_id
+                                                      for i in killer.sample_requests))
+        for killer in _search(built, recent)
+    ]  # fmt: skip
+
+
+def costliest(found: list[FoundKiller]) -> list[FoundKiller]:
     return sorted(found, key=lambda k: (-k.killer.tokens_lost, k.group.name, k.killer.position_block))
 
 

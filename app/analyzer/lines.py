@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 import numpy as np
@@ -108,6 +108,24 @@ class Lines:
 
     def skip(self, reason: Skip) -> None:
         self.skipped[reason.value] += 1
+
+    def move_tokens(self, file: IO[bytes]) -> None:
+        """Write the token ids to `file` (to be given to `extend` with these lines), none kept."""
+        self._buffer.tofile(file)
+        self._buffer = array("i")
+
+    def extend(self, later: Lines, tokens: IO[bytes]) -> None:
+        """Append what was read of a later part of the file: its lines, their token ids (moved to
+        `tokens`) to follow these (both padded to `align`), and its counts."""
+        shift = len(self._buffer)
+        for line in later.lines:
+            if line.tokens is not None:
+                line = replace(line, tokens=(line.tokens[0] + shift, line.tokens[1] + shift))
+            self.lines.append(line)
+        self._buffer.frombytes(tokens.read())
+        self.skipped.update(later.skipped)
+        self.notes.extend(later.notes)
+        self.tokenized += later.tokenized
 
 
 class BadLine(ValueError):

@@ -15,9 +15,13 @@ A line that cannot be read is skipped and counted under a `Skip` reason; the fil
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -35,6 +39,8 @@ from app.analyzer.lines import (
 )
 
 FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope")
+
+PART_BYTES_LEAST = 16 << 20  # a file is read in parts of at least this: a process costs a fork
 
 Decode = Callable[[bytes], Any]
 _Field = Any  # a field of a prefixlens line, decoded as a dict's value would be
@@ -72,31 +78,112 @@ def sniff(first: dict[str, Any]) -> str:
     return "kvlint"
 
 
-def read_trace(path: Path, *, format: str | None = None, align: int = 16) -> Lines:
+def read_trace(path: Path, *, format: str | None = None, align: int = 16, jobs: int = 1) -> Lines:
     """Read `path` (format sniffed from its first object line unless given). Token ids are padded
-    to multiples of `align` in the buffer. Raises ValueError for an unknown format and OSError for
-    a file that cannot be read."""
-    decode_any: Decode = msgspec.json.Decoder().decode
-    decode = decode_any
-    lines: Lines | None = None
+    to multiples of `align` in the buffer. A large file is read in up to `jobs` parts side by side
+    (a forked process each but the first) and joined in file order. Raises ValueError for an
+    unknown format and OSError for a file that cannot be read."""
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
-    with path.open("rb") as raw_lines:
-        for number, raw in enumerate(raw_lines, start=1):
+    with path.open("rb") as file:
+        first = _first_object(file, format)
+        if first is None:
+            return Lines(format or "prefixlens", align)
+        found, start, number = first
+        ends = _part_ends(file, start, jobs)
+    starts = [start, *ends[:-1]]
+    if len(ends) == 1:
+        return _read_part(path, found, align, start, ends[0], number)
+    fork = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(len(ends) - 1, mp_context=fork) as pool:
+        later = [pool.submit(_read_later_part, path, found, align, begin, end)
+                 for begin, end in zip(starts[1:], ends[1:], strict=True)]  # fmt: skip
+        lines = _read_part(path, found, align, start, ends[0], number)
+        for part in later:
+            read, spilled = part.result()
+            try:
+                with open(spilled, "rb") as tokens:
+                    lines.extend(read, tokens)
+            finally:
+                os.unlink(spilled)
+    return lines
+
+
+def _first_object(file: BinaryIO, format: str | None) -> tuple[str, int, int] | None:
+    """The format, and the offset and number of the line reading starts at: the first, when the
+    format is given, else the first object line (it names the format); None: no such line."""
+    if format is not None:
+        return format, 0, 1
+    decode = msgspec.json.Decoder().decode
+    offset = 0
+    for number, raw in enumerate(file, start=1):
+        try:
+            item = decode(raw) if raw and not raw.isspace() else None
+        except msgspec.DecodeError:
+            item = None
+        if isinstance(item, dict):
+            return sniff(item), offset, number
+        offset += len(raw)
+    return None
+
+
+def _part_ends(file: BinaryIO, start: int, jobs: int) -> list[int]:
+    """Where each part of the file from `start` ends: about equal, each at a line's end; one part
+    for a file too small to gain from more."""
+    size = file.seek(0, os.SEEK_END)
+    parts = max(1, min(jobs, (size - start) // PART_BYTES_LEAST))
+    ends = []
+    for part in range(1, parts):
+        file.seek(start + (size - start) * part // parts)
+        file.readline()  # to the end of the line the cut fell in
+        ends.append(file.tell())
+    return [*sorted(set(ends) - {size}), size]
+
+
+def _read_part(path: Path, format: str, align: int, start: int, end: int, number: int | None) -> Lines:
+    """The lines of `path` from byte `start` to `end` (`number`: the first's line number; None:
+    counted here)."""
+    decode_any: Decode = msgspec.json.Decoder().decode
+    decode = _decode_prefixlens(decode_any) if format == "prefixlens" else decode_any
+    lines = Lines(format, align)
+    with path.open("rb") as file:
+        if number is None:
+            number = _lines_before(file, start) + 1
+        file.seek(start)
+        at = start
+        for line_number, raw in enumerate(file, start=number):
+            if at >= end:
+                break
+            at += len(raw)
             if not raw or raw.isspace():  # no copy of a long line, as strip() made
                 continue
             try:
                 item = decode(raw)
             except msgspec.DecodeError:
                 item = None
-            if lines is None:
-                if format is None and not isinstance(item, dict):
-                    continue  # sniffed from the first object line; this one is counted below
-                lines = Lines(format or sniff(item) if isinstance(item, dict) else format or "", align)
-                if lines.format == "prefixlens":
-                    decode = _decode_prefixlens(decode_any)
-            _add(lines, item, number, raw)
-    return lines or Lines(format or "prefixlens", align)
+            _add(lines, item, line_number, raw)
+    return lines
+
+
+def _read_later_part(path: Path, format: str, align: int, start: int, end: int) -> tuple[Lines, str]:
+    """`_read_part` in a worker: its lines, and the temporary file its token ids were moved to
+    (written and read back at memory speed, where a pickled buffer crossed the pipe slower)."""
+    lines = _read_part(path, format, align, start, end, None)
+    with tempfile.NamedTemporaryFile(prefix="prefixscope-tokens-", delete=False) as spill:
+        lines.move_tokens(spill)
+    return lines, spill.name
+
+
+def _lines_before(file: BinaryIO, offset: int) -> int:
+    file.seek(0)
+    count, left = 0, offset
+    while left > 0:
+        chunk = file.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        left -= len(chunk)
+    return count
 
 
 def _decode_prefixlens(decode_any: Decode) -> Decode:

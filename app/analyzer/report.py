@@ -7,12 +7,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.analyzer.capacity import MULTIPLIERS, UNLIMITED_FRACTIONS, CurvePoint, capacity_curve
-from app.analyzer.diagnose import diagnose_trace, server_names
-from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows, trace_killers
+from app.analyzer.capacity import MULTIPLIERS, UNLIMITED_FRACTIONS, CurvePoint, curve_points
+from app.analyzer.diagnose import server_names
+from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows
 from app.analyzer.lines import Lines
 from app.analyzer.trace import Built, build_requests
+from app.analyzer.work import do_work
 from app.domain.misses import Diagnosis, Unknown, reusable_hit_rate
+from app.domain.replay.curve import CapacityCurve
 from app.domain.replay.trace import TraceRequest
 
 DEFAULT_BLOCK_SIZE = 16
@@ -21,11 +23,13 @@ DEFAULT_BLOCK_SIZE = 16
 @dataclass(frozen=True, slots=True)
 class Options:
     """What to analyze with: `block_size` None takes the trace's hashes' (else 16); `blocks` per
-    server, None for an unlimited cache; `curve` False leaves the what-if curve out."""
+    server, None for an unlimited cache; `curve` False leaves the what-if curve out; `jobs`:
+    processes the work may use (app/analyzer/work.py)."""
 
     block_size: int | None = None
     blocks: int | None = None
     curve: bool = True
+    jobs: int = 1
     multipliers: tuple[float, ...] | None = None
 
 
@@ -93,12 +97,13 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
         notes.append(TOKENIZED_NOTE.format(count=lines.tokenized))
     if options.blocks is None:
         notes.append("No KV capacity given (--blocks): the cache is taken as unlimited, nothing evicted.")
-    diagnosed = diagnose_trace(built, blocks=options.blocks)
+    work = do_work(built, blocks=options.blocks, curve=options.curve, jobs=options.jobs)
+    diagnosed = work.diagnosed
     requests = built.requests
     prompt = sum(r.prompt_tokens for r in requests)
     reported = [r.cached_tokens for r in requests if r.cached_tokens is not None]
     replayed = sum(diagnosed.replayed)
-    curve, base = _curve(built, options, diagnosed.footprint) if options.curve else ([], "")
+    curve, base = _curve(work.curve, built, options, diagnosed.footprint) if work.curve else ([], "")
     causes = _causes(diagnosed.diagnoses)
     by_cause = {row.cause: row.tokens for row in causes}
     return Report(
@@ -110,7 +115,7 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
         replayed_hit_rate=_rate(replayed, prompt),
         reusable_hit_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=replayed, by_cause=by_cause),
         causes=causes,
-        groups=group_rows(built, diagnosed.diagnoses), killers=trace_killers(built),
+        groups=group_rows(built, diagnosed.diagnoses), killers=work.killers,
         curve=curve, curve_base=base, rows=_rows(built, diagnosed.diagnoses, diagnosed.replayed),
     )  # fmt: skip
 
@@ -164,15 +169,13 @@ def _rows(
     return rows
 
 
-def _curve(built: Built, options: Options, footprint: int) -> tuple[list[CurvePoint], str]:
+def _curve(
+    curve: CapacityCurve, built: Built, options: Options, footprint: int
+) -> tuple[list[CurvePoint], str]:
     if options.blocks is not None:
         base, multipliers = options.blocks, options.multipliers or MULTIPLIERS
         said = f"{options.blocks:,} blocks per server (--blocks)"
     else:
         base, multipliers = footprint, options.multipliers or UNLIMITED_FRACTIONS
         said = f"{footprint:,} blocks per server: what holds the whole trace (no capacity given)"
-    points = capacity_curve(
-        built.requests, servers=server_names(built.requests), block_size=built.block_size,
-        base_blocks=base, multipliers=multipliers,
-    )  # fmt: skip
-    return points, said
+    return curve_points(curve, server_names(built.requests), base, multipliers), said

@@ -1,0 +1,101 @@
+"""The analyzer on several cores (app/analyzer/work.py, parts.py, the parts of readers.py) gives the
+report it gives on one."""
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from app.analyzer import parts, readers
+from app.analyzer.cli import main
+from app.analyzer.parts import independent_parts
+from app.analyzer.readers import read_trace
+from app.analyzer.trace import build_requests
+
+SIZE = 16
+
+
+def _report(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(["analyze", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+def _tokens(rng: random.Random, count: int) -> list[int]:
+    return [rng.randrange(1, 50_000) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def mixed_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Prefixscope's export format with token ids, on two servers: templates t1 and t2 open with
+    the same system prompt, and so do half the requests without a template; t3 has its own; t4's
+    two tenants salt the same text; t5 gains a volatile token at 20 halfway through. Malformed
+    lines sit among them."""
+    rng = random.Random(7)
+    system = _tokens(rng, 64)
+    own = {template: _tokens(rng, 48) for template in ("t1", "t2", "t3", "t4", "t5", "")}
+    prefixes = {"t1": system + own["t1"], "t2": system + own["t2"], "t3": own["t3"] * 2,
+                "t4": own["t4"] * 2, "t5": own["t5"] * 2}  # fmt: skip
+    lines = []
+    for n in range(360):
+        template = ("t1", "t2", "t3", "t4", "t5", "")[n % 6]
+        salt = ("s1", "s2")[n % 4 // 2] if template == "t4" else ""
+        opening = system if n % 12 == 5 else _tokens(rng, 40)  # of a request without a template
+        prompt = list(prefixes[template]) if template else opening
+        if template == "t5" and n >= 180:
+            prompt = [*prompt[:20], rng.randrange(1, 50_000), *prompt[20:]]
+        prompt = [*prompt, *_tokens(rng, rng.randrange(20, 80))]
+        line = {"request_id": f"r{n}", "arrived": 1_767_225_600 + n * 0.5, "prompt_tokens": len(prompt),
+                "server": ("a", "b")[n % 5 % 2], "group": "m", "salt": salt, "tenant": salt,
+                "template": template, "output_tokens": 30, "token_ids": prompt}  # fmt: skip
+        lines.append(msgspec.json.encode(line))
+        if n % 90 == 45:
+            lines += [b"{not json", b'{"request_id": "no arrival", "token_ids": [1]}']
+    path = tmp_path_factory.mktemp("trace") / "mixed.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_parts_read_as_the_whole_file(mixed_trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = read_trace(mixed_trace, align=64)
+    monkeypatch.setattr(readers, "PART_BYTES_LEAST", 1)
+    split = read_trace(mixed_trace, align=64, jobs=3)
+    assert len(whole.lines) == 360 and whole.skipped  # each part has malformed lines to count
+    assert split.lines == whole.lines
+    assert split.tokens.tolist() == whole.tokens.tolist()
+    assert split.skipped == whole.skipped
+
+
+def test_requests_sharing_a_first_block_or_a_template_are_one_part(mixed_trace: Path) -> None:
+    built = build_requests(read_trace(mixed_trace), SIZE)
+    found = independent_parts(built.requests, 8)
+    templates = sorted(sorted({built.requests[i].template for i in part}) for part in found)
+    # t1 and t2 share a system prompt with some requests of no template, the family of all of those.
+    assert templates == [["", "t1", "t2"], ["t3"], ["t4"], ["t5"]]
+    assert all(part == sorted(part) for part in found)
+    assert sorted(i for part in found for i in part) == list(range(len(built.requests)))
+    assert [len(part) for part in independent_parts(built.requests, 2)] == [180, 180]  # t3 to t5 beside
+
+
+def test_several_cores_give_the_report_of_one(
+    mixed_trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = _report(capsys, str(mixed_trace), "--jobs", "1")
+    monkeypatch.setattr(readers, "PART_BYTES_LEAST", 1)
+    assert _report(capsys, str(mixed_trace), "--jobs", "3") == one
+    causes = {row["cause"] for row in one["causes"]}
+    assert {"prompt_changed", "salt", "cold", "routed_elsewhere"} <= causes
+    assert one["killers"] and one["curve"]
+    # The parts matter: split by template alone, t2's system prompt reads as never seen before.
+    monkeypatch.setattr(parts, "_keys", lambda request: [request.template])
+    assert _report(capsys, str(mixed_trace), "--jobs", "3") != one
+
+
+def test_with_a_capacity_the_trace_is_diagnosed_whole(
+    mixed_trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = _report(capsys, str(mixed_trace), "--jobs", "1", "--blocks", "40")
+    assert _report(capsys, str(mixed_trace), "--jobs", "2", "--blocks", "40") == one
+    assert any(row["cause"] == "evicted" for row in one["causes"])
