@@ -16,6 +16,7 @@ Target: prefixlens / prefixscope >= 10 in wall time, prefixscope's peak at most 
 
 import argparse
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -41,7 +42,7 @@ class Run:
     peak_mb: float
 
 
-def run(command: list[str], *, tree: bool = True) -> Run:
+def run(command: list[str], *, tree: bool = False) -> Run:
     """Run `command` to its end, its output discarded; its wall and CPU seconds (with its
     workers') and its peak memory (`_peak_bytes`)."""
     started = time.perf_counter()
@@ -56,10 +57,11 @@ def run(command: list[str], *, tree: bool = True) -> Run:
 
 def _peak_bytes(child: subprocess.Popen[bytes], *, tree: bool) -> int:
     """The most the child held at once, sampled every SAMPLE_SECONDS until it exits (a zombie
-    then, waited for by the caller): its own resident high-water mark (VmHWM: ru_maxrss would
+    then, waited for by the caller): its own resident high-water mark (VmHWM; ru_maxrss would
     start at this process' own, kept across exec), and with `tree` its process tree's proportional
-    set size (PSS: a page forked workers share counted once). Reading PSS walks the tree's pages:
-    prefixlens' 1.6 GB took seconds longer sampled so, to our side's favour; its VmHWM costs nothing."""
+    set size (PSS: a page forked workers share counted once). Reading PSS walks every page of the
+    tree: it slowed the analyzer by a fifth and prefixlens by seconds, so a run that samples it is
+    not one that is timed."""
     root = psutil.Process(child.pid)
     peak = 0
     while root.status() != psutil.STATUS_ZOMBIE:
@@ -113,7 +115,11 @@ def main(argv: Sequence[str]) -> None:
         runs: dict[str, list[Run]] = {name: [] for name in sides}
         for _ in range(args.repeat):  # the sides in turn: a slow spell of the machine slows each alike
             for name, command in sides.items():
-                runs[name].append(run(command, tree=name != "prefixlens"))
+                runs[name].append(run(command))
+        for name, command in sides.items():  # the workers' memory, in a run of its own (untimed)
+            if name != "prefixlens":  # one process: its VmHWM is its peak
+                memory = run(command, tree=True)
+                runs[name].append(Run(math.inf, math.inf, memory.peak_mb))
         best = {name: _best(measured) for name, measured in runs.items()}
         for name, measured in best.items():
             print(f"{size:>5}  {name:<24} {measured.wall:7.2f} {measured.cpu:7.2f} {measured.peak_mb:9,.0f}")

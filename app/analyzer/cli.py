@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     command.add_argument("--blocks", type=_positive, help="KV blocks per server (default: unlimited)")
     command.add_argument("--no-curve", action="store_true", help="leave the what-if curve of capacity out")
     command.add_argument(
-        "--jobs", type=_positive, default=default_jobs(), help="processes to use (default: every core)"
+        "--jobs", type=_positive, default=default_jobs(), help="processes (default: the cores, at most 4)"
     )
     output = command.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the report as JSON on stdout")

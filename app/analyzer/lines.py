@@ -70,26 +70,24 @@ class Lines:
     _buffer: array[int] = field(default_factory=lambda: array("i"))
 
     def add_tokens(self, token_ids: list[int] | bytes) -> tuple[int, int]:
-        """Append a prompt's token ids (or their native int32 bytes); their span. Raises TypeError
-        for a non-integer, OverflowError for an id outside int32 and ValueError for a negative one
-        (nothing is then appended)."""
+        """Append a prompt's token ids (or their native int32 bytes, as `raw_token_ids` gives
+        them: ids of digits alone, none negative); their span. Raises TypeError for a non-integer,
+        OverflowError for an id outside int32 and ValueError for a negative one (nothing is then
+        appended)."""
         buffer = self._buffer
         start = len(buffer)
-        try:
-            if isinstance(token_ids, bytes):
-                buffer.frombytes(token_ids)
-            else:
+        if isinstance(token_ids, bytes):
+            buffer.frombytes(token_ids)
+        else:
+            try:
                 buffer.extend(token_ids)  # checks each id's type and range in C
-        except (TypeError, OverflowError):
-            del buffer[start:]
-            raise
+            except (TypeError, OverflowError):
+                del buffer[start:]
+                raise
+            if token_ids and min(token_ids) < 0:
+                del buffer[start:]
+                raise ValueError("negative token id")
         end = len(buffer)
-        if (
-            end > start
-            and np.frombuffer(buffer, dtype=np.int32, count=end - start, offset=4 * start).min() < 0
-        ):
-            del buffer[start:]
-            raise ValueError("negative token id")
         if pad := -end % self.align:
             buffer.extend([0] * pad)
         return start, end
