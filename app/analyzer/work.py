@@ -5,7 +5,7 @@ diagnosis into the trace's independent parts, parts.py, where the cache is unlim
 into their groups' searches; the curve is one pass) and the tasks run in worker processes forked
 from this one, which read the trace where it lies instead of a copy sent to them; only their
 answers come back, pickled. The costliest tasks go first, so the last one to end is a short one.
-With one job, the same tasks run here, one after the other.
+With one job, the same tasks run here, one after the other (the parts too: PARTS_MOST).
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ from app.analyzer.trace import Built
 from app.domain.replay.curve import CapacityCurve
 from app.domain.replay.curve import capacity_curve as one_pass_curve
 
-PARTS_PER_JOB = 4  # parts of the diagnosis per worker: enough to even out parts of unequal cost
+# The diagnosis' independent parts: as many as the trace has, up to this. A part's history is
+# smaller than the whole trace's, its tables kept in the CPU's caches more of the time: the bench
+# trace's 8 templates took a quarter less CPU as 8 parts, one after the other, than as one
+# history. More parts also even out the workers.
+PARTS_MOST = 64
 # Each worker touches the trace's objects, so holds its own copy of their pages (about 120 MB on
 # the 36 M-token bench trace) while the reading and building before it stay on one core: past a
 # few workers, memory grows and time hardly falls. `--jobs` asks for more.
@@ -68,7 +72,7 @@ def default_jobs() -> int:
 def do_work(built: Built, *, blocks: int | None, curve: bool, jobs: int) -> Work:
     """Diagnose the trace (`blocks` per server, None: unlimited), find its killers and, when
     `curve`, its capacity curve, with up to `jobs` processes."""
-    tasks = _tasks(built, blocks=blocks, curve=curve, jobs=jobs)
+    tasks = _tasks(built, blocks=blocks, curve=curve)
     if jobs <= 1:
         answers = [_run(built, task) for task in tasks]
     else:
@@ -78,12 +82,12 @@ def do_work(built: Built, *, blocks: int | None, curve: bool, jobs: int) -> Work
     return _gathered(built, tasks, answers)
 
 
-def _tasks(built: Built, *, blocks: int | None, curve: bool, jobs: int) -> list[_Task]:
+def _tasks(built: Built, *, blocks: int | None, curve: bool) -> list[_Task]:
     """The tasks, the costliest first: the curve (one pass, not to be cut), the diagnosis' parts
     (the largest first), the killers' searches (the largest first)."""
     tasks: list[_Task] = [_Curve()] if curve else []
-    if blocks is None and jobs > 1:
-        parts = independent_parts(built.requests, jobs * PARTS_PER_JOB)
+    if blocks is None:
+        parts = independent_parts(built.requests, PARTS_MOST)
         tasks.extend(_Diagnose(tuple(part), None) for part in parts)
     else:
         tasks.append(_Diagnose(None, blocks))

@@ -11,9 +11,11 @@ import pytest
 
 from app.analyzer import parts, readers
 from app.analyzer.cli import main
+from app.analyzer.diagnose import Diagnosed, diagnose_part, diagnose_trace, joined
 from app.analyzer.parts import independent_parts
 from app.analyzer.readers import read_trace
 from app.analyzer.trace import build_requests
+from app.domain.misses import Cause, Diagnosis
 
 SIZE = 16
 
@@ -79,18 +81,31 @@ def test_requests_sharing_a_first_block_or_a_template_are_one_part(mixed_trace: 
     assert [len(part) for part in independent_parts(built.requests, 2)] == [180, 180]  # t3 to t5 beside
 
 
+def test_independent_parts_diagnose_as_the_whole_trace(
+    mixed_trace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = build_requests(read_trace(mixed_trace), SIZE)
+    whole = diagnose_trace(built, blocks=None)  # one history, every request in turn
+
+    def by_parts() -> Diagnosed:
+        found = independent_parts(built.requests, 64)
+        return joined(built, [(part, diagnose_part(built, part)) for part in found])
+
+    assert by_parts() == whole
+    causes = {d.cause for d in whole.diagnoses if isinstance(d, Diagnosis)}
+    assert {Cause.PROMPT_CHANGED, Cause.SALT, Cause.COLD, Cause.ROUTED_ELSEWHERE} <= causes
+    # The parts matter: split by template alone, t2's system prompt reads as never seen before.
+    monkeypatch.setattr(parts, "_keys", lambda request: [request.template])
+    assert by_parts() != whole
+
+
 def test_several_cores_give_the_report_of_one(
     mixed_trace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     one = _report(capsys, str(mixed_trace), "--jobs", "1")
     monkeypatch.setattr(readers, "PART_BYTES_LEAST", 1)
     assert _report(capsys, str(mixed_trace), "--jobs", "3") == one
-    causes = {row["cause"] for row in one["causes"]}
-    assert {"prompt_changed", "salt", "cold", "routed_elsewhere"} <= causes
-    assert one["killers"] and one["curve"]
-    # The parts matter: split by template alone, t2's system prompt reads as never seen before.
-    monkeypatch.setattr(parts, "_keys", lambda request: [request.template])
-    assert _report(capsys, str(mixed_trace), "--jobs", "3") != one
+    assert one["killers"] and one["curve"] and len(one["causes"]) > 4
 
 
 def test_with_a_capacity_the_trace_is_diagnosed_whole(
