@@ -15,11 +15,12 @@ A line that cannot be read is skipped and counted under a `Skip` reason; the fil
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -95,18 +96,27 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16, jobs: 
     if len(ends) == 1:
         return _read_part(path, found, align, start, ends[0], number)
     fork = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(len(ends) - 1, mp_context=fork) as pool:
-        later = [pool.submit(_read_later_part, path, found, align, begin, end)
-                 for begin, end in zip(starts[1:], ends[1:], strict=True)]  # fmt: skip
-        lines = _read_part(path, found, align, start, ends[0], number)
-        for part in later:
-            read, spilled = part.result()
-            try:
+    later: list[Future[tuple[Lines, str]]] = []
+    try:
+        with ProcessPoolExecutor(len(ends) - 1, mp_context=fork) as pool:
+            later = [pool.submit(_read_later_part, path, found, align, begin, end)
+                     for begin, end in zip(starts[1:], ends[1:], strict=True)]  # fmt: skip
+            lines = _read_part(path, found, align, start, ends[0], number)
+            for part in later:
+                read, spilled = part.result()
                 with open(spilled, "rb") as tokens:
                     lines.extend(read, tokens)
-            finally:
-                os.unlink(spilled)
+    finally:
+        _remove_spilled(later)  # the pool has ended: every part is done
     return lines
+
+
+def _remove_spilled(parts: list[Future[tuple[Lines, str]]]) -> None:
+    """Delete the token ids the parts wrote, prompt content, whether or not the reading ended well."""
+    for part in parts:
+        if not part.cancelled() and part.exception() is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part.result()[1])
 
 
 def _first_object(file: BinaryIO, format: str | None) -> tuple[str, int, int] | None:

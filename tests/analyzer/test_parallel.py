@@ -3,6 +3,7 @@ report it gives on one."""
 
 import json
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,28 @@ def test_parts_read_as_the_whole_file(mixed_trace: Path, monkeypatch: pytest.Mon
     assert split.lines == whole.lines
     assert split.tokens.tolist() == whole.tokens.tolist()
     assert split.skipped == whole.skipped
+
+
+def test_a_failed_read_leaves_no_token_ids_behind(
+    mixed_trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The later parts spill their token ids (prompt content) to temporary files: when the first
+    part's reading fails, the others' files are deleted all the same."""
+    monkeypatch.setattr(readers, "PART_BYTES_LEAST", 1)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    read_part = readers._read_part
+
+    def first_part_fails(path: Path, format: str, align: int, start: int, *rest: Any) -> Any:
+        if start == 0:
+            raise OSError("the disk went away")
+        return read_part(path, format, align, start, *rest)
+
+    monkeypatch.setattr(readers, "_read_part", first_part_fails)
+    with pytest.raises(OSError, match="went away"):
+        read_trace(mixed_trace, jobs=3)
+    assert not list(tmp_path.glob("prefixscope-tokens-*"))
+    monkeypatch.setattr(readers, "_read_part", read_part)
+    assert len(read_trace(mixed_trace, jobs=3).lines) == 360  # the same parts, read well
 
 
 def test_requests_sharing_a_first_block_or_a_template_are_one_part(mixed_trace: Path) -> None:
