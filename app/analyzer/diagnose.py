@@ -66,19 +66,6 @@ def diagnose_part(built: Built, indices: Sequence[int]) -> Diagnosed:
     return _unlimited(built, {name: n for n, name in enumerate(server_names(built.requests))}, indices)
 
 
-def joined(built: Built, parts: Sequence[tuple[Sequence[int], Diagnosed]]) -> Diagnosed:
-    """The whole trace's diagnosis from its independent parts' (each with its indices)."""
-    diagnoses: list[Diagnosis | Unknown] = [Unknown.NO_PROMPT] * len(built.requests)
-    replayed = [0] * len(built.requests)
-    stored = [0] * len(server_names(built.requests))
-    for indices, part in parts:
-        for index, diagnosis, reused in zip(indices, part.diagnoses, part.replayed, strict=True):
-            diagnoses[index] = diagnosis
-            replayed[index] = reused
-        stored = [mine + theirs for mine, theirs in zip(stored, part.stored, strict=True)]
-    return Diagnosed(diagnoses, replayed, stored)
-
-
 def _prompt(built: Built, index: int, server: int, cached: int) -> RequestPrompt:
     request = built.requests[index]
     return RequestPrompt(

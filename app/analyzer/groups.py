@@ -11,8 +11,7 @@ templates only).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -21,7 +20,6 @@ import numpy as np
 from app.analyzer.trace import Built
 from app.domain import gpt2
 from app.domain.killers import Killer, Prompt, find_killers
-from app.domain.misses import Diagnosis, Unknown
 from app.domain.replay.trace import TraceRequest
 
 FAMILY_BLOCKS = 4  # the server's PREFIXSCOPE_FAMILY_BLOCKS default
@@ -34,21 +32,6 @@ class Group:
 
     kind: str  # "template" or "family"
     name: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRow:
-    """What a template or family's requests reused and lost."""
-
-    group: Group
-    requests: int
-    prompt_tokens: int
-    reused_tokens: int
-    main_cause: str  # the cause that lost it the most tokens ("" when none lost any)
-
-    @property
-    def hit_rate(self) -> float | None:
-        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,33 +55,6 @@ def group_of(request: TraceRequest, block_size: int) -> Group | None:
         return None
     key = int(chain[blocks - 1])  # type: ignore[call-overload]  # the analyzer's keys are ints
     return Group("family", f"{request.group or 'prefix'}-{key & 0xFFFFFFFF:08x}")
-
-
-def group_rows(built: Built, diagnoses: Sequence[Diagnosis | Unknown]) -> list[GroupRow]:
-    """Every group's totals, most prompt tokens first."""
-    totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0, 0])
-    lost: dict[Group, Counter[str]] = defaultdict(Counter)
-    for request, diagnosis in zip(built.requests, diagnoses, strict=True):
-        group = group_of(request, built.block_size)
-        if group is None:
-            continue
-        total = totals[group]
-        total[0] += 1
-        total[1] += request.prompt_tokens
-        if isinstance(diagnosis, Diagnosis):
-            total[2] += diagnosis.funnel.reused
-            for cause, tokens in diagnosis.tokens_by_cause().items():
-                lost[group][cause.value] += tokens
-    rows = [
-        GroupRow(group, requests, prompt, reused, _main(lost[group]))
-        for group, (requests, prompt, reused) in totals.items()
-    ]
-    return sorted(rows, key=lambda row: (-row.prompt_tokens, row.group.name))
-
-
-def _main(lost: Counter[str]) -> str:
-    found = lost.most_common(1)
-    return found[0][0] if found and found[0][1] else ""
 
 
 KillerGroup: TypeAlias = tuple[Group, str, str]  # a group, a salt and a model: what a search is of

@@ -3,17 +3,17 @@ templates and prefix families, and the what-if curve of capacity."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.analyzer.capacity import MULTIPLIERS, UNLIMITED_FRACTIONS, CurvePoint, curve_points
 from app.analyzer.diagnose import server_names
-from app.analyzer.groups import FoundKiller, GroupRow, group_of, group_rows
+from app.analyzer.groups import FoundKiller
 from app.analyzer.lines import Lines
+from app.analyzer.tally import CauseRow, GroupRow, RequestRow
 from app.analyzer.trace import Built, build_requests
 from app.analyzer.work import do_work
-from app.domain.misses import Diagnosis, Unknown, reusable_hit_rate
+from app.domain.misses import reusable_hit_rate
 from app.domain.replay.curve import CapacityCurve
 from app.domain.replay.trace import TraceRequest
 
@@ -31,31 +31,6 @@ class Options:
     curve: bool = True
     jobs: int = 1
     multipliers: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CauseRow:
-    """A miss cause: the requests it is the main cause of, and the tokens it lost over all."""
-
-    cause: str
-    requests: int
-    tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRow:
-    """One request's answer. `cached_tokens`: what it reused (reported, else replayed); `cause`:
-    its main cause, "" when nothing reusable was lost, or why it has no diagnosis."""
-
-    request_id: str
-    server: str
-    group: str
-    prompt_tokens: int
-    cached_tokens: int | None
-    replayed_tokens: int
-    cause: str
-    diverged_at: int | None
-    lost: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +73,13 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
     if options.blocks is None:
         notes.append("No KV capacity given (--blocks): the cache is taken as unlimited, nothing evicted.")
     work = do_work(built, blocks=options.blocks, curve=options.curve, jobs=options.jobs)
-    diagnosed = work.diagnosed
+    tally = work.tally
     requests = built.requests
     prompt = sum(r.prompt_tokens for r in requests)
     reported = [r.cached_tokens for r in requests if r.cached_tokens is not None]
-    replayed = sum(diagnosed.replayed)
-    curve, base = _curve(work.curve, built, options, diagnosed.footprint) if work.curve else ([], "")
-    causes = _causes(diagnosed.diagnoses)
+    replayed = tally.replayed
+    curve, base = _curve(work.curve, built, options, tally.footprint) if work.curve else ([], "")
+    causes = tally.cause_rows()
     by_cause = {row.cause: row.tokens for row in causes}
     return Report(
         source=source, format=lines.format, requests=len(requests), skipped=dict(lines.skipped),
@@ -115,8 +90,8 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
         replayed_hit_rate=_rate(replayed, prompt),
         reusable_hit_rate=reusable_hit_rate(prompt_tokens=prompt, reused_tokens=replayed, by_cause=by_cause),
         causes=causes,
-        groups=group_rows(built, diagnosed.diagnoses), killers=work.killers,
-        curve=curve, curve_base=base, rows=_rows(built, diagnosed.diagnoses, diagnosed.replayed),
+        groups=tally.group_rows(), killers=work.killers,
+        curve=curve, curve_base=base, rows=tally.request_rows(),
     )  # fmt: skip
 
 
@@ -131,42 +106,6 @@ def _hashes_block_size(lines: Lines) -> int | None:
 
 def _rate(part: int, whole: int) -> float | None:
     return part / whole if whole else None
-
-
-def _causes(diagnoses: Sequence[Diagnosis | Unknown]) -> list[CauseRow]:
-    """Each cause's requests (as their main cause) and tokens lost; "reused" for requests that
-    lost nothing reusable, and the reasons requests could not be diagnosed."""
-    requests: Counter[str] = Counter()
-    tokens: Counter[str] = Counter()
-    for diagnosis in diagnoses:
-        if isinstance(diagnosis, Unknown):
-            requests[diagnosis.value] += 1
-            continue
-        requests[diagnosis.cause.value if diagnosis.cause else "reused"] += 1
-        for cause, lost in diagnosis.tokens_by_cause().items():
-            tokens[cause.value] += lost
-    names = sorted(set(requests) | set(tokens), key=lambda name: (-tokens[name], -requests[name], name))
-    return [CauseRow(name, requests[name], tokens[name]) for name in names]
-
-
-def _rows(
-    built: Built, diagnoses: Sequence[Diagnosis | Unknown], replayed: Sequence[int]
-) -> list[RequestRow]:
-    rows = []
-    for request, diagnosis, reused in zip(built.requests, diagnoses, replayed, strict=True):
-        group = group_of(request, built.block_size)
-        known = isinstance(diagnosis, Diagnosis)
-        rows.append(RequestRow(
-            request_id=request.request_id, server=request.server, group=group.name if group else "",
-            prompt_tokens=request.prompt_tokens,
-            cached_tokens=diagnosis.funnel.reused if known else request.cached_tokens,  # type: ignore[union-attr]
-            replayed_tokens=reused,
-            cause=(diagnosis.cause.value if diagnosis.cause else "") if isinstance(diagnosis, Diagnosis)
-            else diagnosis.value,
-            diverged_at=diagnosis.diverged_at if isinstance(diagnosis, Diagnosis) else None,
-            lost={c.value: t for c, t in diagnosis.tokens_by_cause().items()} if known else {},  # type: ignore[union-attr]
-        ))  # fmt: skip
-    return rows
 
 
 def _curve(

@@ -4,7 +4,8 @@ The three read the built trace and nothing of one another's: each is cut into ta
 diagnosis into the trace's independent parts, parts.py, where the cache is unlimited; the killers
 into their groups' searches; the curve is one pass) and the tasks run in worker processes forked
 from this one, which read the trace where it lies instead of a copy sent to them; only their
-answers come back, pickled. The costliest tasks go first, so the last one to end is a short one.
+answers come back, pickled (the diagnoses as their tallies, tally.py). The costliest tasks go
+first, so the last one to end is a short one.
 With one job, the same tasks run here, one after the other (the parts too: PARTS_MOST).
 """
 
@@ -17,9 +18,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from app.analyzer.diagnose import Diagnosed, diagnose_part, diagnose_trace, joined
+from app.analyzer.diagnose import diagnose_part, diagnose_trace
 from app.analyzer.groups import FoundKiller, KillerGroup, costliest, group_killers, killer_groups
 from app.analyzer.parts import independent_parts
+from app.analyzer.tally import Tally, tallied, tally
 from app.analyzer.trace import Built
 from app.domain.replay.curve import CapacityCurve
 from app.domain.replay.curve import capacity_curve as one_pass_curve
@@ -37,7 +39,7 @@ DEFAULT_JOBS_MOST = 4
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    diagnosed: Diagnosed
+    tally: Tally  # of every request's diagnosis
     killers: list[FoundKiller]
     curve: CapacityCurve | None  # None when not asked for
 
@@ -79,7 +81,7 @@ def do_work(built: Built, *, blocks: int | None, curve: bool, jobs: int) -> Work
         fork = multiprocessing.get_context("fork")  # the workers inherit the trace, not a copy of it
         with ProcessPoolExecutor(jobs, mp_context=fork, initializer=_inherit, initargs=(built,)) as pool:
             answers = list(pool.map(_run_inherited, tasks))
-    return _gathered(built, tasks, answers)
+    return _gathered(tasks, answers)
 
 
 def _tasks(built: Built, *, blocks: int | None, curve: bool) -> list[_Task]:
@@ -99,29 +101,25 @@ def _tasks(built: Built, *, blocks: int | None, curve: bool) -> list[_Task]:
 def _run(built: Built, task: _Task) -> Any:
     if isinstance(task, _Diagnose):
         if task.indices is None:
-            return diagnose_trace(built, blocks=task.blocks)
-        return diagnose_part(built, task.indices)
+            return tally(built, None, diagnose_trace(built, blocks=task.blocks))
+        return tally(built, task.indices, diagnose_part(built, task.indices))
     if isinstance(task, _Killers):
         return group_killers(built, task.key, task.indices)
     return one_pass_curve(built.requests, block_size=built.block_size)
 
 
-def _gathered(built: Built, tasks: Sequence[_Task], answers: Sequence[Any]) -> Work:
-    parts: list[tuple[Sequence[int], Diagnosed]] = []
-    whole: Diagnosed | None = None
+def _gathered(tasks: Sequence[_Task], answers: Sequence[Any]) -> Work:
+    tallies: list[Tally] = []
     killers: list[FoundKiller] = []
     found_curve = None
     for task, answer in zip(tasks, answers, strict=True):
         if isinstance(task, _Diagnose):
-            if task.indices is None:
-                whole = answer
-            else:
-                parts.append((task.indices, answer))
+            tallies.append(answer)
         elif isinstance(task, _Killers):
             killers.extend(answer)
         else:
             found_curve = answer
-    return Work(whole or joined(built, parts), costliest(killers), found_curve)
+    return Work(tallied(tallies), costliest(killers), found_curve)
 
 
 # -- in a worker ---------------------------------------------------------------------------------

@@ -8,8 +8,9 @@
  * tests/domain/test_replay_whatif.py holds both to the same answers.
  *
  * Stack(releases): room for `releases` stamps in all.
- *   distances(keys, limit) -> list[int]: the distances of the first `limit` keys, stopping at the
- *     first never released (so the list may be shorter).
+ *   distances(keys, limit[, floor]) -> list[int]: the distances of the first `limit` keys, stopping
+ *     at the first never released (so the list may be shorter); with `floor`, each is instead the
+ *     most of `floor` and the distances up to its own (the capacity a leading run needs).
  *   release(keys): the keys released, the last one first (its stamp the oldest of them).
  */
 #define PY_SSIZE_T_CLEAN
@@ -74,8 +75,16 @@ static void Stack_dealloc(Stack *self) {
 static PyObject *Stack_distances(Stack *self, PyObject *args) {
     PyObject *keys;
     Py_ssize_t limit;
-    if (!PyArg_ParseTuple(args, "On", &keys, &limit)) {
+    PyObject *floor = Py_None;
+    if (!PyArg_ParseTuple(args, "On|O", &keys, &limit, &floor)) {
         return NULL;
+    }
+    Py_ssize_t most = -1; /* the running maximum, when a floor is given */
+    if (floor != Py_None) {
+        most = PyLong_AsSsize_t(floor);
+        if (most == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
     }
     PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
     if (seq == NULL) {
@@ -103,7 +112,12 @@ static PyObject *Stack_distances(Stack *self, PyObject *args) {
         if (at == -1 && PyErr_Occurred()) {
             goto fail;
         }
-        PyObject *distance = PyLong_FromSsize_t(self->live - tree_count_to(self, at - 1));
+        Py_ssize_t value = self->live - tree_count_to(self, at - 1);
+        if (floor != Py_None) {
+            most = value > most ? value : most;
+            value = most;
+        }
+        PyObject *distance = PyLong_FromSsize_t(value);
         if (distance == NULL || PyList_Append(found, distance) < 0) {
             Py_XDECREF(distance);
             goto fail;
@@ -162,7 +176,8 @@ fail:
 
 static PyMethodDef Stack_methods[] = {
     {"distances", (PyCFunction)Stack_distances, METH_VARARGS,
-     "distances(keys, limit): the first `limit` keys' stack distances, up to the first never released."},
+     "distances(keys, limit[, floor]): the first `limit` keys' stack distances (with `floor`, their "
+     "running maximum from it), up to the first never released."},
     {"release", (PyCFunction)Stack_release, METH_O, "release(keys): released, the last one first."},
     {NULL, NULL, 0, NULL},
 };

@@ -12,7 +12,7 @@ import pytest
 
 from app.analyzer import parts, readers
 from app.analyzer.cli import main
-from app.analyzer.diagnose import Diagnosed, diagnose_part, diagnose_trace, joined
+from app.analyzer.diagnose import Diagnosed, diagnose_part, diagnose_trace
 from app.analyzer.parts import independent_parts
 from app.analyzer.readers import read_trace
 from app.analyzer.trace import build_requests
@@ -111,8 +111,15 @@ def test_independent_parts_diagnose_as_the_whole_trace(
     whole = diagnose_trace(built, blocks=None)  # one history, every request in turn
 
     def by_parts() -> Diagnosed:
-        found = independent_parts(built.requests, 64)
-        return joined(built, [(part, diagnose_part(built, part)) for part in found])
+        """Each part's requests' diagnoses in their place in the trace; the blocks stored, summed."""
+        diagnoses: list[Any] = [None] * len(whole.diagnoses)  # None where no part diagnosed it
+        replayed, stored = [0] * len(whole.replayed), [0] * len(whole.stored)
+        for part in independent_parts(built.requests, 64):
+            found = diagnose_part(built, part)
+            for index, diagnosis, reused in zip(part, found.diagnoses, found.replayed, strict=True):
+                diagnoses[index], replayed[index] = diagnosis, reused
+            stored = [mine + theirs for mine, theirs in zip(stored, found.stored, strict=True)]
+        return Diagnosed(diagnoses, replayed, stored)
 
     assert by_parts() == whole
     causes = {d.cause for d in whole.diagnoses if isinstance(d, Diagnosis)}

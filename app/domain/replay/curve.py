@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
 
@@ -73,16 +74,17 @@ class _StackDistances:
         self.time = 0
         self.live = 0
 
-    def distances(self, keys: Sequence[Hashable], limit: int) -> list[int]:
+    def distances(self, keys: Sequence[Hashable], limit: int, floor: int | None = None) -> list[int]:
         """How many cached blocks are as new as each of the first `limit` keys or newer (itself
-        included), up to the first key never released."""
+        included), up to the first key never released; with `floor`, each one's running maximum
+        from it (what holds that key and every one before it)."""
         found = []
         for key in keys[:limit]:
             stamp = self.stamps.get(key)
             if stamp is None:
                 break
             found.append(self.live - self.tree.count_to(stamp - 1))
-        return found
+        return found if floor is None else list(accumulate(found, max, initial=floor))[1:]
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Put `keys` at the new end, the last one first (vLLM frees a request's blocks in reverse)."""
@@ -145,7 +147,7 @@ def capacity_curve(
         releases[request.server] += len(keys) + request.output_tokens // block_size + 1
     stacks = {server: _stack(count) for server, count in releases.items()}
     epochs = dict.fromkeys(releases, 0)
-    reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}
+    reusable: dict[str, Counter[int]] = {server: Counter() for server in releases}  # blocks, then tokens
     emptied = deque(sorted((at, server) for at, server in restarts if server in stacks))
     for request, keys in zip(order, chains, strict=True):
         while emptied and emptied[0][0] <= request.arrived:  # a new process: its cache empty
@@ -157,15 +159,17 @@ def capacity_curve(
         if counted is not None and not counted(request):
             stack.release([*keys, *_output_keys(request, block_size)])
             continue
-        # A prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
-        worst = -(-request.prompt_tokens // block_size) - 1
-        for distance in stack.distances(keys, max(request.prompt_tokens - 1, 0) // block_size):
-            if distance > worst:  # the farthest of it and the blocks before it (no call of max: 2M blocks)
-                worst = distance
-            needed[worst] += block_size
+        # A leading block is reused at the capacity holding it and every block before it; a
+        # prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
+        fits = -(-request.prompt_tokens // block_size) - 1
+        needed.update(stack.distances(keys, max(request.prompt_tokens - 1, 0) // block_size, fits))
         stack.release([*keys, *_output_keys(request, block_size)])
     prompt_tokens = sum(r.prompt_tokens for r in trace if counted is None or counted(r))
-    return CapacityCurve(block_size, prompt_tokens, reusable)
+    tokens = {
+        server: Counter({at: n * block_size for at, n in blocks.items()})
+        for server, blocks in reusable.items()
+    }
+    return CapacityCurve(block_size, prompt_tokens, tokens)
 
 
 def _output_keys(request: TraceRequest, block_size: int) -> list[Key]:
