@@ -45,6 +45,11 @@ DEMO_KV_SHAPES = "tiny=2:2:64"
 # the collection faults.
 DEMO_SERVERS = load_scenario(resolve_scenario("demo")).server_count
 DEMO_PROCESSES = ("traffic", "fleet")
+# Sent SIGTERM alone, not its process group: Celery's pool processes die at once on SIGTERM, the task
+# they ran lost and logged as an ERROR (WorkerLostError), where the worker sent it alone finishes its
+# tasks and stops its pool (a warm shutdown; what systemd's KillMode=mixed does, as Celery advises).
+# Its command `exec`s, so that its pid is the worker's; SIGKILL still takes the whole group.
+MAIN_PROCESS_ONLY = ("worker",)
 RUN_LOG = Path("logs") / "run.log"  # under DATA
 
 
@@ -94,7 +99,7 @@ def processes(port: int) -> dict[str, str]:
     """The long-running processes of a local Prefixscope, as shell commands."""
     found = {
         "web": f"{BIN / 'gunicorn'} -c gunicorn.conf.py --bind 127.0.0.1:{port} app.wsgi:application",
-        "worker": f"{BIN / 'celery'} -A app.celery worker --concurrency 2 --loglevel INFO",
+        "worker": f"exec {BIN / 'celery'} -A app.celery worker --concurrency 2 --loglevel INFO",
         "beat": f"{BIN / 'celery'} -A app.celery beat --loglevel INFO -s {DATA / 'celerybeat-schedule'}",
         "collectors": f"{sys.executable} manage.py collect_kv_events",
     }
@@ -254,6 +259,22 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
             self._system_print(f"sending SIGTERM to {name} first (pid {self._processes[name]['pid']})\n")
             self._procmgr.terminate(self._processes[name]["pid"])
         threading.Thread(target=self._terminate_the_rest, args=(demo,), daemon=True).start()
+
+    def _killall(self, force: bool = False) -> None:
+        """honcho's: SIGTERM (or with `force` SIGKILL) to every process still running, each to its
+        process group, but SIGTERM to the main process alone of MAIN_PROCESS_ONLY."""
+        if force:
+            super()._killall(force=True)
+            return
+        for name, process in self._processes.items():
+            if "returncode" in process:
+                continue
+            self._system_print(f"sending SIGTERM to {name} (pid {process['pid']})\n")
+            if name in MAIN_PROCESS_ONLY:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process["pid"], signal.SIGTERM)
+            else:
+                self._procmgr.terminate(process["pid"])
 
     def _running(self, name: str) -> bool:
         return name in self._processes and "returncode" not in self._processes[name]
