@@ -31,7 +31,8 @@ class RequestResult:
 
 @dataclass(frozen=True, slots=True)
 class AdminCall:
-    """One admin call a fault made: virtual time ``at``, and ``sent_after`` wall seconds into the run."""
+    """One admin call a fault made: virtual time ``at``; ``sent_after`` and ``answered_after`` wall
+    seconds into the run (a restart is done by its answer: requests in between met either process)."""
 
     at: float
     server: int
@@ -39,6 +40,7 @@ class AdminCall:
     status: int
     error: str | None
     sent_after: float
+    answered_after: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -335,7 +335,7 @@ class _Sender:
             error = f"{type(exc).__name__}: {exc}"
         log = logger.warning if error else logger.info
         log("%s of server %d at virtual second %s: %s", action, event.server, event.at, error or "done")
-        return AdminCall(event.at, event.server, action, status, error, sent_after)
+        return AdminCall(event.at, event.server, action, status, error, sent_after, self.clock.elapsed())
 
 
 def _event_time(event: AdminEvent | Commit) -> float:

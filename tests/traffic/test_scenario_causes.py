@@ -43,7 +43,7 @@ from tests.support.simulated_fleet import local_config, running_fleet
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ACCURACY = 0.9
-FAULT_AT, DURATION, SPEED = 60, 240, 8  # virtual seconds; a run takes DURATION / SPEED wall seconds
+FAULT_AT, DURATION, SPEED = 60, 240, 16  # virtual seconds; a run takes DURATION / SPEED wall seconds
 
 
 def scenario(**changes: Any) -> dict[str, Any]:
@@ -103,7 +103,9 @@ class Request:
 @dataclass(frozen=True, slots=True)
 class Ran:
     requests: list[Request]
-    cut_at: datetime | None  # when the capacity cut was made
+    # When the capacity cut was asked for, and when it was done (0.1 s later than its answer: the
+    # gateway stamps arrivals by its own clock).
+    cut: tuple[datetime, datetime] | None
 
 
 def run_scenario(
@@ -162,6 +164,7 @@ def run_scenario(
             start = datetime.now(UTC).replace(microsecond=0)
             commits = create_repo(tmp_path / "templates", loaded, start)
             urls = [f"http://127.0.0.1:{port}" for port in ports]
+            began = datetime.now(UTC)  # the run's clock starts a few ms later: its seconds count from here
             summary = asyncio.run(run(loaded, urls, speed=SPEED, commits=commits, seed=0, start=start))
             answered = sum(1 for result in summary.results if result.error is None)
             try:
@@ -179,7 +182,12 @@ def run_scenario(
             gateway.ensure_stopped()
             collector.ensure_stopped()
     cut = next(
-        (start + timedelta(seconds=c.sent_after) for c in summary.admin_calls if c.action == "capacity"), None
+        (
+            (began + timedelta(seconds=c.sent_after), began + timedelta(seconds=c.answered_after + 0.1))
+            for c in summary.admin_calls
+            if c.action == "capacity"
+        ),
+        None,
     )
     diagnose_requests(now=timezone.now() + timedelta(minutes=5))
     return Ran(_stored_requests(), cut)
@@ -322,16 +330,22 @@ def lost_to_the_cut(ran: Ran) -> dict[str, str]:
     """After the cut (a restart with room for about two prompts: vLLM sizes its cache at start), what
     the token ids say was lost to the cache is `restarted` for a prompt's first return since the
     cut, `evicted` after that (one server: nothing is routed elsewhere)."""
-    assert ran.cut_at is not None
-    cut_at = ran.cut_at + timedelta(seconds=0.5)  # the admin call's answer came after the restart
+    assert ran.cut is not None
+    asked, done = ran.cut
     since_cut: set[tuple[str, str]] = set()
+    unsure: set[tuple[str, str]] = set()  # arrived while the server restarted: the old process or the new
     found = {}
     by_token = lost_most_to(ran.requests)
     for r in ran.requests:
-        if r.arrived_at <= cut_at:
+        if r.arrived_at <= asked:
             continue
         key = (r.template, r.salt)
-        if by_token.get(r.request_id) == "cache":
+        if r.arrived_at <= done:
+            unsure.add(key)
+            continue
+        if key in unsure:  # its first return since the cut, or its second: not judged
+            unsure.discard(key)
+        elif by_token.get(r.request_id) == "cache":
             found[r.request_id] = "evicted" if key in since_cut else "restarted"
         since_cut.add(key)
     return found
