@@ -33,15 +33,11 @@ from app.domain.requestprompt import RequestPrompt
 @dataclass(frozen=True, slots=True)
 class Diagnosed:
     """Each request's diagnosis and replayed reuse (tokens), in the trace's order, and the blocks
-    each server stored (`footprint`, the most of them: what holds the whole trace unevicted)."""
+    each server stored (the most of them hold the whole trace unevicted: tally.py's footprint)."""
 
     diagnoses: list[Diagnosis | Unknown]
     replayed: list[int]
     stored: list[int]  # by server, in server_names' order (with a capacity: the keys any stored)
-
-    @property
-    def footprint(self) -> int:
-        return max(self.stored, default=0) + 1
 
 
 def server_names(requests: Sequence[TraceRequest]) -> list[str]:

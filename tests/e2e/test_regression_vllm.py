@@ -1,7 +1,8 @@
 """Regressions in sequence on the real vLLM CPU server: a template commit that puts a timestamp at the
 top of its prompts, its revert, a second commit that puts a request id near the top, and its revert.
-Each bad commit opens its own regression with itself as suspect, found by the deploy check within 90 s
-of its first request, and each resolves as reverted; the server's own KV events say that the prompts
+Each bad commit opens its own regression with itself as suspect, found by the deploy check as soon
+as beat's cadence lets it once the version has its warm requests (90 s after its first request at
+a request a second), and each resolves as reverted; the server's own KV events say that the prompts
 after the first commit had no block in common with the ones before.
 
 About five minutes of real traffic through the gateway: a template repository with the five commits
@@ -9,7 +10,7 @@ of `support`, imported by Prefixscope; a minute of prompts naming each commit in
 commit's prompts carry a token that changes with every request at position 3 (a timestamp, as token
 ids), the second's at position 40 (a request id inside the second block). Then the deploy check, the
 diagnosis and the detection run as beat runs them over the traffic's time: the check every 15 s, the
-others once a minute.
+diagnosis every 30 s, the detection once a minute.
 """
 
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from django.conf import settings
 from django.utils import timezone
 
 from app.diagnosis.run import diagnose_requests
@@ -42,9 +44,27 @@ from tests.support.vllm_cpu import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
 SIZE = 32
-PHASE_SECONDS = 60  # of each version's traffic: the deploy check needs 20 warm requests a side
-CHECK_EVERY = timedelta(seconds=15)
-MAX_DELAY = timedelta(seconds=90)
+PHASE_SECONDS = 60  # of each version's traffic: the deploy check needs 15 warm requests a side
+
+
+def every(task: str) -> timedelta:
+    """How often beat runs `task` (app/settings.py's schedule, in seconds for these)."""
+    seconds = settings.CELERY_BEAT_SCHEDULE[task]["schedule"]
+    assert isinstance(seconds, float), seconds
+    return timedelta(seconds=seconds)
+
+
+# As beat runs them (app/settings.py): the deploy check every 15 s, the diagnosis every 30 s (of
+# the records that arrived DIAGNOSIS_DELAY before), the per-minute detection every minute.
+CHECK_EVERY = every("check-deploys")
+DIAGNOSE_EVERY = every("diagnose-requests")
+DETECT_EVERY = every("detect-regressions")
+DIAGNOSIS_DELAY = timedelta(seconds=settings.PREFIXSCOPE_DIAGNOSIS_DELAY_SECONDS)
+# Once the version has its warm requests (one server: its first request is cold), the check has
+# them at the latest after the diagnosis' delay, one diagnosis and one check: 90 s after the
+# version's first request when the server answers a request a second, later on a slower machine.
+WARM_NEEDED = settings.PREFIXSCOPE_DEPLOY_MIN_REQUESTS + 1
+MAX_DELAY = DIAGNOSIS_DELAY + DIAGNOSE_EVERY + CHECK_EVERY
 rng = random.Random()  # a new run, new tokens: the session's server keeps what other tests sent
 BASE = [rng.randrange(1000, 30_000) for _ in range(6 * SIZE)]
 STABLE = "You are the support assistant.\nFollow the policies.\nCurrent time: {{ now }}\nQuestion: {{ q }}\n"
@@ -132,8 +152,13 @@ def test_bad_revert_bad_again_opens_two_regressions_each_with_its_suspect(
         assert regression.rate_before > 0.5 > regression.rate_after
         assert regression.resolution == Regression.Resolution.REVERTED
         version = TemplateVersion.objects.get(commit_sha=sha)
-        first_request = RequestRecord.objects.filter(template_version=version).earliest("arrived_at")
-        assert timedelta(0) < regression.detected_at - first_request.arrived_at <= MAX_DELAY
+        arrivals = list(
+            RequestRecord.objects.filter(template_version=version)
+            .order_by("arrived_at")
+            .values_list("arrived_at", flat=True)
+        )
+        assert len(arrivals) >= WARM_NEEDED, f"{len(arrivals)} requests in the phase: too few to test"
+        assert arrivals[0] < regression.detected_at <= arrivals[WARM_NEEDED - 1] + MAX_DELAY
     assert regressions.count() == 2
     pair = first.evidence["pair"]
     assert pair["diverged_at"] == 3  # the first token of the moved line, token-exact
@@ -167,12 +192,14 @@ def send_phase(
 
 
 def run_beat(*, since: datetime, until: datetime) -> None:
-    """The deploy check every CHECK_EVERY, the diagnosis and the detection each minute, over the
-    traffic's time, as beat runs them (the records are all stored: each reads what arrived by then)."""
-    moment = since.replace(second=0, microsecond=0) + CHECK_EVERY
+    """The deploy check, the diagnosis and the detection at their beat intervals (SCHEDULE), over
+    the traffic's time (the records are all stored: each reads what arrived by then)."""
+    start = since.replace(second=0, microsecond=0)
+    moment = start + CHECK_EVERY
     while moment <= until:
         check_deploys(now=moment)
-        if moment.second == 0:
+        if (moment - start) % DIAGNOSE_EVERY == timedelta(0):
             diagnose_requests(now=moment)
+        if (moment - start) % DETECT_EVERY == timedelta(0):
             detect_regressions(now=moment)
         moment += CHECK_EVERY
