@@ -13,7 +13,7 @@ import zmq.asyncio
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from app.domain.blockhash import LoraKey, block_hash_chain
-from collectors.kv_events.client import fetch_replay, open_subscriber
+from collectors.kv_events.client import fetch_replay
 from collectors.kv_events.parse import BlockStored, decode_sub_message
 from collectors.metrics.parse import cache_config, parse_metrics, prefix_cache_totals
 from collectors.models.parse import ServedModels, parse_models
@@ -22,7 +22,7 @@ from simulator.fleet import configs_from_args, parse_args
 from simulator.server import ServerConfig, SimulatedServer
 from tests.support.captures import VLLM_CPU_FIXTURES, captured_traffic, kv_block_metric_counts, load_json
 from tests.support.otlp_receiver import attributes, run_otlp_receiver
-from tests.support.simulated_fleet import local_config, running_fleet
+from tests.support.simulated_fleet import joined_subscriber, local_config, running_fleet
 
 
 @pytest.fixture(scope="module")
@@ -197,21 +197,23 @@ def test_metrics_expose_the_families_the_collectors_read(server: ServerConfig) -
 
 def test_kv_events_and_replay_carry_the_hashes_of_the_prompts_sent() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    with running_fleet([local_config()]) as (config,):
-        subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
-        time.sleep(0.3)  # let the subscription reach the publisher
-        capture = load_json("completion-salt-a-1.json")
-        post(config, "/v1/completions", capture["request"])
-        assert subscriber.poll(5000)
-        message = decode_sub_message(subscriber.recv_multipart())
-        stored = next(e for e in message.batch.events if isinstance(e, BlockStored))
-        prompt_ids = capture["response"]["choices"][0]["prompt_token_ids"]
-        chain = block_hash_chain(prompt_ids, 32, cache_salt=capture["request"]["cache_salt"])
-        assert list(stored.block_hashes) == [h.wire for h in chain]
-        replies = fetch_replay(context, f"tcp://127.0.0.1:{config.replay_port}", 0, timeout_seconds=5)
-        assert [r.seq for r in replies] == [0] and replies[0].batch == message.batch
-        subscriber.close()
-    context.destroy(linger=0)
+    try:
+        with running_fleet([local_config()]) as (config,):
+            subscriber, joined = joined_subscriber(context, config)
+            capture = load_json("completion-salt-a-1.json")
+            post(config, "/v1/completions", capture["request"])
+            assert subscriber.poll(5000)
+            message = decode_sub_message(subscriber.recv_multipart())
+            stored = next(e for e in message.batch.events if isinstance(e, BlockStored))
+            prompt_ids = capture["response"]["choices"][0]["prompt_token_ids"]
+            chain = block_hash_chain(prompt_ids, 32, cache_salt=capture["request"]["cache_salt"])
+            assert list(stored.block_hashes) == [h.wire for h in chain]
+            replay = f"tcp://127.0.0.1:{config.replay_port}"
+            replies = fetch_replay(context, replay, joined + 1, timeout_seconds=5)
+            assert [r.seq for r in replies] == [joined + 1] and replies[0].batch == message.batch
+            subscriber.close()
+    finally:
+        context.destroy(linger=0)
 
 
 def test_a_restart_starts_the_sequence_and_the_counters_again(server: ServerConfig) -> None:
@@ -249,19 +251,20 @@ def test_a_lora_adapter_has_a_cache_of_its_own_and_says_so_in_its_events() -> No
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     body = dict(load_json("completion-salt-b-1.json")["request"])
     body.pop("cache_salt")
-    with running_fleet([local_config(lora_adapters=(SUPPORT_LORA,))]) as (config,):
-        subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
-        time.sleep(0.3)
-        answers = [
-            post(config, "/v1/completions", {**body, "model": model}).json()
-            for model in ("tiny", "support-lora", "support-lora")
-        ]
-        unknown = post(config, "/v1/completions", {**body, "model": "nope"})
-        events: list[object] = []
-        while subscriber.poll(500):
-            events += decode_sub_message(subscriber.recv_multipart()).batch.events
-        subscriber.close()
-    context.destroy(linger=0)
+    try:
+        with running_fleet([local_config(lora_adapters=(SUPPORT_LORA,))]) as (config,):
+            subscriber, _ = joined_subscriber(context, config)
+            answers = [
+                post(config, "/v1/completions", {**body, "model": model}).json()
+                for model in ("tiny", "support-lora", "support-lora")
+            ]
+            unknown = post(config, "/v1/completions", {**body, "model": "nope"})
+            events: list[object] = []
+            while subscriber.poll(500):
+                events += decode_sub_message(subscriber.recv_multipart()).batch.events
+            subscriber.close()
+    finally:
+        context.destroy(linger=0)
     assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == [0, 0, 160]
     assert unknown.status_code == 404
     stored = [e for e in events if isinstance(e, BlockStored)]

@@ -1,6 +1,7 @@
 """A simulated fleet running in a background thread, for tests that talk to it over real sockets."""
 
 import asyncio
+import itertools
 import socket
 import threading
 import time
@@ -8,6 +9,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+import httpx
+import zmq
+
+from collectors.kv_events.client import open_subscriber
+from collectors.kv_events.parse import decode_sub_message
 from simulator.fleet import serve
 from simulator.server import ServerConfig
 from tests.support.ports import unused_ports
@@ -45,3 +51,27 @@ def wait_listening(host: str, port: int, timeout: float = 10.0) -> None:
                 return
         assert time.monotonic() < deadline, f"nothing listens on {host}:{port}"
         time.sleep(0.02)
+
+
+def joined_subscriber(
+    context: zmq.Context[zmq.Socket[bytes]], config: ServerConfig
+) -> tuple[zmq.Socket[bytes], int]:
+    """A SUB socket on `config`'s KV events that has joined the publisher, and the seq it joined at.
+
+    ZMQ's slow joiner drops what is published before the subscription reaches the publisher, which
+    on a loaded machine can outlast several requests: rather than wait a guessed time, one-token
+    requests of a prompt of their own are sent until one's batch arrives. Later batches follow it.
+    """
+    subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
+    deadline = time.monotonic() + 20
+    for attempt in itertools.count():
+        body = {
+            "model": config.model,
+            "prompt": f"Warm-up {attempt}: is anyone listening? " * 4,
+            "max_tokens": 1,
+        }
+        httpx.post(f"{config.base_url}/v1/completions", json=body, timeout=10).raise_for_status()
+        if subscriber.poll(100):
+            return subscriber, decode_sub_message(subscriber.recv_multipart()).seq
+        assert time.monotonic() < deadline, f"the subscriber never joined {config.name}'s publisher"
+    raise AssertionError("unreachable")

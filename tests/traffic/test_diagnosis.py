@@ -99,18 +99,20 @@ class Fleet:
 @pytest.fixture
 def fleet() -> Iterator[Fleet]:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    configs = [local_config(name="sim-a", num_blocks=20), local_config(name="sim-b")]
-    with running_fleet(configs):
-        servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
-        for server in servers:
-            scrape_server(server.pk)  # block size and model, as the scrape reads them
-        servers = [Server.objects.get(pk=server.pk) for server in servers]
-        collector = KVEventCollector(context, flush_seconds=0)
-        collector.subscribe(servers)
-        time.sleep(0.3)  # let the subscriptions reach the publishers
-        yield Fleet(servers, collector)
-        collector.close()
-    context.destroy(linger=0)
+    try:
+        configs = [local_config(name="sim-a", num_blocks=20), local_config(name="sim-b")]
+        with running_fleet(configs):
+            servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
+            for server in servers:
+                scrape_server(server.pk)  # block size and model, as the scrape reads them
+            servers = [Server.objects.get(pk=server.pk) for server in servers]
+            collector = KVEventCollector(context, flush_seconds=0)
+            collector.subscribe(servers)
+            time.sleep(0.3)  # let the subscriptions reach the publishers
+            yield Fleet(servers, collector)
+            collector.close()
+    finally:
+        context.destroy(linger=0)
 
 
 @pytest.mark.parametrize("hash_only", [False, True])

@@ -27,32 +27,34 @@ def hits_total(server: Server) -> float:
 
 def test_collected_events_and_scrapes_agree_with_what_the_servers_answered() -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    with running_fleet([local_config(name="sim-a"), local_config(name="sim-b")]) as configs:
-        servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
-        collector = KVEventCollector(context, flush_seconds=0)
-        collector.subscribe(servers)
-        time.sleep(0.3)  # let the subscriptions reach the publishers
-        for server in servers:
-            scrape_server(server.pk)
-        before = {server.pk: hits_total(server) for server in servers}
+    try:
+        with running_fleet([local_config(name="sim-a"), local_config(name="sim-b")]) as configs:
+            servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
+            collector = KVEventCollector(context, flush_seconds=0)
+            collector.subscribe(servers)
+            time.sleep(0.3)  # let the subscriptions reach the publishers
+            for server in servers:
+                scrape_server(server.pk)
+            before = {server.pk: hits_total(server) for server in servers}
 
-        cached = {server.pk: 0 for server in servers}
-        for number, (body, _) in enumerate(captured_traffic()):
-            server = servers[number % 2]
-            body = {**body, "stream": False}
-            answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=10).json()
-            cached[server.pk] += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
-            collector.poll(timeout_ms=20)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and KVStream.objects.count() < 2:
-            collector.poll(timeout_ms=50)
-        for _ in range(10):
-            collector.poll(timeout_ms=20)
-        collector.flush()
-        for server in servers:
-            scrape_server(server.pk)
-        collector.close()
-    context.destroy(linger=0)
+            cached = {server.pk: 0 for server in servers}
+            for number, (body, _) in enumerate(captured_traffic()):
+                server = servers[number % 2]
+                body = {**body, "stream": False}
+                answer = httpx.post(server.base_url + "/v1/completions", json=body, timeout=10).json()
+                cached[server.pk] += answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+                collector.poll(timeout_ms=20)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and KVStream.objects.count() < 2:
+                collector.poll(timeout_ms=50)
+            for _ in range(10):
+                collector.poll(timeout_ms=20)
+            collector.flush()
+            for server in servers:
+                scrape_server(server.pk)
+            collector.close()
+    finally:
+        context.destroy(linger=0)
     refresh_rollups()  # as beat runs it every minute, in the demo too
 
     for server in servers:
