@@ -56,22 +56,24 @@ def wait_listening(host: str, port: int, timeout: float = 10.0) -> None:
 def joined_subscriber(
     context: zmq.Context[zmq.Socket[bytes]], config: ServerConfig
 ) -> tuple[zmq.Socket[bytes], int]:
-    """A SUB socket on `config`'s KV events that has joined the publisher, and the seq it joined at.
+    """A SUB socket on the KV events of `config`'s server, fresh (no request served yet), once it
+    has joined the publisher; and the seq of the last batch before the caller's.
 
     ZMQ's slow joiner drops what is published before the subscription reaches the publisher, which
     on a loaded machine can outlast several requests: rather than wait a guessed time, one-token
-    requests of a prompt of their own are sent until one's batch arrives. Later batches follow it.
+    requests of a prompt of their own are sent until a batch arrives. Each is one batch, request n
+    of a fresh server is seq n, so the socket is read up to the last one sent: later batches are
+    the caller's.
     """
     subscriber = open_subscriber(context, f"tcp://127.0.0.1:{config.kv_port}", config.topic)
     deadline = time.monotonic() + 20
-    for attempt in itertools.count():
-        body = {
-            "model": config.model,
-            "prompt": f"Warm-up {attempt}: is anyone listening? " * 4,
-            "max_tokens": 1,
-        }
+    for last in itertools.count():
+        prompt = f"Warm-up {last}: is anyone listening? " * 4
+        body = {"model": config.model, "prompt": prompt, "max_tokens": 1}
         httpx.post(f"{config.base_url}/v1/completions", json=body, timeout=10).raise_for_status()
         if subscriber.poll(100):
-            return subscriber, decode_sub_message(subscriber.recv_multipart()).seq
+            while decode_sub_message(subscriber.recv_multipart()).seq < last:
+                assert subscriber.poll(10_000), f"batch {last} of {config.name} never arrived"
+            return subscriber, last
         assert time.monotonic() < deadline, f"the subscriber never joined {config.name}'s publisher"
     raise AssertionError("unreachable")

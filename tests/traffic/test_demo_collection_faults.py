@@ -70,8 +70,9 @@ def test_a_newer_engines_batches_are_rejected_as_undecodable_and_the_events_arou
 
 def joined_at(config: ServerConfig, collector: KVEventCollector, server_id: int) -> int:
     """Send distinct prompts until the collector's subscription has joined the publisher (ZMQ's
-    slow joiner drops what is published before), a batch of them arriving on it; that batch's seq.
-    On a loaded machine the join can outlast several requests: waiting on a time would be a guess."""
+    slow joiner drops what is published before; on a loaded machine the join can outlast several
+    requests), then until it holds all of them; the seq of the last. Each request is one batch,
+    and request n of a fresh server is seq n."""
     sent = 0
 
     def arrived() -> bool:
@@ -81,8 +82,13 @@ def joined_at(config: ServerConfig, collector: KVEventCollector, server_id: int)
         collector.poll(timeout_ms=100)
         return (server_id, 0) in collector.streams
 
+    def caught_up() -> bool:
+        collector.poll(timeout_ms=50)
+        return collector.streams[(server_id, 0)].last_seq == sent - 1
+
     wait_until(arrived, timeout=20, what="the subscription to join")
-    return collector.streams[(server_id, 0)].last_seq
+    wait_until(caught_up, timeout=20, what=f"batch {sent - 1}")
+    return sent - 1
 
 
 def bypassing_scenario(bypass_from: float) -> dict[str, Any]:
