@@ -43,7 +43,8 @@ def test_a_newer_engines_batches_are_rejected_as_undecodable_and_the_events_arou
         collector = KVEventCollector(context, flush_seconds=0)
         collector.subscribe([server])
         try:
-            joined = joined_at(config, collector, server.pk)  # batches 0..joined, all good
+            before = joined_at(config, collector, server.pk)  # full blocks of batches 0..joined
+            joined = len(before) - 1
             fault = httpx.post(f"{config.base_url}/_simulator/undecodable_kv_events", json={"batches": 3})
             assert fault.json() == {"batches": 3}  # batches joined+1 to joined+3
             last = complete(config, "My invoice shows a charge twice this month. " * 4)  # joined+4
@@ -61,6 +62,7 @@ def test_a_newer_engines_batches_are_rejected_as_undecodable_and_the_events_arou
     stored = KVEvent.objects.filter(server=server, kind=KVEvent.Kind.STORED)
     # The good batches on each side, whole: those before the subscription joined came by replay.
     assert set(stored.values_list("seq", flat=True)) == {*range(joined + 1), joined + 4}
+    assert all(stored.filter(seq=seq).count() >= blocks > 0 for seq, blocks in enumerate(before))
     assert stored.filter(seq=joined + 4).count() >= last > 0
     rejected = RejectedInput.objects.get(server=server, source="kv_events")
     assert (rejected.reason, rejected.count) == (RejectReason.KV_FIELD_INVALID, 3)
@@ -68,27 +70,25 @@ def test_a_newer_engines_batches_are_rejected_as_undecodable_and_the_events_arou
     assert not KVGap.objects.filter(server=server).exists()  # numbered in the sequence: no gap
 
 
-def joined_at(config: ServerConfig, collector: KVEventCollector, server_id: int) -> int:
+def joined_at(config: ServerConfig, collector: KVEventCollector, server_id: int) -> list[int]:
     """Send distinct prompts until the collector's subscription has joined the publisher (ZMQ's
     slow joiner drops what is published before; on a loaded machine the join can outlast several
-    requests), then until it holds all of them; the seq of the last. Each request is one batch,
+    requests), then until it holds all of them; each one's full blocks. Each request is one batch,
     and request n of a fresh server is seq n."""
-    sent = 0
+    sent: list[int] = []
 
     def arrived() -> bool:
-        nonlocal sent
-        assert complete(config, f"The router's lights blink amber after update {sent}. " * 4) > 0
-        sent += 1
+        sent.append(complete(config, f"The router's lights blink amber after update {len(sent)}. " * 4))
         collector.poll(timeout_ms=100)
         return (server_id, 0) in collector.streams
 
     def caught_up() -> bool:
         collector.poll(timeout_ms=50)
-        return collector.streams[(server_id, 0)].last_seq == sent - 1
+        return collector.streams[(server_id, 0)].last_seq == len(sent) - 1
 
     wait_until(arrived, timeout=20, what="the subscription to join")
-    wait_until(caught_up, timeout=20, what=f"batch {sent - 1}")
-    return sent - 1
+    wait_until(caught_up, timeout=20, what=f"batch {len(sent) - 1}")
+    return sent
 
 
 def bypassing_scenario(bypass_from: float) -> dict[str, Any]:
