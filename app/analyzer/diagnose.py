@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-from app.analyzer.trace import Built
+from app.analyzer.trace import Built, ints
 from app.domain.fleetblocks import EventKind
 from app.domain.leading import leading
 from app.domain.misscauses import FleetHistory
@@ -66,15 +66,10 @@ def _prompt(built: Built, index: int, server: int, cached: int) -> RequestPrompt
     request = built.requests[index]
     return RequestPrompt(
         server=server, arrived_at=_at(request.arrived), block_size=built.block_size,
-        prompt_tokens=request.prompt_tokens, cached_tokens=cached, block_hashes=_ints(request.block_hashes),
-        salt=request.salt, neutral_hashes=_ints(request.unsalted_hashes), family=request.template or None,
+        prompt_tokens=request.prompt_tokens, cached_tokens=cached, block_hashes=ints(request.block_hashes),
+        salt=request.salt, neutral_hashes=ints(request.unsalted_hashes), family=request.template or None,
         token_ids=built.token_ids[index], key=index,
     )  # fmt: skip
-
-
-def _ints(keys: Sequence[Hashable]) -> Sequence[int]:
-    """A chain's keys: the analyzer's are ints (chains.py, or the engine's hashes)."""
-    return cast(Sequence[int], keys)
 
 
 def _at(seconds: float) -> datetime:
@@ -89,16 +84,16 @@ def _history(servers: int) -> FleetHistory:
 def _unlimited(built: Built, servers: dict[str, int], indices: Sequence[int] | None = None) -> Diagnosed:
     """Recorded routing, nothing evicted: a server reuses the leading blocks it ever stored. Of the
     requests at `indices` (all by default): their diagnoses and replayed reuse in that order, and
-    the blocks each server stored of theirs (`stored`)."""
+    the blocks each server stored of theirs (`stored`). What a server holds is the history's own
+    record of it: a second set of the same blocks cost as much again to fill."""
     history = _history(len(servers))
-    resident: list[set[Hashable]] = [set() for _ in servers]
     size = built.block_size
     diagnoses: list[Diagnosis | Unknown] = []
     replayed: list[int] = []
     for index in range(len(built.requests)) if indices is None else indices:
         request = built.requests[index]
         server = servers[request.server]
-        held = resident[server]
+        held = history.resident(server)
         keys = request.block_hashes
         hit = leading(keys[: reusable_blocks(request.prompt_tokens, size)], held)
         replayed.append(hit * size)
@@ -106,12 +101,10 @@ def _unlimited(built: Built, servers: dict[str, int], indices: Sequence[int] | N
         diagnoses.append(history.diagnose(_prompt(built, index, server, cached)))
         full = request.prompt_tokens // size
         known = hit + leading(keys[hit:full], held)  # its leading run held, stepped over in C
-        rest = keys[known:full]  # mostly a new tail, none of it held: taken whole, tested in C
-        stored = list(rest) if held.isdisjoint(rest) else [key for key in rest if key not in held]
-        if stored:
-            held.update(stored)
-            history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, _ints(stored))
-    return Diagnosed(diagnoses, replayed, [len(held) for held in resident])
+        if known < full:  # the rest, mostly a new tail: the history stores what it does not hold
+            stored = ints(keys[known:full])
+            history.apply_blocks(server, 0, 0, _at(request.arrived), EventKind.STORED, stored)
+    return Diagnosed(diagnoses, replayed, [len(history.resident(server)) for server in servers.values()])
 
 
 class _EventLog(ReplayWatch):
@@ -145,7 +138,7 @@ class _EventLog(ReplayWatch):
                 diagnoses[index] = history.diagnose(_prompt(self.built, index, server, cached))
             elif kind == EventKind.STORED:
                 index, start, end = payload
-                keys = _ints(requests[index].block_hashes[start:end])  # the prompt's known blocks among them
+                keys = ints(requests[index].block_hashes[start:end])  # the prompt's known blocks among them
                 stored.update(keys)
                 history.apply_blocks(server, 0, 0, now, EventKind.STORED, keys)
             else:

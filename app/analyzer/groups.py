@@ -15,9 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TypeAlias
 
-import numpy as np
-
-from app.analyzer.trace import Built
+from app.analyzer.trace import Built, ints
 from app.domain import gpt2
 from app.domain.killers import Killer, Prompt, find_killers
 from app.domain.replay.trace import TraceRequest
@@ -53,7 +51,7 @@ def group_of(request: TraceRequest, block_size: int) -> Group | None:
     blocks = min(FAMILY_BLOCKS, len(chain), request.prompt_tokens // block_size)
     if not blocks:
         return None
-    key = int(chain[blocks - 1])  # type: ignore[call-overload]  # the analyzer's keys are ints
+    key = ints(chain)[blocks - 1]
     return Group("family", f"{request.group or 'prefix'}-{key & 0xFFFFFFFF:08x}")
 
 
@@ -89,7 +87,7 @@ def _search(built: Built, indices: list[int]) -> tuple[Killer, ...]:
     token_mode = all(built.token_ids[i] is not None for i in indices)
     prompts = [
         Prompt(
-            block_hashes=np.asarray(built.requests[i].block_hashes, dtype=np.int64),
+            block_hashes=ints(built.requests[i].block_hashes),  # the tree reads them in one pass
             token_ids=built.token_ids[i] if token_mode else None,
             tenant=built.requests[i].tenant or None,
         )

@@ -7,7 +7,9 @@ neither has no known blocks (the replay gives its blocks keys no other request s
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +28,12 @@ class Built:
     token_ids: list[npt.NDArray[np.int32] | None]
     block_size: int
     notes: list[str]
+
+
+def ints(keys: Sequence[Hashable]) -> Sequence[int]:
+    """A chain's keys as what they are in the analyzer: ints (chains.py, or the engine's hashes).
+    The replay's requests type their keys as any hashable value."""
+    return cast(Sequence[int], keys)
 
 
 def build_requests(lines: Lines, block_size: int) -> Built:

@@ -48,7 +48,7 @@ while this one waited, is in its KV events only after this one's arrival.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
@@ -168,6 +168,11 @@ class FleetHistory:
         if removed is not None and self._waiting:
             for block, stored in dict(zip(removed.blocks, removed.stored_at, strict=True)).items():
                 self._revise_waiting(server, block, (server, stored, removed.at))  # the last of a block
+
+    def resident(self, server: int) -> Mapping[int, datetime]:
+        """What the server holds in GPU memory as the events applied so far left it (block -> when
+        stored), kept up to date: for a caller that asks it of every request it replays."""
+        return self._blocks.resident.setdefault(server, {})
 
     # -- requests -------------------------------------------------------------------------------
 

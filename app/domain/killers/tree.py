@@ -37,7 +37,9 @@ class Tree:
 
 def _flat_hashes(prompts: Sequence[Prompt], total: int) -> Ints:
     """Every prompt's chain, end to end, as int64 (uint64 wire values mapped as a bigint column stores
-    them)."""
+    them). Arrays are joined as they are: read one element at a time, each would be a numpy scalar."""
+    if all(isinstance(p.block_hashes, np.ndarray) and p.block_hashes.dtype == np.int64 for p in prompts):
+        return np.concatenate([p.block_hashes for p in prompts]) if prompts else np.zeros(0, np.int64)
     chains = chain.from_iterable(p.block_hashes for p in prompts)
     try:
         return np.fromiter(chains, dtype=np.int64, count=total)
