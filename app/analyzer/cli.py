@@ -3,6 +3,7 @@
     prefixscope analyze TRACE [--format F] [--block-size B] [--blocks N] [--no-curve]
                               [--jobs N] [--json | --html FILE]
 
+TRACE `-` reads standard input; a trace compressed with gzip, bzip2, xz or zstd is read as it is.
 Exit status 0 with a report, 2 for a usage error or a file that cannot be read.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from app.analyzer.readers import FORMATS, read_trace
+from app.analyzer.readers import FORMATS, STDIN, read_trace
 from app.analyzer.render import html_page, terminal_summary
 from app.analyzer.report import Options, analyze
 from app.analyzer.work import default_jobs
@@ -29,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("analyze", help="Analyze a JSON-lines request trace, offline.")
-    command.add_argument("trace", type=Path, help="a JSON-lines trace")
+    command.add_argument(
+        "trace", type=Path, help="a JSON-lines trace, - for standard input; gzip, bzip2, xz or zstd too"
+    )
     command.add_argument(
         "--format", choices=FORMATS, help="the trace's format (default: sniffed from its first line)"
     )
@@ -64,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"prefixscope: cannot read {args.trace}: {error.strerror or error}", file=sys.stderr)
         return 2
     options = Options(block_size=args.block_size, blocks=args.blocks, curve=not args.no_curve, jobs=args.jobs)
-    report = analyze(lines, source=args.trace.name, options=options)
+    source = "standard input" if args.trace == STDIN else args.trace.name
+    report = analyze(lines, source=source, options=options)
     if args.json:
         sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(report), indent=1) + b"\n")
     elif args.html:
@@ -80,7 +84,10 @@ def run() -> None:
     trace's millions of objects (none of them in a cycle that outlives the run) and their teardown
     at exit are skipped; the output is flushed first."""
     gc.disable()
-    status = main()
-    sys.stdout.flush()
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head` read what it wanted and left: no traceback over it
+        status = 1
     sys.stderr.flush()
     os._exit(status)

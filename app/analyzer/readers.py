@@ -11,22 +11,29 @@
 - `prefixscope`: Prefixscope's own export (export_format.py).
 
 A line that cannot be read is skipped and counted under a `Skip` reason; the file goes on.
+
+A file is cut into parts read side by side. Standard input (`-`) and a compressed file (gzip, bzip2,
+xz or zstd, told by its first bytes whatever its name: compressed.py) cannot be cut: they are read
+in one pass, decompressed as they come. Compressed data damaged or cut short ends the reading there:
+the lines before it are kept, and a note says where and why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
+import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgspec
 
-from app.analyzer import chat, export_format
+from app.analyzer import chat, compressed, export_format
 from app.analyzer.lines import (
     BadLine,
     Line,
@@ -40,6 +47,7 @@ from app.analyzer.lines import (
 )
 
 FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope")
+STDIN = Path("-")  # the trace path that reads standard input
 
 PART_BYTES_LEAST = 16 << 20  # a file is read in parts of at least this: a process costs a fork
 
@@ -80,28 +88,33 @@ def sniff(first: dict[str, Any]) -> str:
 
 
 def read_trace(path: Path, *, format: str | None = None, align: int = 16, jobs: int = 1) -> Lines:
-    """Read `path` (format sniffed from its first object line unless given). Token ids are padded
-    to multiples of `align` in the buffer. A large file is read in up to `jobs` parts side by side
-    (a forked process each but the first) and joined in file order. Raises ValueError for an
-    unknown format and OSError for a file that cannot be read."""
+    """Read `path` (STDIN: standard input; format sniffed from its first object line unless
+    given). Token ids are padded to multiples of `align` in the buffer. A large file is read in up
+    to `jobs` parts side by side (a forked process each but the first) and joined in file order;
+    standard input and a compressed file in one pass (module docstring). Raises ValueError for an
+    unknown format and OSError for a file that cannot be read, or whose compressed data is damaged
+    before its first line."""
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: one of {', '.join(FORMATS)}")
+    if path == STDIN:
+        return _read_stream(sys.stdin.buffer, format, align)
     with path.open("rb") as file:
-        first = _first_object(file, format)
-        if first is None:
-            return Lines(format or "prefixlens", align)
-        found, start, number = first
-        ends = _part_ends(file, start, jobs)
-    starts = [start, *ends[:-1]]
+        if compressed.kind(file.peek(compressed.MAGIC_BYTES)) is not None:
+            return _read_stream(file, format, align)
+        found = format or _sniffed(file)
+        ends = _part_ends(file, jobs)
+    if found is None:  # no object line: each line is counted as what it is
+        found = "prefixlens"
+    starts = [0, *ends[:-1]]
     if len(ends) == 1:
-        return _read_part(path, found, align, start, ends[0], number)
+        return _read_part(path, found, align, 0, ends[0], 1)
     fork = multiprocessing.get_context("fork")
     later: list[Future[tuple[Lines, str]]] = []
     try:
         with ProcessPoolExecutor(len(ends) - 1, mp_context=fork) as pool:
             later = [pool.submit(_read_later_part, path, found, align, begin, end)
                      for begin, end in zip(starts[1:], ends[1:], strict=True)]  # fmt: skip
-            lines = _read_part(path, found, align, start, ends[0], number)
+            lines = _read_part(path, found, align, 0, ends[0], 1)
             for part in later:
                 read, spilled = part.result()
                 with open(spilled, "rb") as tokens:
@@ -109,6 +122,40 @@ def read_trace(path: Path, *, format: str | None = None, align: int = 16, jobs: 
     finally:
         _remove_spilled(later)  # the pool has ended: every part is done
     return lines
+
+
+def _read_stream(stream: BinaryIO, format: str | None, align: int) -> Lines:
+    """A trace that cannot be cut into parts, in one pass: the lines up to its first object line
+    are held until it names the format."""
+    opened = compressed.opened(stream)
+    ended: list[str] = []
+    raws = _until_damaged(opened, ended)
+    held: list[bytes] = []
+    if format is None:
+        for raw in raws:
+            held.append(raw)
+            if (format := _format_of(raw)) is not None:
+                break
+    lines = Lines(format or "prefixlens", align)
+    _add_all(lines, itertools.chain(held, raws), 1)
+    if ended:
+        if not lines.lines and not lines.skipped:
+            raise OSError(f"{opened.kind or 'input'} data damaged before its first line: {ended[0]}")
+        read = sum(lines.skipped.values()) + len(lines.lines)
+        lines.notes.append(
+            f"The {opened.kind or 'input'} data was damaged or cut short after {read} line(s) ({ended[0]}):"
+            " the lines before it are analyzed, nothing after it."
+        )
+    return lines
+
+
+def _until_damaged(opened: compressed.Opened, ended: list[str]) -> Iterator[bytes]:
+    """The stream's lines, up to its end or to where its compressed data is damaged or cut short
+    (what was wrong appended to `ended`)."""
+    try:
+        yield from opened.stream
+    except compressed.DAMAGED as error:
+        ended.append(str(error) or type(error).__name__)
 
 
 def _remove_spilled(parts: list[Future[tuple[Lines, str]]]) -> None:
@@ -119,32 +166,34 @@ def _remove_spilled(parts: list[Future[tuple[Lines, str]]]) -> None:
                 os.unlink(part.result()[1])
 
 
-def _first_object(file: BinaryIO, format: str | None) -> tuple[str, int, int] | None:
-    """The format, and the offset and number of the line reading starts at: the first, when the
-    format is given, else the first object line (it names the format); None: no such line."""
-    if format is not None:
-        return format, 0, 1
-    decode = msgspec.json.Decoder().decode
-    offset = 0
-    for number, raw in enumerate(file, start=1):
-        try:
-            item = decode(raw) if raw and not raw.isspace() else None
-        except msgspec.DecodeError:
-            item = None
-        if isinstance(item, dict):
-            return sniff(item), offset, number
-        offset += len(raw)
-    return None
+def _sniffed(file: BinaryIO) -> str | None:
+    """The format its first object line names (None: no such line); the file is left at its start."""
+    try:
+        for raw in file:
+            if (found := _format_of(raw)) is not None:
+                return found
+        return None
+    finally:
+        file.seek(0)
 
 
-def _part_ends(file: BinaryIO, start: int, jobs: int) -> list[int]:
-    """Where each part of the file from `start` ends: about equal, each at a line's end; one part
-    for a file too small to gain from more."""
+def _format_of(raw: bytes) -> str | None:
+    """The format a line names when it is a JSON object, else None."""
+    try:
+        item = msgspec.json.decode(raw) if raw and not raw.isspace() else None
+    except msgspec.DecodeError:
+        return None
+    return sniff(item) if isinstance(item, dict) else None
+
+
+def _part_ends(file: BinaryIO, jobs: int) -> list[int]:
+    """Where each part of the file ends: about equal, each at a line's end; one part for a file
+    too small to gain from more."""
     size = file.seek(0, os.SEEK_END)
-    parts = max(1, min(jobs, (size - start) // PART_BYTES_LEAST))
+    parts = max(1, min(jobs, size // PART_BYTES_LEAST))
     ends = []
     for part in range(1, parts):
-        file.seek(start + (size - start) * part // parts)
+        file.seek(size * part // parts)
         file.readline()  # to the end of the line the cut fell in
         ends.append(file.tell())
     return [*sorted(set(ends) - {size}), size]
@@ -153,26 +202,37 @@ def _part_ends(file: BinaryIO, start: int, jobs: int) -> list[int]:
 def _read_part(path: Path, format: str, align: int, start: int, end: int, number: int | None) -> Lines:
     """The lines of `path` from byte `start` to `end` (`number`: the first's line number; None:
     counted here)."""
-    decode_any: Decode = msgspec.json.Decoder().decode
-    decode = _decode_prefixlens(decode_any) if format == "prefixlens" else decode_any
     lines = Lines(format, align)
     with path.open("rb") as file:
         if number is None:
             number = _lines_before(file, start) + 1
         file.seek(start)
-        at = start
-        for line_number, raw in enumerate(file, start=number):
-            if at >= end:
-                break
-            at += len(raw)
-            if not raw or raw.isspace():  # no copy of a long line, as strip() made
-                continue
-            try:
-                item = decode(raw)
-            except msgspec.DecodeError:
-                item = None
-            _add(lines, item, line_number, raw)
+        _add_all(lines, _up_to(file, end - start), number)
     return lines
+
+
+def _up_to(file: BinaryIO, size: int) -> Iterator[bytes]:
+    """The file's lines from where it is, until `size` bytes were read."""
+    left = size
+    for raw in file:
+        if left <= 0:
+            return
+        left -= len(raw)
+        yield raw
+
+
+def _add_all(lines: Lines, raws: Iterable[bytes], number: int) -> None:
+    """Add each line of `raws` to `lines` (the first is line `number`), or count it skipped."""
+    decode_any: Decode = msgspec.json.Decoder().decode
+    decode = _decode_prefixlens(decode_any) if lines.format == "prefixlens" else decode_any
+    for line_number, raw in enumerate(raws, start=number):
+        if not raw or raw.isspace():  # no copy of a long line, as strip() made
+            continue
+        try:
+            item = decode(raw)
+        except msgspec.DecodeError:
+            item = None
+        _add(lines, item, line_number, raw)
 
 
 def _read_later_part(path: Path, format: str, align: int, start: int, end: int) -> tuple[Lines, str]:
