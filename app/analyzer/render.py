@@ -33,6 +33,9 @@ def terminal_summary(report: Report) -> str:
             + ", ".join(f"{reason} {count}" for reason, count in sorted(report.skipped.items()))
         )
     out += [f"note: {note}" for note in report.notes]
+    if not report.requests:
+        out.append("No request could be read from the trace: nothing to analyze.")
+        return "\n".join(out)
     reported = _percent(report.reported_hit_rate)
     out.append(f"hit rate ({OF_PROMPT}): {reported} reported ({report.reported_requests:,} requests say),"
                f" {_percent(report.replayed_hit_rate)} replayed")  # fmt: skip

@@ -72,7 +72,10 @@ def analyze(lines: Lines, *, source: str, options: Options) -> Report:
         notes.append(TOKENIZED_NOTE.format(count=lines.tokenized))
     if options.blocks is None:
         notes.append("No KV capacity given (--blocks): the cache is taken as unlimited, nothing evicted.")
-    work = do_work(built, blocks=options.blocks, curve=options.curve, jobs=options.jobs)
+    # A trace with no request has no curve: every capacity would be "n/a".
+    work = do_work(
+        built, blocks=options.blocks, curve=options.curve and bool(built.requests), jobs=options.jobs
+    )
     tally = work.tally
     requests = built.requests
     prompt = sum(r.prompt_tokens for r in requests)

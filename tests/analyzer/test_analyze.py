@@ -114,3 +114,16 @@ def test_terminal_summary_and_html(
     assert main(["analyze", str(gen_trace), "--html", str(page)]) == 0
     html = page.read_text()
     assert "<svg" in html and "template-2" in html and "<script" not in html
+
+
+def test_a_trace_with_no_request_says_so_instead_of_empty_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "junk.jsonl"
+    trace.write_bytes(b"{not json\n[1, 2]\n")
+    assert main(["analyze", str(trace)]) == 0
+    summary = capsys.readouterr().out
+    assert "nothing to analyze" in summary and "what-if" not in summary and "cache killers" not in summary
+    report = _report(capsys, str(trace))
+    assert report["requests"] == 0 and report["curve"] == []
+    assert report["skipped"] == {"invalid_json": 1, "not_an_object": 1}
