@@ -13,6 +13,7 @@ from app.domain.misses import OF_PROMPT, OF_REUSABLE, cause_label
 
 TOP = 10  # rows of each table in the summary
 PAGE_ROWS = 500  # requests listed on the page (the JSON has them all)
+NO_REQUESTS = "No request could be read from the trace: nothing to analyze."
 
 
 def _percent(rate: float | None) -> str:
@@ -34,7 +35,7 @@ def terminal_summary(report: Report) -> str:
         )
     out += [f"note: {note}" for note in report.notes]
     if not report.requests:
-        out.append("No request could be read from the trace: nothing to analyze.")
+        out.append(NO_REQUESTS)
         return "\n".join(out)
     reported = _percent(report.reported_hit_rate)
     out.append(f"hit rate ({OF_PROMPT}): {reported} reported ({report.reported_requests:,} requests say),"
@@ -94,6 +95,7 @@ def html_page(report: Report) -> str:
     return template.render(
         report=report, percent=_percent, label=_label, cause_bars=_cause_bars(report),
         curve=_curve(report), rows=report.rows[:PAGE_ROWS], of_prompt=OF_PROMPT, of_reusable=OF_REUSABLE,
+        no_requests=NO_REQUESTS,
     )  # fmt: skip
 
 
@@ -113,13 +115,14 @@ def _reused(report: Report) -> int:
 
 
 def _curve(report: Report) -> _Curve | None:
-    """The curve in a 600x220 box: x by position (the multipliers are a geometric series), y 0-100%."""
+    """The curve in a 600x220 box: x by position (the multipliers are a geometric series), y 0-100%;
+    the last point 40 from the right edge, room for its label centred on it."""
     if not report.curve:
         return None
     count = len(report.curve)
     dots = []
     for n, point in enumerate(report.curve):
-        x = 40 + 540 * (n / max(count - 1, 1))
+        x = 40 + 520 * (n / max(count - 1, 1))
         y = 200 - 180 * (point.hit_rate or 0.0)
         dots.append((round(x, 1), round(y, 1), f"x{point.multiplier:g}", _percent(point.hit_rate)))
     return _Curve(" ".join(f"{x},{y}" for x, y, _, _ in dots), dots)

@@ -127,3 +127,7 @@ def test_a_trace_with_no_request_says_so_instead_of_empty_tables(
     report = _report(capsys, str(trace))
     assert report["requests"] == 0 and report["curve"] == []
     assert report["skipped"] == {"invalid_json": 1, "not_an_object": 1}
+    page = tmp_path / "report.html"
+    assert main(["analyze", str(trace), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "nothing to analyze" in html and "invalid_json 1" in html and "Cache killers" not in html
