@@ -9,6 +9,8 @@
   history), or a plain `prompt` text; see chat.py for how text becomes tokens.
 - `openai-log`: a request log, `{"request": body, "response": body}` per line (see chat.py).
 - `prefixscope`: Prefixscope's own export (export_format.py).
+- `mooncake`: Mooncake's traces (`hash_ids` of 512-token blocks, no token ids: mooncake.py), as
+  Dynamo's replay, AIPerf and kvcache-simulator read them.
 
 A line that cannot be read is skipped and counted under a `Skip` reason; the file goes on.
 
@@ -33,7 +35,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from app.analyzer import chat, compressed, export_format
+from app.analyzer import chat, compressed, export_format, mooncake
 from app.analyzer.lines import (
     BadLine,
     Line,
@@ -46,7 +48,7 @@ from app.analyzer.lines import (
     text,
 )
 
-FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope")
+FORMATS = ("prefixlens", "kvlint", "openai-log", "prefixscope", "mooncake")
 STDIN = Path("-")  # the trace path that reads standard input
 
 PART_BYTES_LEAST = 16 << 20  # a file is read in parts of at least this: a process costs a fork
@@ -82,6 +84,8 @@ def sniff(first: dict[str, Any]) -> str:
         return "openai-log"
     if "arrived" in first and "prompt_tokens" in first:
         return "prefixscope"
+    if "hash_ids" in first and "input_length" in first:
+        return "mooncake"
     if "token_ids" in first:
         return "prefixlens"
     return "kvlint"
@@ -297,6 +301,8 @@ def _read(lines: Lines, item: dict[str, Any], number: int) -> Iterator[Line]:
             yield export_format.read_line(lines, item, number)
         case "openai-log":
             yield chat.read_log_line(lines, item, number)
+        case "mooncake":
+            yield mooncake.read_line(item, number)
         case _:
             yield from chat.read_kvlint_line(lines, item, number)
 
