@@ -178,20 +178,24 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
         self._restart_delay: dict[str, float] = {}
         self._restart_due: dict[str, float] = {}
         self._kill_at: float | None = None
+        self._stop_signal: int | None = None  # SIGINT or SIGTERM received, not yet acted on
 
     def loop(self) -> None:
         """Run the processes until SIGINT or SIGTERM has stopped them all (honcho's loop, but for
         a process that stops unasked: it is started again, the others go on)."""
 
-        def stop_all(signum: int, frame: object) -> None:
-            self._system_print(f"{SIGNALS[signum]['name']} received: stopping\n", console=True)
-            self.returncode = SIGNALS[signum]["rc"]
-            self.terminate()
+        def note_stop(signum: int, frame: object) -> None:
+            # Only noted: the loop acts on it within 0.1 s. A handler runs wherever the main thread
+            # was, inside a write to the log too (a write(2) interrupted by the signal), and one
+            # that wrote the log itself died there of a reentrant call, leaving every process up.
+            self._stop_signal = signum
 
-        signal.signal(signal.SIGTERM, stop_all)
-        signal.signal(signal.SIGINT, stop_all)
+        signal.signal(signal.SIGTERM, note_stop)
+        signal.signal(signal.SIGINT, note_stop)
         self._start()
         while not (self._terminating and self._all_stopped()):
+            if self._stop_signal is not None:
+                self._stop_on(self._stop_signal)
             with contextlib.suppress(queue.Empty):
                 self._handle(self.events.get(timeout=0.1))
             if self._terminating:
@@ -202,6 +206,12 @@ class DemoFirstManager(Manager):  # type: ignore[misc]  # honcho has no type hin
             if self._kill_at is not None and time.monotonic() >= self._kill_at:
                 self._kill_at = None
                 self.kill()
+
+    def _stop_on(self, signum: int) -> None:
+        self._stop_signal = None
+        self._system_print(f"{SIGNALS[signum]['name']} received: stopping\n", console=True)
+        self.returncode = SIGNALS[signum]["rc"]
+        self.terminate()
 
     def _handle(self, message: Message) -> None:
         if message.type == "line":

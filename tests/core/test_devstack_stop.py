@@ -77,3 +77,52 @@ def test_sigterm_reaches_the_worker_alone_and_every_other_process_group(tmp_path
         "collectors-parent": "SIGTERM",
         "collectors-child": "SIGTERM",
     }
+
+
+INTERRUPTED_LOG = textwrap.dedent(
+    """
+    import io, signal, sys
+    from datetime import datetime
+    from honcho.printer import Message
+    from app.devconsole import ConsolePrinter
+    from app.devstack import DemoFirstManager
+
+    class Disk(io.RawIOBase):
+        '''The log's file, whose first write(2) Ctrl-C interrupts: Python runs the handler right
+        there, inside the buffered writer that holds the line being written.'''
+
+        def __init__(self):
+            self.data = bytearray()
+            self.interrupted = False
+
+        def writable(self):
+            return True
+
+        def write(self, chunk):
+            if not self.interrupted:
+                self.interrupted = True
+                signal.raise_signal(signal.SIGINT)
+            self.data += chunk
+            return len(chunk)
+
+    disk = Disk()
+    log = io.TextIOWrapper(io.BufferedWriter(disk), encoding="utf-8", line_buffering=True)
+    manager = DemoFirstManager(ConsolePrinter(log, console=io.StringIO()))
+    line = Message(type="line", data=b"a line of a process", time=datetime.now(), name="web", colour=None)
+    manager.events.put(line)
+    manager.loop()
+    log.flush()
+    sys.stdout.write(disk.data.decode())
+    sys.exit(manager.returncode)
+    """
+)
+
+
+def test_ctrl_c_in_the_middle_of_a_log_line_still_stops_everything() -> None:
+    # Seen in CI: the handler wrote "SIGINT received" into the log the loop was writing a line to;
+    # the buffered file refused the reentrant call, the manager died and its processes ran on.
+    stopped = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_LOG], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert stopped.returncode == 130, stopped.stderr  # honcho's status for SIGINT
+    assert "a line of a process" in stopped.stdout and "SIGINT received: stopping" in stopped.stdout
