@@ -3,8 +3,6 @@
 import asyncio
 import json
 import re
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +14,7 @@ import aiohttp
 from collectors.errors import Rejection, RejectReason
 from collectors.gateway.proxy import Recorder, serve
 from collectors.records import RequestFacts
+from tests.support.background import in_background, wait_listening
 from tests.support.ports import unused_ports
 
 # Fields that differ from call to call (a fresh id, the second of the answer), masked for comparing.
@@ -73,28 +72,10 @@ def running_gateway(upstream: str, recorder: Recorder, **options: Any) -> Iterat
     """Serve the gateway on a free local port until the block ends; yields its base URL. `options`:
     serve()'s keywords (starts_at_once, ...)."""
     (port,) = unused_ports(1)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    thread = threading.Thread(
-        target=loop.run_until_complete,
-        args=(serve("127.0.0.1", port, upstream, recorder, stop, **options),),
-        daemon=True,
-    )
-    thread.start()
-    _wait_listening(port)
-    try:
+
+    async def gateway(stop: asyncio.Event) -> None:
+        await serve("127.0.0.1", port, upstream, recorder, stop, **options)
+
+    with in_background(gateway):
+        wait_listening("127.0.0.1", port)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
-
-
-def _wait_listening(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"the gateway did not listen on port {port}")

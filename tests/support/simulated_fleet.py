@@ -2,8 +2,6 @@
 
 import asyncio
 import itertools
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +14,7 @@ from collectors.kv_events.client import open_subscriber
 from collectors.kv_events.parse import decode_sub_message
 from simulator.fleet import serve
 from simulator.server import ServerConfig
+from tests.support.background import in_background, wait_listening
 from tests.support.ports import unused_ports
 
 
@@ -29,28 +28,14 @@ def local_config(**fields: object) -> ServerConfig:
 @contextmanager
 def running_fleet(configs: list[ServerConfig]) -> Iterator[list[ServerConfig]]:
     """Serve `configs` until the block ends; every server accepts connections when the block starts."""
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(configs, stop),), daemon=True)
-    thread.start()
-    try:
+
+    async def fleet(stop: asyncio.Event) -> None:
+        await serve(configs, stop)
+
+    with in_background(fleet):
         for config in configs:
             wait_listening(config.host, config.http_port)
         yield configs
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-
-
-def wait_listening(host: str, port: int, timeout: float = 10.0) -> None:
-    """Wait until `port` accepts connections; a loaded machine can take a while to bind."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as sock:
-            if sock.connect_ex((host, port)) == 0:
-                return
-        assert time.monotonic() < deadline, f"nothing listens on {host}:{port}"
-        time.sleep(0.02)
 
 
 def joined_subscriber(

@@ -32,7 +32,6 @@ def test_collected_events_and_scrapes_agree_with_what_the_servers_answered() -> 
             servers = [register_server(**{k: str(v) for k, v in describe(c).items()}) for c in configs]
             collector = KVEventCollector(context, flush_seconds=0)
             collector.subscribe(servers)
-            time.sleep(0.3)  # let the subscriptions reach the publishers
             for server in servers:
                 scrape_server(server.pk)
             before = {server.pk: hits_total(server) for server in servers}
@@ -70,4 +69,5 @@ def test_collected_events_and_scrapes_agree_with_what_the_servers_answered() -> 
         assert ResidentBlock.objects.filter(server=server).count() <= 47
         server.refresh_from_db()
         assert (server.block_size, server.hash_algo, server.state) == (32, "sha256_cbor", "active")
-    assert not KVGap.objects.exists()
+    # Batches sent before a subscription reached its publisher (ZMQ's slow joiner) came by replay.
+    assert not KVGap.objects.filter(lost__gt=0).exists()

@@ -15,7 +15,7 @@ from aiohttp import web
 from collectors.errors import RejectReason
 from simulator.server import ServerConfig
 from tests.collectors.test_parts import BODY
-from tests.support.ports import unused_ports
+from tests.support.background import serving_app
 from tests.support.running_gateway import KeptRecords, call, running_gateway, wait_for
 from tests.support.simulated_fleet import local_config, running_fleet
 
@@ -66,21 +66,11 @@ async def _another_prompt(request: web.Request) -> web.Response:
 @contextmanager
 def chat_upstream(tokenize: Any) -> Iterator[str]:
     """An upstream answering chat completions (prompt ids [1, 2, 3]) and /tokenize with `tokenize`."""
-    (port,) = unused_ports(1)
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/tokenize", tokenize)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+    with serving_app(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from collectors.records import canonical_request_id
 from simulator.server import ServerConfig
+from tests.support.background import serving_app
 from tests.support.captures import load_json
 from tests.support.ports import unused_ports
 from tests.support.running_gateway import Answer, KeptRecords, call, masked, running_gateway, wait_for
@@ -243,20 +244,10 @@ def slow_upstream() -> Iterator[str]:
 @contextmanager
 def serving(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Iterator[str]:
     """An upstream answering /v1/completions with `handler`, on a free port, until the block ends."""
-    (port,) = unused_ports(1)
-    loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/completions", handler)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+    with serving_app(app) as url:
+        yield url
 
 
 def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_upstream: str) -> None:
@@ -282,14 +273,21 @@ def test_a_stream_is_forwarded_as_it_comes_and_ttft_is_its_first_content(slow_up
     assert record.cached_tokens == 0 and record.request_id == "slow"
 
 
-async def _late_stream(request: web.Request) -> web.StreamResponse:
+def _late_stream(answered: threading.Event) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """A stream whose headers come half a second late (a long prefill before the first byte); the
-    gateway may go away meanwhile (its client did), as vLLM's clients do."""
-    await asyncio.sleep(0.5)
-    try:
-        return await _slow_stream(request)
-    except ConnectionResetError:
-        return web.Response()
+    gateway may go away meanwhile (its client did), as vLLM's clients do. `answered` is set when
+    the upstream is done with it."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(0.5)
+        try:
+            return await _slow_stream(request)
+        except ConnectionResetError:
+            return web.Response()
+        finally:
+            answered.set()
+
+    return handler
 
 
 def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
@@ -297,8 +295,9 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
 ) -> None:
     # Seen when make run stops: the load generator goes first, its requests' streams still coming.
     recorder = KeptRecords()
+    answered = threading.Event()
     body = json.dumps({"prompt": "hi", "stream": True}).encode()
-    with serving(_late_stream) as upstream, running_gateway(upstream, recorder) as url:
+    with serving(_late_stream(answered)) as upstream, running_gateway(upstream, recorder) as url:
         gateway_port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", gateway_port)) as client:
             client.sendall(
@@ -306,7 +305,7 @@ def test_a_client_gone_before_its_stream_begins_is_no_error_and_no_record(
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
-        time.sleep(1.0)  # the upstream answers after the client has gone
+        assert answered.wait(10)  # the upstream answered after the client had gone
         later = call(
             "POST",
             url + "/v1/completions",
