@@ -74,6 +74,11 @@ class QuestionOut(Schema):
 class ServerOut(Schema):
     name: str
     num_blocks: int = Field(description="KV blocks, vLLM's null block counted (num_gpu_blocks)")
+    effective_block: int = Field(
+        description="A hit is whole steps of this many tokens (a hybrid model's effective block); "
+        "0: whole blocks"
+    )
+    drops_last: bool = Field(description="The last block matched is dropped first (EAGLE/MTP drafting)")
 
 
 class RestartOut(Schema):
@@ -98,6 +103,10 @@ class CalibrationOut(Schema):
     replayed_hit_rate: float | None
     error_points: float | None = Field(description="Replayed minus reported hit rate, in percentage points")
     exact_share: float | None
+    uncompared: list[str] = Field(
+        description="Servers whose requests were not compared: their hit counter is not wired (they "
+        "reported none of the reuse they had)"
+    )
     trust: Literal["good", "fair", "poor", "unknown"] = Field(
         description="good: within 2 points; fair: within 5 (directions, not figures); poor: the answers "
         "are not to be trusted; unknown: no request reported its reuse"

@@ -78,6 +78,7 @@ def ask(*, scope: Scope, since: datetime, until: datetime, viewer: Viewer = SEES
         counted=counted,
         restarts=trace.restarts,
         restore=_restore(servers, trace, until=until),
+        uncompared=trace.unwired,
         progress=progress,
     )
     return Asked(scope, since, until, answers, trace.unknown_prompt, trace.unsized)

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Min
 
+from app.diagnosis.counters import unwired_counters
 from app.domain.replay.run import Restart, ServerShape
 from app.domain.replay.trace import TraceRequest
 from app.fleet.models import Server
@@ -44,6 +45,7 @@ class WindowTrace:
     counted_from: float  # requests before it warm the caches up and are not answered for
     unknown_prompt: int  # records without a prompt token count, left out
     unsized: tuple[str, ...]  # servers without a known block size or KV blocks, left out with their records
+    unwired: tuple[str, ...]  # servers whose hit counter was not wired: what they reported is no measure
 
 
 def window_trace(*, servers: Sequence[Server], since: datetime, until: datetime) -> WindowTrace:
@@ -73,9 +75,11 @@ def window_trace(*, servers: Sequence[Server], since: datetime, until: datetime)
         restart for server in servers if server.pk in kept
         for restart in _restarts(server, kept[server.pk], since=start, until=until)
     )  # fmt: skip
+    unwired = unwired_counters(since=start, until=until, only=list(kept))
     return WindowTrace(
-        requests, tuple(kept.values()), block_size, restarts, since.timestamp(), unknown, unsized
-    )
+        requests, tuple(kept.values()), block_size, restarts, since.timestamp(), unknown, unsized,
+        tuple(sorted(kept[pk].name for pk in unwired if pk in kept)),
+    )  # fmt: skip
 
 
 def _restarts(server: Server, shape: ServerShape, *, since: datetime, until: datetime) -> list[Restart]:
@@ -104,7 +108,9 @@ def _shapes(
         if not server.block_size or not blocks or blocks < 2:
             unsized.append(server.name)
             continue
-        shapes[server.pk] = ServerShape(server.name, blocks)
+        hit = server.hit_block  # known: its block size is
+        effective = hit.effective if hit is not None and hit.effective > hit.block_size else 0
+        shapes[server.pk] = ServerShape(server.name, blocks, effective, hit is not None and hit.drops_last)
         sizes[server.pk] = server.block_size
     return shapes, sizes, tuple(unsized)
 

@@ -8,18 +8,21 @@ diagnosis: the confusion table (injected -> found) is printed."""
 
 from collections import Counter
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from app.domain.replay.calibration import Trust
 from app.fleet.models import Server
 from app.traffic.models import KVStream
+from app.whatif.services import Scope, ScopeKind, ask
 from simulator.fleet import with_quirks
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.server import ServerConfig
-from tests.traffic.test_scenario_causes import ACCURACY, Request, run_scenario
+from tests.traffic.test_scenario_causes import ACCURACY, Ran, Request, run_scenario
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HYBRID, UNWIRED = "sim-0", "sim-1"
@@ -52,7 +55,7 @@ def injected(requests: list[Request]) -> dict[str, str]:
     return found
 
 
-def test_quirky_servers_requests_are_not_called_misses(tmp_path: Path) -> None:
+def test_quirky_servers_requests_are_not_called_misses_nor_replayed_as_plain(tmp_path: Path) -> None:
     with resolve_scenario("effective-block").open() as file:
         definition: dict[str, Any] = yaml.safe_load(file)
     ran = run_scenario(definition, tmp_path, configure=quirky)
@@ -72,3 +75,19 @@ def test_quirky_servers_requests_are_not_called_misses(tmp_path: Path) -> None:
         right = table[(cause, cause)]
         assert hit >= 3 and right / hit >= ACCURACY, (cause, dict(table))
     assert "counter_not_wired" not in plain and "unexplained" not in plain
+    assert_replay_calibrates(ran)
+
+
+def assert_replay_calibrates(ran: Ran) -> None:
+    """The fleet's what-if over the run replays each request as its engine reused it: the hybrid
+    server's hits rounded to its effective block, the others' plain; the unwired server's reports
+    (none of its reuse) left out of the comparison, and named."""
+    since = min(r.arrived_at for r in ran.requests).replace(microsecond=0)
+    until = max(r.arrived_at for r in ran.requests) + timedelta(seconds=1)
+    calibration = ask(scope=Scope(ScopeKind.FLEET), since=since, until=until).answers.calibration
+    compared = [r for r in ran.requests if r.server != UNWIRED]
+    assert calibration.uncompared == (UNWIRED,)
+    assert calibration.requests == len(compared)
+    assert calibration.reported_tokens == sum(r.cached_tokens for r in compared)
+    assert calibration.trust is Trust.GOOD, calibration
+    assert calibration.exact_share is not None and calibration.exact_share >= ACCURACY, calibration

@@ -33,6 +33,7 @@ class Calibration:
     reported_tokens: int
     replayed_tokens: int
     exact: int  # requests whose replayed reuse equals the reported one
+    uncompared: tuple[str, ...] = ()  # servers whose reports are no measure (a hit counter not wired)
 
     @property
     def reported_hit_rate(self) -> float | None:
@@ -64,16 +65,20 @@ class Calibration:
         return Trust.FAIR if abs(error) <= FAIR_POINTS else Trust.POOR
 
 
-def calibrate(trace: Sequence[TraceRequest], replayed: Sequence[int]) -> Calibration:
+def calibrate(
+    trace: Sequence[TraceRequest], replayed: Sequence[int], *, uncompared: Sequence[str] = ()
+) -> Calibration:
     """Compare `replayed` (each request's reuse in the trace replayed as the fleet was) with what
-    each request reported."""
+    each request reported, but on the `uncompared` servers (their reports are no measure: a hit
+    counter not wired reports none of the reuse it had)."""
+    left_out = frozenset(uncompared)
     requests = prompt = reported = again = exact = 0
     for request, reused in zip(trace, replayed, strict=True):
-        if request.cached_tokens is None:
+        if request.cached_tokens is None or request.server in left_out:
             continue
         requests += 1
         prompt += request.prompt_tokens
         reported += request.cached_tokens
         again += reused
         exact += reused == request.cached_tokens
-    return Calibration(requests, prompt, reported, again, exact)
+    return Calibration(requests, prompt, reported, again, exact, tuple(sorted(left_out)))

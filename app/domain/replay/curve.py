@@ -14,12 +14,17 @@ that overlap hold blocks the LRU cannot give out, which a point replay (app/doma
 models and this does not: `curve_error` says how far the two are apart on a given trace. One
 block of each server is kept out of the capacity, the partial last block a request leaves free
 at the head of the queue.
+
+A server that rounds its hits (a hybrid model's effective block, EAGLE's dropped block) computes
+again the resident blocks a rounded hit leaves out and caches them a second time: vLLM keeps both
+copies, this pass one, so its curve reads somewhat high there (up to 2.3 points on
+tests/domain/test_replay_whatif.py's trace); `curve_error` measures it on every what-if.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -135,11 +140,15 @@ def capacity_curve(
     salted: bool = True,
     counted: Callable[[TraceRequest], bool] | None = None,
     restarts: Sequence[tuple[float, str]] = (),
+    rounding: Mapping[str, tuple[int, bool]] | None = None,
 ) -> CapacityCurve:
     """One pass over `trace` in arrival order, each request on the server it was recorded on; the
     reuse of the requests `counted` says (all by default), every request taking its room. At each
     of `restarts` (time, server) the server starts anew, its cache empty: its requests after it are
-    counted under `epoch_name(server, n)`, so that a capacity can be given to each process."""
+    counted under `epoch_name(server, n)`, so that a capacity can be given to each process.
+    `rounding`: how a server rounds its hits, (hit unit in blocks, drops the last block), as
+    ServerShape says; a server not in it hits whole blocks."""
+    rounding = {s: r for s, r in (rounding or {}).items() if r != (1, False)}
     order = sorted(trace, key=lambda request: request.arrived)
     chains = [padded_keys(r, request_keys(r, block_size, salted=salted), block_size) for r in order]
     releases: Counter[str] = Counter()
@@ -162,7 +171,10 @@ def capacity_curve(
         # A leading block is reused at the capacity holding it and every block before it; a
         # prompt reuses nothing where it does not fit at all (a pool of fewer blocks than it needs).
         fits = -(-request.prompt_tokens // block_size) - 1
-        needed.update(stack.distances(keys, max(request.prompt_tokens - 1, 0) // block_size, fits))
+        found = stack.distances(keys, max(request.prompt_tokens - 1, 0) // block_size, fits)
+        if request.server in rounding:
+            found = _rounded(found, *rounding[request.server])
+        needed.update(found)
         stack.release([*keys, *_output_keys(request, block_size)])
     prompt_tokens = sum(r.prompt_tokens for r in trace if counted is None or counted(r))
     tokens = {
@@ -170,6 +182,17 @@ def capacity_curve(
         for server, blocks in reusable.items()
     }
     return CapacityCurve(block_size, prompt_tokens, tokens)
+
+
+def _rounded(distances: Sequence[int], unit: int, drops_last: bool) -> list[int]:
+    """The distances of the leading blocks a hit keeps once the server rounds it: with the first
+    `hit` blocks resident (a capacity of `distances[hit - 1]`), it drops the last one when
+    `drops_last`, then keeps whole multiples of `unit` (vLLM's `find_longest_cache_hit`)."""
+    kept: list[int] = []
+    for hit, distance in enumerate(distances, start=1):
+        blocks = hit - 1 if drops_last else hit
+        kept.extend([distance] * (blocks // unit * unit - len(kept)))
+    return kept
 
 
 def _output_keys(request: TraceRequest, block_size: int) -> list[Key]:

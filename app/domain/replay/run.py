@@ -16,8 +16,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from app.domain.hitblock import effective_block
 from app.domain.replay.pool import SILENT, BlockPool, OutOfBlocks, PoolObserver
 from app.domain.replay.routing import DEFAULT_LOAD_CAP, Router, Routing, ServerView
 from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
@@ -25,10 +26,18 @@ from app.domain.replay.trace import Key, TraceRequest, padded_keys, request_keys
 
 @dataclass(frozen=True, slots=True)
 class ServerShape:
-    """A replayed server: its name and its KV blocks, counting vLLM's null block (num_gpu_blocks)."""
+    """A replayed server: its name and its KV blocks, counting vLLM's null block (num_gpu_blocks);
+    how its cache rounds a hit: to whole `effective_block` tokens (a hybrid model's, 0 for a plain
+    one, app/domain/hitblock.py) after dropping the last block matched when `drops_last` (EAGLE/MTP)."""
 
     name: str
     num_blocks: int
+    effective_block: int = 0
+    drops_last: bool = False
+
+    def hit_unit(self, block_size: int) -> int:
+        """Blocks of `block_size` a hit is a whole number of: 1 on a plain server."""
+        return effective_block(block_size, stated=self.effective_block) // block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,10 @@ class _Server(ServerView):
     __slots__ = ("pool", "waiting")
 
     def __init__(self, shape: ServerShape, block_size: int, observer: PoolObserver) -> None:
-        self.pool = BlockPool(block_size, shape.num_blocks, observer=observer)
+        self.pool = BlockPool(
+            block_size, shape.num_blocks, observer=observer, hit_unit=shape.hit_unit(block_size),
+            drops_last=shape.drops_last,
+        )  # fmt: skip
         self.waiting: deque[int] = deque()
 
     def load(self) -> int:
@@ -217,7 +229,7 @@ class _Replay:
             heapq.heapify(self.running)
             observer = self.watch.observer(server)
             observer.cleared()  # a watcher's history of the server's blocks starts empty too
-            shape = ServerShape(self.setup.servers[server].name, num_blocks)
+            shape = replace(self.setup.servers[server], num_blocks=num_blocks)  # the same engine, anew
             self.servers[server] = _Server(shape, self.setup.block_size, observer)
 
     def _admit_waiting(self, server: int, now: float) -> None:

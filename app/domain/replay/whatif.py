@@ -130,13 +130,15 @@ def what_if(
     price: Price,
     counted: Callable[[TraceRequest], bool] | None = None,
     restore: Mapping[str, int] | None = None,
+    uncompared: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> WhatIf:
     """Replay `trace` (the window's requests) as the fleet of `servers` was, then every alternative.
     `counted`: the requests the answers are about (a template's, say), all by default; every request
     is replayed, as each competes for the same blocks. `restore`: KV blocks some servers had before
-    (a capacity cut, a restart with other flags), answered as giving them back. `progress(share)` is
-    told how far along it is (0 to 1)."""
+    (a capacity cut, a restart with other flags), answered as giving them back. `uncompared`: servers
+    whose reported reuse the calibration leaves out (calibrate). `progress(share)` is told how far
+    along it is (0 to 1)."""
     if window_seconds <= 0:
         raise ValueError(f"a window must last, got {window_seconds} s")
     base = Setup(tuple(servers), block_size, restarts=tuple(restarts))
@@ -153,7 +155,11 @@ def what_if(
         block_size=block_size,
         servers=tuple(servers),
         restarts=tuple(restarts),
-        calibration=calibrate([r for r, c in zip(trace, mask, strict=True) if c], asked.counted(as_was_run)),
+        calibration=calibrate(
+            [r for r, c in zip(trace, mask, strict=True) if c],
+            asked.counted(as_was_run),
+            uncompared=uncompared,
+        ),
         as_was=as_was,
         capacity=capacity,
         curve=curve,
@@ -251,6 +257,7 @@ class _Asking:
             salted=self.base.salted,
             counted=self.is_counted,
             restarts=[(r.at, r.server) for r in self.base.restarts],
+            rounding={s.name: (s.hit_unit(self.base.block_size), s.drops_last) for s in self.base.servers},
         )
         low, high = CAPACITY_FACTORS[0], CAPACITY_FACTORS[-1]
         factors = sorted(
@@ -275,10 +282,13 @@ class _Asking:
         """The same total KV memory in fewer larger or more smaller servers, routed prefix-aware."""
         count = len(self.base.servers)
         total = sum(s.num_blocks for s in self.base.servers)
+        # Replicas of one model: they round hits as the servers did when all did alike, else plainly.
+        rounds = {(s.effective_block, s.drops_last) for s in self.base.servers}
+        effective, drops_last = rounds.pop() if len(rounds) == 1 else (0, False)
         answers = []
         for servers in sorted({1, max(count // 2, 1), count, count * 2}):
             blocks = max(total // servers, 2)
-            shapes = tuple(ServerShape(f"replica-{n}", blocks) for n in range(servers))
+            shapes = tuple(ServerShape(f"replica-{n}", blocks, effective, drops_last) for n in range(servers))
             # Other servers than those that ran: the recorded restarts do not map onto them.
             setup = replace(self.base, servers=shapes, routing=Routing.PREFIX_AWARE, restarts=())
             label = f"{servers} server{'s' if servers > 1 else ''} x {blocks:,} blocks, prefix-aware"

@@ -70,6 +70,11 @@ def calibration_line(calibration: Calibration) -> str:
         f"replayed hit rate {_percent(calibration.replayed_hit_rate)} "
         f"vs reported {_percent(calibration.reported_hit_rate)} ({calibration.error_points:+.1f} points); "
         f"{_percent(calibration.exact_share)} of {calibration.requests:,} requests exact"
+        + (
+            f"; not compared: {', '.join(calibration.uncompared)} (hit counter not wired)"
+            if calibration.uncompared
+            else ""
+        )
     )
 
 
