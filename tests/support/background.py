@@ -1,6 +1,7 @@
 """Asyncio servers run in a background thread, for tests that talk to them over real sockets."""
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -49,12 +50,15 @@ def in_background(main: Main) -> Iterator[None]:
                 failed.append(exc)
 
     loop = runner.get_loop()
-    thread = threading.Thread(target=run, daemon=True)
+    thread = threading.Thread(target=run, name=f"in_background({main.__qualname__})", daemon=True)
     thread.start()
     try:
         yield
     finally:
-        loop.call_soon_threadsafe(stop.set)
+        # A `main` that failed early has returned and its loop is closed: nothing to stop, and its
+        # error, raised below, is what the test should see, not the closed loop's.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(stop.set)
         thread.join(10)
         assert not thread.is_alive(), f"{main.__qualname__} did not stop within 10 s"
         if failed:
