@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import zmq
 
@@ -36,7 +37,12 @@ class ReplayUnavailable(KVTransportError):
 
 
 def open_subscriber(
-    context: zmq.Context[zmq.Socket[bytes]], endpoint: str, topic: str, *, rcvhwm: int = DEFAULT_RCVHWM
+    context: zmq.Context[zmq.Socket[bytes]],
+    endpoint: str,
+    topic: str,
+    *,
+    rcvhwm: int = DEFAULT_RCVHWM,
+    before_connect: Callable[[zmq.Socket[bytes]], None] | None = None,
 ) -> zmq.Socket[bytes]:
     """A SUB socket connected to ``endpoint`` and subscribed to ``topic``; the caller owns and closes it.
 
@@ -45,12 +51,15 @@ def open_subscriber(
     (compare ``KVMessage.topic``) and "" receives everything. Connecting is asynchronous: nobody
     listening is not an error, and batches published before the subscription reaches the publisher are
     lost (ZMQ's slow joiner), which shows up as a first seq above 0 or a gap to replay.
-    Raises SubscribeFailed (not retryable) when ZMQ refuses the endpoint.
+    Raises SubscribeFailed (not retryable) when ZMQ refuses the endpoint. ``before_connect`` is
+    called with the socket before it connects: a socket monitor attached later may miss the handshake.
     """
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.LINGER, 0)  # closing must never wait for a dead publisher
     socket.setsockopt(zmq.RCVHWM, rcvhwm)  # only takes effect before connect
     socket.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+    if before_connect is not None:
+        before_connect(socket)
     try:
         socket.connect(endpoint)
     except zmq.ZMQError as exc:

@@ -18,7 +18,7 @@ from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, KVStream, ResidentBlock
 from tests.support.captures import load_json
-from tests.support.probes import SUBSCRIBER_JOIN_SECONDS, post_json
+from tests.support.probes import Handshakes, post_json
 from tests.support.vllm_cpu import VLLMServer, VLLMUnavailable, serve
 
 pytestmark = [pytest.mark.vllm, pytest.mark.django_db, pytest.mark.timeout(1800)]
@@ -38,14 +38,6 @@ def start(stack: contextlib.ExitStack, **options: Any) -> VLLMServer:
 def send(vllm: VLLMServer, names: tuple[str, ...]) -> None:
     for name in names:
         post_json(f"{vllm.base_url}/v1/completions", load_json(f"completion-{name}.json")["request"])
-
-
-def poll_for(collector: KVEventCollector, seconds: float) -> None:
-    """Keep the collector running, as its command does: a SUB socket that reconnected to a new
-    publisher sends its subscription again only once its own thread uses it (libzmq's hiccup)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        collector.poll(timeout_ms=100)
 
 
 def collect_until_quiet(collector: KVEventCollector, quiet: float = 2.0, limit: float = 60.0) -> None:
@@ -80,7 +72,8 @@ def left_resident_by(server: Server, epoch: int) -> set[int | None]:
 
 def test_after_a_restart_only_the_new_process_s_blocks_are_resident(tmp_path: Path) -> None:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    collector = KVEventCollector(context, flush_seconds=0)
+    joins = Handshakes()
+    collector = KVEventCollector(context, flush_seconds=0, before_connect=joins)
     try:
         with contextlib.ExitStack() as running:
             first = start(running, log_path=tmp_path / "vllm-1.log")
@@ -92,15 +85,16 @@ def test_after_a_restart_only_the_new_process_s_blocks_are_resident(tmp_path: Pa
                 kv_topic=first.topic,
             )
             collector.subscribe([server])
-            poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
+            joins.wait(1, keep_alive=lambda: collector.poll(timeout_ms=100))
             send(first, BEFORE)
             collect_until_quiet(collector)
         left_by_the_dead_process = resident_blocks(server)
         with serve(restart_of=first, log_path=tmp_path / "vllm-2.log") as second:
-            poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
+            joins.wait(2, keep_alive=lambda: collector.poll(timeout_ms=100), what="rejoining")
             send(second, AFTER)
             collect_until_quiet(collector)
     finally:
+        joins.close()
         collector.close()
         context.destroy(linger=0)
 

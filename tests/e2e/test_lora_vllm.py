@@ -27,10 +27,9 @@ from app.domain.blockhash import LoraKey, block_hash_chain, hash_block
 from app.fleet.selectors import request_lora
 from app.fleet.services import register_server
 from app.traffic.tasks import scrape_server
-from collectors.kv_events.client import open_subscriber
 from collectors.kv_events.parse import BlockStored
 from collectors.models.parse import ServedModels, parse_models
-from tests.support.probes import SUBSCRIBER_JOIN_SECONDS, drain, get_text, post_json
+from tests.support.probes import drain, get_text, joined_subscriber, post_json
 from tests.support.simulated_fleet import running_fleet
 from tests.support.simulated_vllm import description, simulated_config
 from tests.support.vllm_cpu import (
@@ -80,9 +79,8 @@ class Side:
 
 def run_traffic(server: VLLMServer) -> Traffic:
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    subscriber = open_subscriber(context, server.kv_endpoint, server.topic)
+    subscriber = joined_subscriber(context, server.kv_endpoint, server.topic)
     try:
-        time.sleep(SUBSCRIBER_JOIN_SECONDS)
         models = parse_models(get_text(f"{server.base_url}/v1/models"))
         cached = {}
         for name, model, salt in REQUESTS:

@@ -22,8 +22,8 @@ from app.fleet.models import Server
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis
 from app.traffic.services.requests import ingest_request_records
-from tests.e2e.test_block_index_after_restart import collect_until_quiet, poll_for
-from tests.support.probes import SUBSCRIBER_JOIN_SECONDS
+from tests.e2e.test_block_index_after_restart import collect_until_quiet
+from tests.support.probes import Handshakes
 from tests.support.running_gateway import KeptRecords, call, running_gateway, wait_for
 from tests.support.vllm_cpu import VLLMServer
 
@@ -63,7 +63,8 @@ def test_real_vllm_misses_get_the_causes_its_kv_events_show(real_vllm: VLLMServe
         model=real_vllm.model,
     )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    collector = KVEventCollector(context, flush_seconds=0)
+    joins = Handshakes()
+    collector = KVEventCollector(context, flush_seconds=0, before_connect=joins)
     recorder = KeptRecords()
     sent: list[tuple[str, list[int], str | None]] = [
         ("cold", BASE + tail(), None),
@@ -75,7 +76,7 @@ def test_real_vllm_misses_get_the_causes_its_kv_events_show(real_vllm: VLLMServe
     ]
     try:
         collector.subscribe([server])
-        poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
+        joins.wait(1, keep_alive=lambda: collector.poll(timeout_ms=100))
         with running_gateway(real_vllm.base_url, recorder) as gateway:
             for number, (name, tokens, salt) in enumerate(sent):
                 body: dict[str, object] = {"model": real_vllm.model, "prompt": tokens, "max_tokens": 1}
@@ -90,6 +91,7 @@ def test_real_vllm_misses_get_the_causes_its_kv_events_show(real_vllm: VLLMServe
                 collect_until_quiet(collector, quiet=0.5, limit=10)
                 time.sleep(0.05)  # the next arrival after this one's events
     finally:
+        joins.close()
         collector.close()
         context.destroy(linger=0)
     ingest_request_records(recorder.records, source="gateway", now=timezone.now(), default_server="vllm-cpu")

@@ -13,7 +13,6 @@ own output tokens, which is structure, and holds for both.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,15 +22,15 @@ import zmq
 
 from app.domain import gpt2
 from app.domain.blockhash import block_hash_chain
-from collectors.kv_events.client import fetch_replay, open_subscriber
+from collectors.kv_events.client import fetch_replay
 from collectors.kv_events.parse import KVMessage
 from tests.support.captures import load_json
 from tests.support.otlp_receiver import OTLPReceiver, attributes
 from tests.support.probes import (
     COLLECTOR_SAMPLES,
-    SUBSCRIBER_JOIN_SECONDS,
     drain,
     get_text,
+    joined_subscriber,
     post_json,
     samples,
     stored_blocks,
@@ -98,9 +97,8 @@ def send_capture_request(base_url: str, name: str) -> Exchange:
 def run_capture_traffic(server: VLLMServer) -> Traffic:
     """Send the shared-prefix and salted requests of the capture, watching /metrics and the KV events."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    subscriber = open_subscriber(context, server.kv_endpoint, server.topic)
+    subscriber = joined_subscriber(context, server.kv_endpoint, server.topic)
     try:
-        time.sleep(SUBSCRIBER_JOIN_SECONDS)
         before = get_text(server.metrics_url)
         exchanges = [send_capture_request(server.base_url, name) for name in (*SHARED_PREFIX, *SALTED)]
         prompt_tokens = sum(exchange.response["usage"]["prompt_tokens"] for exchange in exchanges)

@@ -37,8 +37,7 @@ from app.rollups.refresh import refresh_minute_rollups
 from app.traffic.collection.kv_collector import KVEventCollector
 from app.traffic.models import KVEvent, RequestDiagnosis, RequestRecord
 from app.traffic.services.requests import ingest_request_records
-from tests.e2e.test_block_index_after_restart import poll_for
-from tests.support.probes import SUBSCRIBER_JOIN_SECONDS
+from tests.support.probes import Handshakes
 from tests.support.running_gateway import KeptRecords, call, running_gateway
 from tests.support.vllm_cpu import VLLMServer
 
@@ -126,17 +125,19 @@ def test_bad_revert_bad_again_opens_two_regressions_each_with_its_suspect(
     repository = register_repository(location=str(tmp_path / "repo"), globs=["templates/*.j2"])
     import_template_history(repository_id=repository.pk, now=timezone.now())
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    collector = KVEventCollector(context, flush_seconds=0)
+    joins = Handshakes()
+    collector = KVEventCollector(context, flush_seconds=0, before_connect=joins)
     recorder = KeptRecords()
     started = timezone.now()
     try:
         collector.subscribe([server])
-        poll_for(collector, SUBSCRIBER_JOIN_SECONDS)
+        joins.wait(1, keep_alive=lambda: collector.poll(timeout_ms=100))
         with running_gateway(real_vllm.base_url, recorder) as gateway:
             for sha, (_, _, varies_at) in zip(shas, COMMITS, strict=True):
                 send_phase(gateway, real_vllm.model, sha, varies_at, collector)
         poll_for(collector, 2.0)
     finally:
+        joins.close()
         collector.close()
         context.destroy(linger=0)
     ended = timezone.now()
@@ -189,6 +190,13 @@ def send_phase(
         }
         assert call("POST", gateway + "/v1/completions", body, headers).status == 200
         poll_for(collector, 0.4)  # its events stored before the next arrival
+
+
+def poll_for(collector: KVEventCollector, seconds: float) -> None:
+    """Keep the collector running, as its command does, for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        collector.poll(timeout_ms=100)
 
 
 def run_beat(*, since: datetime, until: datetime) -> None:

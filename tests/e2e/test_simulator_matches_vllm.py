@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,7 +54,6 @@ from typing import Any
 import pytest
 import zmq
 
-from collectors.kv_events.client import open_subscriber
 from collectors.kv_events.parse import BlockRemoved, BlockStored, KVEvent, KVMessage
 from simulator.planner import plan_requests
 from simulator.scenario import load_scenario, resolve_scenario
@@ -64,8 +62,8 @@ from tests.support.captures import captured_traffic
 from tests.support.otlp_receiver import OTLPReceiver, attributes, run_otlp_receiver
 from tests.support.probes import (
     COLLECTOR_SAMPLES,
-    SUBSCRIBER_JOIN_SECONDS,
     drain,
+    joined_subscriber,
     post,
     samples,
     total,
@@ -177,11 +175,10 @@ def event_key(event: KVEvent) -> EventKey:
 def run_traffic(server: VLLMServer, receiver: OTLPReceiver, traffic: Mapping[str, list[Request]]) -> Run:
     """Send each phase's requests in order, one at a time, draining the KV events after each phase."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    subscriber = open_subscriber(context, server.kv_endpoint, server.topic)
+    subscriber = joined_subscriber(context, server.kv_endpoint, server.topic)
     answers: dict[str, list[Answer]] = {}
     messages: dict[str, list[KVMessage]] = {}
     try:
-        time.sleep(SUBSCRIBER_JOIN_SECONDS)
         for phase, requests in traffic.items():
             answers[phase] = [send(server.base_url, request) for request in requests]
             messages[phase] = drain(subscriber)

@@ -120,8 +120,10 @@ class KVEventCollector:
         flush_seconds: float = 0.5,
         replay_timeout_seconds: float = 2.0,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        before_connect: Callable[[zmq.Socket[bytes]], None] | None = None,
     ) -> None:
         self.context = context
+        self.before_connect = before_connect  # open_subscriber's: for a caller that watches the joins
         self.flush_seconds = flush_seconds
         self.replay_timeout_seconds = replay_timeout_seconds
         self.now = now
@@ -141,7 +143,8 @@ class KVEventCollector:
             if server.pk in known or not server.kv_events_endpoint:
                 continue
             try:
-                socket = open_subscriber(self.context, server.kv_events_endpoint, server.kv_topic)
+                endpoint, topic = server.kv_events_endpoint, server.kv_topic
+                socket = open_subscriber(self.context, endpoint, topic, before_connect=self.before_connect)
             except KVTransportError as exc:
                 logger.warning("cannot subscribe to %s: %s", server.name, exc)
                 continue
