@@ -9,7 +9,8 @@ from collections.abc import Iterable
 
 import zmq
 
-from app.traffic.models import KVEvent
+from app.fleet.models import Server
+from app.traffic.models import KVEvent, KVStream
 from collectors.kv_events.client import fetch_replay
 from collectors.kv_events.parse import BlockRemoved, BlockStored, ReplayReply
 
@@ -26,6 +27,20 @@ def published(replay_endpoint: str) -> list[ReplayReply]:
         context.destroy(linger=0)
     assert [reply.seq for reply in replies] == list(range(len(replies))), "the replay buffer rolled over"
     return replies
+
+
+def all_stored(servers: Iterable[Server]) -> bool:
+    """Whether the collector has stored every batch `servers` published (rank 0): each one's replay
+    endpoint has nothing after the position the collector committed with its events, or nothing
+    at all before its first. A quiet moment is no proof on a loaded machine: the collector may be
+    between flushes, or the batch on its way."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    committed = dict(KVStream.objects.filter(dp_rank=0).values_list("server_id", "last_seq"))
+    for server in servers:
+        endpoint, after = server.kv_replay_endpoint, committed.get(server.pk, -1) + 1
+        if endpoint and fetch_replay(context, endpoint, after, timeout_seconds=10):
+            return False
+    return True
 
 
 def rows_of(replies: Iterable[ReplayReply], *, epoch: int = 0) -> list[Row]:

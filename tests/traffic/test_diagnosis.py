@@ -2,7 +2,6 @@
 in production, and every request's cause is checked against what the test made happen to it."""
 
 import random
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -25,6 +24,9 @@ from app.traffic.tasks import scrape_server
 from collectors.parts import PartDigests
 from collectors.records import RequestFacts
 from simulator.fleet import describe
+from tests.support.probes import Handshakes
+from tests.support.processes import wait_until
+from tests.support.published import all_stored
 from tests.support.simulated_fleet import local_config, running_fleet
 from tests.support.users import fleet_viewer
 
@@ -90,10 +92,13 @@ class Fleet:
         return request_id
 
     def settle(self) -> None:
-        """Until the servers' events of the request are stored (sent after its answer)."""
-        for _ in range(8):
-            self.collector.poll(timeout_ms=15)
+        """Until the servers' events of the request are stored (published before its answer)."""
+        wait_until(self._stored, timeout=30, what="the request's KV events")
+
+    def _stored(self) -> bool:
+        self.collector.poll(timeout_ms=15)
         self.collector.flush()
+        return all_stored(self.servers)
 
 
 @pytest.fixture
@@ -106,9 +111,11 @@ def fleet() -> Iterator[Fleet]:
             for server in servers:
                 scrape_server(server.pk)  # block size and model, as the scrape reads them
             servers = [Server.objects.get(pk=server.pk) for server in servers]
-            collector = KVEventCollector(context, flush_seconds=0)
+            joins = Handshakes()
+            collector = KVEventCollector(context, flush_seconds=0, before_connect=joins)
             collector.subscribe(servers)
-            time.sleep(0.3)  # let the subscriptions reach the publishers
+            joins.wait(len(servers), keep_alive=lambda: collector.poll(timeout_ms=20))
+            joins.close()
             yield Fleet(servers, collector)
             collector.close()
     finally:

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import yaml
-import zmq
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -27,9 +26,8 @@ from app.diagnosis.run import diagnose_requests
 from app.fleet.models import Server
 from app.fleet.services import register_server
 from app.traffic.collection.kv_leases import lease_holders
-from app.traffic.models import KVEvent, KVStream, RejectedInput, RequestDiagnosis, RequestRecord
+from app.traffic.models import KVEvent, RejectedInput, RequestDiagnosis, RequestRecord
 from app.traffic.tasks import scrape_server
-from collectors.kv_events.client import fetch_replay
 from simulator.fleet import describe
 from simulator.scenario import load_scenario, resolve_scenario
 from simulator.scenario_side import SIDE_FIELDS
@@ -38,6 +36,7 @@ from simulator.server import ServerConfig
 from simulator.template_repo import create_repo
 from tests.support.ports import unused_ports
 from tests.support.processes import Command, database_url_for_tests, wait_until
+from tests.support.published import all_stored
 from tests.support.simulated_fleet import local_config, running_fleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -177,7 +176,7 @@ def run_scenario(
                 others = sorted(stored - sent)[:20]
                 missing = [r.request_id for r in lost]
                 raise AssertionError(f"not stored: {missing}; others: {others}; refused: {refused}") from None
-            wait_until(_events_settled, timeout=30, what="the KV events")
+            wait_until(lambda: all_stored(Server.objects.all()), timeout=30, what="the KV events")
         finally:
             gateway.ensure_stopped()
             collector.ensure_stopped()
@@ -191,18 +190,6 @@ def run_scenario(
     )
     diagnose_requests(now=timezone.now() + timedelta(minutes=5))
     return Ran(_stored_requests(), cut)
-
-
-def _events_settled() -> bool:
-    """The collector has stored every batch the servers published: each server's replay endpoint
-    has nothing after the position the collector committed with its events (a quiet second is no
-    proof on a loaded machine: the collector may be between flushes)."""
-    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    for stream in KVStream.objects.select_related("server"):
-        endpoint = stream.server.kv_replay_endpoint
-        if fetch_replay(context, endpoint, stream.last_seq + 1, timeout_seconds=10):
-            return False
-    return KVStream.objects.exists()
 
 
 def _stored_requests() -> list[Request]:
