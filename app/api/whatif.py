@@ -152,7 +152,12 @@ class AnswersOut(Schema):
     curve_error_points: float | None = Field(description="The curve against the point replays, at worst")
     routing: list[AnswerOut]
     server_counts: list[AnswerOut] = Field(description="The same KV memory in fewer or more servers")
-    block_sizes: list[AnswerOut] = Field(description="Empty unless every request kept its token ids")
+    block_sizes: list[AnswerOut] = Field(
+        description="Over the servers that kept every request's token ids, priced against their own replay"
+    )
+    block_sizes_left_out: list[str] = Field(
+        description="Servers the block sizes leave out: some of their requests kept no token ids"
+    )
     salts: list[AnswerOut] = Field(description="Empty unless a request was salted")
     restored: list[AnswerOut] = Field(description="Servers given back the KV blocks they had in the last day")
     leaves_out: str = Field(description="What the TTFT estimate leaves out")

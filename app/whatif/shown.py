@@ -8,7 +8,7 @@ import csv
 import io
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +26,8 @@ TRUST_SAYS = {
     "so neither can the answers.",
 }
 EMPTY = {
-    "block_sizes": "Not answered: token ids not kept (re-cutting blocks needs every request's token ids).",
+    "block_sizes": "Not answered: no server kept the token ids of all its requests "
+    "(re-cutting blocks needs them).",
     "salts": "Not answered: no request of the window was salted.",
     "server_counts": "Not answered: no server to count.",
 }
@@ -71,6 +72,19 @@ class RestartShown:
 
 
 @dataclass(frozen=True, slots=True)
+class Family:
+    """A table of answers of one kind: `key` names it (its id, its EMPTY), `note` says what it covers
+    when that is not the whole window."""
+
+    key: str
+    title: str
+    column: str
+    rows: list[Row]
+    empty: str
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Shown:
     """Everything the page shows of a question's answers."""
 
@@ -80,7 +94,7 @@ class Shown:
     capacity: list[Row]
     restored: list[Row]
     routing: list[Row]
-    families: list[tuple[str, str, str, list[Row], str]]  # id, title, first column, rows, why empty
+    families: list[Family]
     curve: dict[str, Any]
     bars: dict[str, Any]
     curve_error: str
@@ -99,12 +113,9 @@ def shown(answers: WhatIf) -> Shown:
         restored=[_row(a, answers, today) for a in answers.restored],
         routing=[_row(a, answers, today) for a in answers.routing],
         families=[
-            (key, title, column, [_row(a, answers, today) for a in getattr(answers, key)], EMPTY[key])
-            for key, title, column in (
-                ("server_counts", "Server counts, in the same KV memory", "Servers"),
-                ("block_sizes", "Block sizes, in the same KV memory", "Block size"),
-                ("salts", "Salts", "Salts"),
-            )
+            _family("server_counts", "Server counts, in the same KV memory", "Servers", answers, today),
+            _block_sizes(answers),
+            _family("salts", "Salts", "Salts", answers, today),
         ],
         curve=curve_chart(answers),
         bars=routing_chart(answers),
@@ -179,6 +190,27 @@ def _calibrated(answers: WhatIf) -> Calibrated:
         exact=percent(c.exact_share),
         requests=c.requests,
     )
+
+
+def _family(key: str, title: str, column: str, answers: WhatIf, today: float | None) -> Family:
+    rows = [_row(a, answers, today) for a in getattr(answers, key)]
+    return Family(key, title, column, rows, EMPTY[key])
+
+
+def _block_sizes(answers: WhatIf) -> Family:
+    """Block sizes, their changes against their own today's: with servers left out, the replay of
+    the others' requests as they were."""
+    today = next((a.hit_rate for a in answers.block_sizes if a.label.endswith(" (today)")), None)
+    family = _family("block_sizes", "Block sizes, in the same KV memory", "Block size", answers, today)
+    left_out = answers.block_sizes_left_out
+    if not family.rows or not left_out:
+        return family
+    note = (
+        f"{', '.join(left_out)} kept no token ids for some of {'its' if len(left_out) == 1 else 'their'}"
+        " requests, and re-cutting blocks needs them: these are the other servers' requests, against"
+        " their own hit rate today."
+    )
+    return replace(family, note=note)
 
 
 def _row(answer: Answer, answers: WhatIf, today: float | None) -> Row:

@@ -9,7 +9,7 @@ from app.domain.replay.calibration import Trust, calibrate
 from app.domain.replay.curve import capacity_curve
 from app.domain.replay.routing import Routing
 from app.domain.replay.run import Restart, ServerShape, Setup, replay
-from app.domain.replay.trace import TraceRequest
+from app.domain.replay.trace import TraceRequest, request_keys
 from app.domain.replay.whatif import CAPACITY_FACTORS, Kind, Price, what_if
 
 BS = 16
@@ -157,6 +157,7 @@ def test_without_token_ids_no_block_size_is_answered() -> None:
     answers = what_if(trace, servers=fleet(64), block_size=BS, window_seconds=25, price=Price(4000, 2.0))
 
     assert answers.block_sizes == () and answers.salts == ()
+    assert answers.block_sizes_left_out == ("s0", "s1", "s2", "s3")
     assert answers.calibration.trust is Trust.UNKNOWN
 
 
@@ -258,3 +259,29 @@ def test_the_one_pass_curve_gives_a_cut_server_its_own_capacity_after_the_cut() 
     for point in answers.capacity:
         if point.factor is not None and point.factor >= 0.75:
             assert abs((curve[point.factor] or 0) - (point.hit_rate or 0)) < 0.001, point.factor
+
+
+def test_block_sizes_are_answered_over_the_servers_that_kept_every_token_id() -> None:
+    trace = zipf_trace(600, servers=3)
+    hashed_only = [  # s2's requests came as spans: hashes, no token ids
+        replace(r, token_ids=None, block_size=BS, block_hashes=request_keys(r, BS)) if r.server == "s2" else r
+        for r in trace
+    ]
+    price = Price(4000, 2.0)
+
+    answers = what_if(hashed_only, servers=fleet(64, 3), block_size=BS, window_seconds=300, price=price)
+    alone = what_if(
+        [r for r in trace if r.server != "s2"],
+        servers=fleet(64, 2),
+        block_size=BS,
+        window_seconds=300,
+        price=price,
+    )
+
+    assert answers.block_sizes_left_out == ("s2",)
+    assert answers.block_sizes == alone.block_sizes and alone.block_sizes_left_out == ()
+    today = next(a for a in answers.block_sizes if a.label.endswith("(today)"))
+    assert today.saved_tokens_per_hour == 0 and today.hit_rate != answers.as_was.hit_rate
+    assert {a.label for a in answers.block_sizes} == {a.label for a in what_if(
+        trace, servers=fleet(64, 3), block_size=BS, window_seconds=300, price=price
+    ).block_sizes}  # fmt: skip

@@ -158,13 +158,30 @@ def test_a_family_not_answered_says_why_in_a_line(tmp_path: Path) -> None:
     )  # fmt: skip
     question.refresh_from_db()
     answers = questions.answers_of(question)
-    assert answers is not None and answers.block_sizes
-    question.answers = to_json(replace(answers, block_sizes=()))  # as when token ids are not kept
+    assert answers is not None and answers.block_sizes and answers.block_sizes_left_out == ()
+    servers = tuple(s.name for s in answers.servers)
+    client = _client(fleet_viewer("operator"))
+    # Blocks re-cut over the servers that kept their token ids; one left out, its changes against their own
+    today = next(a for a in answers.block_sizes if a.label.endswith("(today)"))
+    others = replace(today, hit_rate=(today.hit_rate or 0) + 0.05)  # the others' replay reused more
+    sizes = tuple(others if a is today else a for a in answers.block_sizes)
+    question.answers = to_json(replace(answers, block_sizes=sizes, block_sizes_left_out=servers[-1:]))
     question.save()
 
-    body = _client(fleet_viewer("operator")).get(_url(run, 0, 61)).content.decode()
+    partly = client.get(_url(run, 0, 61)).content.decode()
 
-    assert "Not answered: token ids not kept" in body and 'id="block_sizes-table"' not in body
+    note = partly.split('id="whatif-block_sizes-note">', 1)[1].split("</p>", 1)[0]
+    assert f"{servers[-1]} kept no token ids for some of its requests" in note
+    table = partly.split('id="block_sizes-table"', 1)[1].split("</table>", 1)[0]
+    today_row = table.split('class="here"', 1)[1].split("</tr>", 1)[0]
+    assert "+0.0" in today_row  # against the others' own today, not the fleet's
+    question.answers = to_json(replace(answers, block_sizes=(), block_sizes_left_out=servers))
+    question.save()
+
+    body = client.get(_url(run, 0, 61)).content.decode()
+
+    assert "Not answered: no server kept the token ids of all its requests" in body
+    assert 'id="block_sizes-table"' not in body and "whatif-block_sizes-note" not in body
 
 
 def test_the_fleet_a_servers_group_and_a_template_link_to_their_what_if() -> None:

@@ -4,8 +4,9 @@ A what-if replays a window of requests (app/domain/replay/run.py) first as the f
 calibration: how far to trust the rest), then under each alternative: KV blocks per server from a
 quarter to four times today (point replays, and the one-pass curve between them), each routing
 policy, fewer larger or more smaller servers of the same total memory, other block sizes of the
-same memory (when token ids are kept), and salts dropped (what isolation costs). Each answer is
-priced against the replay of the fleet as it was, with the product's one cost model.
+same memory (over the servers that kept their requests' token ids), and salts dropped (what
+isolation costs). Each answer is priced against the replay of the fleet as it was, with the
+product's one cost model.
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ class WhatIf:
     curve_error_points: float | None  # the one-pass curve against the point replays, at worst
     routing: tuple[Answer, ...]
     server_counts: tuple[Answer, ...]
-    block_sizes: tuple[Answer, ...]  # empty unless every request kept its token ids
+    block_sizes: tuple[Answer, ...]  # over the servers that kept every request's token ids
     salts: tuple[Answer, ...]  # empty unless a request was salted
     restored: tuple[Answer, ...] = ()  # servers given back the KV blocks they had before
+    # Servers whose requests the block sizes leave out: some of them kept no token ids.
+    block_sizes_left_out: tuple[str, ...] = ()
     leaves_out: str = LEAVES_OUT
     price: Price | None = None  # what priced the answers (None: kept by a version that did not say)
 
@@ -148,6 +151,7 @@ def what_if(
     as_was = asked.answer(Kind.AS_WAS, "as it was", as_was_run)
     capacity = tuple(asked.capacity(factor) for factor in CAPACITY_FACTORS)
     curve, curve_error = asked.curve(capacity)
+    block_sizes, left_out = asked.block_sizes()
     answers = WhatIf(
         requests=sum(mask),
         prompt_tokens=asked.prompt_tokens,
@@ -166,9 +170,10 @@ def what_if(
         curve_error_points=curve_error,
         routing=tuple(asked.routing(routing) for routing in Routing),
         server_counts=asked.server_counts(),
-        block_sizes=asked.block_sizes(),
+        block_sizes=block_sizes,
         salts=asked.salts(),
         restored=asked.restored(restore or {}),
+        block_sizes_left_out=left_out,
         price=price,
     )
     if progress is not None:
@@ -295,10 +300,31 @@ class _Asking:
             answers.append(self.answer(Kind.SERVERS, label, self.run(setup)))
         return tuple(answers)
 
-    def block_sizes(self) -> tuple[Answer, ...]:
-        """Other block sizes in the same KV memory; only where every request kept its token ids."""
-        if any(r.token_ids is None for r in self.trace):
-            return ()
+    def block_sizes(self) -> tuple[tuple[Answer, ...], tuple[str, ...]]:
+        """Other block sizes in the same KV memory, and the servers they leave out. Re-cutting
+        blocks needs a request's token ids, so they are answered over the servers that kept every
+        request's: routed as recorded, each server's cache holds its own requests alone. Left out,
+        a server's requests go, and the answers are priced against the others' replay today."""
+        left_out = tuple(sorted({r.server for r in self.trace if r.token_ids is None}))
+        if not left_out:
+            return self._block_sizes(), ()
+        kept = tuple(s for s in self.base.servers if s.name not in left_out)
+        trace = [r for r in self.trace if r.server not in left_out]
+        if not kept or self.base.routing is not Routing.RECORDED:
+            return (), left_out
+        restarts = tuple(r for r in self.base.restarts if r.server not in left_out)
+        base = replace(self.base, servers=kept, restarts=restarts)
+        others = _Asking(trace, self.is_counted, base, self.window_seconds, self.price, self.progress)
+        if not any(others.mask):
+            return (), left_out
+        self.total += 1  # their replay today
+        others.done, others.total = self.done, self.total  # the progress goes on where it was
+        others.answer(Kind.AS_WAS, "as it was", others.run(base))  # what their answers are priced against
+        answers = others._block_sizes()
+        self.done = others.done
+        return answers, left_out
+
+    def _block_sizes(self) -> tuple[Answer, ...]:
         answers = []
         for size in BLOCK_SIZES:
             label = f"blocks of {size} tokens" + (" (today)" if size == self.base.block_size else "")

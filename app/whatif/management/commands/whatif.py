@@ -100,10 +100,11 @@ def _tables(answers: WhatIf) -> list[tuple[str, str]]:
         for a in answers.capacity
     ]  # fmt: skip
     found = [("Capacity", _table(("factor", "KV blocks", *MONEY_HEADERS), capacity))]
+    sizes = "Block sizes" + _left_out(answers.block_sizes_left_out)
     families = (
         ("Routing", answers.routing, ""),
         ("Server counts", answers.server_counts, ""),
-        ("Block sizes", answers.block_sizes, "(none: not every request kept its token ids)"),
+        (sizes, answers.block_sizes, "(none: no server kept the token ids of all its requests)"),
         ("Salts", answers.salts, "(none: no request was salted)"),
         ("Restore", answers.restored, "(none: no server had more KV blocks in the last day)"),
     )
@@ -184,3 +185,8 @@ def _moment(text: str, option: str) -> datetime:
     if moment is None:
         raise CommandError(f"{option} {text!r} is not an ISO 8601 time", returncode=EXIT_CANNOT_ANSWER)
     return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
+
+
+def _left_out(servers: tuple[str, ...]) -> str:
+    """What the block sizes leave out: servers some of whose requests kept no token ids."""
+    return f" (without {', '.join(servers)}: token ids not kept)" if servers else ""
