@@ -3,8 +3,8 @@ trace replayed under another capacity or routing, and the fleet actually served 
 
 `python -m bench replay_truth` prints, for each check of tests/support/replay_truth.py, the replay's
 predicted hit rate, the served fleet's actual one and the difference in points (calibration within
-2, predictions within 3: tests/domain/test_replay_truth.py asserts the same), then the replay's
-llm-d-style prefix-aware router beside the planner's affinity router, which it is not.
+2, predictions within 3: tests/domain/test_replay_truth.py asserts the same). The llm-d-style
+prefix-aware fleet is served with its router choosing over the simulator's caches at each arrival.
 
 With `--vllm`, the same for the real vLLM CPU server (tests/support/replay_vllm.py; started twice,
 about a minute each): one trace sent at two `--num-gpu-blocks-override` values, each replayed at its
@@ -16,7 +16,7 @@ import argparse
 import time
 from collections.abc import Sequence
 
-from tests.support.replay_truth import Check, checks, router_comparisons
+from tests.support.replay_truth import Check, checks
 
 VLLM_BLOCKS = (24, 40)  # as tests/e2e/test_replay_vllm.py
 
@@ -26,12 +26,9 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--vllm", action="store_true", help="the real vLLM CPU server's table too")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    print(f"{'check':<46} {'predicted':>9} {'actual':>7} {'diff':>6}  within")
+    print(f"{'check':<52} {'predicted':>9} {'actual':>7} {'diff':>6}  within")
     for check in checks():
         _row(check, f"{check.tolerance:g} pts")
-    print("\nnot predictions: the replay's llm-d-style router vs the planner's affinity router, served")
-    for check in router_comparisons():
-        _row(check, "-")
     if args.vllm:
         _vllm_rows()
     print(f"\n{time.perf_counter() - started:.1f} s")
@@ -54,10 +51,10 @@ def _vllm_rows() -> None:
         exact = sum(r.cached_tokens == mine for r, mine in zip(truth, reused, strict=True))
         actual = hit_rate(truth)
         print(
-            f"{name:<46} {rate:9.2f} {actual:7.2f} {rate - actual:+6.2f}  {exact}/{len(truth)} requests exact"
+            f"{name:<52} {rate:9.2f} {actual:7.2f} {rate - actual:+6.2f}  {exact}/{len(truth)} requests exact"
         )
 
 
 def _row(check: Check, within: str) -> None:
     predicted, actual = check.measure()
-    print(f"{check.name:<46} {predicted:9.2f} {actual:7.2f} {predicted - actual:+6.2f}  {within}")
+    print(f"{check.name:<52} {predicted:9.2f} {actual:7.2f} {predicted - actual:+6.2f}  {within}")

@@ -106,6 +106,16 @@ class PrefixCache:
         """
         return 1.0 - self._pool.free_blocks / (self.num_blocks - 1)
 
+    @property
+    def running(self) -> int:
+        """Requests admitted and not yet finished: what a router weighs as the server's load."""
+        return len(self._requests)
+
+    def resident(self, chain: Sequence[BlockHash]) -> int:
+        """How many leading blocks of `chain` the cache holds now, touching nothing: what a
+        prefix-aware router reads of a server (llm-d's from its KV events)."""
+        return self._pool.resident(chain)
+
     def held_blocks(self, request_id: str) -> frozenset[int]:
         """The ids of the blocks a running request holds (none once it has finished)."""
         return self._pool.held_blocks(request_id)

@@ -3,7 +3,8 @@ caches (tests/support/replay_truth.py) is what the replay must calibrate to and 
 
 Calibration: the served trace replayed as it ran gives back what each request reused, within 2 points
 (it is exact). Prediction: the trace replayed at another capacity or routing against the fleet served
-that way, within 3 points. bench/bench_replay_truth.py prints the same table.
+that way, within 3 points; llm-d's prefix-aware routing served with its router choosing over the
+simulator's caches at each arrival. bench/bench_replay_truth.py prints the same table.
 """
 
 from collections import defaultdict
@@ -13,6 +14,7 @@ import pytest
 from app.domain.replay.routing import Routing
 from app.domain.replay.run import replay
 from app.domain.replay.trace import TraceRequest
+from simulator.served_trace import server_name
 from tests.support.replay_truth import (
     Check,
     checks,
@@ -61,6 +63,10 @@ def test_llm_d_routing_spreads_the_faulty_template_and_evicts_the_others_where_a
         assert llm_d[template, True] < affinity[template, True] - 5
     support = {server for r, server in zip(run.trace, aware.servers, strict=True) if r.template == "support"}
     assert len(support) == 4
+    # Served so, with the router choosing over the simulator's caches, the fleet goes where the replay sent it
+    served = serve(flat, routing=Routing.PREFIX_AWARE)
+    assert [r.server for r in served.trace] == [server_name(s) for s in aware.servers]
+    assert [r.server for r in served.trace] != [r.server for r in run.trace]
 
 
 def _rates(trace: tuple[TraceRequest, ...], reused: list[int]) -> dict[tuple[str, bool], float]:
