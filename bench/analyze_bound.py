@@ -12,6 +12,7 @@ from typing import Any
 from app.analyzer import work
 from app.analyzer.cli import main
 from app.analyzer.diagnose import Diagnosed
+from app.analyzer.tally import tally
 from app.analyzer.trace import Built
 
 _run = work._run
@@ -19,7 +20,7 @@ _run = work._run
 
 def _diagnosis_free(built: Built, task: Any) -> Any:
     if isinstance(task, work._Diagnose):
-        return work.tally(built, (), Diagnosed([], [], []))  # no request diagnosed
+        return tally(built, (), Diagnosed([], [], []))  # no request diagnosed
     return _run(built, task)
 
 
