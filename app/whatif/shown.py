@@ -199,8 +199,10 @@ def _family(key: str, title: str, column: str, answers: WhatIf, today: float | N
 
 def _block_sizes(answers: WhatIf) -> Family:
     """Block sizes, their changes against their own today's: with servers left out, the replay of
-    the others' requests as they were."""
-    today = next((a.hit_rate for a in answers.block_sizes if a.label.endswith(" (today)")), None)
+    the others' requests as they were. Today's block size among them, else the fleet's as it was
+    (the same replay when none is left out)."""
+    fleets = None if answers.block_sizes_left_out else answers.as_was.hit_rate
+    today = next((a.hit_rate for a in answers.block_sizes if a.label.endswith(" (today)")), fleets)
     family = _family("block_sizes", "Block sizes, in the same KV memory", "Block size", answers, today)
     left_out = answers.block_sizes_left_out
     if not family.rows or not left_out:

@@ -21,6 +21,7 @@ from app.prompts.models import Template
 from app.whatif import questions
 from app.whatif.models import WhatIfQuestion
 from app.whatif.results import to_json
+from app.whatif.shown import shown
 from tests.support.factories import a_server
 from tests.support.users import fleet_viewer
 from tests.support.virtual_fleet import VirtualRun, run_virtually
@@ -161,6 +162,11 @@ def test_a_family_not_answered_says_why_in_a_line(tmp_path: Path) -> None:
     assert answers is not None and answers.block_sizes and answers.block_sizes_left_out == ()
     servers = tuple(s.name for s in answers.servers)
     client = _client(fleet_viewer("operator"))
+    # Today's block size not among the answered ones (a fleet at 128, say): changes against the fleet's
+    untold = tuple(replace(a, label=a.label.removesuffix(" (today)")) for a in answers.block_sizes)
+    (_, sizes_family, _) = shown(replace(answers, block_sizes=untold)).families
+    assert untold[0].hit_rate is not None and answers.as_was.hit_rate is not None
+    assert sizes_family.rows[0].change == f"{100 * (untold[0].hit_rate - answers.as_was.hit_rate):+.1f}"
     # Blocks re-cut over the servers that kept their token ids; one left out, its changes against their own
     today = next(a for a in answers.block_sizes if a.label.endswith("(today)"))
     others = replace(today, hit_rate=(today.hit_rate or 0) + 0.05)  # the others' replay reused more
