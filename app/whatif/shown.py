@@ -126,7 +126,7 @@ def shown(answers: WhatIf) -> Shown:
 def curve_chart(answers: WhatIf) -> dict[str, Any]:
     """The capacity curve for charts.js (kind "xy", x on a log-2 scale): the one-pass curve as a
     line, the point replays as dots at their factors, today's (1x) marked, and the restore answer,
-    when there is one, as a dashed level."""
+    when there is one, as a dashed level. Its legend, the cursor off the chart, reads today's (`rest`)."""
     points = {a.factor: a.hit_rate for a in answers.capacity if a.factor is not None}
     xs = sorted({p.factor for p in answers.curve} | set(points))
     along = {p.factor: p.hit_rate for p in answers.curve}
@@ -143,7 +143,7 @@ def curve_chart(answers: WhatIf) -> dict[str, Any]:
                        "values": [restored.hit_rate] * len(xs)})  # fmt: skip
     return {"kind": "xy", "unit": "ratio", "xs": xs, "series": series, "x_unit": "factor", "log": 2,
             "x_label": "KV blocks per server, as a multiple of today's (log scale)",
-            "y_label": "Hit rate"}  # fmt: skip
+            "y_label": "Hit rate", "rest": xs.index(1) if 1 in xs else None}  # fmt: skip
 
 
 def routing_chart(answers: WhatIf) -> dict[str, Any]:

@@ -56,7 +56,7 @@
       axes: [x, y],
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
-      plugins: data.markers && data.markers.length ? [markers(figure, data)] : [],
+      plugins: data.markers && data.markers.length ? [markers(figure, data), atRest(data)] : [atRest(data)],
       series: [
         { label: "UTC", value: (u, t) => (t == null ? "—" : new Date(t * 1000).toISOString().slice(0, 16).replace("T", " ")) },
         ...data.series.map((s, i) => ({
@@ -70,6 +70,21 @@
         })),
       ],
     };
+  }
+
+  // With the cursor off a chart, its legend reads the values at rest rather than dashes, so a
+  // glance gives the figures: data.rest (an index: a what-if's today), else the marked category
+  // (bars), else the latest index where a series has a value.
+  function atRest(data) {
+    let rest = Number.isInteger(data.rest) ? data.rest : data.marked && data.marked.length ? data.marked[0] : null;
+    const length = data.kind === "bars" ? data.categories.length : data.kind === "xy" ? data.xs.length : data.times.length;
+    for (let i = length - 1; rest === null && i >= 0; i--) {
+      if (data.series.some((s) => s.values[i] !== null && s.values[i] !== undefined)) rest = i;
+    }
+    const show = (u) => {
+      if (u.legend.idx == null && rest !== null) u.setLegend({ idx: rest }, false);
+    };
+    return { hooks: { setLegend: [show] } };
   }
 
   // A version's marker: a dashed vertical line at the moment it went live, and over it a link (a
@@ -166,6 +181,7 @@
       ],
       legend: { live: true },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
+      plugins: [atRest(data)],
       series: [
         { label: data.x_label || "Version", value: (u, i) => (i == null ? "—" : names[Math.round(i)]) },
         ...data.series.map((s, i) => ({
@@ -203,6 +219,7 @@
       ],
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
+      plugins: [atRest(data)],
       series: [
         { label: data.x_label ? data.x_label.split(",")[0] : "x", value: (u, v) => x(v) },
         ...data.series.map((s, i) => {

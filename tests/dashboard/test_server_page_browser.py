@@ -44,6 +44,9 @@ def test_the_server_page_draws_its_charts_offline(
     assert canvas.evaluate(INKED) > 500  # axes, grid and two lines
     legend = page.locator("#chart-hit-rate .u-legend").inner_text()
     assert "vLLM prefix-cache counters" in legend
+    # The cursor off the chart, its legend reads the latest moment with a figure, not dashes.
+    values = page.locator("#chart-hit-rate .u-legend .u-value").all_inner_texts()
+    assert values[0].startswith("20") and any(value.endswith(" %") for value in values[1:])
     background = page.evaluate("getComputedStyle(document.body).backgroundColor")
     if scheme == "dark":
         assert luminance(background) < 0.2

@@ -10,6 +10,7 @@ from playwright.sync_api import Browser, expect
 from pytest_django.live_server_helper import LiveServer
 
 import app.whatif.tasks  # noqa: F401 - registers the task a question queues (eager here)
+from app.whatif.shown import TIMES
 from tests.core.test_pages_browser import CHROMIUM, SCREENSHOTS, Scheme, browser, luminance, offline_page
 from tests.dashboard.test_server_page_browser import INKED
 from tests.support.virtual_fleet import run_virtually
@@ -46,10 +47,15 @@ def test_the_what_if_page_draws_its_curve_and_its_routing_bars(
     # The axes say what they are (uPlot draws their labels on the canvas: see the screenshots).
     labels = curve.evaluate("f => f._plot.axes.map(a => a.label)")
     assert labels[0].startswith("KV blocks per server") and labels[1].startswith("Hit rate")
-    assert "restore virtual-3 to 256 blocks" in curve.locator(".u-legend").inner_text()
+    legend = curve.locator(".u-legend").inner_text()
+    assert "restore virtual-3 to 256 blocks" in legend
+    # The cursor off the charts, their legends read today's figures, not dashes.
+    today = curve.evaluate("f => f._data.series.find(s => s.name === 'today').values.find(v => v !== null)")
+    assert f"1{TIMES}" in legend and f"{round(100 * today)} %" in legend
     routing = page.locator("#chart-routing")
     assert routing.evaluate("f => f._data.categories[f._data.marked[0]]") == "as recorded (today)"
-    assert "Routing policy" in routing.locator(".u-legend").inner_text()
+    legend = routing.locator(".u-legend").inner_text()
+    assert "Routing policy" in legend and "as recorded (today)" in legend
     expect(page.locator("#whatif-restore")).to_contain_text("Restore virtual-3 to 256 blocks")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
     if scheme == "dark":
