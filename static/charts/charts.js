@@ -11,10 +11,12 @@
     return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   }
 
-  function format(unit, value) {
+  // `tenths`: a rate to a tenth of a point, as the tables under a what-if's charts give it (its
+  // answers differ by a point or less); axes keep whole points.
+  function format(unit, value, tenths) {
     if (value === null || value === undefined) return "—";
     if (value === 0) return "0";
-    if (unit === "ratio") return (100 * value).toFixed(value < 0.1 && value > 0 ? 1 : 0) + " %";
+    if (unit === "ratio") return (100 * value).toFixed(tenths || (value < 0.1 && value > 0) ? 1 : 0) + " %";
     if (unit === "seconds") return value < 1 ? (1000 * value).toFixed(0) + " ms" : value.toFixed(2) + " s";
     if (Math.abs(value) >= 1e6) return (value / 1e6).toFixed(1) + " M";
     if (Math.abs(value) >= 1e4) return (value / 1e3).toFixed(0) + " k";
@@ -192,7 +194,7 @@
           fillTo: 0,
           points: { show: false },
           paths: uPlot.paths.bars({ size: [0.7 / count, 48], align: count === 1 ? 0 : i === 0 ? -1 : 1, disp: marked(data, i) }),
-          value: (u, v) => format(data.unit, v),
+          value: (u, v) => format(data.unit, v, true),
         })),
       ],
     };
@@ -224,7 +226,7 @@
         { label: data.x_label ? data.x_label.split(",")[0] : "x", value: (u, v) => x(v) },
         ...data.series.map((s, i) => {
           const colour = cssVar(s.reference ? "--muted" : "--series-" + ((i % 8) + 1));
-          const found = { label: s.label || s.name, stroke: colour, width: 2, spanGaps: true, value: (u, v) => format(data.unit, v) };
+          const found = { label: s.label || s.name, stroke: colour, width: 2, spanGaps: true, value: (u, v) => format(data.unit, v, true) };
           if (s.reference) return { ...found, width: 1.5, dash: [6 * devicePixelRatio, 4 * devicePixelRatio], points: { show: false } };
           if (s.style === "points" || s.style === "mark") {
             const size = s.style === "mark" ? 14 : 8;

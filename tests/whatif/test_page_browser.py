@@ -50,8 +50,10 @@ def test_the_what_if_page_draws_its_curve_and_its_routing_bars(
     legend = curve.locator(".u-legend").inner_text()
     assert "restore virtual-3 to 256 blocks" in legend
     # The cursor off the charts, their legends read today's figures, not dashes.
-    today = curve.evaluate("f => f._data.series.find(s => s.name === 'today').values.find(v => v !== null)")
-    assert f"1{TIMES}" in legend and f"{round(100 * today)} %" in legend
+    today = curve.evaluate(  # to a tenth, as in the table (rounded as the page's script rounds)
+        "f => (100 * f._data.series.find(s => s.name === 'today').values.find(v => v !== null)).toFixed(1)"
+    )
+    assert f"1{TIMES}" in legend and f"{today} %" in legend
     routing = page.locator("#chart-routing")
     assert routing.evaluate("f => f._data.categories[f._data.marked[0]]") == "as recorded (today)"
     legend = routing.locator(".u-legend").inner_text()
